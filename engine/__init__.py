@@ -1,0 +1,6 @@
+"""engine: a real paged-KV inference engine (vLLM v0 block-manager semantics, nano-vllm's prefix cache).
+
+Memory planning (block.py, sequence.py, block_allocator.py, block_manager.py) is pure Python;
+execution (cache_engine.py, models/, scheduler.py, llm_engine.py, llm.py) uses torch and is
+imported lazily so that `import engine` never pulls in torch or any UI library.
+"""
