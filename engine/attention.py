@@ -1,0 +1,253 @@
+"""Paged attention in plain torch, and the per-step metadata that drives it.
+
+References: vLLM v0 `vllm/attention/backends/torch_sdpa.py` (TorchSDPAMetadata, the
+`slot_mapping` / `block_tables` / `seq_lens` fields) and `vllm/_custom_ops.reshape_and_cache`;
+nano-vllm `nanovllm/layers/attention.py` (store_kvcache + flash_attn_with_kvcache). Unlike
+nano-vllm there is no module-global context: every forward receives an `AttentionMetadata`.
+
+The KV cache of one layer is a pair of tensors shaped (num_blocks, block_size, num_kv_heads,
+head_dim). A token at position `pos` of a sequence lives in physical slot
+`block_table[pos // block_size] * block_size + pos % block_size`.
+
+A sequence in a step contributes `query_len` new tokens whose positions are the LAST `query_len`
+positions of a context of `context_len` tokens. That one rule covers
+- prefill from scratch (query_len == context_len),
+- prefill of an uncached suffix after prefix-cache hits (query_len < context_len, the first
+  context_len - query_len tokens are already in the cache),
+- decode (query_len == 1).
+Sequences with query_len == 1 are batched into one gather + one SDPA call; the others loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one engine step (vLLM v0 `AttentionMetadata`).
+
+    Tokens of all sequences are flattened into one batch, sequence after sequence, each
+    sequence's new tokens contiguous and in position order. Build it with `AttentionMetadata.build`.
+    """
+
+    slot_mapping: torch.Tensor  # (num_tokens,) int64, where each new token's K/V is written
+    positions: torch.Tensor  # (num_tokens,) int64, absolute position of each new token
+    block_tables: torch.Tensor  # (num_seqs, max_num_blocks) int64, padded with block 0
+    context_lens_tensor: torch.Tensor  # (num_seqs,) int64
+    query_start_loc: torch.Tensor  # (num_seqs + 1,) int64, cumulative query_lens from 0
+    last_token_indices: torch.Tensor  # (num_seqs,) int64, index of each seq's last new token
+    query_lens: tuple[int, ...]  # new tokens per sequence
+    context_lens: tuple[int, ...]  # total tokens per sequence, including the new ones
+    block_size: int
+    # The split between the per-sequence path (query_len > 1) and the batched path (== 1).
+    prefill_seq_ids: tuple[int, ...]
+    decode_token_ids: torch.Tensor  # (num_decodes,) int64, token index of each decode query
+    decode_block_tables: torch.Tensor  # (num_decodes, max_decode_blocks) int64
+    decode_key_mask: torch.Tensor  # (num_decodes, 1, 1, max_decode_blocks * block_size) bool
+    decode_only: bool  # every sequence has query_len == 1 (token i belongs to sequence i)
+
+    @classmethod
+    def build(
+        cls,
+        block_tables: Sequence[Sequence[int]],
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Build the metadata of one step from plain Python lists.
+
+        Signature: `build(block_tables, query_lens, context_lens, block_size, device="cpu")`
+        - block_tables: per sequence, its physical block numbers in logical order (list of
+          ints); it must cover `context_len` tokens. Blocks may be shared between sequences
+          (prefix caching, forks) and need not be contiguous or ordered.
+        - query_lens: per sequence, the number of tokens fed this step (>= 1).
+        - context_lens: per sequence, its total length after this step's tokens are written
+          (>= query_len). The new tokens sit at positions context_len - query_len ... context_len - 1.
+        - block_size: tokens per block, the same as the cache's.
+        - device: where the tensors go (the model's device).
+
+        The caller passes the model `input_ids` in the same order (sequence after sequence)
+        and may use `meta.positions` as the positions argument, and
+        `hidden[meta.last_token_indices]` to pick each sequence's last token for sampling.
+        """
+        num_seqs = len(block_tables)
+        if not (num_seqs == len(query_lens) == len(context_lens)):
+            raise ValueError(
+                f"block_tables, query_lens and context_lens differ in length: "
+                f"{num_seqs}, {len(query_lens)}, {len(context_lens)}"
+            )
+        if num_seqs == 0:
+            raise ValueError("AttentionMetadata needs at least one sequence")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+
+        slot_mapping: list[int] = []
+        positions: list[int] = []
+        for i, (table, q, ctx) in enumerate(zip(block_tables, query_lens, context_lens)):
+            if not 1 <= q <= ctx:
+                raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q}, {ctx}")
+            if len(table) * block_size < ctx:
+                raise ValueError(
+                    f"sequence {i}: block table of {len(table)} blocks x {block_size} "
+                    f"cannot hold {ctx} tokens"
+                )
+            start = ctx - q
+            positions.extend(range(start, ctx))
+            slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(start, ctx))
+
+        def as_tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        def padded(tables: list[Sequence[int]], lens: list[int]) -> list[list[int]]:
+            width = max(-(-n // block_size) for n in lens)
+            return [list(t[:width]) + [0] * (width - min(len(t), width)) for t in tables]
+
+        query_start_loc = [0]
+        for q in query_lens:
+            query_start_loc.append(query_start_loc[-1] + q)
+
+        decode_seq_ids = [i for i, q in enumerate(query_lens) if q == 1]
+        prefill_seq_ids = tuple(i for i, q in enumerate(query_lens) if q > 1)
+        if decode_seq_ids:
+            decode_lens = [context_lens[i] for i in decode_seq_ids]
+            decode_tables = as_tensor(padded([block_tables[i] for i in decode_seq_ids], decode_lens))
+            num_keys = decode_tables.shape[1] * block_size
+            # (num_decodes, 1, 1, num_keys): True where key position < context_len
+            decode_key_mask = (
+                torch.arange(num_keys, device=device)[None, :] < as_tensor(decode_lens)[:, None]
+            )[:, None, None, :]
+        else:
+            decode_tables = torch.zeros((0, 0), dtype=torch.int64, device=device)
+            decode_key_mask = torch.zeros((0, 1, 1, 0), dtype=torch.bool, device=device)
+
+        return cls(
+            slot_mapping=as_tensor(slot_mapping),
+            positions=as_tensor(positions),
+            block_tables=as_tensor(padded(list(block_tables), list(context_lens))),
+            context_lens_tensor=as_tensor(list(context_lens)),
+            query_start_loc=as_tensor(query_start_loc),
+            last_token_indices=as_tensor([s - 1 for s in query_start_loc[1:]]),
+            query_lens=tuple(int(q) for q in query_lens),
+            context_lens=tuple(int(c) for c in context_lens),
+            block_size=block_size,
+            prefill_seq_ids=prefill_seq_ids,
+            decode_token_ids=as_tensor([query_start_loc[i] for i in decode_seq_ids]),
+            decode_block_tables=decode_tables,
+            decode_key_mask=decode_key_mask,
+            decode_only=not prefill_seq_ids,
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.prefill_seq_ids)
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_token_ids.shape[0])
+
+    @property
+    def is_prefill(self) -> bool:
+        """True when some sequence feeds more than one token this step."""
+        return bool(self.prefill_seq_ids)
+
+
+def write_to_cache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter new K/V into their slots (vLLM `reshape_and_cache`, nano-vllm `store_kvcache`)."""
+    num_blocks, block_size, num_heads, head_dim = k_cache.shape
+    # (num_blocks * block_size, num_kv_heads, head_dim) views share storage with the caches
+    k_cache.view(-1, num_heads, head_dim).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, num_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Reference paged attention: write new K/V to the cache, attend over each sequence's blocks.
+
+    query, key, value: (num_tokens, num_heads, head_dim). Caches: (num_blocks, block_size,
+    num_kv_heads, head_dim), or None for a cache-less profiling run (then every sequence must be
+    a prefill from scratch). Returns (num_tokens, num_heads, head_dim).
+    Mirrors vLLM v0 `TorchSDPABackendImpl.forward` (prefill) + `PagedAttention.forward_decode`.
+    """
+    has_cache = k_cache is not None and v_cache is not None and k_cache.numel() > 0
+    if has_cache:
+        write_to_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+
+    if meta.decode_only and has_cache:
+        return _decode_attention(query, k_cache, v_cache, meta, scale)
+
+    output = torch.empty_like(query)  # (num_tokens, num_heads, head_dim)
+    starts = meta.query_start_loc.tolist() if meta.prefill_seq_ids else ()
+    for i in meta.prefill_seq_ids:
+        start, end = starts[i], starts[i + 1]
+        q_len, ctx = meta.query_lens[i], meta.context_lens[i]
+        q = query[start:end].transpose(0, 1)  # (num_heads, q_len, head_dim)
+        if q_len == ctx:  # nothing cached before: attend over the fresh K/V
+            k = key[start:end].transpose(0, 1)  # (num_heads, ctx, head_dim)
+            v = value[start:end].transpose(0, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            if not has_cache:
+                raise ValueError("a prefill over cached blocks needs a KV cache")
+            k, v = _gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx)
+            # (q_len, ctx): query j sits at position ctx - q_len + j and sees keys <= it
+            # (bottom-right causal; SDPA's is_causal is top-left aligned when q_len != ctx)
+            mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril(ctx - q_len)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        output[start:end] = out.transpose(0, 1)
+    if meta.num_decodes:
+        if not has_cache:
+            raise ValueError("decode steps need a KV cache")
+        output[meta.decode_token_ids] = _decode_attention(
+            query[meta.decode_token_ids], k_cache, v_cache, meta, scale
+        )
+    return output
+
+
+def _gather_sequence(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first `ctx` keys and values, each (num_heads, ctx, head_dim)."""
+    block_size = k_cache.shape[1]
+    blocks = block_table[: -(-ctx // block_size)]
+    k = k_cache[blocks].flatten(0, 1)[:ctx]  # (ctx, num_heads, head_dim)
+    v = v_cache[blocks].flatten(0, 1)[:ctx]
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
+def _decode_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """All single-token queries at once: one gather by block table, one masked SDPA call.
+
+    query: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
+    """
+    tables = meta.decode_block_tables  # (num_decodes, max_blocks)
+    # (num_decodes, max_blocks, block_size, num_heads, head_dim) -> (num_decodes, num_heads, num_keys, head_dim)
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2)
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    q = query.unsqueeze(2)  # (num_decodes, num_heads, 1, head_dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_key_mask, scale=scale)
+    return out.squeeze(2)

@@ -1,0 +1,377 @@
+"""BlockSpaceManager: maps each sequence's logical blocks to physical blocks (vLLM v0's
+BlockSpaceManagerV1, seed 000; prefix caching after nano-vllm's BlockManager, seed 002).
+
+It only plans: it decides which physical block holds which tokens and returns (src, dst) pairs for
+copy-on-write and swaps; the CacheEngine moves the data. Every mutation emits an event.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from engine.block import Device, PhysicalTokenBlock
+from engine.block_allocator import CachedBlockAllocator, UncachedBlockAllocator, compute_block_hash
+from engine.events import (
+    BlockAllocated,
+    BlockFreed,
+    BlockHashed,
+    CopyOnWrite,
+    EventBus,
+    Forked,
+    PrefixCacheHit,
+    SequenceFreed,
+    SlotAppended,
+    SwappedIn,
+    SwappedOut,
+)
+from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+
+BlockTable = list[PhysicalTokenBlock]
+
+
+class AllocStatus(enum.Enum):
+    """Answer of can_allocate / can_swap_in: OK now, LATER when blocks free up, NEVER (too big)."""
+
+    OK = enum.auto()
+    LATER = enum.auto()
+    NEVER = enum.auto()
+
+
+class BlockSpaceManager:
+    """Manages the mapping between logical and physical token blocks (vLLM v0 BlockSpaceManagerV1).
+
+    `watermark` keeps a fraction of GPU blocks in reserve so admitting a prompt does not force an
+    immediate swap (vLLM's watermark_blocks = int(watermark * num_gpu_blocks)).
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        watermark: float = 0.01,
+        enable_caching: bool = False,
+        events: EventBus | None = None,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if num_gpu_blocks < 0 or num_cpu_blocks < 0:
+            raise ValueError(
+                f"pool sizes must be >= 0, got num_gpu_blocks={num_gpu_blocks}, "
+                f"num_cpu_blocks={num_cpu_blocks}"
+            )
+        if watermark < 0:
+            raise ValueError(f"watermark must be >= 0, got {watermark}")
+        self.block_size = block_size
+        self.num_total_gpu_blocks = num_gpu_blocks
+        self.num_total_cpu_blocks = num_cpu_blocks
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.enable_caching = enable_caching
+        self.events = events if events is not None else EventBus()
+        allocator = CachedBlockAllocator if enable_caching else UncachedBlockAllocator
+        self.gpu_allocator = allocator(Device.GPU, block_size, num_gpu_blocks, self.events)
+        # The swap pool only holds copies: it never serves prefix-cache hits.
+        self.cpu_allocator = UncachedBlockAllocator(Device.CPU, block_size, num_cpu_blocks, self.events)
+        self.block_tables: dict[int, BlockTable] = {}
+        self.num_cached_tokens: dict[int, int] = {}
+        self._num_slots: dict[int, int] = {}  # seq_id -> tokens that have a slot
+        self._clock = 0  # logical time for LRU (deterministic: no wall clock)
+
+    # ------------------------------------------------------------------ allocation (prefill)
+
+    def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
+        """Whether the group's prompt fits now (OK), after others finish (LATER) or never."""
+        seq = self._first_seq(seq_group, SequenceStatus.WAITING)
+        num_required_blocks = seq.num_logical_blocks
+        num_free_gpu_blocks = self.gpu_allocator.get_num_free_blocks()
+        if self.num_total_gpu_blocks - num_required_blocks < self.watermark_blocks:
+            return AllocStatus.NEVER
+        if num_free_gpu_blocks - num_required_blocks >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def allocate(self, seq_group: SequenceGroup) -> None:
+        """Give the group's waiting sequences one shared block table for their prompt.
+
+        With prefix caching the leading full blocks are looked up by chained hash; the prompt's last
+        block is never a hit, so at least one token is always computed.
+        """
+        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        if not waiting:
+            raise ValueError(f"request {seq_group.request_id!r} has no waiting sequence to allocate")
+        for seq in waiting:
+            if seq.seq_id in self.block_tables:
+                raise ValueError(f"sequence {seq.seq_id} already has a block table")
+        seq = waiting[0]
+        seq_ids = tuple(s.seq_id for s in waiting)
+        num_seqs = len(waiting)
+        logical_blocks = seq.logical_token_blocks
+        if len(logical_blocks) > self.gpu_allocator.get_num_free_blocks():
+            raise ValueError(
+                f"cannot allocate {len(logical_blocks)} blocks for request {seq_group.request_id!r}: "
+                f"{self.gpu_allocator.get_num_free_blocks()} free (call can_allocate first)"
+            )
+        self._clock += 1
+        emit = self.events.emit if self.events.active else None
+        table: BlockTable = []
+        parent_hash: int | None = None
+        may_hit = self.enable_caching
+        num_hits = 0
+        for index, logical in enumerate(logical_blocks):
+            token_ids = tuple(logical.get_token_ids())
+            block_hash = None
+            if self.enable_caching and logical.is_full():
+                block_hash = compute_block_hash(token_ids, parent_hash)
+            hit = None
+            if may_hit and block_hash is not None and index < len(logical_blocks) - 1:
+                hit = self.gpu_allocator.lookup(block_hash, token_ids)
+            if hit is not None:
+                self.gpu_allocator.take(hit)
+                hit.ref_count += num_seqs - 1
+                hit.last_accessed = self._clock
+                table.append(hit)
+                num_hits += 1
+                if emit:
+                    emit(PrefixCacheHit, device="gpu", block=hit.block_number, seq_ids=seq_ids,
+                         logical_index=index, ref_count=hit.ref_count, block_hash=block_hash,
+                         token_ids=token_ids)
+            else:
+                may_hit = False
+                block = self.gpu_allocator.allocate()
+                block.ref_count = num_seqs
+                block.token_ids = token_ids
+                block.last_accessed = self._clock
+                table.append(block)
+                if emit:
+                    emit(BlockAllocated, device="gpu", block=block.block_number, seq_ids=seq_ids,
+                         logical_index=index, ref_count=num_seqs, block_hash=None, token_ids=token_ids)
+                if block_hash is not None:
+                    self._hash_block(block, block_hash, parent_hash, (index + 1) * self.block_size)
+            parent_hash = block_hash
+        num_cached_tokens = num_hits * self.block_size
+        for s in waiting:
+            self.block_tables[s.seq_id] = table.copy()
+            self.num_cached_tokens[s.seq_id] = num_cached_tokens
+            self._num_slots[s.seq_id] = s.get_len()
+            s.num_cached_tokens = num_cached_tokens
+
+    def _hash_block(
+        self, block: PhysicalTokenBlock, block_hash: int, parent_hash: int | None, num_hashed: int
+    ) -> None:
+        block.block_hash = block_hash
+        block.num_hashed_tokens = num_hashed
+        registered = self.gpu_allocator.register(block)
+        if self.events.active:
+            self.events.emit(BlockHashed, device="gpu", block=block.block_number, block_hash=block_hash,
+                             parent_hash=parent_hash, token_ids=block.token_ids,
+                             num_hashed_tokens=num_hashed, registered=registered)
+
+    def mark_blocks_as_computed(self, seq: Sequence) -> None:
+        """The engine wrote this sequence's K/V: its blocks may now serve prefix-cache hits."""
+        for block in reversed(self.block_tables[seq.seq_id]):
+            if block.computed:
+                break
+            block.computed = True
+
+    # ------------------------------------------------------------------ decode
+
+    def can_append_slots(self, seq_group: SequenceGroup) -> bool:
+        """One free block per running sequence is enough for any decode step (vLLM v0)."""
+        num_seqs = seq_group.num_seqs(SequenceStatus.RUNNING)
+        return num_seqs <= self.gpu_allocator.get_num_free_blocks()
+
+    def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Give the sequence's newest token a slot; returns [(src, dst)] when its last block was
+        shared and had to be copied (copy-on-write), else []."""
+        seq_id = seq.seq_id
+        table = self.block_tables[seq_id]
+        num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        num_slots = self._num_slots[seq_id]
+        if num_tokens == num_slots:
+            return []
+        if num_tokens != num_slots + 1:
+            raise ValueError(f"sequence {seq_id} gained {num_tokens - num_slots} tokens since its last slot")
+        if table[0].device is not Device.GPU:
+            raise ValueError(f"sequence {seq_id} is swapped out; swap it in before appending")
+        block_size = self.block_size
+        index = num_slots // block_size
+        offset = num_slots % block_size
+        token_id = seq.get_last_token_id()
+        self._num_slots[seq_id] = num_tokens
+        events = self.events
+        cow: list[tuple[int, int]] = []
+        if index == len(table):
+            block = self.gpu_allocator.allocate()
+            block.token_ids = (token_id,)
+            table.append(block)
+            if events.active:
+                events.emit(BlockAllocated, device="gpu", block=block.block_number, seq_ids=(seq_id,),
+                            logical_index=index, ref_count=1, block_hash=None, token_ids=())
+        else:
+            block = table[index]
+            if block.ref_count > 1:
+                src = block
+                block = self.gpu_allocator.allocate()
+                block.token_ids = src.token_ids[:offset]
+                self._clock += 1
+                self.gpu_allocator.free(src, self._clock)
+                table[index] = block
+                cow.append((src.block_number, block.block_number))
+                if events.active:
+                    events.emit(CopyOnWrite, seq_id=seq_id, device="gpu", logical_index=index,
+                                src_block=src.block_number, dst_block=block.block_number,
+                                src_ref_count=src.ref_count, token_ids=block.token_ids)
+            block.token_ids = block.token_ids[:offset] + (token_id,)
+        if events.active:
+            events.emit(SlotAppended, seq_id=seq_id, device="gpu", logical_index=index,
+                        block=block.block_number, offset=offset, token_id=token_id)
+        if self.enable_caching and offset == block_size - 1:
+            parent_hash = table[index - 1].block_hash if index else None
+            self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash,
+                             num_tokens)
+        return cow
+
+    def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
+        """The child shares every block of the parent (ref count +1 each), vLLM v0 fork."""
+        if parent_seq.seq_id not in self.block_tables:
+            raise KeyError(f"sequence {parent_seq.seq_id} has no block table to fork")
+        if child_seq.seq_id in self.block_tables:
+            raise ValueError(f"sequence {child_seq.seq_id} already has a block table")
+        table = self.block_tables[parent_seq.seq_id]
+        for block in table:
+            block.ref_count += 1
+        self.block_tables[child_seq.seq_id] = table.copy()
+        self.num_cached_tokens[child_seq.seq_id] = self.num_cached_tokens[parent_seq.seq_id]
+        self._num_slots[child_seq.seq_id] = self._num_slots[parent_seq.seq_id]
+        if self.events.active:
+            self.events.emit(Forked, parent_seq_id=parent_seq.seq_id, child_seq_id=child_seq.seq_id,
+                             device=table[0].device.value if table else "gpu",
+                             blocks=tuple(b.block_number for b in table))
+
+    # ------------------------------------------------------------------ swapping
+
+    def _group_blocks(self, seq_group: SequenceGroup, status: SequenceStatus) -> list[PhysicalTokenBlock]:
+        unique: dict[int, PhysicalTokenBlock] = {}
+        for seq in seq_group.get_seqs(status):
+            for block in self.block_tables[seq.seq_id]:
+                unique.setdefault(id(block), block)
+        return list(unique.values())
+
+    def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
+        """Room on the GPU for the swapped group's blocks plus one block per sequence to grow."""
+        blocks = self._group_blocks(seq_group, SequenceStatus.SWAPPED)
+        num_required = len(blocks) + seq_group.num_seqs(SequenceStatus.SWAPPED)
+        if self.num_total_gpu_blocks < num_required:
+            return AllocStatus.NEVER
+        if self.gpu_allocator.get_num_free_blocks() - num_required >= self.watermark_blocks:
+            return AllocStatus.OK
+        return AllocStatus.LATER
+
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's swapped sequences back to the GPU; returns (cpu, gpu) pairs."""
+        seqs = seq_group.get_seqs(SequenceStatus.SWAPPED)
+        blocks = self._group_blocks(seq_group, SequenceStatus.SWAPPED)
+        if len(blocks) > self.gpu_allocator.get_num_free_blocks():
+            raise ValueError(f"not enough free GPU blocks to swap in request {seq_group.request_id!r}")
+        return self._swap(seq_group, seqs, self.cpu_allocator, self.gpu_allocator, SwappedIn)
+
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        blocks = self._group_blocks(seq_group, SequenceStatus.RUNNING)
+        return len(blocks) <= self.cpu_allocator.get_num_free_blocks()
+
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the group's running sequences to the CPU pool; returns (gpu, cpu) pairs."""
+        seqs = seq_group.get_seqs(SequenceStatus.RUNNING)
+        if not self.can_swap_out(seq_group):
+            raise ValueError(f"not enough free CPU blocks to swap out request {seq_group.request_id!r}")
+        return self._swap(seq_group, seqs, self.gpu_allocator, self.cpu_allocator, SwappedOut)
+
+    def _swap(self, seq_group, seqs, src_allocator, dst_allocator, event_cls) -> list[tuple[int, int]]:
+        self._clock += 1
+        mapping: dict[int, PhysicalTokenBlock] = {}  # src block number -> dst block
+        released: list[tuple[int, PhysicalTokenBlock]] = []
+        for seq in seqs:
+            new_table: BlockTable = []
+            for src in self.block_tables[seq.seq_id]:
+                dst = mapping.get(src.block_number)
+                if dst is None:
+                    dst = dst_allocator.allocate()
+                    dst.token_ids = src.token_ids
+                    dst.block_hash = src.block_hash
+                    dst.num_hashed_tokens = src.num_hashed_tokens
+                    dst.computed = True
+                    dst.last_accessed = self._clock
+                    mapping[src.block_number] = dst
+                else:
+                    dst.ref_count += 1
+                new_table.append(dst)
+                released.append((seq.seq_id, src))
+            self.block_tables[seq.seq_id] = new_table
+        pairs = [(src, dst.block_number) for src, dst in mapping.items()]
+        seq_ids = tuple(seq.seq_id for seq in seqs)
+        emit = self.events.emit if self.events.active else None
+        if emit:
+            emit(event_cls, request_id=seq_group.request_id, seq_ids=seq_ids, mapping=tuple(pairs))
+        if dst_allocator is self.gpu_allocator and self.enable_caching:
+            for dst in mapping.values():
+                if dst.block_hash is not None:
+                    registered = dst_allocator.register(dst)
+                    if emit:
+                        emit(BlockHashed, device="gpu", block=dst.block_number, block_hash=dst.block_hash,
+                             parent_hash=None, token_ids=dst.token_ids,
+                             num_hashed_tokens=dst.num_hashed_tokens, registered=registered)
+        for seq_id, src in released:
+            self._release(src_allocator, src, seq_id)
+        return pairs
+
+    def _release(self, allocator: UncachedBlockAllocator, block: PhysicalTokenBlock, seq_id: int) -> None:
+        cached = allocator.free(block, self._clock)
+        if self.events.active:
+            self.events.emit(BlockFreed, device=block.device.value, block=block.block_number,
+                             seq_id=seq_id, ref_count=block.ref_count, cached=cached)
+
+    # ------------------------------------------------------------------ freeing
+
+    def free(self, seq: Sequence) -> None:
+        """Release every block of the sequence's table, last block first (nano-vllm deallocate)."""
+        if seq.seq_id not in self.block_tables:
+            raise KeyError(f"sequence {seq.seq_id} has no block table (never allocated, or already freed)")
+        self._clock += 1
+        table = self.block_tables[seq.seq_id]
+        for block in reversed(table):
+            allocator = self.gpu_allocator if block.device is Device.GPU else self.cpu_allocator
+            self._release(allocator, block, seq.seq_id)
+        del self.block_tables[seq.seq_id]
+        del self._num_slots[seq.seq_id]
+        self.num_cached_tokens.pop(seq.seq_id, None)
+        if self.events.active:
+            self.events.emit(SequenceFreed, seq_id=seq.seq_id)
+
+    # ------------------------------------------------------------------ queries
+
+    def get_block_table(self, seq: Sequence) -> list[int]:
+        """Physical block numbers of the sequence's logical blocks, in order."""
+        if seq.seq_id not in self.block_tables:
+            raise KeyError(f"sequence {seq.seq_id} has no block table")
+        return [block.block_number for block in self.block_tables[seq.seq_id]]
+
+    def get_num_free_gpu_blocks(self) -> int:
+        return self.gpu_allocator.get_num_free_blocks()
+
+    def get_num_free_cpu_blocks(self) -> int:
+        return self.cpu_allocator.get_num_free_blocks()
+
+    def get_num_cached_tokens(self, seq: Sequence) -> int:
+        """Leading prompt tokens of the sequence that the prefix cache served at allocation."""
+        return self.num_cached_tokens.get(seq.seq_id, 0)
+
+    def get_device(self, seq: Sequence) -> Device:
+        table = self.block_tables[seq.seq_id]
+        return table[0].device if table else Device.GPU
+
+    def _first_seq(self, seq_group: SequenceGroup, status: SequenceStatus) -> Sequence:
+        seqs = seq_group.get_seqs(status)
+        if not seqs:
+            raise ValueError(f"request {seq_group.request_id!r} has no {status.value} sequence")
+        return seqs[0]

@@ -1,0 +1,314 @@
+"""Rebuild what the engine's memory looks like from its events alone.
+
+Every view (TUI, widgets, trace replay) draws `BlockState` / `ReducerState`, never engine objects. A
+test feeds the reducer nothing but events and checks it equals the real BlockSpaceManager after every
+operation; that is what makes "every picture is the engine's real state" true.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from engine import events as ev
+
+FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / free-but-cached
+
+
+@dataclass(slots=True)
+class BlockState:
+    """One physical block as the views see it."""
+
+    device: str
+    number: int
+    ref_count: int = 0
+    owners: set[int] = field(default_factory=set)
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    num_hashed_tokens: int = 0
+    token_ids: tuple[int, ...] = ()
+    state: str = FREE
+    registered: bool = False
+    digest: str | None = None
+    num_hits: int = 0
+
+    def clear(self) -> None:
+        self.ref_count = 0
+        self.owners = set()
+        self.block_hash = None
+        self.parent_hash = None
+        self.num_hashed_tokens = 0
+        self.token_ids = ()
+        self.state = FREE
+        self.registered = False
+        self.digest = None
+
+
+@dataclass(slots=True)
+class SeqState:
+    """A sequence as the views see it: request, tokens and text pieces, status."""
+
+    seq_id: int
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    status: str = "waiting"
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    parent_seq_id: int | None = None
+
+
+class ReducerState:
+    """Pools, block tables, hash map and the story of requests, rebuilt event by event."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        self.block_size = block_size
+        self.pools: dict[str, list[BlockState]] = {
+            "gpu": [BlockState("gpu", i) for i in range(num_gpu_blocks)],
+            "cpu": [BlockState("cpu", i) for i in range(num_cpu_blocks)],
+        }
+        self.tables: dict[int, list[tuple[str, int]]] = {}
+        self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
+        self.parent_hashes: dict[int, int | None] = {}
+        self.seqs: dict[int, SeqState] = {}
+        self.requests: dict[str, tuple[int, ...]] = {}
+        self.counts: dict[str, int] = {}
+        self.num_events = 0
+        self.last_seq_no = -1
+        self.step = 0
+        self.step_kind = ""
+        self.num_prompt_blocks_looked_up = 0
+        self.num_prefix_hits = 0
+        self.num_preemptions = 0
+        self.num_tokens_generated = 0
+        self.step_time_s = 0.0
+
+    # ------------------------------------------------------------------ queries
+
+    def num_free(self, device: str) -> int:
+        return sum(1 for b in self.pools[device] if b.state != USED)
+
+    def num_used(self, device: str) -> int:
+        return sum(1 for b in self.pools[device] if b.state == USED)
+
+    def block(self, device: str, number: int) -> BlockState:
+        return self.pools[device][number]
+
+    def table_blocks(self, seq_id: int) -> list[int]:
+        return [number for _, number in self.tables[seq_id]]
+
+    def kv_utilization(self) -> float:
+        """Slots holding tokens over slots allocated, on the GPU."""
+        used = [b for b in self.pools["gpu"] if b.state == USED]
+        if not used:
+            return 0.0
+        return sum(len(b.token_ids) for b in used) / (len(used) * self.block_size)
+
+    def prefix_hit_rate(self) -> float:
+        return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
+
+    def copy(self) -> "ReducerState":
+        return copy.deepcopy(self)
+
+    # ------------------------------------------------------------------ applying events
+
+    def apply(self, event: ev.Event) -> None:
+        """Fold one event into the state."""
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+        self.counts[event.type] = self.counts.get(event.type, 0) + 1
+        self.num_events += 1
+        self.last_seq_no = event.seq_no
+
+    def apply_all(self, events) -> "ReducerState":
+        for event in events:
+            self.apply(event)
+        return self
+
+    def _place(self, seq_id: int, index: int, device: str, number: int) -> None:
+        table = self.tables.setdefault(seq_id, [])
+        if index == len(table):
+            table.append((device, number))
+        else:
+            table[index] = (device, number)
+
+    def _on_allocated(self, e: ev.BlockAllocated) -> None:
+        block = self.pools[e.device][e.block]
+        block.clear()
+        block.ref_count = e.ref_count
+        block.owners = set(e.seq_ids)
+        block.token_ids = e.token_ids
+        block.state = USED
+        for seq_id in e.seq_ids:
+            self._place(seq_id, e.logical_index, e.device, e.block)
+        if len(e.token_ids) == self.block_size:  # a full prompt block the cache could have served
+            self.num_prompt_blocks_looked_up += 1
+
+    def _on_hit(self, e: ev.PrefixCacheHit) -> None:
+        block = self.pools[e.device][e.block]
+        block.ref_count = e.ref_count
+        block.owners |= set(e.seq_ids)
+        block.state = USED
+        block.num_hits += 1
+        self.num_prefix_hits += 1
+        self.num_prompt_blocks_looked_up += 1
+        for seq_id in e.seq_ids:
+            self._place(seq_id, e.logical_index, e.device, e.block)
+            if seq_id in self.seqs:
+                self.seqs[seq_id].num_cached_tokens = (e.logical_index + 1) * self.block_size
+
+    def _on_hashed(self, e: ev.BlockHashed) -> None:
+        block = self.pools[e.device][e.block]
+        block.block_hash = e.block_hash
+        if e.parent_hash is not None or e.block_hash not in self.parent_hashes:
+            self.parent_hashes[e.block_hash] = e.parent_hash
+        block.parent_hash = self.parent_hashes[e.block_hash]
+        block.num_hashed_tokens = e.num_hashed_tokens
+        block.registered = e.registered
+        if e.registered:
+            self.hash_map[e.block_hash] = e.block
+
+    def _on_slot(self, e: ev.SlotAppended) -> None:
+        block = self.pools[e.device][e.block]
+        block.token_ids = block.token_ids[: e.offset] + (e.token_id,)
+
+    def _on_cow(self, e: ev.CopyOnWrite) -> None:
+        src = self.pools[e.device][e.src_block]
+        dst = self.pools[e.device][e.dst_block]
+        dst.clear()
+        dst.ref_count = 1
+        dst.owners = {e.seq_id}
+        dst.token_ids = e.token_ids
+        dst.state = USED
+        dst.digest = src.digest
+        src.ref_count = e.src_ref_count
+        src.owners.discard(e.seq_id)
+        self._place(e.seq_id, e.logical_index, e.device, e.dst_block)
+
+    def _on_fork(self, e: ev.Forked) -> None:
+        self.tables[e.child_seq_id] = list(self.tables.get(e.parent_seq_id, []))
+        for device, number in self.tables[e.child_seq_id]:
+            block = self.pools[device][number]
+            block.ref_count += 1
+            block.owners.add(e.child_seq_id)
+        parent = self.seqs.get(e.parent_seq_id)
+        if parent is not None:
+            self.seqs[e.child_seq_id] = SeqState(
+                e.child_seq_id, parent.request_id, list(parent.token_ids), list(parent.token_texts),
+                parent.num_prompt_tokens, parent.status, None, parent.num_cached_tokens, e.parent_seq_id,
+            )
+            request = self.requests.get(parent.request_id, ())
+            self.requests[parent.request_id] = request + (e.child_seq_id,)
+
+    def _move(self, seq_ids: tuple[int, ...], mapping, src_device: str, dst_device: str, status: str) -> None:
+        where = dict(mapping)
+        for seq_id in seq_ids:
+            new_table = []
+            for _, number in self.tables.get(seq_id, []):
+                src = self.pools[src_device][number]
+                dst = self.pools[dst_device][where[number]]
+                if dst.state != USED:
+                    dst.clear()
+                    dst.token_ids = src.token_ids
+                    dst.block_hash = src.block_hash
+                    dst.parent_hash = src.parent_hash
+                    dst.num_hashed_tokens = src.num_hashed_tokens
+                    dst.digest = src.digest
+                    dst.state = USED
+                dst.ref_count += 1
+                dst.owners.add(seq_id)
+                new_table.append((dst_device, dst.number))
+            self.tables[seq_id] = new_table
+            if seq_id in self.seqs:
+                self.seqs[seq_id].status = status
+
+    def _on_swap_out(self, e: ev.SwappedOut) -> None:
+        self._move(e.seq_ids, e.mapping, "gpu", "cpu", "swapped")
+
+    def _on_swap_in(self, e: ev.SwappedIn) -> None:
+        self._move(e.seq_ids, e.mapping, "cpu", "gpu", "running")
+
+    def _on_freed(self, e: ev.BlockFreed) -> None:
+        block = self.pools[e.device][e.block]
+        block.ref_count = e.ref_count
+        block.owners.discard(e.seq_id)
+        if e.ref_count == 0:
+            if e.cached:
+                block.state = CACHED
+            else:
+                if block.registered and self.hash_map.get(block.block_hash) == block.number:
+                    del self.hash_map[block.block_hash]
+                block.clear()
+
+    def _on_seq_freed(self, e: ev.SequenceFreed) -> None:
+        self.tables.pop(e.seq_id, None)
+
+    def _on_evicted(self, e: ev.BlockEvicted) -> None:
+        block = self.pools[e.device][e.block]
+        if self.hash_map.get(e.block_hash) == e.block:
+            del self.hash_map[e.block_hash]
+        block.clear()
+
+    def _on_request(self, e: ev.RequestAdded) -> None:
+        self.requests[e.request_id] = e.seq_ids
+        for seq_id in e.seq_ids:
+            self.seqs[seq_id] = SeqState(
+                seq_id, e.request_id, list(e.prompt_token_ids), list(e.prompt_tokens_text),
+                len(e.prompt_token_ids),
+            )
+
+    def _on_step(self, e: ev.StepStarted) -> None:
+        self.step = e.step
+        self.step_kind = e.kind
+        for seq_id in e.seq_ids:
+            if seq_id in self.seqs:
+                self.seqs[seq_id].status = "running"
+
+    def _on_token(self, e: ev.TokenGenerated) -> None:
+        seq = self.seqs.get(e.seq_id)
+        if seq is not None:
+            seq.token_ids.append(e.token_id)
+            seq.token_texts.append(e.text)
+        self.num_tokens_generated += 1
+
+    def _on_preempted(self, e: ev.Preempted) -> None:
+        self.num_preemptions += 1
+        for seq_id in e.seq_ids:
+            if seq_id in self.seqs:
+                self.seqs[seq_id].status = "swapped" if e.mode == "swap" else "waiting"
+
+    def _on_finished(self, e: ev.SequenceFinished) -> None:
+        seq = self.seqs.get(e.seq_id)
+        if seq is not None:
+            seq.status = "finished"
+            seq.finish_reason = e.reason if not e.detail else f"{e.reason}: {e.detail}"
+
+    def _on_digest(self, e: ev.KVDigest) -> None:
+        self.pools[e.device][e.block].digest = e.digest
+
+    def _on_step_finished(self, e: ev.StepFinished) -> None:
+        self.step_time_s = e.duration_s
+
+
+_HANDLERS = {
+    ev.BlockAllocated: ReducerState._on_allocated,
+    ev.PrefixCacheHit: ReducerState._on_hit,
+    ev.BlockHashed: ReducerState._on_hashed,
+    ev.SlotAppended: ReducerState._on_slot,
+    ev.CopyOnWrite: ReducerState._on_cow,
+    ev.Forked: ReducerState._on_fork,
+    ev.SwappedOut: ReducerState._on_swap_out,
+    ev.SwappedIn: ReducerState._on_swap_in,
+    ev.BlockFreed: ReducerState._on_freed,
+    ev.SequenceFreed: ReducerState._on_seq_freed,
+    ev.BlockEvicted: ReducerState._on_evicted,
+    ev.RequestAdded: ReducerState._on_request,
+    ev.StepStarted: ReducerState._on_step,
+    ev.TokenGenerated: ReducerState._on_token,
+    ev.Preempted: ReducerState._on_preempted,
+    ev.SequenceFinished: ReducerState._on_finished,
+    ev.KVDigest: ReducerState._on_digest,
+    ev.StepFinished: ReducerState._on_step_finished,
+}

@@ -1,0 +1,217 @@
+"""Sequences, sequence groups and sampling parameters (vLLM v0's `vllm/sequence.py`).
+
+A `Sequence` owns its logical blocks; `block_size` is passed in (nano-vllm keeps it as a class-level
+global, which is exactly what we avoid). A `SequenceGroup` is one request: the sequences that share
+its prompt (n > 1 forks them after prefill, so they share the prompt's physical blocks).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.block import LogicalTokenBlock
+
+
+class SequenceStatus(enum.Enum):
+    """Lifecycle of a sequence, as vLLM v0's SequenceStatus."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_IGNORED = "finished_ignored"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value.startswith("finished")
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {
+            SequenceStatus.FINISHED_STOPPED: "stop",
+            SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+            SequenceStatus.FINISHED_ABORTED: "abort",
+            SequenceStatus.FINISHED_IGNORED: "ignored",
+        }.get(self)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop (vLLM's SamplingParams, the subset this engine runs).
+
+    temperature 0 is greedy; top_k 0 (or -1) and top_p 1.0 disable those filters.
+    """
+
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}")
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Sequence:
+    """One token stream: prompt plus generated tokens, chopped into logical blocks.
+
+    `num_cached_tokens` is how many leading prompt tokens the prefix cache served (set by the
+    block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache.
+    """
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.seq_id = seq_id
+        self.block_size = block_size
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_text = ""
+        self.logical_token_blocks: list[LogicalTokenBlock] = []
+        self.status = SequenceStatus.WAITING
+        self.num_cached_tokens = 0
+        self.num_computed_tokens = 0
+        self._append_tokens_to_blocks(self.prompt_token_ids)
+
+    def _append_tokens_to_blocks(self, token_ids: list[int]) -> None:
+        cursor = 0
+        while cursor < len(token_ids):
+            if not self.logical_token_blocks or self.logical_token_blocks[-1].is_full():
+                self.logical_token_blocks.append(
+                    LogicalTokenBlock(len(self.logical_token_blocks), self.block_size)
+                )
+            last = self.logical_token_blocks[-1]
+            take = min(last.get_num_empty_slots(), len(token_ids) - cursor)
+            last.append_tokens(token_ids[cursor : cursor + take])
+            cursor += take
+
+    def append_token_id(self, token_id: int) -> None:
+        """Add one generated token (vLLM's append_token_id); finished sequences refuse."""
+        if self.status.is_finished:
+            raise ValueError(f"sequence {self.seq_id} is finished ({self.status.value}); cannot append")
+        self.output_token_ids.append(token_id)
+        self._append_tokens_to_blocks([token_id])
+
+    def get_len(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def get_prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def get_output_len(self) -> int:
+        return len(self.output_token_ids)
+
+    def get_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def get_last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def num_logical_blocks(self) -> int:
+        return len(self.logical_token_blocks)
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def fork(self, new_seq_id: int) -> "Sequence":
+        """A child with the same tokens and the same logical blocks (copied, not shared)."""
+        child = Sequence.__new__(Sequence)
+        child.seq_id = new_seq_id
+        child.block_size = self.block_size
+        child.prompt_token_ids = list(self.prompt_token_ids)
+        child.output_token_ids = list(self.output_token_ids)
+        child.output_text = self.output_text
+        child.logical_token_blocks = []
+        for block in self.logical_token_blocks:
+            copy = LogicalTokenBlock(block.block_number, block.block_size)
+            copy.append_tokens(block.get_token_ids())
+            child.logical_token_blocks.append(copy)
+        child.status = self.status
+        child.num_cached_tokens = self.num_cached_tokens
+        child.num_computed_tokens = self.num_computed_tokens
+        return child
+
+    def reset_for_recompute(self) -> None:
+        """Recompute preemption: everything becomes prompt again (vLLM v0's reset_state_for_recompute
+        keeps the tokens; the KV is gone)."""
+        self.status = SequenceStatus.WAITING
+        self.num_cached_tokens = 0
+        self.num_computed_tokens = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(seq_id={self.seq_id}, status={self.status.value}, "
+            f"num_blocks={self.num_logical_blocks}, len={self.get_len()})"
+        )
+
+
+@dataclass
+class SequenceGroup:
+    """One request: its sequences (n > 1 once forked), sampling params and arrival time."""
+
+    request_id: str
+    seqs: list[Sequence]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = 0.0
+    prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.seqs:
+            raise ValueError(f"request {self.request_id!r} has no sequences")
+        self.seqs_dict = {seq.seq_id: seq for seq in self.seqs}
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        if status is None:
+            return list(self.seqs_dict.values())
+        return [seq for seq in self.seqs_dict.values() if seq.status == status]
+
+    def num_seqs(self, status: SequenceStatus | None = None) -> int:
+        return len(self.get_seqs(status))
+
+    def get_unfinished_seqs(self) -> list[Sequence]:
+        return [seq for seq in self.seqs_dict.values() if not seq.is_finished()]
+
+    def find(self, seq_id: int) -> Sequence:
+        if seq_id not in self.seqs_dict:
+            raise KeyError(f"sequence {seq_id} is not in request {self.request_id!r}")
+        return self.seqs_dict[seq_id]
+
+    def add(self, seq: Sequence) -> None:
+        if seq.seq_id in self.seqs_dict:
+            raise ValueError(f"sequence {seq.seq_id} is already in request {self.request_id!r}")
+        self.seqs_dict[seq.seq_id] = seq
+        self.seqs.append(seq)
+
+    def get_max_num_running_seqs(self) -> int:
+        """Upper bound of sequences this group will run at once (n before forking)."""
+        if self.sampling_params.n > 1 and self.num_seqs() == 1 and not self.is_finished():
+            return self.sampling_params.n
+        return len(self.get_unfinished_seqs())
+
+    def is_finished(self) -> bool:
+        return all(seq.is_finished() for seq in self.seqs_dict.values())
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(self.seqs_dict)
