@@ -1,0 +1,215 @@
+"""Find a GPT-2 checkpoint by name and load it into the paged-KV model.
+
+References: vLLM v0 `vllm/model_executor/model_loader/loader.py` (`get_model`: resolve, build
+the architecture, load weights) and nano-vllm `nanovllm/utils/loader.py`.
+
+Names resolve in this order:
+1. "tiny-shakespeare" (DEFAULT_MODEL): the checkpoint bundled in `engine/models/tiny-shakespeare/`;
+2. an existing local directory holding a save_pretrained checkpoint + tokenizer;
+3. a Hugging Face hub name such as "gpt2": transformers' local cache first; when it is not
+   cached, the hub is probed once with a short timeout and, if reachable, downloaded. With no
+   network (or HF_HUB_OFFLINE=1) this fails within seconds with a one-line ModelNotFoundError
+   instead of transformers' ~30 s of retries.
+Every route goes through the same `GPT2LMHeadModel.from_pretrained` + `GPT2.from_hf` path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.models.gpt2 import GPT2, GPT2Config
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "tiny-shakespeare"
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+class ModelNotFoundError(ValueError):
+    """The named model is neither bundled, a local directory, cached, nor downloadable.
+
+    str() is one line naming the model and what to do instead.
+    """
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A ready-to-run model and what the engine needs beside it."""
+
+    model: GPT2
+    tokenizer: Any  # a transformers tokenizer (AutoTokenizer)
+    config: GPT2Config
+    device: torch.device
+    dtype: torch.dtype
+    name: str  # the name or path the caller asked for
+    path: str | Path  # what it resolved to: a directory or a hub name
+    hf_config: Any = field(default=None, repr=False)  # the transformers config (eos ids etc.)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """float16 on CUDA, float32 elsewhere."""
+    return torch.float16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+    """Map a model name to a local checkpoint directory (Path) or a hub name (str).
+
+    Raises ModelNotFoundError for the bundled model when it is missing and for a path-like name
+    (starting with '/', '.', or '~') that does not exist. Hub names are not checked here.
+    """
+    name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    if name == DEFAULT_MODEL:
+        path = BUNDLED_MODELS_DIR / DEFAULT_MODEL
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"bundled model {DEFAULT_MODEL!r} is missing from {path}: reinstall blockviz, "
+                f"or pass --model with a local checkpoint directory or a cached hub name such as 'gpt2'"
+            )
+        return path
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"directory {str(path)!r} has no config.json: pass a save_pretrained checkpoint directory")
+        return path
+    if path.exists() or name.startswith(("/", ".", "~")) or os.sep != "/" and os.sep in name:
+        raise ModelNotFoundError(f"model path {name!r} is not a checkpoint directory")
+    return name
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> LoadedModel:
+    """Load a GPT-2 checkpoint (bundled name, local directory or hub name) onto `device`.
+
+    device defaults to CUDA when available, else CPU; dtype to float16 on CUDA, float32 on CPU.
+    Non-GPT-2 checkpoints raise ValueError naming their model_type.
+    """
+    name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype if dtype is not None else default_dtype(device)
+    source = resolve_model(name)
+    kwargs = _hub_kwargs(name) if isinstance(source, str) else {}
+    from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel  # slow import: after the checks
+
+    hf_config = _from_pretrained(AutoConfig, source, kwargs)
+    config = GPT2Config.from_hf(hf_config)  # ValueError for any other model_type
+    tokenizer = _from_pretrained(AutoTokenizer, source, kwargs)
+    hf_model = _from_pretrained(GPT2LMHeadModel, source, {**kwargs, "dtype": dtype})
+    model = GPT2.from_hf(hf_model).to(device)
+    del hf_model
+    logger.info(
+        "loaded %s from %s: %d layers, %d heads, n_embd %d, vocab %d on %s/%s",
+        name, source, config.n_layer, config.n_head, config.n_embd, config.vocab_size, device, dtype,
+    )
+    return LoadedModel(model, tokenizer, config, device, dtype, name, source, hf_config)
+
+
+def _from_pretrained(cls, source: str | Path, kwargs: dict):
+    """cls.from_pretrained; for a hub name, a failed lookup becomes a one-line ModelNotFoundError."""
+    if isinstance(source, Path):
+        return cls.from_pretrained(str(source), **kwargs)
+    try:
+        return cls.from_pretrained(source, **kwargs)
+    except OSError as exc:  # transformers' "not found / couldn't connect" errors, HF hub HTTP errors
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelNotFoundError(f"model {source!r} could not be loaded from the Hugging Face hub: {reason}") from exc
+
+
+def _hub_kwargs(name: str) -> dict:
+    """from_pretrained kwargs for a hub name: the local cache if it has it, else the network.
+
+    Raises ModelNotFoundError quickly when the model is not cached and the hub is unreachable
+    or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set.
+    """
+    cache_dir = _hf_cache_dir()
+    if _is_cached(name, cache_dir):
+        return {"local_files_only": True, "cache_dir": cache_dir}
+    hint = "pass a local checkpoint directory, or omit --model to use the bundled tiny-shakespeare"
+    if _offline_env():
+        raise ModelNotFoundError(
+            f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+            f"run once with network access and HF_HUB_OFFLINE unset, {hint}"
+        )
+    status = _probe_hub(name)
+    if status == "unreachable":
+        raise ModelNotFoundError(
+            f"model {name!r} is not in the local Hugging Face cache and cannot be downloaded (offline): "
+            f"run once with network access, {hint}"
+        )
+    if status == "missing":
+        raise ModelNotFoundError(f"model {name!r} was not found on the Hugging Face hub (or is gated): {hint}")
+    logger.info("model %s is not cached; downloading from the Hugging Face hub", name)
+    return {"cache_dir": cache_dir}
+
+
+def _offline_env() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads them at import)."""
+    import huggingface_hub.constants as hf_constants
+
+    def truthy(var: str) -> bool:
+        return os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+    return truthy("HF_HUB_OFFLINE") or truthy("TRANSFORMERS_OFFLINE") or bool(hf_constants.HF_HUB_OFFLINE)
+
+
+def _hf_cache_dir() -> str | None:
+    """The hub cache directory per HF_HUB_CACHE / HF_HOME as set now; None means the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
+def _is_cached(name: str, cache_dir: str | None) -> bool:
+    """True when config.json and some weights file of `name` are in the local hub cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> bool:
+        try:
+            return isinstance(try_to_load_from_cache(name, filename, cache_dir=cache_dir), str)
+        except ValueError:  # not a valid repo id
+            return False
+
+    has_weights = any(cached(f) for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    return cached("config.json") and has_weights
+
+
+def _probe_hub(name: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str:
+    """One HEAD request for `name`'s config.json: 'ok', 'missing' or 'unreachable'.
+
+    Runs in a daemon thread joined with a timeout, since DNS lookups ignore socket timeouts.
+    Honours HF_ENDPOINT and the usual proxy variables (via huggingface_hub's httpx session).
+    """
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import get_session
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
+    url = f"{endpoint}/{name}/resolve/main/config.json"
+    result = ["unreachable"]
+
+    def probe() -> None:
+        try:
+            response = get_session().head(url, timeout=timeout, follow_redirects=False)
+        except Exception:  # noqa: BLE001 - any transport failure means "unreachable"
+            return
+        result[0] = "ok" if response.status_code < 400 else "missing"
+
+    thread = threading.Thread(target=probe, name="hf-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return result[0]

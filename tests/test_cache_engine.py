@@ -1,0 +1,228 @@
+"""CacheEngine moves real block contents; pool sizing; model-name resolution errors."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+
+from engine.cache_engine import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    BlockBudget,
+    CacheEngine,
+    determine_num_blocks,
+)
+from engine.model_loader import DEFAULT_MODEL, ModelNotFoundError, load_model, resolve_model
+from engine.models.gpt2 import GPT2Config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NUM_LAYERS, NUM_HEADS, HEAD_DIM, BLOCK_SIZE = 3, 2, 4, 4
+
+
+@pytest.fixture
+def cache() -> CacheEngine:
+    """A cache whose every block holds distinct random data in every layer, K and V."""
+    engine = CacheEngine(NUM_LAYERS, NUM_HEADS, HEAD_DIM, BLOCK_SIZE, num_gpu_blocks=8, num_cpu_blocks=5,
+                         device=DEVICE, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for pool in (engine.gpu_cache, engine.cpu_cache):
+        for k, v in pool:
+            k.copy_(torch.randn(k.shape, generator=gen))
+            v.copy_(torch.randn(v.shape, generator=gen))
+    return engine
+
+
+def block(pool, index: int) -> torch.Tensor:
+    """(num_layers, 2, block_size, heads, head_dim) contents of one block, on the CPU."""
+    return torch.stack([torch.stack([k[index], v[index]]) for k, v in pool]).cpu()
+
+
+def test_shapes_and_pools(cache):
+    assert len(cache.gpu_cache) == len(cache.cpu_cache) == NUM_LAYERS
+    k, v = cache.gpu_cache[0]
+    assert k.shape == v.shape == (8, BLOCK_SIZE, NUM_HEADS, HEAD_DIM)
+    assert k.device.type == torch.device(DEVICE).type
+    assert cache.cpu_cache[0][0].shape == (5, BLOCK_SIZE, NUM_HEADS, HEAD_DIM)
+    assert cache.cpu_cache[0][0].device.type == "cpu"
+    assert cache.cpu_cache[0][0].is_pinned() == (DEVICE == "cuda")
+
+
+def test_copy_moves_every_layer(cache):
+    before = block(cache.gpu_cache, 6)
+    assert cache.block_fingerprint("gpu", 1) != cache.block_fingerprint("gpu", 6)
+    cache.copy([(1, 6), (2, 7)])
+    assert torch.equal(block(cache.gpu_cache, 6), block(cache.gpu_cache, 1))
+    assert torch.equal(block(cache.gpu_cache, 7), block(cache.gpu_cache, 2))
+    assert not torch.equal(block(cache.gpu_cache, 6), before)
+    assert cache.block_fingerprint("gpu", 6) == cache.block_fingerprint("gpu", 1)
+
+
+def test_copy_reads_sources_before_writing(cache):
+    b0, b1 = block(cache.gpu_cache, 0), block(cache.gpu_cache, 1)
+    cache.copy([(0, 1), (1, 0)])  # a swap of two blocks
+    assert torch.equal(block(cache.gpu_cache, 0), b1) and torch.equal(block(cache.gpu_cache, 1), b0)
+
+
+def test_swap_out_then_in_round_trips(cache):
+    gpu3 = block(cache.gpu_cache, 3)
+    assert cache.block_fingerprint("gpu", 3) != cache.block_fingerprint("cpu", 4)
+    cache.swap_out([(3, 4), (5, 0)])
+    assert torch.equal(block(cache.cpu_cache, 4), gpu3)
+    assert torch.equal(block(cache.cpu_cache, 0), block(cache.gpu_cache, 5))
+    assert cache.block_fingerprint("cpu", 4) == cache.block_fingerprint("gpu", 3)
+
+    cache.gpu_cache[0][0][3].zero_()  # the device block is reused by someone else
+    cache.swap_in([(4, 2)])
+    assert torch.equal(block(cache.gpu_cache, 2), gpu3)
+    assert cache.block_fingerprint("gpu", 2) == cache.block_fingerprint("cpu", 4)
+
+
+def test_fingerprint_is_short_stable_and_sensitive(cache):
+    fp = cache.block_fingerprint("gpu", 0)
+    assert len(fp) == 8 and int(fp, 16) >= 0
+    assert cache.block_fingerprint("gpu", 0) == fp
+    cache.gpu_cache[NUM_LAYERS - 1][1][0, 0, 0, 0] += 1.0  # one V element in the last layer
+    assert cache.block_fingerprint("gpu", 0) != fp
+
+
+def test_bad_block_numbers_and_pool_names_raise(cache):
+    with pytest.raises(IndexError):
+        cache.copy([(0, 8)])
+    with pytest.raises(IndexError):
+        cache.swap_in([(5, 0)])
+    with pytest.raises(ValueError):
+        cache.block_fingerprint("disk", 0)
+    cache.copy([])  # nothing to do is fine
+
+
+def test_model_writes_land_in_gpu_cache_views(cache):
+    """gpu_cache pairs are views of the pool: writing through them is what swap/copy move."""
+    k, _ = cache.gpu_cache[1]
+    k[2].fill_(7.0)
+    cache.swap_out([(2, 1)])
+    assert torch.all(cache.cpu_cache[1][0][1] == 7.0)
+
+
+def test_cache_block_size_formula():
+    # seed 001: block_size * num_layers * 2 * num_kv_heads * head_dim * element size
+    assert CacheEngine.get_cache_block_size(16, 12, 12, 64, torch.float32) == 16 * 12 * 2 * 12 * 64 * 4
+    assert CacheEngine.get_cache_block_size(16, 12, 12, 64, torch.float16) == 16 * 12 * 2 * 12 * 64 * 2
+    engine = CacheEngine(2, 4, 8, 3, 2, 0, "cpu", torch.float32)
+    assert engine.block_bytes == 3 * 2 * 2 * 4 * 8 * 4
+    assert engine.cpu_cache[0][0].shape[0] == 0
+
+
+CONFIG = GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+BLOCK_BYTES = 16 * 2 * 2 * 4 * 8 * 4
+
+
+def test_determine_num_blocks_explicit_and_budget(caplog):
+    common = dict(model=None, config=CONFIG, block_size=16, device="cpu", dtype=torch.float32,
+                  max_num_batched_tokens=256)
+    with caplog.at_level(logging.INFO, logger="engine"):
+        explicit = determine_num_blocks(**common, num_gpu_blocks=12, num_cpu_blocks=3,
+                                        kv_cache_memory_bytes=1 << 30)
+    assert (explicit.num_gpu_blocks, explicit.num_cpu_blocks, explicit.source) == (12, 3, "explicit")
+    assert explicit.block_bytes == BLOCK_BYTES
+    assert "12 device blocks" in caplog.text
+
+    budget = determine_num_blocks(**common, kv_cache_memory_bytes=10 * BLOCK_BYTES + 5, swap_space_bytes=4 * BLOCK_BYTES)
+    assert (budget.num_gpu_blocks, budget.num_cpu_blocks, budget.source) == (10, 4, "budget")
+    assert budget.total_bytes == 10 * BLOCK_BYTES + 5
+
+
+def test_determine_num_blocks_cpu_default():
+    budget = determine_num_blocks(None, CONFIG, 16, "cpu", torch.float32, 256)
+    assert budget.source == "default-cpu"
+    assert budget.num_gpu_blocks == DEFAULT_CPU_KV_CACHE_BYTES // BLOCK_BYTES
+    assert budget.num_cpu_blocks > 0
+
+
+def test_budget_too_small_is_a_clear_error():
+    with pytest.raises(ValueError, match="no room for KV blocks"):
+        determine_num_blocks(None, CONFIG, 16, "cpu", torch.float32, 256, kv_cache_memory_bytes=BLOCK_BYTES - 1)
+    with pytest.raises(ValueError):
+        BlockBudget(num_gpu_blocks=4, num_cpu_blocks=-1, block_bytes=1, source="explicit")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="profiling needs CUDA")
+def test_determine_num_blocks_profiles_on_cuda(tiny_gpt2_dir):
+    loaded = load_model(tiny_gpt2_dir, device="cuda")
+    budget = determine_num_blocks(loaded.model, loaded.config, 16, "cuda", loaded.dtype, 512, gpu_memory_utilization=0.5)
+    assert budget.source == "profiled" and budget.peak_bytes > 0 and budget.num_gpu_blocks > 0
+
+
+# --- model-name resolution -------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_empty_hf_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+
+
+def test_uncached_hub_model_offline_fails_fast_with_one_line(offline_empty_hf_cache):
+    import huggingface_hub  # noqa: F401 - time the lookup, not a first import on a busy machine
+
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError) as info:
+        load_model("gpt2", device="cpu")
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert "\n" not in message and "'gpt2'" in message and "tiny-shakespeare" in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_uncached_hub_model_unreachable_hub_fails_fast(monkeypatch, tmp_path):
+    """Without HF_HUB_OFFLINE, an unreachable hub is detected by one short probe, not retries."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    with pytest.raises(ModelNotFoundError, match="cannot be downloaded") as info:
+        load_model("openai-community/gpt2", device="cpu")
+    assert time.monotonic() - start < 10
+    assert "\n" not in str(info.value) and "openai-community/gpt2" in str(info.value)
+
+
+def test_resolve_model_routes(tiny_gpt2_dir, tmp_path):
+    assert resolve_model(tiny_gpt2_dir) == tiny_gpt2_dir
+    assert resolve_model("gpt2") == "gpt2"
+    with pytest.raises(ModelNotFoundError, match="not a checkpoint directory"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model(tmp_path)
+
+
+def test_bundled_default_resolves_or_explains(monkeypatch, tmp_path):
+    import engine.model_loader as model_loader
+
+    monkeypatch.setattr(model_loader, "BUNDLED_MODELS_DIR", tmp_path)
+    with pytest.raises(ModelNotFoundError, match=DEFAULT_MODEL) as info:
+        resolve_model(None)
+    assert "\n" not in str(info.value)
+
+
+def test_non_gpt2_checkpoint_is_rejected(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="'bert'"):
+        load_model(tmp_path, device="cpu")
+
+
+def test_load_model_defaults(tiny_gpt2_dir):
+    loaded = load_model(tiny_gpt2_dir)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert loaded.device.type == expected
+    assert loaded.dtype == (torch.float16 if expected == "cuda" else torch.float32)
+    assert next(loaded.model.parameters()).dtype == loaded.dtype
+    assert loaded.tokenizer.eos_token == "<|endoftext|>"
+    assert loaded.config.n_layer == 2 and loaded.name == str(tiny_gpt2_dir)
