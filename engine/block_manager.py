@@ -205,9 +205,8 @@ class BlockSpaceManager:
             block = self.gpu_allocator.allocate()
             block.token_ids = (token_id,)
             table.append(block)
-            if events.active:
-                events.emit(BlockAllocated, device="gpu", block=block.block_number, seq_ids=(seq_id,),
-                            logical_index=index, ref_count=1, block_hash=None, token_ids=())
+            if events.active:  # (device, block, seq_ids, logical_index, ref_count, hash, token_ids)
+                events.emit(BlockAllocated, "gpu", block.block_number, (seq_id,), index, 1, None, ())
         else:
             block = table[index]
             if block.ref_count > 1:
@@ -223,9 +222,8 @@ class BlockSpaceManager:
                                 src_block=src.block_number, dst_block=block.block_number,
                                 src_ref_count=src.ref_count, token_ids=block.token_ids)
             block.token_ids = block.token_ids[:offset] + (token_id,)
-        if events.active:
-            events.emit(SlotAppended, seq_id=seq_id, device="gpu", logical_index=index,
-                        block=block.block_number, offset=offset, token_id=token_id)
+        if events.active:  # (seq_id, device, logical_index, block, offset, token_id)
+            events.emit(SlotAppended, seq_id, "gpu", index, block.block_number, offset, token_id)
         if self.enable_caching and offset == block_size - 1:
             parent_hash = table[index - 1].block_hash if index else None
             self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash,

@@ -1,0 +1,107 @@
+"""`blockviz` command line: generate (no UI), run (live TUI), record (trace, no UI), replay (TUI).
+
+Bad input ends with one line on stderr and exit code 2, never a traceback. Heavy modules (torch,
+textual) are imported only by the subcommand that needs them, so `blockviz replay` never loads torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_MODEL = "tiny-shakespeare"  # the checkpoint bundled inside the package
+DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line, exit code 2."""
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def add_engine_options(parser: argparse.ArgumentParser, *, max_tokens: int = 32) -> None:
+    """The options shared by generate, run and record."""
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"bundled '{DEFAULT_MODEL}' (default, offline), a local GPT-2 checkpoint "
+                             "directory, or a Hugging Face name such as gpt2 (from its cache)")
+    parser.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
+                        help=f"a prompt; repeat for several requests (default: {' / '.join(DEFAULT_PROMPTS)})")
+    parser.add_argument("--n", type=_positive("--n"), default=1,
+                        help="completions per prompt; n > 1 forks the sequence (copy-on-write)")
+    parser.add_argument("--max-tokens", type=_positive("--max-tokens"), default=max_tokens,
+                        help=f"tokens to generate per completion (default {max_tokens})")
+    parser.add_argument("--block-size", type=_positive("--block-size"), default=16,
+                        help="tokens per KV-cache block (default 16)")
+    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=None,
+                        help="size of the device block pool (default: from the memory budget)")
+    parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=None,
+                        help="size of the CPU swap pool (default: from the swap space)")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="share identical prompt prefixes through the chained-hash cache")
+    parser.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
+                        help="how to preempt when blocks run out (default: vLLM's rule)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blockviz",
+        description="Watch a real paged-KV engine allocate, share, copy-on-write, swap and free its "
+                    "KV-cache blocks.",
+    )
+    from blockviz import __version__
+
+    parser.add_argument("--version", action="version", version=f"blockviz {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from blockviz import commands
+
+    commands.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        from blockviz import commands
+
+        return commands.dispatch(args)
+    except UsageError as exc:
+        print(f"blockviz: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

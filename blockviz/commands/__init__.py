@@ -1,0 +1,29 @@
+"""Subcommands: each module has `add_parser(subparsers)` and `execute(args) -> int`.
+
+Modules are imported lazily by name so a subcommand pulls in only what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+COMMANDS = ("generate", "run", "record", "replay")
+
+
+def _module(name: str):
+    return importlib.import_module(f"blockviz.commands.{name}")
+
+
+def register(subparsers) -> None:
+    for name in COMMANDS:
+        try:
+            module = _module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"blockviz.commands.{name}":
+                continue  # not built yet
+            raise
+        module.add_parser(subparsers)
+
+
+def dispatch(args) -> int:
+    return _module(args.command).execute(args)
