@@ -1,0 +1,404 @@
+"""The blockviz TUI: a thin App over a Timeline (blockviz/history.py) and the views (blockviz/widgets).
+
+A live run (`blockviz run`) drives an EngineBridge (blockviz/live.py) in a Textual thread worker; a
+replay (`blockviz replay`) reads a Trace (blockviz/trace.py) and never imports torch. Either way the
+views draw only the reducer's state at the timeline's cursor, so stepping, playing and time travel
+are the same code for both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widgets import Footer, Label, LoadingIndicator, Static
+
+from blockviz.history import Player, Timeline
+from blockviz.messages import (
+    BlockSelected,
+    EngineEvents,
+    EngineFailed,
+    EngineIdle,
+    EngineLoading,
+    EngineNotice,
+    EngineReady,
+)
+from blockviz.widgets.event_log import EventLogPanel
+from blockviz.widgets.palette import touched_blocks
+from blockviz.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains, StatusBar
+from blockviz.widgets.pool_grid import PoolGrid
+from blockviz.widgets.screens import AddRequestScreen, HelpScreen
+
+RIGHT_VIEWS = ("tables", "text", "hashes", "log")
+FRAME_S = 1 / 30
+MIN_SIZE = (80, 24)
+
+
+class BlockvizApp(App[None]):
+    """Watch a paged-KV engine's blocks: live (`bridge`) or from a trace (`trace`)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "blockviz"
+    AUTO_FOCUS = "#gpu"
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (160, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_SIZE[1], "-tall")]
+
+    BINDINGS = [
+        Binding("space", "toggle_play", "Play/Pause"),
+        Binding("s", "step", "Step"),
+        Binding("full_stop", "step_event", "Event▸", key_display="."),
+        Binding("comma", "back_event", "◂Event", key_display=","),
+        Binding("b", "back_step", "Step back"),
+        Binding("plus,equals_sign", "faster", "Faster", key_display="+"),
+        Binding("minus", "slower", "Slower", key_display="-"),
+        Binding("g", "to_start", "Go to start", show=False),
+        Binding("G", "to_end", "Go to end", show=False),
+        Binding("a", "add_request", "Add request"),
+        Binding("f", "fork", "Fork seq"),
+        Binding("p", "preempt", "Swap out"),
+        Binding("n", "next_sequence", "Next seq", show=False),
+        Binding("v", "next_view", "Next view", show=False),
+        Binding("P", "toggle_projector", "Projector"),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    projector: reactive[bool] = reactive(False)
+    right_view: reactive[str] = reactive("tables")
+
+    def __init__(self, *, trace: Any = None, bridge: Any = None, projector: bool = False,
+                 deterministic: bool = False, source_name: str = "") -> None:
+        if (trace is None) == (bridge is None):
+            raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
+        super().__init__()
+        self.trace = trace
+        self.bridge = bridge
+        self.deterministic = deterministic
+        self.source_name = source_name
+        self.player: Player | None = None
+        self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
+        self.selection: tuple[str, int] | None = None
+        self.selected_seq: int | None = None
+        self.error: str | None = None
+        self.note = ""
+        self._last_tick = 0.0
+        self._dirty = False
+        self.set_reactive(BlockvizApp.projector, projector)
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Static("blockviz", id="title")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield PoolGrid("gpu", id="gpu")
+                yield PoolGrid("cpu", id="cpu")
+                yield BlockInspector(id="inspector")
+            with Vertical(id="right"):
+                yield BlockTables(id="tables", classes="view")
+                yield GeneratedText(id="text", classes="view")
+                yield HashChains(id="hashes", classes="view")
+                yield EventLogPanel(id="log", classes="view")
+        yield StatusBar(id="status")
+        yield Footer(compact=True)
+        yield Static(f"Enlarge the terminal to at least {MIN_SIZE[0]}x{MIN_SIZE[1]} "
+                     f"(projector mode reads best at 100x30 or more).", id="too-small")
+        with Vertical(id="loading"):
+            yield LoadingIndicator()
+            yield Label("starting the engine…", id="loading-text")
+
+    def on_mount(self) -> None:
+        self.screen.set_class(self.projector, "-projector")
+        for grid in self.query(PoolGrid):
+            grid.projector = self.projector
+        self.watch_right_view(self.right_view)
+        self._ticker = self.set_interval(FRAME_S, self._tick, pause=True)
+        if self.trace is not None:
+            self._start(Timeline.for_trace(self.trace), live=False)
+        else:
+            self.screen.add_class("-loading")
+            self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
+
+    def _start(self, timeline: Timeline, live: bool) -> None:
+        self.player = Player(timeline, live=live)
+        self.screen.remove_class("-loading")
+        h = self.header
+        caching = " · prefix caching" if h.get("enable_prefix_caching") else ""
+        source = f"{'live' if live else 'replay'}{': ' + self.source_name if self.source_name else ''}"
+        self.query_one("#title", Static).update(
+            f"blockviz · {source} · {h.get('model', '?')} · block size {timeline.block_size} · "
+            f"{timeline.num_gpu_blocks} GPU / {timeline.num_cpu_blocks} CPU blocks{caching}")
+        self.render_views()
+
+    # ------------------------------------------------------------------ the engine worker (live)
+
+    def _run_engine(self) -> None:
+        from blockviz.live import Listener
+
+        post = self.post_message
+        self.bridge.run(Listener(
+            loading=lambda text: post(EngineLoading(text)),
+            ready=lambda header: post(EngineReady(header)),
+            failed=lambda error: post(EngineFailed(error)),
+            events=lambda events: post(EngineEvents(events)),
+            notice=lambda text: post(EngineNotice(text)),
+            idle=lambda: post(EngineIdle()),
+        ))
+
+    def on_unmount(self) -> None:
+        if self.bridge is not None:
+            self.bridge.stop()
+
+    def on_engine_loading(self, message: EngineLoading) -> None:
+        self.query_one("#loading-text", Label).update(message.text)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        h = self.header = dict(message.header)
+        self._start(Timeline(h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"]), live=True)
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.error = message.error
+        self.exit(return_code=2)
+
+    def on_engine_events(self, message: EngineEvents) -> None:
+        if self.player is None:
+            return
+        self.player.on_events(message.events)
+        self.bridge.acknowledge(len(message.events))
+        self._feed_engine()
+        if self.player.playing:
+            self._dirty = True  # the next frame draws it
+        else:
+            self.render_views()
+
+    def on_engine_notice(self, message: EngineNotice) -> None:
+        self.notify(message.text, severity="warning")
+
+    def on_engine_idle(self, message: EngineIdle) -> None:
+        if self.player is None:
+            return
+        self.player.finished = True
+        self.player.pending = None
+        self.note = "all requests finished: a adds one"
+        self._set_playing(self.player.playing and not self.player.timeline.at_end)
+        self.render_views()
+
+    def _feed_engine(self) -> None:
+        """Ask the live engine for what playback needs now (the backpressure lives in the bridge)."""
+        if self.bridge is None or self.player is None:
+            return
+        player = self.player
+        self.bridge.set_free_run(player.playing and math.isinf(player.speed) and not player.finished)
+        if player.engine_steps_wanted() and self.bridge.outstanding == 0:
+            self.bridge.request_steps(1)
+
+    # ------------------------------------------------------------------ drawing
+
+    def render_views(self) -> None:
+        """Push the state at the cursor down into every view."""
+        self._dirty = False
+        if self.player is None:
+            return
+        timeline = self.player.timeline
+        state = timeline.state
+        touched = touched_blocks(timeline.current_event)
+        for device in ("gpu", "cpu"):
+            pool = state.pools[device]
+            used = state.num_used(device)
+            grid = self.query_one(f"#{device}", PoolGrid)
+            grid.show(state, touched.get(device, frozenset()),
+                      title=f"{device.upper()} pool · {used}/{len(pool)} used")
+        vocab = timeline.token_texts
+        self.query_one(BlockTables).show(state, self.selected_seq)
+        self.query_one(GeneratedText).show(state, self.selected_seq)
+        self.query_one(HashChains).show(state, timeline.current_event, vocab)
+        self.query_one(BlockInspector).show(state, self.selection, vocab)
+        self.query_one(EventLogPanel).show(timeline.events, timeline.position, vocab)
+        player = self.player
+        note = self.note
+        if not player.live and timeline.at_end and len(timeline):
+            note = "end of trace"
+        self.query_one(StatusBar).show(
+            state, position=timeline.position, total=len(timeline), playing=player.playing,
+            speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
+            deterministic=self.deterministic, live=player.live, note=note)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        dt, self._last_tick = min(now - self._last_tick, 0.25), now
+        if self.player is None:
+            return
+        moved = self.player.tick(dt)
+        if not self.player.playing:
+            self._set_playing(False)
+        self._feed_engine()
+        if moved or self._dirty:
+            self.render_views()
+
+    def _set_playing(self, playing: bool) -> None:
+        if self.player is None:
+            return
+        self.player.playing = playing
+        if playing:
+            self._last_tick = time.monotonic()
+            self._ticker.resume()
+        else:
+            self._ticker.pause()
+        self._feed_engine()
+
+    def _moved(self, moved: bool = True) -> None:
+        self.note = ""
+        self._feed_engine()
+        self.render_views()
+
+    # ------------------------------------------------------------------ messages from the views
+
+    def on_block_selected(self, message: BlockSelected) -> None:
+        self.selection = (message.device, message.number)
+        for grid in self.query(PoolGrid):
+            if grid.device != message.device:
+                grid.selected = None
+        if self.player is not None:
+            owners = sorted(self.player.timeline.state.pools[message.device][message.number].owners)
+            if owners:
+                self.selected_seq = owners[0]
+        self.render_views()
+
+    # ------------------------------------------------------------------ actions (bindings)
+
+    def action_toggle_play(self) -> None:
+        if self.player is not None:
+            self._set_playing(self.player.toggle_play())
+            self.render_views()
+
+    def action_step(self) -> None:
+        if self.player is not None:
+            self._moved(self.player.step_engine())
+
+    def action_step_event(self) -> None:
+        if self.player is not None:
+            self._moved(self.player.step_event())
+
+    def action_back_event(self) -> None:
+        if self.player is not None:
+            self._set_playing(False)
+            self._moved(self.player.back_event())
+
+    def action_back_step(self) -> None:
+        if self.player is not None:
+            self._set_playing(False)
+            self._moved(self.player.back_step())
+
+    def action_to_start(self) -> None:
+        if self.player is not None:
+            self._set_playing(False)
+            self._moved(self.player.to_start())
+
+    def action_to_end(self) -> None:
+        if self.player is not None:
+            self._moved(self.player.to_end())
+
+    def action_faster(self) -> None:
+        if self.player is not None:
+            self.player.faster()
+            self._moved()
+
+    def action_slower(self) -> None:
+        if self.player is not None:
+            self.player.slower()
+            self._moved()
+
+    def _live_engine(self, what: str) -> bool:
+        """True when an engine is attached (and the cursor is brought to the live edge)."""
+        if self.bridge is None:
+            self.notify(f"Replay: no engine here to {what}. Run `blockviz run` to {what}.",
+                        title="Replay", severity="warning")
+            return False
+        if self.player is None:
+            self.notify("The engine is still loading.", severity="warning")
+            return False
+        if not self.player.timeline.at_end:
+            self.player.to_end()
+            self.notify("Jumped to the live edge: the engine acts on its present.")
+        self.player.follow()
+        return True
+
+    def action_add_request(self) -> None:
+        if not self._live_engine("add a request"):
+            return
+
+        def added(prompt: str | None) -> None:
+            if prompt:
+                self.player.finished = False
+                self.player.follow()
+                self.bridge.add_request(prompt)
+
+        self.push_screen(AddRequestScreen(), added)
+
+    def action_fork(self) -> None:
+        seq_id = self._selected_sequence()
+        if seq_id is None or not self._live_engine("fork a sequence"):
+            return
+        self.bridge.fork(seq_id)
+
+    def action_preempt(self) -> None:
+        seq_id = self._selected_sequence()
+        if seq_id is None or not self._live_engine("swap out a request"):
+            return
+        self.bridge.preempt(self.player.timeline.state.seqs[seq_id].request_id)
+
+    def _selected_sequence(self) -> int | None:
+        if self.player is None:
+            return None
+        seqs = self.player.timeline.state.seqs
+        if self.selected_seq in seqs:
+            return self.selected_seq
+        running = [s for s, seq in sorted(seqs.items()) if seq.status == "running"]
+        if running:
+            self.selected_seq = running[0]
+            return running[0]
+        self.notify("No sequence selected: n picks one, or select a block it owns.", severity="warning")
+        return None
+
+    def action_next_sequence(self) -> None:
+        if self.player is None or not self.player.timeline.state.seqs:
+            return
+        ids = sorted(self.player.timeline.state.seqs)
+        later = [s for s in ids if self.selected_seq is None or s > self.selected_seq]
+        self.selected_seq = later[0] if later else ids[0]
+        self.render_views()
+
+    def action_select_sequence(self, seq_id: int) -> None:
+        self.selected_seq = seq_id
+        self.render_views()
+
+    def action_next_view(self) -> None:
+        self.right_view = RIGHT_VIEWS[(RIGHT_VIEWS.index(self.right_view) + 1) % len(RIGHT_VIEWS)]
+
+    def watch_right_view(self, view: str) -> None:
+        for name in RIGHT_VIEWS:
+            self.query_one(f"#{name}").set_class(name == view, "-shown")
+        self.render_views()
+
+    def action_toggle_projector(self) -> None:
+        self.projector = not self.projector
+
+    def watch_projector(self, projector: bool) -> None:
+        self.screen.set_class(projector, "-projector")
+        for grid in self.query(PoolGrid):
+            grid.projector = projector
+        self.render_views()
+
+    def action_help(self) -> None:
+        rows = []
+        for binding in self.BINDINGS:
+            keys = binding.key_display or binding.key
+            rows.append((keys.replace("question_mark", "?"), binding.description))
+        rows += [("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
+                 ("ctrl+p", "command palette")]
+        self.push_screen(HelpScreen(rows))

@@ -1,0 +1,266 @@
+"""The bridge between a live engine and the UI: the engine runs in a worker thread, the UI gets
+batches of events, and the worker waits when the UI falls behind.
+
+`EngineSpec` is what to run (the CLI's engine options). `EngineBridge.run()` is the worker thread's
+body: load the model, add the requests, then step the engine only when the UI asks for steps (or
+free-runs at "max" speed) and only while fewer than `max_in_flight` events wait unacknowledged in
+the UI — that is the backpressure. Between steps it runs the user's commands (add a request, fork a
+sequence, swap a request out), since the engine is not thread-safe and only this thread touches it.
+
+No textual import: the app hands in callbacks that post messages (see blockviz/app.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from engine.events import Event
+
+DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of text (its first line, else its type)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@dataclass(slots=True)
+class EngineSpec:
+    """What to run: the engine options of `blockviz run` / `blockviz record`."""
+
+    model: str = "tiny-shakespeare"
+    prompts: tuple[str, ...] = DEFAULT_PROMPTS
+    n: int = 1
+    max_tokens: int = 32
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    prefix_caching: bool = False
+    preemption_mode: str | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    device: str | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> "EngineSpec":
+        from blockviz.cli import DEFAULT_PROMPTS as cli_prompts
+
+        return cls(
+            model=args.model, prompts=tuple(args.prompts or cli_prompts), n=args.n,
+            max_tokens=args.max_tokens, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
+            num_cpu_blocks=args.num_cpu_blocks, prefix_caching=args.prefix_caching,
+            preemption_mode=args.preemption_mode, temperature=args.temperature, seed=args.seed,
+            device=args.device,
+        )
+
+    def sampling_params(self, n: int | None = None):
+        from engine.sequence import SamplingParams
+
+        return SamplingParams(n=self.n if n is None else n, temperature=self.temperature,
+                              max_tokens=self.max_tokens, seed=self.seed)
+
+    def engine_config(self):
+        from engine import EngineConfig
+
+        return EngineConfig(model=self.model, block_size=self.block_size, num_gpu_blocks=self.num_gpu_blocks,
+                            num_cpu_blocks=self.num_cpu_blocks, enable_prefix_caching=self.prefix_caching,
+                            preemption_mode=self.preemption_mode, device=self.device, seed=self.seed)
+
+    def make_engine(self):
+        """Build the engine (loads the model: seconds). Imports torch."""
+        from engine import LLMEngine
+
+        return LLMEngine(self.engine_config())
+
+    def run_header(self) -> dict[str, Any]:
+        """The run's settings for a trace header."""
+        return {"prompts": list(self.prompts), "n": self.n, "max_tokens": self.max_tokens, "seed": self.seed,
+                "temperature": self.temperature, "preemption_mode": self.preemption_mode}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_model(name: str) -> None:
+    """Raise engine.model_loader.ModelNotFoundError now (before any UI opens) when `name` cannot
+    be loaded offline; a bundled name or a local directory is checked on disk, a hub name in the
+    local cache (or with one quick probe of the hub)."""
+    from engine import model_loader
+
+    source = model_loader.resolve_model(name)
+    if isinstance(source, str):
+        check = getattr(model_loader, "check_model", None) or getattr(model_loader, "_hub_kwargs", None)
+        if check is not None:
+            check(source)
+
+
+@dataclass(slots=True)
+class Listener:
+    """Where the worker reports; every callback is called from the worker thread."""
+
+    loading: Callable[[str], None]
+    ready: Callable[[dict], None]
+    failed: Callable[[str], None]
+    events: Callable[[list[Event]], None]
+    notice: Callable[[str], None] = lambda text: None
+    idle: Callable[[], None] = lambda: None
+
+
+@dataclass(slots=True)
+class _Command:
+    name: str
+    run: Callable[[Any], Any]
+
+
+class EngineBridge:
+    """Runs an engine on a worker thread, posting batches of events with backpressure.
+
+    UI-thread methods: request_steps, set_free_run, acknowledge, add_request, fork, preempt, abort,
+    stop. Worker-thread method: run.
+    """
+
+    def __init__(self, spec: EngineSpec | None = None, *, make_engine: Callable[[], Any] | None = None,
+                 max_in_flight: int = 4096) -> None:
+        self.spec = spec or EngineSpec()
+        self._make_engine = make_engine or self.spec.make_engine
+        self.max_in_flight = max_in_flight
+        self._cond = threading.Condition()
+        self._steps_wanted = 0
+        self._stepping = False
+        self._free_run = False
+        self._in_flight = 0
+        self._idle = False
+        self._stopped = False
+        self._commands: list[_Command] = []
+        self.num_steps = 0
+        self.header: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ UI side
+
+    def request_steps(self, count: int = 1) -> None:
+        with self._cond:
+            self._steps_wanted += count
+            self._cond.notify_all()
+
+    @property
+    def outstanding(self) -> int:
+        """Steps asked for and not finished yet."""
+        with self._cond:
+            return self._steps_wanted + (1 if self._stepping else 0)
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    def set_free_run(self, free_run: bool) -> None:
+        """Step as fast as the backpressure allows ("max" playback speed)."""
+        with self._cond:
+            self._free_run = free_run
+            self._cond.notify_all()
+
+    def acknowledge(self, count: int) -> None:
+        """The UI took `count` events into its timeline."""
+        with self._cond:
+            self._in_flight = max(0, self._in_flight - count)
+            self._cond.notify_all()
+
+    def add_request(self, prompt: str, n: int | None = None) -> None:
+        params = self.spec.sampling_params(n)
+        self._submit(_Command("add request", lambda engine: engine.add_request(prompt, params)))
+
+    def fork(self, seq_id: int) -> None:
+        self._submit(_Command(f"fork sequence {seq_id}", lambda engine: engine.fork_sequence(seq_id)))
+
+    def preempt(self, request_id: str) -> None:
+        self._submit(_Command(f"swap out request {request_id}",
+                              lambda engine: engine.preempt_request(request_id)))
+
+    def abort(self, request_id: str) -> None:
+        self._submit(_Command(f"abort request {request_id}", lambda engine: engine.abort_request(request_id)))
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _submit(self, command: _Command) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ worker side
+
+    def _may_step(self) -> bool:
+        return ((self._steps_wanted > 0 or self._free_run) and not self._idle
+                and self._in_flight < self.max_in_flight)
+
+    def run(self, listener: Listener) -> None:
+        """The worker's body: load, add the initial requests, then serve steps and commands."""
+        spec = self.spec
+        listener.loading(f"loading model {spec.model!r}…")
+        try:
+            engine = self._make_engine()
+            header = dict(engine.trace_header())
+        except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
+            listener.failed(one_line(exc))
+            return
+        self.header = header
+        buffer: list[Event] = []
+        unsubscribe = engine.events.subscribe(buffer.append)
+        listener.ready(header)
+
+        def flush() -> None:
+            if buffer:
+                batch = buffer.copy()
+                buffer.clear()
+                with self._cond:
+                    self._in_flight += len(batch)
+                listener.events(batch)
+
+        try:
+            for prompt in spec.prompts:
+                engine.add_request(prompt, spec.sampling_params())
+            flush()
+            while True:
+                with self._cond:
+                    while not (self._stopped or self._commands or self._may_step()):
+                        self._cond.wait(0.5)
+                    if self._stopped:
+                        break
+                    commands, self._commands = self._commands, []
+                    step = self._may_step()
+                    if step:
+                        self._stepping = True
+                        if self._steps_wanted > 0:
+                            self._steps_wanted -= 1
+                for command in commands:
+                    try:
+                        command.run(engine)
+                    except Exception as exc:  # noqa: BLE001 - a refused command is a notice, not a crash
+                        listener.notice(f"{command.name}: {one_line(exc)}")
+                    else:
+                        with self._cond:
+                            self._idle = False
+                if step:
+                    try:
+                        if engine.has_unfinished_requests():
+                            engine.step()
+                            self.num_steps += 1
+                    finally:
+                        with self._cond:
+                            self._stepping = False
+                flush()
+                if (step or commands) and not engine.has_unfinished_requests():
+                    with self._cond:
+                        self._idle = True
+                        self._steps_wanted = 0
+                    listener.idle()
+        except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
+            flush()
+            listener.notice(f"engine stopped: {one_line(exc)}")
+        finally:
+            unsubscribe()

@@ -1,0 +1,1 @@
+"""Textual widgets of the blockviz TUI (and palette.py, the look they share)."""

@@ -1,0 +1,119 @@
+"""Modal screens: help (keys, legend, where each idea comes from) and the add-request prompt."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, Static
+
+LEGEND = (
+    ("cell", "block number, then the ref count as a superscript when shared (²), then the fill glyph ▁…█ (slots holding "
+             "tokens / block_size)"),
+    ("colour", "the owning sequence; a shared block shows its first owner on the number and its "
+               "second on the rest"),
+    ("grey", "free block (on the free list)"),
+    ("slate c", "free but cached: still in the prefix-cache hash map, a hit revives it (seed 002)"),
+    ("underline", "the block the last event touched"),
+    ("reverse", "the selected block (see the inspector)"),
+)
+
+GLOSSARY = (
+    ("allocate", "prefill: one block table per request, shared by its n sequences (seed 000 allocate)"),
+    ("append_slot", "decode: the new token gets a slot; a fresh block when the last one is full"),
+    ("copy-on-write", "the last block was shared (ref > 1): copy it before writing (seed 000)"),
+    ("fork", "n > 1: the child shares every block of its parent, ref count +1"),
+    ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (seed 000)"),
+    ("recompute", "preemption by recompute: blocks freed, the K/V is computed again later"),
+    ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (seed 002)"),
+    ("KV util", "slots holding tokens / slots in used GPU blocks"),
+    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × heads × head_dim × dtype) (seed 001)"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Keys (from the app's bindings), the grid legend and a glossary keyed to the seeds."""
+
+    DEFAULT_CSS = """
+    HelpScreen {
+        align: center middle;
+    }
+    HelpScreen > VerticalScroll {
+        width: 90%;
+        max-width: 110;
+        height: 90%;
+        border: thick $accent;
+        background: $surface;
+        padding: 0 1;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape,q,question_mark,f1", "dismiss", "Close help"),
+    ]
+
+    def __init__(self, bindings: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.key_rows = bindings
+
+    def compose(self) -> ComposeResult:
+        keys = Table(title="Keys", show_header=False, box=None, padding=(0, 2), title_justify="left")
+        keys.add_column(style="bold", no_wrap=True)
+        keys.add_column()
+        for key, description in self.key_rows:
+            keys.add_row(key, description)
+        legend = Table(title="Pool grid legend", show_header=False, box=None, padding=(0, 2),
+                       title_justify="left")
+        legend.add_column(style="bold", no_wrap=True)
+        legend.add_column()
+        for row in LEGEND:
+            legend.add_row(*row)
+        glossary = Table(title="What you are looking at", show_header=False, box=None, padding=(0, 2),
+                         title_justify="left")
+        glossary.add_column(style="bold", no_wrap=True)
+        glossary.add_column()
+        for row in GLOSSARY:
+            glossary.add_row(*row)
+        with VerticalScroll():
+            yield Static(Text("blockviz — every picture is the engine's real block-manager state", "bold"))
+            yield Static(keys)
+            yield Static(legend)
+            yield Static(glossary)
+            yield Static(Text("escape closes this help", "dim"))
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)
+
+
+class AddRequestScreen(ModalScreen[str | None]):
+    """Ask for a prompt; dismisses with the prompt, or None on escape."""
+
+    DEFAULT_CSS = """
+    AddRequestScreen {
+        align: center middle;
+    }
+    AddRequestScreen > Vertical {
+        width: 70;
+        height: auto;
+        border: thick $accent;
+        background: $surface;
+        padding: 0 1;
+    }
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("New request: type a prompt, enter to add it, escape to cancel")
+            yield Input(placeholder="e.g. ROMEO:", id="prompt")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
