@@ -115,6 +115,10 @@ class FakeEngine:
     def step(self) -> None:
         self._step += 1
         bm = self.block_manager
+        while self.swapped and bm.can_swap_in(self.swapped[0]) == AllocStatus.NEVER:
+            group = self.swapped.pop(0)
+            for seq in group.get_unfinished_seqs():
+                self._finish(group, seq, SequenceStatus.FINISHED_IGNORED)
         while self.swapped and bm.can_swap_in(self.swapped[0]) == AllocStatus.OK:
             group = self.swapped.pop(0)
             bm.swap_in(group)

@@ -1,0 +1,104 @@
+"""`blockviz record --out FILE.jsonl [engine options]`: run the engine with no UI, write a trace.
+
+The trace is a header line (format "blockviz-trace", version, blockviz version, model, block size,
+pool sizes, prefix caching, prompts, n, max_tokens, seed) then one event per line; see
+blockviz/trace.py. Progress goes to stderr. The file appears only once the run is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from blockviz.cli import UsageError, add_engine_options
+
+
+@dataclass(slots=True)
+class Recording:
+    """What a recording produced: the header, how many events and steps, and the state a reducer
+    subscribed to the engine built during the run (tests compare it with a replay)."""
+
+    header: dict[str, Any]
+    num_events: int
+    num_steps: int
+    state: Any
+
+
+def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
+                 between_steps: Callable[[Any, int], None] | None = None, max_steps: int = 100_000) -> Recording:
+    """Run `spec`'s requests to completion on `engine` (built from spec when None) and write the
+    trace to `out`. `between_steps(engine, steps_done)` may act on the engine (fork, preempt)."""
+    from blockviz.trace import TraceWriter, make_header
+    from engine.reducer import ReducerState
+
+    engine = engine if engine is not None else spec.make_engine()
+    header = make_header(engine.trace_header(), **spec.run_header())
+    state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+    out = Path(out)
+    partial = out.with_name(out.name + ".part")
+    steps = 0
+    with TraceWriter.open(partial, header) as writer:
+        unsubscribe_writer = engine.events.subscribe(writer)
+        unsubscribe_state = engine.events.subscribe(state.apply)
+        try:
+            for prompt in spec.prompts:
+                engine.add_request(prompt, spec.sampling_params())
+            while engine.has_unfinished_requests() and steps < max_steps:
+                if between_steps is not None:
+                    between_steps(engine, steps)
+                engine.step()
+                steps += 1
+                if progress is not None:
+                    progress(f"step {steps}: {writer.num_events} events")
+        finally:
+            unsubscribe_writer()
+            unsubscribe_state()
+    if engine.events.errors:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"a trace subscriber failed: {engine.events.errors[0][1]!r}")
+    os.replace(partial, out)
+    return Recording(header, writer.num_events, steps, state)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "record", help="run the engine without a UI and write its events to a trace file",
+        description="Run the engine to completion with no UI and write every event to a JSON-lines "
+                    "trace that `blockviz replay` opens without a model.")
+    parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
+    add_engine_options(parser)
+
+
+def execute(args) -> int:
+    from blockviz.live import EngineSpec, check_model, one_line
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a directory; give a file name such as trace.jsonl")
+    if not out.parent.exists():
+        raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+    spec = EngineSpec.from_args(args)
+    try:
+        check_model(spec.model)
+    except (OSError, ValueError) as exc:
+        raise UsageError(one_line(exc)) from None
+    tty = sys.stderr.isatty()
+
+    def progress(text: str) -> None:
+        if tty:
+            print(f"\rrecording: {text}", end="", file=sys.stderr, flush=True)
+
+    print(f"loading {spec.model!r}…", file=sys.stderr, flush=True)
+    try:
+        engine = spec.make_engine()
+    except (OSError, ValueError) as exc:
+        raise UsageError(one_line(exc)) from None
+    recording = record_trace(spec, out, engine=engine, progress=progress)
+    if tty:
+        print(file=sys.stderr)
+    print(f"recorded {recording.num_events} events over {recording.num_steps} steps to {out}",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,35 @@
+"""`blockviz run [engine options] [--projector]`: the live TUI on the real engine.
+
+The model is checked before the app opens (a model that cannot be found is one line and exit 2);
+loading it happens in the app's engine worker, behind a loading screen.
+"""
+
+from __future__ import annotations
+
+from blockviz.cli import UsageError, add_engine_options
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="open the live TUI on the engine",
+        description="Run the engine live in a TUI: step it, play it, fork and swap out sequences, "
+                    "and travel back through its events.")
+    add_engine_options(parser)
+    parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
+
+
+def execute(args) -> int:
+    from blockviz.live import EngineBridge, EngineSpec, check_model, one_line
+
+    spec = EngineSpec.from_args(args)
+    try:
+        check_model(spec.model)
+    except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
+        raise UsageError(one_line(exc)) from None
+    from blockviz.app import BlockvizApp
+
+    app = BlockvizApp(bridge=EngineBridge(spec), projector=args.projector, source_name=spec.model)
+    app.run()
+    if app.error:
+        raise UsageError(app.error)
+    return app.return_code or 0

@@ -1,0 +1,247 @@
+"""Time travel (blockviz/history.py) and the engine bridge (blockviz/live.py): the model layer,
+tested without a terminal."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blockviz.history import Player, Timeline, clone_state, state_equal
+from blockviz.live import EngineBridge, EngineSpec, Listener
+from blockviz.messages import EngineEvents
+from engine.reducer import ReducerState
+from test_tui_fake_engine import FakeEngine, run_scenario
+
+
+def _events(**engine_kwargs):
+    engine = FakeEngine(**engine_kwargs)
+    events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=6)
+    return engine.trace_header(), events
+
+
+HEADER, EVENTS = _events(block_size=2, num_gpu_blocks=12, num_cpu_blocks=12)
+
+
+def _timeline(snapshot_every: int = 16) -> Timeline:
+    timeline = Timeline(HEADER["block_size"], HEADER["num_gpu_blocks"], HEADER["num_cpu_blocks"], snapshot_every)
+    timeline.extend(EVENTS)
+    return timeline
+
+
+def _fresh(position: int) -> ReducerState:
+    state = ReducerState(HEADER["block_size"], HEADER["num_gpu_blocks"], HEADER["num_cpu_blocks"])
+    return state.apply_all(EVENTS[:position])
+
+
+def test_the_state_at_every_position_is_the_reducer_over_the_prefix():
+    timeline = _timeline(snapshot_every=5)
+    for position in list(range(len(EVENTS) + 1)) + list(range(len(EVENTS), -1, -7)):
+        timeline.seek(position)
+        assert state_equal(timeline.state, _fresh(position)), position
+
+
+@settings(max_examples=40, deadline=None)
+@given(start=st.integers(0, len(EVENTS)), n=st.integers(0, len(EVENTS)), every=st.integers(1, 40))
+def test_back_n_then_forward_n_returns_the_same_state(start, n, every):
+    timeline = _timeline(every)
+    timeline.seek(start)
+    before = clone_state(timeline.state)
+    n = min(n, start)
+    timeline.back(n)
+    assert timeline.position == start - n
+    timeline.forward(n)
+    assert timeline.position == start
+    assert state_equal(timeline.state, before)
+
+
+def test_clone_is_deep():
+    timeline = _timeline()
+    timeline.seek(len(EVENTS) // 2)
+    clone = clone_state(timeline.state)
+    used = next(b for b in clone.pools["gpu"] if b.owners)
+    used.owners.add(999)
+    clone.tables.clear()
+    assert 999 not in timeline.state.pools["gpu"][used.number].owners
+    assert timeline.state.tables
+
+
+def test_step_boundaries_follow_step_finished():
+    timeline = _timeline()
+    ends = [i + 1 for i, e in enumerate(EVENTS) if e.type == "step_finished"]
+    assert timeline.step_ends == ends
+    player = Player(timeline)
+    player.step_engine()
+    assert timeline.position == ends[0] and timeline.current_event.type == "step_finished"
+    player.step_engine()
+    assert timeline.position == ends[1]
+    player.back_step()
+    assert timeline.position == ends[0]
+    player.back_step()
+    assert timeline.position == 0
+
+
+def test_play_advances_by_speed_and_stops_at_the_end_of_a_replay():
+    timeline = _timeline()
+    player = Player(timeline, speed_index=3)  # 10 events/s
+    assert player.speed == 10
+    player.toggle_play()
+    player.tick(0.5)
+    assert timeline.position == 5
+    player.faster()
+    player.tick(0.1)  # 25/s * 0.1 = 2.5 events
+    assert timeline.position == 7
+    while player.playing:
+        player.tick(1.0)
+    assert timeline.at_end
+    player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
+    assert math.isinf(player.speed) and player.speed_label == "max"
+    player.toggle_play()  # at the end of a replay, play starts over
+    assert timeline.position == 0
+    player.tick(0.01)
+    assert timeline.at_end
+
+
+def test_live_player_asks_for_engine_steps_and_resolves_what_it_waited_for():
+    timeline = Timeline(HEADER["block_size"], HEADER["num_gpu_blocks"], HEADER["num_cpu_blocks"])
+    player = Player(timeline, live=True)
+    assert player.engine_steps_wanted() == 0
+    player.step_engine()  # nothing buffered: wait for the engine
+    assert player.pending is not None and player.engine_steps_wanted() == 1
+    first_step = EVENTS[:timeline_step_end(EVENTS, 1)]
+    player.on_events(first_step)
+    assert timeline.at_end and timeline.current_event.type == "step_finished"
+    assert player.engine_steps_wanted() == 0
+    player.step_event()
+    assert player.pending.kind == "event"
+    player.on_events(EVENTS[len(first_step):])
+    assert timeline.position == len(first_step) + 1
+
+
+def timeline_step_end(events, count: int) -> int:
+    seen = 0
+    for index, event in enumerate(events):
+        if event.type == "step_finished":
+            seen += 1
+            if seen == count:
+                return index + 1
+    raise AssertionError("not enough steps")
+
+
+def test_engine_event_batches_coalesce_in_order():
+    older, newer = EngineEvents(list(EVENTS[:3])), EngineEvents(list(EVENTS[3:5]))
+    assert older.can_replace(newer)
+    assert newer.events == list(EVENTS[:5])
+
+
+# ---------------------------------------------------------------------------- the bridge
+
+
+class Collector:
+    def __init__(self):
+        self.events: list = []
+        self.header = None
+        self.notices: list[str] = []
+        self.idle = threading.Event()
+        self.ready = threading.Event()
+
+    def listener(self) -> Listener:
+        def on_ready(header):
+            self.header = header
+            self.ready.set()
+
+        return Listener(loading=lambda text: None, ready=on_ready, failed=self.notices.append,
+                        events=self.events.extend, notice=self.notices.append, idle=self.idle.set)
+
+
+def _wait(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def bridge_run():
+    started = []
+
+    def start(bridge: EngineBridge) -> Collector:
+        collector = Collector()
+        thread = threading.Thread(target=bridge.run, args=(collector.listener(),), daemon=True)
+        thread.start()
+        started.append((bridge, thread))
+        collector.ready.wait(5)
+        return collector
+
+    yield start
+    for bridge, thread in started:
+        bridge.stop()
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+def _spec(**kwargs) -> EngineSpec:
+    return EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), **kwargs)
+
+
+def test_bridge_steps_only_on_demand(bridge_run):
+    bridge = EngineBridge(_spec(max_tokens=3), make_engine=FakeEngine)
+    got = bridge_run(bridge)
+    _wait(lambda: len(got.events) == 2)  # the two request_added events, no step yet
+    time.sleep(0.05)
+    assert bridge.num_steps == 0
+    bridge.request_steps(1)
+    _wait(lambda: got.events[-1].type == "step_finished")
+    assert bridge.num_steps == 1 and bridge.outstanding == 0
+
+
+def test_bridge_backpressure_waits_for_the_ui(bridge_run):
+    bridge = EngineBridge(_spec(max_tokens=50), make_engine=FakeEngine, max_in_flight=10)
+    got = bridge_run(bridge)
+    bridge.set_free_run(True)
+    _wait(lambda: bridge.in_flight >= 10)
+    time.sleep(0.05)
+    steps = bridge.num_steps
+    time.sleep(0.1)
+    assert bridge.num_steps == steps  # waiting for the UI
+    bridge.acknowledge(len(got.events))
+    _wait(lambda: bridge.num_steps > steps)
+
+
+def test_bridge_runs_commands_between_steps_and_reports_refusals(bridge_run):
+    bridge = EngineBridge(_spec(max_tokens=20, n=1), make_engine=FakeEngine)
+    got = bridge_run(bridge)
+    bridge.request_steps(2)
+    _wait(lambda: bridge.num_steps == 2)
+    bridge.fork(0)
+    bridge.preempt("1")
+    bridge.fork(42)
+    _wait(lambda: len(got.notices) == 1)
+    kinds = [e.type for e in got.events]
+    assert "fork" in kinds and "swap_out" in kinds
+    assert "fork sequence 42" in got.notices[0]
+    bridge.add_request("more")
+    _wait(lambda: got.events[-1].type == "request_added")
+
+
+def test_bridge_reports_idle_when_everything_finished(bridge_run):
+    bridge = EngineBridge(_spec(max_tokens=2), make_engine=FakeEngine)
+    got = bridge_run(bridge)
+    bridge.set_free_run(True)
+    assert got.idle.wait(5)
+    assert not any(e.type == "request_added" for e in got.events[2:])
+
+
+def test_bridge_reports_a_failed_load_in_one_line():
+    def broken():
+        raise ValueError("model 'nope' is not a checkpoint directory\nmore detail")
+
+    failures = []
+    EngineBridge(_spec(), make_engine=broken).run(
+        Listener(loading=lambda t: None, ready=lambda h: None, failed=failures.append, events=lambda e: None))
+    assert failures == ["model 'nope' is not a checkpoint directory"]
