@@ -12,7 +12,28 @@ from engine.invariants import check_invariants
 from engine.reducer import ReducerState
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 
+_LAZY = {  # torch-backed names, imported on first use so `import engine` stays light
+    "LLM": "engine.llm",
+    "LLMEngine": "engine.llm_engine",
+    "EngineConfig": "engine.llm_engine",
+    "RequestOutput": "engine.outputs",
+    "CompletionOutput": "engine.outputs",
+    "CacheEngine": "engine.cache_engine",
+    "load_model": "engine.model_loader",
+    "ModelNotFoundError": "engine.model_loader",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
+
 __all__ = [
+    *_LAZY,
     "AllocStatus",
     "BlockSpaceManager",
     "Device",

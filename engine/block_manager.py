@@ -82,8 +82,8 @@ class BlockSpaceManager:
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         """Whether the group's prompt fits now (OK), after others finish (LATER) or never."""
-        seq = self._first_seq(seq_group, SequenceStatus.WAITING)
-        num_required_blocks = seq.num_logical_blocks
+        tables = self._distinct_prompts(seq_group)
+        num_required_blocks = sum(seqs[0].num_logical_blocks for seqs in tables)
         num_free_gpu_blocks = self.gpu_allocator.get_num_free_blocks()
         if self.num_total_gpu_blocks - num_required_blocks < self.watermark_blocks:
             return AllocStatus.NEVER
@@ -91,28 +91,44 @@ class BlockSpaceManager:
             return AllocStatus.OK
         return AllocStatus.LATER
 
+    @staticmethod
+    def _distinct_prompts(seq_group: SequenceGroup) -> list[list[Sequence]]:
+        """Waiting sequences grouped by identical tokens: each group shares one block table. A new
+        request is one group; a recomputed multi-sequence request has one per diverged branch."""
+        by_tokens: dict[tuple[int, ...], list[Sequence]] = {}
+        for seq in seq_group.get_seqs(SequenceStatus.WAITING):
+            by_tokens.setdefault(tuple(seq.get_token_ids()), []).append(seq)
+        if not by_tokens:
+            raise ValueError(f"request {seq_group.request_id!r} has no waiting sequence to allocate")
+        return list(by_tokens.values())
+
     def allocate(self, seq_group: SequenceGroup) -> None:
-        """Give the group's waiting sequences one shared block table for their prompt.
+        """Give the group's waiting sequences their block tables, sequences with equal tokens
+        sharing one (ref count = number of sequences), as vLLM v0 allocate.
 
         With prefix caching the leading full blocks are looked up by chained hash; the prompt's last
         block is never a hit, so at least one token is always computed.
         """
-        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
-        if not waiting:
-            raise ValueError(f"request {seq_group.request_id!r} has no waiting sequence to allocate")
-        for seq in waiting:
-            if seq.seq_id in self.block_tables:
-                raise ValueError(f"sequence {seq.seq_id} already has a block table")
+        prompts = self._distinct_prompts(seq_group)
+        for seqs in prompts:
+            for seq in seqs:
+                if seq.seq_id in self.block_tables:
+                    raise ValueError(f"sequence {seq.seq_id} already has a block table")
+        num_required = sum(seqs[0].num_logical_blocks for seqs in prompts)
+        if num_required > self.gpu_allocator.get_num_free_blocks():
+            raise ValueError(
+                f"cannot allocate {num_required} blocks for request {seq_group.request_id!r}: "
+                f"{self.gpu_allocator.get_num_free_blocks()} free (call can_allocate first)"
+            )
+        self._clock += 1
+        for seqs in prompts:
+            self._allocate_shared(seqs)
+
+    def _allocate_shared(self, waiting: list[Sequence]) -> None:
         seq = waiting[0]
         seq_ids = tuple(s.seq_id for s in waiting)
         num_seqs = len(waiting)
         logical_blocks = seq.logical_token_blocks
-        if len(logical_blocks) > self.gpu_allocator.get_num_free_blocks():
-            raise ValueError(
-                f"cannot allocate {len(logical_blocks)} blocks for request {seq_group.request_id!r}: "
-                f"{self.gpu_allocator.get_num_free_blocks()} free (call can_allocate first)"
-            )
-        self._clock += 1
         emit = self.events.emit if self.events.active else None
         table: BlockTable = []
         parent_hash: int | None = None

@@ -91,6 +91,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
+        self.finish_detail = ""
         self._append_tokens_to_blocks(self.prompt_token_ids)
 
     def _append_tokens_to_blocks(self, token_ids: list[int]) -> None:
@@ -150,6 +151,7 @@ class Sequence:
         child.status = self.status
         child.num_cached_tokens = self.num_cached_tokens
         child.num_computed_tokens = self.num_computed_tokens
+        child.finish_detail = ""
         return child
 
     def reset_for_recompute(self) -> None:
@@ -175,6 +177,7 @@ class SequenceGroup:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0
     prompt: str | None = None
+    seed: int = 0  # base of the per-branch sampling generators
 
     def __post_init__(self) -> None:
         if not self.seqs:

@@ -1,0 +1,72 @@
+"""LLM: the vLLM-shaped front door (`vllm.LLM`): build an engine, generate for a batch of prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from engine.events import EventBus
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.model_loader import DEFAULT_MODEL
+from engine.outputs import RequestOutput
+from engine.sequence import SamplingParams
+
+
+class LLM:
+    """`LLM(model).generate(prompts, sampling_params)` -> RequestOutputs in input order.
+
+    Every block operation of the run is on `llm.events`; `llm.engine` is the LLMEngine underneath.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        num_cpu_blocks: int | None = None,
+        enable_prefix_caching: bool = False,
+        preemption_mode: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        seed: int = 0,
+        **engine_options,
+    ) -> None:
+        config = EngineConfig(
+            model=model, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+            enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode, device=device,
+            dtype=dtype, seed=seed, **engine_options,
+        )
+        self.engine = LLMEngine(config)
+
+    @property
+    def events(self) -> EventBus:
+        return self.engine.events
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | dict | Iterable[str | dict],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        on_step: Callable[[LLMEngine], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; `on_step(engine)` is called after each step."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+            params_list = sampling_params
+        else:
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        request_ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+            if on_step is not None:
+                on_step(self.engine)
+        return [finished[request_id] for request_id in request_ids]

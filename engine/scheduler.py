@@ -1,0 +1,250 @@
+"""The scheduler: which sequences run this step (vLLM v0 `vllm/core/scheduler.py`).
+
+Three queues, first come first served. A step is either all prefill (admitting waiting requests) or
+all decode (running requests, plus swapped ones brought back when there is room), as in vLLM v0 and
+seed 000. When a decode cannot get a slot, the newest running request is preempted: swapped out if
+it runs several sequences, recomputed if it runs one (vLLM's default), or as `preemption_mode` says.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import AllocStatus, BlockSpaceManager
+from engine.events import Preempted
+from engine.sequence import SequenceGroup, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Batch limits; `max_model_len` is the model's context (n_positions)."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 1024
+    preemption_mode: str | None = None  # None (vLLM's rule), "swap" or "recompute"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in (None, "swap", "recompute"):
+            raise ValueError(f"preemption_mode must be 'swap', 'recompute' or None, got {self.preemption_mode!r}")
+
+
+@dataclass(slots=True)
+class SchedulerOutputs:
+    """What one step runs and which block moves the cache engine must make first."""
+
+    scheduled_seq_groups: list[SequenceGroup]
+    is_prefill: bool
+    num_batched_tokens: int
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    ignored_seq_groups: list[tuple[SequenceGroup, str]] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not self.scheduled_seq_groups and not self.blocks_to_swap_out
+
+
+class Scheduler:
+    """FCFS scheduling over waiting / running / swapped queues (vLLM v0 Scheduler)."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockSpaceManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.events = block_manager.events
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: deque[SequenceGroup] = deque()
+        self.swapped: deque[SequenceGroup] = deque()
+
+    # ------------------------------------------------------------------ queues
+
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        self.waiting.append(seq_group)
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def get_num_unfinished_seq_groups(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def find(self, request_id: str) -> SequenceGroup | None:
+        for queue in (self.waiting, self.running, self.swapped):
+            for group in queue:
+                if group.request_id == request_id:
+                    return group
+        return None
+
+    def abort_seq_group(self, request_id: str) -> SequenceGroup | None:
+        """Finish every unfinished sequence of the request and free its blocks."""
+        for queue in (self.waiting, self.running, self.swapped):
+            for group in queue:
+                if group.request_id == request_id:
+                    queue.remove(group)
+                    for seq in group.get_unfinished_seqs():
+                        if seq.seq_id in self.block_manager.block_tables:
+                            self.block_manager.free(seq)
+                        seq.status = SequenceStatus.FINISHED_ABORTED
+                    return group
+        return None
+
+    def free_finished_seq_groups(self) -> None:
+        self.running = deque(group for group in self.running if not group.is_finished())
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _num_running_seqs(self) -> int:
+        return sum(group.get_max_num_running_seqs() for group in self.running)
+
+    def schedule(self) -> SchedulerOutputs:
+        """Admit prompts if nothing is swapped out and some fit; otherwise run a decode step."""
+        ignored: list[tuple[SequenceGroup, str]] = []
+        if not self.swapped:
+            outputs = self._schedule_prefills(ignored)
+            if outputs.scheduled_seq_groups:
+                return outputs
+        outputs = self._schedule_decodes()
+        outputs.ignored_seq_groups = ignored
+        return outputs
+
+    def _schedule_prefills(self, ignored: list) -> SchedulerOutputs:
+        scheduled: list[SequenceGroup] = []
+        num_batched_tokens = 0
+        num_seqs = self._num_running_seqs()
+        while self.waiting:
+            group = self.waiting[0]
+            waiting_seqs = group.get_seqs(SequenceStatus.WAITING)
+            num_prompt_tokens = sum(seq.get_len() for seq in waiting_seqs)
+            longest = max(seq.get_len() for seq in waiting_seqs)
+            if longest > self.config.max_model_len:
+                reason = f"{longest} tokens exceed the model's context of {self.config.max_model_len}"
+                self._ignore(group, reason, ignored)
+                continue
+            status = self.block_manager.can_allocate(group)
+            if status is AllocStatus.NEVER:
+                blocks = sum(seq.num_logical_blocks for seq in waiting_seqs)
+                reason = (f"needs {blocks} blocks but the pool has {self.block_manager.num_total_gpu_blocks} "
+                          f"(watermark {self.block_manager.watermark_blocks})")
+                self._ignore(group, reason, ignored)
+                continue
+            if status is AllocStatus.LATER:
+                break
+            if num_prompt_tokens > self.config.max_num_batched_tokens and not scheduled:
+                self._ignore(group, f"{num_prompt_tokens} prompt tokens exceed max_num_batched_tokens "
+                                    f"{self.config.max_num_batched_tokens}", ignored)
+                continue
+            if num_batched_tokens + num_prompt_tokens > self.config.max_num_batched_tokens:
+                break
+            new_seqs = group.get_max_num_running_seqs()
+            if num_seqs + new_seqs > self.config.max_num_seqs:
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(group)
+            for seq in waiting_seqs:
+                seq.status = SequenceStatus.RUNNING
+                num_batched_tokens += seq.get_len() - seq.num_cached_tokens
+            self.running.append(group)
+            scheduled.append(group)
+            num_seqs += new_seqs
+        return SchedulerOutputs(scheduled, True, num_batched_tokens, ignored_seq_groups=ignored)
+
+    def _ignore(self, group: SequenceGroup, reason: str, ignored: list) -> None:
+        self.waiting.popleft()
+        for seq in group.get_seqs():
+            seq.status = SequenceStatus.FINISHED_IGNORED
+        ignored.append((group, reason))
+
+    def _schedule_decodes(self) -> SchedulerOutputs:
+        outputs = SchedulerOutputs([], False, 0)
+        running = self.running
+        self.running = deque()
+        preempted = False
+        while running:
+            group = running.popleft()
+            while not self.block_manager.can_append_slots(group):
+                if running:
+                    victim = running.pop()  # the newest request gives way
+                    self._preempt(victim, outputs, "no free block for the next decode step")
+                    preempted = True
+                else:
+                    self._preempt(group, outputs, "no free block for its own next token")
+                    preempted = True
+                    break
+            else:
+                self._append_slots(group, outputs)
+                self.running.append(group)
+        if not preempted:
+            self._schedule_swap_ins(outputs)
+        outputs.scheduled_seq_groups = list(self.running)
+        outputs.num_batched_tokens = sum(g.num_seqs(SequenceStatus.RUNNING) for g in self.running)
+        return outputs
+
+    def _schedule_swap_ins(self, outputs: SchedulerOutputs) -> None:
+        num_seqs = self._num_running_seqs()
+        while self.swapped:
+            group = self.swapped[0]
+            if self.block_manager.can_swap_in(group) is not AllocStatus.OK:
+                break
+            if num_seqs + group.get_max_num_running_seqs() > self.config.max_num_seqs:
+                break
+            self.swapped.popleft()
+            outputs.blocks_to_swap_in.extend(self.block_manager.swap_in(group))
+            for seq in group.get_seqs(SequenceStatus.SWAPPED):
+                seq.status = SequenceStatus.RUNNING
+            self._append_slots(group, outputs)
+            self.running.append(group)
+            num_seqs += group.get_max_num_running_seqs()
+
+    def _append_slots(self, group: SequenceGroup, outputs: SchedulerOutputs) -> None:
+        for seq in group.get_seqs(SequenceStatus.RUNNING):
+            outputs.blocks_to_copy.extend(self.block_manager.append_slots(seq))
+
+    # ------------------------------------------------------------------ preemption
+
+    def preemption_mode_for(self, group: SequenceGroup) -> str:
+        """vLLM's rule: recompute a lone sequence, swap a group; fall back when the swap pool is full."""
+        mode = self.config.preemption_mode
+        if mode is None:
+            mode = "recompute" if group.get_max_num_running_seqs() == 1 else "swap"
+        if mode == "swap" and not self.block_manager.can_swap_out(group):
+            mode = "recompute"
+        return mode
+
+    def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str, mode: str | None = None) -> str:
+        mode = mode or self.preemption_mode_for(group)
+        seqs = group.get_seqs(SequenceStatus.RUNNING)
+        if mode == "swap":
+            outputs.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
+            for seq in seqs:
+                seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(group)
+            lost = 0
+        else:
+            lost = 0
+            for seq in seqs:
+                lost += seq.num_computed_tokens
+                self.block_manager.free(seq)
+                seq.reset_for_recompute()
+            self.waiting.appendleft(group)
+        if self.events.active:
+            self.events.emit(Preempted, request_id=group.request_id, seq_ids=tuple(s.seq_id for s in seqs),
+                             mode=mode, reason=reason, num_tokens_lost=lost)
+        return mode
+
+    def preempt_now(self, request_id: str, mode: str = "swap") -> list[tuple[int, int]]:
+        """User-driven preemption of a running request between steps; returns swap-out pairs."""
+        for group in self.running:
+            if group.request_id == request_id:
+                break
+        else:
+            raise ValueError(f"request {request_id!r} is not running")
+        if mode == "swap" and not self.block_manager.can_swap_out(group):
+            raise ValueError(f"the CPU swap pool has no room for request {request_id!r}")
+        self.running.remove(group)
+        outputs = SchedulerOutputs([], False, 0)
+        self._preempt(group, outputs, "preempted by the user", mode=mode)
+        return outputs.blocks_to_swap_out
