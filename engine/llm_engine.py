@@ -324,31 +324,32 @@ class LLMEngine:
     def _append_token(self, group: SequenceGroup, seq: Sequence, token_id: int) -> None:
         old_text = seq.output_text
         seq.append_token_id(token_id)
+        stop = self._stop_reason(group.sampling_params, seq, token_id)
         new_text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        if new_text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
-            piece = ""
+        if new_text.endswith("\ufffd") and stop is None:
+            piece = ""  # a multi-byte character split across tokens: wait for the rest
         else:
             piece = new_text[len(old_text):] if new_text.startswith(old_text) else new_text
             seq.output_text = new_text
         if self.events.active:
             self.events.emit(TokenGenerated, seq_id=seq.seq_id, token_id=token_id, text=piece,
                              position=seq.get_len() - 1)
-        self._check_stop(group, seq, token_id)
+        if stop is not None:
+            seq.status, detail = stop
+            self.block_manager.free(seq)
+            self._emit_finished(group, seq, detail)
 
-    def _check_stop(self, group: SequenceGroup, seq: Sequence, token_id: int) -> None:
-        params = group.sampling_params
+    def _stop_reason(self, params: SamplingParams, seq: Sequence, token_id: int):
+        """vLLM's stop checks: EOS (unless ignore_eos), a stop token, max_tokens, the model's context."""
         if not params.ignore_eos and token_id == self.eos_token_id:
-            seq.status, detail = SequenceStatus.FINISHED_STOPPED, "end of text"
-        elif token_id in params.stop_token_ids:
-            seq.status, detail = SequenceStatus.FINISHED_STOPPED, f"stop token {token_id}"
-        elif seq.get_output_len() >= params.max_tokens:
-            seq.status, detail = SequenceStatus.FINISHED_LENGTH_CAPPED, f"max_tokens {params.max_tokens}"
-        elif seq.get_len() >= self.max_model_len:
-            seq.status, detail = SequenceStatus.FINISHED_LENGTH_CAPPED, f"model context {self.max_model_len}"
-        else:
-            return
-        self.block_manager.free(seq)
-        self._emit_finished(group, seq, detail)
+            return SequenceStatus.FINISHED_STOPPED, "end of text"
+        if token_id in params.stop_token_ids:
+            return SequenceStatus.FINISHED_STOPPED, f"stop token {token_id}"
+        if seq.get_output_len() >= params.max_tokens:
+            return SequenceStatus.FINISHED_LENGTH_CAPPED, f"max_tokens {params.max_tokens}"
+        if seq.get_len() >= self.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH_CAPPED, f"model context {self.max_model_len}"
+        return None
 
     def _emit_finished(self, group: SequenceGroup, seq: Sequence, detail: str) -> None:
         seq.finish_detail = detail
@@ -383,7 +384,7 @@ class LLMEngine:
         ]
         first = seqs[0]
         return RequestOutput(group.request_id, group.prompt, list(first.prompt_token_ids), completions,
-                             group.is_finished(), self.block_manager.get_num_cached_tokens(first))
+                             group.is_finished(), first.num_cached_tokens)
 
     def trace_header(self) -> dict:
         """The run's configuration and the block-count formula's figures (for traces and lessons)."""
