@@ -13,8 +13,7 @@ DEFAULT_MODEL = "tiny-shakespeare"  # the checkpoint bundled inside the package
 DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 
 
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit code 2."""
+from blockviz.errors import UsageError  # noqa: E402  (re-exported: commands import it from here)
 
 
 def _positive(name: str):
@@ -104,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # python -m blockviz.cli; `python -m blockviz` is blockviz/__main__.py

@@ -1,0 +1,142 @@
+"""`blockviz generate`: run the engine with no UI; print each completion and a block summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+
+from blockviz.cli import UsageError, add_engine_options
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text with no UI; print completions and a block summary",
+        description="Generate text with the paged-KV engine and print each completion, the block "
+                    "tables each sequence ended with, the events by kind and the pools' use.")
+    add_engine_options(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+class _Recorder:
+    """Subscriber: the reducer's view of the run plus each sequence's last block table."""
+
+    def __init__(self, header: dict) -> None:
+        from engine.reducer import ReducerState
+
+        self.state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+        self.final_tables: dict[int, list[tuple[str, int]]] = {}
+        self.peak_used = 0
+
+    def __call__(self, event) -> None:
+        if event.type == "sequence_freed":
+            self.final_tables[event.seq_id] = list(self.state.tables.get(event.seq_id, []))
+        self.state.apply(event)
+        if event.type == "step_finished":
+            self.peak_used = max(self.peak_used, self.state.num_used("gpu"))
+
+
+def execute(args) -> int:
+    from blockviz.live import EngineSpec, check_model, one_line
+
+    spec = EngineSpec.from_args(args)
+    try:
+        check_model(spec.model)
+        params = spec.sampling_params()
+    except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
+        raise UsageError(one_line(exc)) from None
+    _quiet_transformers()
+    if sys.stderr.isatty() and not args.json:
+        print(f"loading {spec.model} ...", file=sys.stderr, flush=True)
+    try:
+        engine = spec.make_engine()
+    except (OSError, ValueError) as exc:
+        raise UsageError(one_line(exc)) from None
+    header = engine.trace_header()
+    recorder = _Recorder(header)
+    engine.events.subscribe(recorder)
+    start = time.perf_counter()
+    try:
+        request_ids = [engine.add_request(prompt, params) for prompt in spec.prompts]
+    except ValueError as exc:
+        raise UsageError(one_line(exc)) from None
+    finished = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+    elapsed = time.perf_counter() - start
+    outputs = [finished[request_id] for request_id in request_ids]
+    state = recorder.state
+    summary = {
+        "model": spec.model, "device": header["device"], "dtype": header["dtype"],
+        "block_size": header["block_size"], "num_gpu_blocks": header["num_gpu_blocks"],
+        "num_cpu_blocks": header["num_cpu_blocks"], "block_bytes": header["block_bytes"],
+        "budget_source": header["budget_source"], "prefix_caching": header["enable_prefix_caching"],
+        "steps": engine.num_steps, "tokens_generated": state.num_tokens_generated,
+        "seconds": round(elapsed, 3),
+        "events": dict(sorted(state.counts.items())),
+        "gpu_blocks": {"used": state.num_used("gpu"), "free": state.num_free("gpu"),
+                       "cached": sum(b.state == "cached" for b in state.pools["gpu"]),
+                       "peak_used": recorder.peak_used},
+        "cpu_blocks": {"used": state.num_used("cpu"), "free": state.num_free("cpu")},
+        "preemptions": state.num_preemptions,
+        "prefix_hit_rate": round(state.prefix_hit_rate(), 4),
+    }
+    requests = []
+    for output in outputs:
+        seq_ids = state.requests.get(output.request_id, ())
+        requests.append({
+            "request_id": output.request_id, "prompt": output.prompt,
+            "num_prompt_tokens": len(output.prompt_token_ids), "num_cached_tokens": output.num_cached_tokens,
+            "completions": [
+                {"index": c.index, "text": c.text, "token_ids": c.token_ids,
+                 "finish_reason": c.finish_reason, "finish_detail": c.finish_detail,
+                 "block_table": [b for _, b in recorder.final_tables.get(seq_id, [])]}
+                for c, seq_id in zip(output.outputs, seq_ids)
+            ],
+        })
+    if args.json:
+        print(json.dumps({"requests": requests, "summary": summary}, indent=2))
+    else:
+        _print_text(requests, summary)
+    return 0
+
+
+def _print_text(requests: list[dict], summary: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(highlight=False, soft_wrap=True)
+    for request in requests:
+        cached = f", {request['num_cached_tokens']} from the prefix cache" if request["num_cached_tokens"] else ""
+        console.print(f"[bold]request {request['request_id']}[/] "
+                      f"({request['num_prompt_tokens']} prompt tokens{cached})")
+        for completion in request["completions"]:
+            reason = completion["finish_reason"] + (f": {completion['finish_detail']}" if completion["finish_detail"] else "")
+            console.print(f"[cyan]{escape(request['prompt'] or '')}[/]{escape(completion['text'])}")
+            console.print(f"  [dim]finished ({escape(reason)}); block table {completion['block_table']}[/]")
+        console.print()
+    s = summary
+    console.print(f"[bold]summary[/] {s['model']} on {s['device']}/{s['dtype']}: block size {s['block_size']}, "
+                  f"{s['num_gpu_blocks']} device blocks ({s['budget_source']}), {s['num_cpu_blocks']} swap blocks, "
+                  f"{s['block_bytes']:,} bytes per block")
+    console.print(f"  {s['steps']} steps, {s['tokens_generated']} tokens in {s['seconds']:.2f} s; "
+                  f"peak {s['gpu_blocks']['peak_used']} device blocks in use; {s['preemptions']} preemptions"
+                  + (f"; prefix-cache hit rate {s['prefix_hit_rate']:.0%}" if s["prefix_caching"] else ""))
+    g, c = s["gpu_blocks"], s["cpu_blocks"]
+    console.print(f"  device blocks now: {g['used']} used, {g['free']} free ({g['cached']} of them cached); "
+                  f"swap blocks: {c['used']} used, {c['free']} free")
+    console.print("  events: " + ", ".join(f"{kind} {count}" for kind, count in s["events"].items()))
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading progress bars or hub chatter on the user's terminal."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # pragma: no cover - transformers always has these
+        pass
