@@ -16,6 +16,13 @@ DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 from blockviz.errors import UsageError  # noqa: E402  (re-exported: commands import it from here)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with where to find help) and exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _positive(name: str):
     def parse(text: str) -> int:
         try:
@@ -69,7 +76,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_tokens: int = 32)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="blockviz",
         description="Watch a real paged-KV engine allocate, share, copy-on-write, swap and free its "
                     "KV-cache blocks.",
@@ -77,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     from blockviz import __version__
 
     parser.add_argument("--version", action="version", version=f"blockviz {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     from blockviz import commands
 
