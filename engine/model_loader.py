@@ -88,6 +88,18 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
     return name
 
 
+def check_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+    """Fail fast, before loading anything: resolve the name and, for a hub name, make sure it is
+    in the local cache or the hub is reachable. Returns what `resolve_model` returns.
+
+    Raises ModelNotFoundError (one line) otherwise; a UI calls this before it opens.
+    """
+    source = resolve_model(name_or_path)
+    if isinstance(source, str):
+        _hub_kwargs(source)
+    return source
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     device: torch.device | str | None = None,
@@ -109,7 +121,7 @@ def load_model(
     config = GPT2Config.from_hf(hf_config)  # ValueError for any other model_type
     tokenizer = _from_pretrained(AutoTokenizer, source, kwargs)
     hf_model = _from_pretrained(GPT2LMHeadModel, source, {**kwargs, "dtype": dtype})
-    model = GPT2.from_hf(hf_model).to(device)
+    model = GPT2.from_hf(hf_model, device=device)
     del hf_model
     logger.info(
         "loaded %s from %s: %d layers, %d heads, n_embd %d, vocab %d on %s/%s",

@@ -14,7 +14,7 @@ from engine.cache_engine import (
     CacheEngine,
     determine_num_blocks,
 )
-from engine.model_loader import DEFAULT_MODEL, ModelNotFoundError, load_model, resolve_model
+from engine.model_loader import DEFAULT_MODEL, ModelNotFoundError, check_model, load_model, resolve_model
 from engine.models.gpt2 import GPT2Config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -174,6 +174,8 @@ def test_uncached_hub_model_offline_fails_fast_with_one_line(offline_empty_hf_ca
     message = str(info.value)
     assert "\n" not in message and "'gpt2'" in message and "tiny-shakespeare" in message
     assert isinstance(info.value, ValueError)
+    with pytest.raises(ModelNotFoundError, match="'gpt2'"):
+        check_model("gpt2")
 
 
 def test_uncached_hub_model_unreachable_hub_fails_fast(monkeypatch, tmp_path):
@@ -194,6 +196,7 @@ def test_uncached_hub_model_unreachable_hub_fails_fast(monkeypatch, tmp_path):
 
 def test_resolve_model_routes(tiny_gpt2_dir, tmp_path):
     assert resolve_model(tiny_gpt2_dir) == tiny_gpt2_dir
+    assert check_model(str(tiny_gpt2_dir)) == tiny_gpt2_dir
     assert resolve_model("gpt2") == "gpt2"
     with pytest.raises(ModelNotFoundError, match="not a checkpoint directory"):
         resolve_model(str(tmp_path / "nope"))
@@ -226,3 +229,23 @@ def test_load_model_defaults(tiny_gpt2_dir):
     assert next(loaded.model.parameters()).dtype == loaded.dtype
     assert loaded.tokenizer.eos_token == "<|endoftext|>"
     assert loaded.config.n_layer == 2 and loaded.name == str(tiny_gpt2_dir)
+
+
+def test_hub_name_loads_from_the_local_cache_offline(tiny_gpt2_dir, monkeypatch, tmp_path):
+    """A hub name already in the Hugging Face cache loads with no network (like a cached "gpt2")."""
+    import shutil
+
+    commit = "0" * 40
+    repo = tmp_path / "hf-home" / "hub" / "models--blockviz-tests--tiny-gpt2"
+    shutil.copytree(tiny_gpt2_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+
+    loaded = load_model("blockviz-tests/tiny-gpt2", device="cpu")
+    assert loaded.path == "blockviz-tests/tiny-gpt2" and loaded.config.n_layer == 2
+    reference = load_model(tiny_gpt2_dir, device="cpu")
+    for ours, theirs in zip(loaded.model.parameters(), reference.model.parameters()):
+        assert torch.equal(ours, theirs)

@@ -229,9 +229,12 @@ class GPT2(nn.Module):
             raise ValueError(f"checkpoint has weights this GPT-2 does not know, e.g. {unexpected[:3]}")
 
     @classmethod
-    def from_hf(cls, hf_model) -> GPT2:
-        """A GPT2 with the config, weights, dtype and device of a transformers GPT2LMHeadModel."""
+    def from_hf(cls, hf_model, device: torch.device | str | None = None) -> GPT2:
+        """A GPT2 with the config, weights and dtype of a transformers GPT2LMHeadModel, on
+        `device` (default: the HF model's device); weights are copied straight there."""
         weight = hf_model.transformer.wte.weight
-        model = cls(GPT2Config.from_hf(hf_model.config)).to(device=weight.device, dtype=weight.dtype)
+        with torch.device("meta"):  # skip random init: every parameter is overwritten below
+            model = cls(GPT2Config.from_hf(hf_model.config)).to(dtype=weight.dtype)
+        model = model.to_empty(device=device if device is not None else weight.device)
         model.load_hf_state_dict(hf_model.state_dict())
         return model.eval()
