@@ -37,6 +37,7 @@ from blockviz.widgets.screens import AddRequestScreen, HelpScreen
 RIGHT_VIEWS = ("tables", "text", "hashes", "log")
 FRAME_S = 1 / 30
 MIN_SIZE = (80, 24)
+WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
 
 
 class BlockvizApp(App[None]):
@@ -45,26 +46,26 @@ class BlockvizApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "blockviz"
     AUTO_FOCUS = "#gpu"
-    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (160, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (WIDE, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_SIZE[1], "-tall")]
 
     BINDINGS = [
         Binding("space", "toggle_play", "Play/Pause"),
         Binding("s", "step", "Step"),
-        Binding("full_stop", "step_event", "Event▸", key_display="."),
-        Binding("comma", "back_event", "◂Event", key_display=","),
         Binding("b", "back_step", "Step back"),
+        Binding("full_stop", "step_event", "Event ▸", key_display="."),
+        Binding("comma", "back_event", "◂ Event", key_display=","),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
+        Binding("a", "add_request", "Add request"),
+        Binding("f", "fork", "Fork"),
+        Binding("p", "preempt", "Swap out"),
+        Binding("P", "toggle_projector", "Projector"),
         Binding("plus,equals_sign", "faster", "Faster", key_display="+"),
         Binding("minus", "slower", "Slower", key_display="-"),
         Binding("g", "to_start", "Go to start", show=False),
         Binding("G", "to_end", "Go to end", show=False),
-        Binding("a", "add_request", "Add request"),
-        Binding("f", "fork", "Fork seq"),
-        Binding("p", "preempt", "Swap out"),
-        Binding("n", "next_sequence", "Next seq", show=False),
+        Binding("n", "next_sequence", "Next sequence", show=False),
         Binding("v", "next_view", "Next view", show=False),
-        Binding("P", "toggle_projector", "Projector"),
-        Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -387,6 +388,11 @@ class BlockvizApp(App[None]):
 
     def action_toggle_projector(self) -> None:
         self.projector = not self.projector
+
+    def on_resize(self) -> None:
+        wide = self.size.width >= WIDE
+        for grid in self.query(PoolGrid):
+            grid.big = wide
 
     def watch_projector(self, projector: bool) -> None:
         self.screen.set_class(projector, "-projector")

@@ -295,7 +295,10 @@ class Player:
         """How many engine steps the worker should run now (live runs only)."""
         if not self.live or self.finished:
             return 0
-        if self.pending is not None and self.pending.kind in ("event", "step") and self.timeline.at_end:
+        pending = self.pending
+        if pending is not None and pending.kind == "event" and self.timeline.at_end:
+            return 1
+        if pending is not None and pending.kind == "step" and self.timeline.next_step_end() is None:
             return 1
         if self.playing and len(self.timeline) - self.timeline.position < self.lookahead:
             return 1

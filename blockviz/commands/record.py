@@ -28,14 +28,16 @@ class Recording:
 
 
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
-                 between_steps: Callable[[Any, int], None] | None = None, max_steps: int = 100_000) -> Recording:
+                 between_steps: Callable[[Any, int], None] | None = None,
+                 extra_header: dict[str, Any] | None = None, max_steps: int = 100_000) -> Recording:
     """Run `spec`'s requests to completion on `engine` (built from spec when None) and write the
-    trace to `out`. `between_steps(engine, steps_done)` may act on the engine (fork, preempt)."""
+    trace to `out`. `between_steps(engine, steps_done)` may act on the engine (add a request, fork,
+    preempt); `extra_header` adds fields to the header (a scenario's name and description)."""
     from blockviz.trace import TraceWriter, make_header
     from engine.reducer import ReducerState
 
     engine = engine if engine is not None else spec.make_engine()
-    header = make_header(engine.trace_header(), **spec.run_header())
+    header = make_header(engine.trace_header(), **spec.run_header(), **(extra_header or {}))
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
     out = Path(out)
     partial = out.with_name(out.name + ".part")

@@ -169,8 +169,8 @@ class EventLog(ScrollView, can_focus=True):
         style = _KIND_STYLES.get(event.type, Style())
         if index == self.position - 1:
             style = style + Style(reverse=True)
-        text = self._text(index)
-        return Strip([Segment(text[:width], style)]).apply_style(self.rich_style).extend_cell_length(width)
+        text = self._text(index)[:width].ljust(width)
+        return Strip([Segment(text, style)], width).apply_style(self.rich_style)
 
 
 class EventLogPanel(Vertical):
@@ -206,5 +206,12 @@ class EventLogPanel(Vertical):
         self.log_view.set_filter(FILTERS.get(str(event.value)))
 
     def show(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
+        """Show events up to `position` now if visible, else when the panel is next shown."""
+        self._last = (events, position, vocab)
         if self.display:
             self.log_view.show(events, position, vocab)
+
+    def on_show(self) -> None:
+        last = getattr(self, "_last", None)
+        if last is not None:
+            self.log_view.show(*last)

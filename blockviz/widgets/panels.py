@@ -51,6 +51,10 @@ class StatePanel(VerticalScroll):
     }
     StatePanel > Static {
         width: 100%;
+        link-color: #000000;
+        link-style: bold;
+        link-background-hover: $accent;
+        link-color-hover: $text;
     }
     """
 
@@ -67,6 +71,20 @@ class StatePanel(VerticalScroll):
     def set_body(self, renderable: RenderableType) -> None:
         self.body.update(renderable)
 
+    def show(self, *args, **kwargs) -> None:
+        """Render from the given state now if visible, else when the panel is next shown."""
+        self._last = (args, kwargs)
+        if self.display:
+            self.draw(*args, **kwargs)
+
+    def on_show(self) -> None:
+        last = getattr(self, "_last", None)
+        if last is not None:
+            self.draw(*last[0], **last[1])
+
+    def draw(self, *args, **kwargs) -> None:
+        raise NotImplementedError
+
 
 # ---------------------------------------------------------------------------- block tables
 
@@ -78,9 +96,7 @@ class BlockTables(StatePanel):
 
     TITLE = "Block tables (logical → physical)"
 
-    def show(self, state: ReducerState, selected_seq: int | None = None) -> None:
-        if not self.display:
-            return
+    def draw(self, state: ReducerState, selected_seq: int | None = None) -> None:
         parts: list[RenderableType] = []
         size = state.block_size
         for seq_id in sorted(state.seqs):
@@ -101,23 +117,20 @@ class BlockTables(StatePanel):
                                  Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
                 placement.append(" ")
             parts.append(placement)
-            grid = Table.grid(padding=(0, 1))
-            grid.add_column(no_wrap=True, style="dim")
-            grid.add_column(no_wrap=True)
-            grid.add_column()
+            width = len(str(len(state.pools["gpu"]) - 1))
             for index, (device, number) in enumerate(table):
                 block = state.pools[device][number]
                 texts = seq.token_texts[index * size:index * size + len(block.token_ids)]
-                tint_a, tint_b = block_tint(device, number, 0), block_tint(device, number, 1)
-                tokens = tokens_text(texts, Style(bgcolor=tint_a), Style(bgcolor=tint_b))
+                row = Text(f"  L{index:<2}", style="dim")
+                row.append(f" → {device} {number:<{width}}")
+                row.append(f" ×{block.ref_count}" if block.ref_count > 1 else "   ", style="bold")
+                row.append(" ")
+                row.append_text(tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
+                                            Style(bgcolor=block_tint(device, number, 1))))
                 empty = size - len(block.token_ids)
                 if empty:
-                    tokens.append(f" +{empty} empty", style="dim")
-                where = Text(f"→ {device} {number}")
-                if block.ref_count > 1:
-                    where.append(f" ×{block.ref_count}", style="bold")
-                grid.add_row(f"  L{index}", where, tokens)
-            parts.append(grid)
+                    row.append(f" +{empty} empty", style="dim")
+                parts.append(row)
         if not parts:
             parts.append(Text("no sequences yet", style="dim"))
         self.set_body(Group(*parts))
@@ -130,11 +143,9 @@ class GeneratedText(StatePanel):
     """Each sequence's text, one tinted run per token: the tint is the block holding the token
     (alternating shades mark token edges); a token without a slot yet is underlined."""
 
-    TITLE = "Text (tint = block holding the token)"
+    TITLE = "Text (tint = its block)"
 
-    def show(self, state: ReducerState, selected_seq: int | None = None) -> None:
-        if not self.display:
-            return
+    def draw(self, state: ReducerState, selected_seq: int | None = None) -> None:
         parts: list[RenderableType] = []
         size = state.block_size
         for seq_id in sorted(state.seqs):
@@ -170,9 +181,7 @@ class HashChains(StatePanel):
 
     TITLE = "Hash chains (prefix cache)"
 
-    def show(self, state: ReducerState, current: ev.Event | None = None, vocab: dict[int, str] | None = None) -> None:
-        if not self.display:
-            return
+    def draw(self, state: ReducerState, current: ev.Event | None = None, vocab: dict[int, str] | None = None) -> None:
         hashed = [b for b in state.pools["gpu"] if b.block_hash is not None]
         if not hashed:
             self.set_body(Text("no hashed blocks: full blocks get a chained hash with --prefix-caching",
@@ -191,11 +200,17 @@ class HashChains(StatePanel):
         seen: set[int] = set()
 
         def walk(parent: int | None, depth: int) -> None:
-            for block in sorted(by_parent.get(parent, []), key=lambda b: b.number):
+            children = sorted(by_parent.get(parent, []), key=lambda b: b.number)
+            branching = len(children) > 1
+            for position, block in enumerate(children):
                 if block.number in seen:
                     continue
                 seen.add(block.number)
-                label = Text("  " * min(depth, 6) + ("└ " if depth else ""))
+                # A chain continues straight down; only where it branches do children indent.
+                indent = "  " * min(depth, 8)
+                if branching:
+                    indent += "└ " if position == len(children) - 1 else "├ "
+                label = Text(indent)
                 hash_style = "bold #000000 on #ffd400" if block.num_hits else "bold"
                 if block.number == hit_block:
                     hash_style += " reverse"
@@ -213,7 +228,7 @@ class HashChains(StatePanel):
                     info.append(" dup", "dim")
                 texts = block_token_texts(state, block, vocab)
                 grid.add_row(label, info, tokens_text(texts, Style(bgcolor="#333344"), Style(bgcolor="#44445a")))
-                walk(block.block_hash, depth + 1)
+                walk(block.block_hash, depth + 1 if branching else depth)
 
         walk(None, 0)
         for block in hashed:  # anything left (a cycle cannot happen, but be safe)
@@ -234,10 +249,8 @@ class BlockInspector(StatePanel):
 
     TITLE = "Block inspector"
 
-    def show(self, state: ReducerState, selection: tuple[str, int] | None,
+    def draw(self, state: ReducerState, selection: tuple[str, int] | None,
              vocab: dict[int, str] | None = None) -> None:
-        if not self.display:
-            return
         if selection is None:
             self.set_body(Text("select a block: click it, or focus a pool (tab) and use the arrow keys",
                                style="dim"))

@@ -36,6 +36,8 @@ from engine.reducer import USED, BlockState, ReducerState
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+FILL_GROUND = "#101010"
+EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 
 
 class PoolGrid(ScrollView, can_focus=True):
@@ -67,7 +69,8 @@ class PoolGrid(ScrollView, can_focus=True):
     ]
 
     selected: reactive[int | None] = reactive(None)
-    projector: reactive[bool] = reactive(False)
+    projector: reactive[bool] = reactive(False)  # strong colours, big cells
+    big: reactive[bool] = reactive(False)  # big cells (two lines each)
 
     def __init__(self, device: str, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -90,13 +93,17 @@ class PoolGrid(ScrollView, can_focus=True):
         return len(str(max(self.num_blocks - 1, 0)))
 
     @property
+    def big_cells(self) -> bool:
+        return self.big or self.projector
+
+    @property
     def cell_height(self) -> int:
-        return 2 if self.projector else 1
+        return 2 if self.big_cells else 1
 
     @property
     def cell_width(self) -> int:
         """Characters per cell, without the gap."""
-        return self.digits + (4 if self.projector else 2)
+        return self.digits + (4 if self.big_cells else 2)
 
     @property
     def columns(self) -> int:
@@ -113,8 +120,14 @@ class PoolGrid(ScrollView, can_focus=True):
         self._relayout()
         self.refresh()
 
-    def watch_projector(self, projector: bool) -> None:
-        self.border_subtitle = "█ fill · ×2 refs · c cached" if projector else "█ fill · ² refs · c cached"
+    def watch_projector(self) -> None:
+        self._resize_cells()
+
+    def watch_big(self) -> None:
+        self._resize_cells()
+
+    def _resize_cells(self) -> None:
+        self.border_subtitle = "█ fill · ×2 refs · c cached" if self.big_cells else "█ fill · ² refs · c cached"
         self._relayout()
         self.refresh(layout=True)
 
@@ -158,7 +171,7 @@ class PoolGrid(ScrollView, can_focus=True):
         blocks = self.state.pools[self.device]
         start = row * self._columns
         segments: list[Segment] = []
-        cell = self._cell_projector if self.projector else self._cell
+        cell = self._cell_big if self.big_cells else self._cell
         for number in range(start, min(start + self._columns, len(blocks))):
             segments.extend(cell(blocks[number], sub))
             segments.append(GAP)
@@ -187,15 +200,22 @@ class PoolGrid(ScrollView, can_focus=True):
             return CACHED_STYLE, CACHED_STYLE, "c"
         return FREE_STYLE, FREE_STYLE, " "
 
+    def _fill_style(self, block: BlockState, rest: Style) -> Style:
+        """The fill glyph: the owner's colour rising on a dark ground."""
+        colour = rest.bgcolor
+        return Style(color=colour, bgcolor=FILL_GROUND) if colour is not None else rest
+
     def _cell(self, block: BlockState, sub: int) -> list[Segment]:
         first, second, mark = self._styles(block)
-        glyph = fill_glyph(len(block.token_ids), self.state.block_size) if block.state == USED or mark == "c" else " "
+        shows_fill = block.state == USED or mark == "c"
+        glyph = fill_glyph(len(block.token_ids), self.state.block_size) if shows_fill else " "
         return [
             Segment(f"{block.number:>{self.digits}}", self._decorate(block, first)),
-            Segment(mark + glyph, self._decorate(block, second)),
+            Segment(mark, self._decorate(block, second)),
+            Segment(glyph, self._decorate(block, self._fill_style(block, second) if shows_fill else second)),
         ]
 
-    def _cell_projector(self, block: BlockState, sub: int) -> list[Segment]:
+    def _cell_big(self, block: BlockState, sub: int) -> list[Segment]:
         first, second, mark = self._styles(block)
         width = self.cell_width
         if sub == 0:
@@ -207,7 +227,13 @@ class PoolGrid(ScrollView, can_focus=True):
         filled = round(width * num_tokens / self.state.block_size) if num_tokens else 0
         if num_tokens and not filled:
             filled = 1
-        return [Segment("█" * filled + "░" * (width - filled), self._decorate(block, second))]
+        segments = []
+        if filled:
+            colour = second.bgcolor
+            segments.append(Segment("█" * filled, self._decorate(block, Style(color=colour, bgcolor=FILL_GROUND))))
+        if width - filled:
+            segments.append(Segment("░" * (width - filled), self._decorate(block, EMPTY_SLOTS_STYLE)))
+        return segments
 
     # ------------------------------------------------------------------ selection
 
@@ -252,5 +278,5 @@ class PoolGrid(ScrollView, can_focus=True):
     def cell_text(self, number: int) -> str:
         """What the cell of block `number` shows (one line per cell row)."""
         block = self.state.pools[self.device][number]
-        cell = self._cell_projector if self.projector else self._cell
+        cell = self._cell_big if self.big_cells else self._cell
         return "\n".join("".join(s.text for s in cell(block, sub)) for sub in range(self.cell_height))

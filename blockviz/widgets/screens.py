@@ -51,6 +51,7 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
+    AUTO_FOCUS = "VerticalScroll"
     BINDINGS = [
         Binding("escape,q,question_mark,f1", "dismiss", "Close help"),
     ]
@@ -104,6 +105,7 @@ class AddRequestScreen(ModalScreen[str | None]):
     }
     """
 
+    AUTO_FOCUS = "Input"
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:

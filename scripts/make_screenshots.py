@@ -1,0 +1,115 @@
+"""Regenerate screenshots/*.svg: the TUI at key moments of the shipped traces (blockviz/traces/).
+
+    python scripts/make_screenshots.py
+
+Each picture is the app replaying a real engine trace (headless, `App.run_test`), moved to the
+moment worth seeing, then exported as SVG. Deterministic: no clock, no tokens/s, no cursor blink,
+so rerunning on the same traces rewrites identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from blockviz.app import BlockvizApp  # noqa: E402
+from blockviz.trace import Trace, read_trace  # noqa: E402
+
+TRACES_DIR = ROOT / "blockviz" / "traces"
+OUT_DIR = ROOT / "screenshots"
+
+
+def after_first(kind: str, settle: tuple[str, ...] = ()) -> Callable[[Trace], int]:
+    """Position just after the first `kind` event, plus the `settle` events that directly follow it
+    (e.g. the K/V digests the engine reports once it has moved the data)."""
+
+    def find(trace: Trace) -> int:
+        events = trace.events
+        index = next(i for i, e in enumerate(events) if e.type == kind)
+        position = index + 1
+        while position < len(events) and events[position].type in settle:
+            position += 1
+        return position
+
+    return find
+
+
+def after_step(number: int) -> Callable[[Trace], int]:
+    def find(trace: Trace) -> int:
+        return next(i + 1 for i, e in enumerate(trace.events) if e.type == "step_finished" and e.step == number)
+
+    return find
+
+
+@dataclass
+class Shot:
+    name: str
+    trace: str
+    position: Callable[[Trace], int]
+    size: tuple[int, int] = (120, 36)
+    projector: bool = False
+    select: Callable[[Trace, int], tuple[str, int] | None] = lambda trace, position: None
+    view: str = "tables"
+
+
+def _event_block(kind: str, attr: str, device: str) -> Callable[[Trace, int], tuple[str, int]]:
+    def select(trace: Trace, position: int) -> tuple[str, int]:
+        event = next(e for e in trace.events[:position][::-1] if e.type == kind)
+        value = getattr(event, attr)
+        return device, value if isinstance(value, int) else value[0][1]
+
+    return select
+
+
+SHOTS = [
+    Shot("prefill", "prefill", after_step(1)),
+    Shot("copy-on-write", "fork-cow", after_first("copy_on_write", ("slot_appended",)),
+         select=_event_block("copy_on_write", "dst_block", "gpu")),
+    Shot("prefix-hit", "prefix-hit", after_first("prefix_cache_hit", ("prefix_cache_hit",)), view="hashes",
+         select=_event_block("prefix_cache_hit", "block", "gpu")),
+    Shot("swap-out", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
+         select=_event_block("swap_out", "mapping", "cpu")),
+    Shot("projector", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
+         size=(100, 30), projector=True),
+]
+
+
+async def take(shot: Shot, traces_dir: Path, out_dir: Path) -> Path:
+    trace = read_trace(traces_dir / f"{shot.trace}.jsonl")
+    app = BlockvizApp(trace=trace, projector=shot.projector, deterministic=True, source_name=f"{shot.trace}.jsonl")
+    out = out_dir / f"{shot.name}.svg"
+    async with app.run_test(size=shot.size) as pilot:
+        position = shot.position(trace)
+        app.right_view = shot.view
+        app.player.timeline.seek(position)
+        selection = shot.select(trace, position)
+        if selection is not None:
+            device, number = selection
+            app.query_one(f"#{device}").select(number)
+        app.render_views()
+        await pilot.pause()
+        out.write_text(app.export_screenshot(title=f"blockviz — {shot.name}"), encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces-dir", type=Path, default=TRACES_DIR)
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for shot in SHOTS:
+        out = asyncio.run(take(shot, args.traces_dir, args.out_dir))
+        print(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Regenerate the traces shipped in blockviz/traces/ with the real engine and the bundled model.
+
+    python scripts/make_traces.py                 # all of them, bundled tiny-shakespeare on CPU
+    python scripts/make_traces.py --only swap     # one
+    python scripts/make_traces.py --model DIR     # another checkpoint (for trying things out)
+
+Each scenario goes through the same code as `blockviz record` (blockviz.commands.record.record_trace)
+and checks that the moment it exists to show really happened (a copy-on-write, a prefix-cache hit,
+a swap...); otherwise it stops with an error naming the scenario. Runs are greedy and seeded, on
+CPU, so the same model gives the same traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from blockviz.commands.record import record_trace  # noqa: E402
+from blockviz.live import EngineSpec  # noqa: E402
+
+TRACES_DIR = ROOT / "blockviz" / "traces"
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    spec: dict[str, Any]
+    expect: Callable[[Counter, list], bool]
+    expect_text: str
+    later_prompts: dict[int, str] = field(default_factory=dict)  # steps done -> prompt to add then
+
+
+def _kinds(*kinds: str) -> Callable[[Counter, list], bool]:
+    return lambda counts, events: all(counts[k] for k in kinds)
+
+
+def _recompute(counts: Counter, events: list) -> bool:
+    return any(e.type == "preempted" and e.mode == "recompute" for e in events)
+
+
+def _swap(counts: Counter, events: list) -> bool:
+    return counts["swap_out"] > 0 and counts["swap_in"] > 0 and any(
+        e.type == "preempted" and e.mode == "swap" for e in events)
+
+
+SCENARIOS = [
+    Scenario(
+        "prefill", "prefill allocation: four prompts get their block tables in one step, then decode "
+                   "appends slots and fresh blocks",
+        dict(prompts=("ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:"), max_tokens=20,
+             block_size=4, num_gpu_blocks=48, num_cpu_blocks=16),
+        _kinds("block_allocated", "slot_appended", "block_freed"), "allocations, slots and frees"),
+    Scenario(
+        "fork-cow", "n=2: after the prefill the sequence forks (every block ref 2); the first decode "
+                    "copies the shared, partly filled last block on write",
+        dict(prompts=("ROMEO: O, speak again",), n=2, max_tokens=16, block_size=4, num_gpu_blocks=32,
+             num_cpu_blocks=16, temperature=0.8),
+        _kinds("fork", "copy_on_write"), "a fork and a copy-on-write"),
+    Scenario(
+        "prefix-hit", "prefix caching: a second request with the same opening reuses the first one's "
+                      "hashed blocks (cache hits), and only computes its own suffix",
+        dict(prompts=("ROMEO: But soft, what light through yonder window breaks? It is the east",),
+             max_tokens=8, block_size=4, num_gpu_blocks=48, num_cpu_blocks=16, prefix_caching=True),
+        _kinds("prefix_cache_hit", "block_hashed"), "a prefix-cache hit",
+        later_prompts={2: "ROMEO: But soft, what light through yonder window breaks? It is my lady"}),
+    Scenario(
+        "swap", "a small GPU pool: decode runs out of blocks, the newest request is swapped out to the "
+                "CPU pool and swapped back in when room frees up",
+        dict(prompts=("ROMEO:", "JULIET:", "HAMLET:"), max_tokens=40, block_size=4, num_gpu_blocks=16,
+             num_cpu_blocks=32, preemption_mode="swap"),
+        _swap, "a swap-out and a swap-in"),
+    Scenario(
+        "recompute", "the same small pool with recompute preemption: the victim's blocks are freed and "
+                     "its tokens computed again later",
+        dict(prompts=("ROMEO:", "JULIET:", "HAMLET:"), max_tokens=40, block_size=4, num_gpu_blocks=16,
+             num_cpu_blocks=32, preemption_mode="recompute"),
+        _recompute, "a recompute preemption"),
+]
+
+
+def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Path:
+    from blockviz.trace import read_trace
+    from engine.sequence import SamplingParams
+
+    spec = EngineSpec(model=model, device=device, seed=0, **scenario.spec)
+    out = out_dir / f"{scenario.name}.jsonl"
+
+    def between_steps(engine, steps_done: int) -> None:
+        prompt = scenario.later_prompts.get(steps_done)
+        if prompt is not None:
+            engine.add_request(prompt, SamplingParams(n=spec.n, temperature=spec.temperature,
+                                                      max_tokens=spec.max_tokens, seed=spec.seed))
+
+    extra = {"scenario": scenario.name, "description": scenario.description}
+    if scenario.later_prompts:
+        extra["later_prompts"] = [[step, prompt] for step, prompt in sorted(scenario.later_prompts.items())]
+    recording = record_trace(spec, out, between_steps=between_steps, extra_header=extra)
+    events = read_trace(out).events
+    counts = Counter(e.type for e in events)
+    if not scenario.expect(counts, events):
+        raise SystemExit(f"make_traces: scenario {scenario.name!r} did not produce {scenario.expect_text} "
+                         f"(events: {dict(counts)}); adjust its prompts or pool sizes")
+    size = out.stat().st_size
+    print(f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}: {recording.num_events} events, "
+          f"{recording.num_steps} steps, {size / 1024:.0f} KiB")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-shakespeare", help="checkpoint (default: the bundled one)")
+    parser.add_argument("--device", default="cpu", help="cpu (default; reproducible) or cuda")
+    parser.add_argument("--out-dir", type=Path, default=TRACES_DIR)
+    parser.add_argument("--only", action="append", choices=[s.name for s in SCENARIOS])
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for scenario in SCENARIOS:
+        if args.only and scenario.name not in args.only:
+            continue
+        make_trace(scenario, args.model, args.out_dir, args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""Pilot tests of the TUI: press the keys, then read what the views show.
+
+Traces come from the FakeEngine (the real BlockSpaceManager with a fake model), so these run in
+well under a second each and never import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from blockviz.app import BlockvizApp
+from blockviz.live import EngineBridge, EngineSpec
+from blockviz.trace import Trace, write_trace
+from blockviz.widgets.event_log import EventLog
+from blockviz.widgets.palette import show_token
+from blockviz.widgets.pool_grid import PoolGrid
+from engine.sequence import SamplingParams
+from test_tui_fake_engine import FakeEngine, run_scenario
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def screen_text(app) -> str:
+    """The whole screen as plain text, one line per terminal row."""
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+def fork_trace() -> Trace:
+    """One request; after its prefill the user forks seq 0 (vLLM v0 fork), then decoding copies the
+    shared last block on write."""
+    engine = FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8)
+    events: list = []
+    engine.events.subscribe(events.append)
+    engine.add_request("ROMEO: hi", SamplingParams(max_tokens=4))
+    engine.step()
+    engine.fork_sequence(0)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return Trace(engine.trace_header(), events)
+
+
+def n2_trace() -> Trace:
+    engine = FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8)
+    events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=5)
+    return Trace(engine.trace_header(), events)
+
+
+def replay_app(trace: Trace | None = None, **kwargs) -> BlockvizApp:
+    return BlockvizApp(trace=trace or n2_trace(), deterministic=True, source_name="test", **kwargs)
+
+
+def grid(app, device: str = "gpu") -> PoolGrid:
+    return app.query_one(f"#{device}", PoolGrid)
+
+
+def first_index(trace: Trace, kind: str) -> int:
+    return next(i for i, e in enumerate(trace.events) if e.type == kind)
+
+
+async def test_a_prefill_step_fills_the_pool_with_shared_prompt_blocks():
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert grid(app).cell_text(0).strip() == "0"  # free before anything ran
+        await pilot.press("s")
+        state = app.player.timeline.state
+        assert state.step == 1 and state.step_kind == "prefill"
+        assert grid(app).cell_text(0) == " 0²█"  # n=2: both sequences share the prompt's blocks
+        assert "GPU pool · 5/24 used" in screen_text(app)  # 3 blocks for "ROMEO: hi", 2 for "JULIET:"
+        await pilot.press("right")  # the GPU pool has focus: select block 0
+        text = screen_text(app)
+        assert "Block inspector · gpu 0" in text
+        assert "ref count  2" in text and "seq 0" in text and "seq 1" in text
+
+
+async def test_fork_then_copy_on_write_shows_ref_counts_and_the_copied_kv_digest():
+    trace = fork_trace()
+    app = replay_app(trace)
+    async with app.run_test(size=(80, 24)) as pilot:
+        fork_at = first_index(trace, "fork")
+        app.player.timeline.seek(fork_at + 1)
+        app.render_views()
+        await pilot.pause()
+        forked = trace.events[fork_at]
+        for block in forked.blocks:
+            assert grid(app).cell_text(block)[2] == "²", block  # used, ref 2 after the fork
+        cow_at = first_index(trace, "copy_on_write")
+        while app.player.timeline.position <= cow_at:
+            await pilot.press("full_stop")
+        cow = trace.events[cow_at]
+        assert grid(app).cell_text(cow.src_block)[2] == " "  # back to one owner
+        assert grid(app).cell_text(cow.dst_block)[1].strip() == str(cow.dst_block)[-1]
+        await pilot.press("right")
+        for _ in range(cow.dst_block):
+            await pilot.press("right")
+        text = screen_text(app)
+        assert f"Block inspector · gpu {cow.dst_block}" in text
+        assert f"same K/V in gpu {cow.src_block}" in text.replace("\n", " ").replace("│", "").replace("  ", " ")
+
+
+async def test_time_travel_back_restores_the_earlier_screen():
+    app = replay_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("s")
+        before = screen_text(app)
+        position = app.player.timeline.position
+        await pilot.press("s", "s", "full_stop", "full_stop")
+        assert screen_text(app) != before
+        await pilot.press("comma", "comma", "b", "b")
+        assert app.player.timeline.position == position
+        assert screen_text(app) == before
+
+
+async def test_play_pause_and_speed():
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("plus", "plus", "plus", "plus", "plus")
+        assert app.player.speed_label == "max"
+        await pilot.press("space")
+        for _ in range(50):
+            if not app.player.playing:
+                break
+            await pilot.pause(0.02)
+        assert app.player.timeline.at_end and not app.player.playing
+        assert "end of trace" in screen_text(app)
+        await pilot.press("minus")
+        assert app.player.speed_label == "1000 ev/s"
+
+
+async def test_projector_mode_has_big_cells_and_fewer_panels():
+    app = replay_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("s", "P")
+        assert app.screen.has_class("-projector")
+        assert grid(app).cell_height == 2 and "×2" in grid(app).cell_text(0)
+        assert not app.query_one("#inspector").display and not app.query_one("#log").display
+        assert app.query_one("#text").display
+        await pilot.press("P")
+        assert grid(app).cell_height == 1 and app.query_one("#inspector").display
+
+
+async def test_a_small_terminal_shows_a_message_and_resizing_reflows():
+    app = replay_app()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        assert "Enlarge the terminal to at least 80x24" in screen_text(app)
+        assert not app.query_one("#main").display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert "Enlarge" not in screen_text(app) and "GPU pool" in screen_text(app)
+        narrow = grid(app).columns
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause()
+        assert grid(app).columns > narrow
+        assert all(app.query_one(f"#{name}").display for name in ("tables", "text", "hashes", "log"))
+
+
+async def test_replay_says_engine_actions_need_an_engine():
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        notes: list[str] = []
+        app.notify = lambda message, **kwargs: notes.append(message)
+        await pilot.press("s", "f", "p", "a")
+        assert len(notes) == 3 and all(note.startswith("Replay: no engine here") for note in notes)
+        assert "fork" in notes[0] and "swap out" in notes[1] and "add a request" in notes[2]
+        assert len(app.screen_stack) == 1  # no prompt dialog in a replay
+
+
+async def test_event_log_filters_by_kind():
+    app = replay_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("v", "v", "v")  # tables -> text -> hashes -> log
+        assert app.right_view == "log"
+        await pilot.press("s", "s", "s")
+        log = app.query_one(EventLog)
+        assert len(log.lines()) == app.player.timeline.position
+        app.query_one("#log-filter").value = "copy_on_write"
+        await pilot.pause()
+        lines = log.lines()
+        assert lines and all("copy-on-write" in line for line in lines)
+        assert "copy-on-write" in screen_text(app)
+
+
+async def test_clicking_a_cell_selects_that_block():
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("s")
+        cell = grid(app).cell_width + 1
+        await pilot.click("#gpu", offset=(1 + 2 * cell, 1))  # border, then the third cell
+        assert app.selection == ("gpu", 2)
+        assert "Block inspector · gpu 2" in screen_text(app)
+
+
+async def test_help_screen_lists_the_keys():
+    app = replay_app()
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("question_mark")
+        text = screen_text(app)
+        for words in ("Play/Pause", "Step back", "Fork", "Swap out", "Projector", "Pool grid legend"):
+            assert words in text
+        await pilot.press("escape")
+        assert len(app.screen_stack) == 1
+
+
+def test_tokens_show_visible_whitespace_and_no_bpe_markers():
+    assert show_token(" the") == "·the"
+    assert show_token("\n") == "⏎"
+    assert show_token("Ġking") == "·king" and show_token("Ċ") == "⏎"
+    assert show_token("\x00") == "\\x00"
+
+
+# ---------------------------------------------------------------------------- live (FakeEngine)
+
+
+async def _until(pilot, predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the engine")
+        await pilot.pause(0.01)
+
+
+def live_app(**engine_kwargs) -> BlockvizApp:
+    spec = EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), max_tokens=12)
+    bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24,
+                                                                num_cpu_blocks=16, **engine_kwargs))
+    return BlockvizApp(bridge=bridge, deterministic=True, source_name="fake")
+
+
+async def test_live_step_fork_swap_out_and_add_a_request():
+    app = live_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.player is not None and len(app.player.timeline) >= 2)
+        await pilot.press("s")
+        await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1)
+        assert app.player.timeline.state.step_kind == "prefill"
+        assert "GPU pool · 5/24 used" in screen_text(app)
+        await pilot.press("n")  # select seq 0
+        assert app.selected_seq == 0
+        await pilot.press("f")
+        await _until(pilot, lambda: 2 in app.player.timeline.state.seqs)
+        assert app.player.timeline.current_event.type == "fork"
+        assert grid(app).cell_text(0)[2] == "²"
+        assert "seq 2" in screen_text(app)
+        await pilot.press("p")  # swap out request 0 (seqs 0 and 2)
+        await _until(pilot, lambda: app.player.timeline.state.num_used("cpu") > 0)
+        assert "CPU pool · 3/16 used" in screen_text(app)  # seq 0 and its fork share 3 blocks
+        await pilot.press("a")
+        await pilot.press(*"more")
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.player.timeline.current_event.type == "request_added")
+        assert app.player.timeline.current_event.prompt == "more"
+
+
+async def test_live_play_at_max_speed_runs_to_completion():
+    app = live_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.player is not None)
+        app.player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
+        await pilot.press("space")
+        await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=10)
+        state = app.player.timeline.state
+        assert all(seq.status == "finished" for seq in state.seqs.values())
+        assert state.num_used("gpu") == 0
+        await _until(pilot, lambda: "all requests finished" in " ".join(screen_text(app).split()))
+
+
+async def test_a_failed_model_load_ends_the_app_with_the_error():
+    def broken():
+        raise ValueError("model 'nope' could not be loaded")
+
+    app = BlockvizApp(bridge=EngineBridge(EngineSpec(), make_engine=broken), deterministic=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.error is not None)
+    assert app.error == "model 'nope' could not be loaded" and app.return_code == 2
+
+
+def test_run_fails_before_opening_the_app_when_the_model_is_missing(tmp_path, capsys, monkeypatch):
+    from blockviz.cli import main
+
+    monkeypatch.setattr(BlockvizApp, "run", lambda self, **kw: pytest.fail("the app opened"))
+    assert main(["run", "--model", str(tmp_path / "no-such-model")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-model" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- replay without torch
+
+
+def test_replay_reaches_its_first_frame_without_importing_torch(tmp_path):
+    trace = n2_trace()
+    path = tmp_path / "t.jsonl"
+    write_trace(path, {"format": "blockviz-trace", "version": 1, **trace.header}, trace.events)
+    script = textwrap.dedent(f"""
+        import asyncio, json, sys
+        from blockviz.app import BlockvizApp
+        from blockviz.cli import main
+        seen = {{}}
+        def headless_run(self, **kwargs):
+            async def go():
+                async with self.run_test(size=(80, 24)) as pilot:
+                    await pilot.press("s")
+                    text = "\\n".join("".join(s.text for s in strip)
+                                     for strip in self.screen._compositor.render_strips())
+                    seen["frame"] = "GPU pool" in text and "used" in text
+                    seen["torch"] = "torch" in sys.modules
+            asyncio.run(go())
+        BlockvizApp.run = headless_run
+        seen["rc"] = main(["replay", {str(path)!r}])
+        print(json.dumps(seen))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == {"frame": True, "torch": False, "rc": 0}
