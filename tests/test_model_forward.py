@@ -247,3 +247,24 @@ def test_metadata_build_slot_mapping_and_offsets():
 def test_metadata_build_validates(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AttentionMetadata.build(block_size=4, **kwargs)
+
+
+def test_plain_block_major_caches_give_the_same_logits(models):
+    """paged_attention does not depend on CacheEngine's head-major storage: contiguous
+    (num_blocks, block_size, heads, head_dim) tensors work the same (only slower)."""
+    model, hf = models
+    pool = Pool(3, seed=12)
+    plain = [(torch.zeros(NUM_BLOCKS, 3, 4, 16, device=DEVICE), torch.zeros(NUM_BLOCKS, 3, 4, 16, device=DEVICE))
+             for _ in range(2)]
+    prompts = random_prompts([10, 4], model.config.vocab_size, seed=13)
+    tables = [pool.grow([], 11), pool.grow([], 5)]
+    results = []
+    for caches in (pool.cache.gpu_cache, plain):
+        meta = AttentionMetadata.build(tables, [10, 4], [10, 4], 3, device=DEVICE)
+        first = model(torch.tensor(prompts[0] + prompts[1], device=DEVICE), meta.positions, caches, meta)
+        meta = AttentionMetadata.build(tables, [1, 1], [11, 5], 3, device=DEVICE)
+        second = model(torch.tensor([7, 9], device=DEVICE), meta.positions, caches, meta)
+        results.append(model.compute_logits(torch.cat([first, second])))
+    assert not pool.cache.gpu_cache[0][0].is_contiguous() and plain[0][0].is_contiguous()
+    torch.testing.assert_close(results[0], results[1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(results[1][-2], hf_logits(hf, prompts[0] + [7])[-1], atol=ATOL, rtol=0)
