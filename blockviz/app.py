@@ -29,13 +29,14 @@ from blockviz.messages import (
     EngineReady,
 )
 from blockviz.widgets.event_log import EventLogPanel
-from blockviz.widgets.palette import touched_blocks
+from blockviz.widgets.palette import pool_counts, touched_blocks
 from blockviz.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains, StatusBar
 from blockviz.widgets.pool_grid import PoolGrid
 from blockviz.widgets.screens import AddRequestScreen, HelpScreen
 
 RIGHT_VIEWS = ("tables", "text", "hashes", "log")
 FRAME_S = 1 / 30
+PANEL_HZ = 5  # text panels' redraw rate during playback (the pools follow every frame)
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
 
@@ -88,6 +89,7 @@ class BlockvizApp(App[None]):
         self.error: str | None = None
         self.note = ""
         self._last_tick = 0.0
+        self._panels_drawn = 0.0
         self._dirty = False
         self.set_reactive(BlockvizApp.projector, projector)
 
@@ -114,6 +116,13 @@ class BlockvizApp(App[None]):
             yield Label("starting the engine…", id="loading-text")
 
     def on_mount(self) -> None:
+        self._grids = list(self.query(PoolGrid))
+        self._tables = self.query_one(BlockTables)
+        self._text = self.query_one(GeneratedText)
+        self._hashes = self.query_one(HashChains)
+        self._inspector = self.query_one(BlockInspector)
+        self._log = self.query_one(EventLogPanel)
+        self._status = self.query_one(StatusBar)
         self.screen.set_class(self.projector, "-projector")
         for grid in self.query(PoolGrid):
             grid.projector = self.projector
@@ -200,34 +209,38 @@ class BlockvizApp(App[None]):
 
     # ------------------------------------------------------------------ drawing
 
-    def render_views(self) -> None:
-        """Push the state at the cursor down into every view."""
+    def render_views(self, full: bool = True) -> None:
+        """Push the state at the cursor down into the views: the pools and the status bar every
+        frame; the text panels too unless `full` is False (fast playback redraws them at
+        PANEL_HZ, so a big run keeps the pool grid at frame rate)."""
         self._dirty = False
         if self.player is None:
             return
         timeline = self.player.timeline
         state = timeline.state
         touched = touched_blocks(timeline.current_event)
-        for device in ("gpu", "cpu"):
-            pool = state.pools[device]
-            used = state.num_used(device)
-            grid = self.query_one(f"#{device}", PoolGrid)
-            grid.show(state, touched.get(device, frozenset()),
-                      title=f"{device.upper()} pool · {used}/{len(pool)} used")
-        vocab = timeline.token_texts
-        self.query_one(BlockTables).show(state, self.selected_seq)
-        self.query_one(GeneratedText).show(state, self.selected_seq)
-        self.query_one(HashChains).show(state, timeline.current_event, vocab)
-        self.query_one(BlockInspector).show(state, self.selection, vocab)
-        self.query_one(EventLogPanel).show(timeline.events, timeline.position, vocab)
+        counts = pool_counts(state)
+        for grid in self._grids:
+            used, cached, free = counts[grid.device]
+            grid.show(state, touched.get(grid.device, frozenset()),
+                      title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used")
+        now = time.monotonic()
+        if full or now - self._panels_drawn >= 1 / PANEL_HZ:
+            self._panels_drawn = now
+            vocab = timeline.token_texts
+            self._tables.show(state, self.selected_seq)
+            self._text.show(state, self.selected_seq)
+            self._hashes.show(state, timeline.current_event, vocab)
+            self._inspector.show(state, self.selection, vocab)
+            self._log.show(timeline.events, timeline.position, vocab)
         player = self.player
         note = self.note
         if not player.live and timeline.at_end and len(timeline):
             note = "end of trace"
-        self.query_one(StatusBar).show(
+        self._status.show(
             state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
-            deterministic=self.deterministic, live=player.live, note=note)
+            deterministic=self.deterministic, live=player.live, note=note, counts=counts)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -239,7 +252,7 @@ class BlockvizApp(App[None]):
             self._set_playing(False)
         self._feed_engine()
         if moved or self._dirty:
-            self.render_views()
+            self.render_views(full=not self.player.playing)
 
     def _set_playing(self, playing: bool) -> None:
         if self.player is None:

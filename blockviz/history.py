@@ -65,7 +65,9 @@ class Timeline:
     """Events, reducer snapshots, and the state at a cursor."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 snapshot_every: int = SNAPSHOT_EVERY) -> None:
+                 snapshot_every: int | None = None) -> None:
+        if snapshot_every is None:  # big pools: fewer (costlier) snapshots, same replay cost per seek
+            snapshot_every = max(SNAPSHOT_EVERY, (num_gpu_blocks + num_cpu_blocks) // 4)
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.block_size = block_size
@@ -82,7 +84,7 @@ class Timeline:
         self.token_texts: dict[int, str] = {}  # token id -> its text piece, from every event seen
 
     @classmethod
-    def for_trace(cls, trace, snapshot_every: int = SNAPSHOT_EVERY) -> "Timeline":
+    def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":
         timeline = cls(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks, snapshot_every)
         timeline.extend(trace.events)
         return timeline

@@ -85,16 +85,12 @@ class EngineSpec:
 
 
 def check_model(name: str) -> None:
-    """Raise engine.model_loader.ModelNotFoundError now (before any UI opens) when `name` cannot
-    be loaded offline; a bundled name or a local directory is checked on disk, a hub name in the
-    local cache (or with one quick probe of the hub)."""
-    from engine import model_loader
+    """Raise engine.model_loader.ModelNotFoundError (one line) now, before any UI opens, when
+    `name` cannot be loaded: engine.model_loader.check_model resolves a bundled name or a local
+    directory on disk and a hub name in the local cache (or with one quick probe of the hub)."""
+    from engine.model_loader import check_model as check
 
-    source = model_loader.resolve_model(name)
-    if isinstance(source, str):
-        check = getattr(model_loader, "check_model", None) or getattr(model_loader, "_hub_kwargs", None)
-        if check is not None:
-            check(source)
+    check(name)
 
 
 @dataclass(slots=True)

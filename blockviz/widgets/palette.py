@@ -142,3 +142,17 @@ def touched_blocks(event) -> dict[str, frozenset[int]]:
     if block is not None:
         return {event.device: frozenset((block,))}
     return {}
+
+
+def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
+    """Per device: (used, cached-free, free) blocks, in one pass over each pool."""
+    counts = {}
+    for device, pool in state.pools.items():
+        used = cached = 0
+        for block in pool:
+            if block.state == USED:
+                used += 1
+            elif block.block_hash is not None:
+                cached += 1
+        counts[device] = (used, cached, len(pool) - used - cached)
+    return counts

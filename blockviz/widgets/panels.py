@@ -7,6 +7,7 @@ bordered box holding one Static body.
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.style import Style
 from rich.table import Table
@@ -21,6 +22,7 @@ from blockviz.widgets.palette import (
     block_token_texts,
     fill_glyph,
     is_cached_free,
+    pool_counts,
     seq_colour,
     seq_style,
     short_hash,
@@ -306,15 +308,15 @@ class StatusBar(Static):
     }
     """
 
+    _height = 0
+
     def show(self, state: ReducerState, *, position: int, total: int, playing: bool, speed: str,
-             tokens_per_s: float | None, deterministic: bool, live: bool, note: str = "") -> None:
+             tokens_per_s: float | None, deterministic: bool, live: bool, note: str = "",
+             counts: dict[str, tuple[int, int, int]] | None = None) -> None:
         text = Text()
-        for device in ("gpu", "cpu"):
-            pool = state.pools[device]
-            used = state.num_used(device)
-            cached = sum(1 for b in pool if is_cached_free(b))
+        for device, (used, cached, free) in (counts or pool_counts(state)).items():
             text.append(f"{device.upper()} ", "bold")
-            text.append(f"{used} used/{len(pool) - used} free")
+            text.append(f"{used} used/{cached + free} free")
             if cached:
                 text.append(f" ({cached} cached)", "italic")
             text.append(" │ ", "dim")
@@ -336,7 +338,10 @@ class StatusBar(Static):
         if note:
             text.append(" │ ", "dim")
             text.append(note, "italic")
-        self.update(text)
+        width = max(1, self.content_region.width or self.app.size.width - 2)
+        height = sum(max(1, -(-cell_len(line) // width)) for line in text.plain.split("\n"))
+        self.update(text, layout=height != self._height)  # relayout only when its height changes
+        self._height = height
 
 
 def seq_legend(seq_ids: list[int], projector: bool = False) -> Text:

@@ -29,8 +29,7 @@ from blockviz.widgets.palette import (
     SELECTED_STYLE,
     TOUCHED_STYLE,
     fill_glyph,
-    is_cached_free,
-    seq_style,
+    seq_colour,
 )
 from engine.reducer import USED, BlockState, ReducerState
 
@@ -77,7 +76,11 @@ class PoolGrid(ScrollView, can_focus=True):
         self.device = device
         self.state: ReducerState | None = None
         self.touched: frozenset[int] = frozenset()
-        self._strips: dict[tuple[int, int], Strip] = {}
+        self._rows: dict[int, tuple[tuple, list[Strip]]] = {}  # row -> (look key, its lines)
+        self._look_styles: dict[tuple, Style] = {}
+        self._base = Style()
+        self._gap = GAP
+        self._digits = 1
         self._columns = 1
         self.border_title = f"{device.upper()} pool"
         self.border_subtitle = "█ fill · ² refs · c cached"
@@ -110,11 +113,12 @@ class PoolGrid(ScrollView, can_focus=True):
         return self._columns
 
     def _relayout(self) -> None:
+        self._digits = self.digits
+        self._invalidate()
         width = self.scrollable_content_region.width or self.size.width or 80
         self._columns = max(1, (width + 1) // (self.cell_width + 1))
         rows = -(-self.num_blocks // self._columns) if self.num_blocks else 0
         self.virtual_size = Size(self._columns * (self.cell_width + 1), rows * self.cell_height)
-        self._strips.clear()
 
     def on_resize(self) -> None:
         self._relayout()
@@ -132,7 +136,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self.refresh(layout=True)
 
     def watch_selected(self, old: int | None, new: int | None) -> None:
-        self._strips.clear()
+        self._rows.clear()
         self.refresh()
         if new is not None and self.num_blocks:
             self._scroll_to_block(new)
@@ -140,99 +144,156 @@ class PoolGrid(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ data down
 
     def show(self, state: ReducerState, touched: frozenset[int] = frozenset(), title: str | None = None) -> None:
-        """Draw `state`'s pool for this device; `touched` are block numbers the last event changed."""
+        """Draw `state`'s pool for this device; `touched` are block numbers the last event changed.
+
+        Only rows whose cells look different from what is on screen are refreshed (a cell's look is
+        a small key: state, first two owners, ref count, fill, selected, touched)."""
         size_changed = self.state is None or len(state.pools[self.device]) != self.num_blocks
         self.state = state
         self.touched = touched
-        if title is not None:
+        if title is not None and title != self.border_title:
             self.border_title = title
         if size_changed:
             self._relayout()
             self.refresh(layout=True)
-        else:
-            self._strips.clear()
+            return
+        base = self.rich_style
+        if base != self._base:
+            self._invalidate()
             self.refresh()
+            return
+        height = self.cell_height
+        first_row = int(self.scroll_offset.y) // height
+        last_row = (int(self.scroll_offset.y) + self.size.height) // height
+        for row in range(first_row, last_row + 1):
+            cached = self._rows.get(row)
+            if cached is not None and cached[0] != self._row_key(row):
+                self.refresh_lines(row * height, height)
+
+    def _invalidate(self) -> None:
+        self._rows.clear()
+        self._look_styles.clear()
+        self._base = self.rich_style
+        self._gap = Segment(" ", self._base)
 
     # ------------------------------------------------------------------ rendering
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        row, sub = divmod(y + scroll_y, self.cell_height)
-        key = (row, sub)
-        strip = self._strips.get(key)
-        if strip is None:
-            strip = self._build_line(row, sub).apply_style(self.rich_style)
-            self._strips[key] = strip
-        return strip.crop_extend(scroll_x, scroll_x + self.scrollable_content_region.width, self.rich_style)
+        row, sub = divmod(y + int(self.scroll_offset.y), self.cell_height)
+        key = self._row_key(row)
+        cached = self._rows.get(row)
+        if cached is None or cached[0] != key:
+            cached = (key, self._build_row(row))
+            self._rows[row] = cached
+        return cached[1][sub]
 
-    def _build_line(self, row: int, sub: int) -> Strip:
+    def _cell_key(self, block: BlockState) -> tuple:
+        number = block.number
+        flags = (number == self.selected, number in self.touched)
+        if block.state == USED:
+            owners = block.owners
+            firsts = tuple(owners) if len(owners) < 2 else tuple(sorted(owners)[:2])
+            return (1, firsts, block.ref_count, len(block.token_ids)) + flags
+        if block.block_hash is not None:
+            return (2, (), 0, len(block.token_ids)) + flags
+        return (0, (), 0, 0) + flags
+
+    def _row_key(self, row: int) -> tuple:
         if self.state is None:
-            return Strip.blank(0)
+            return ()
         blocks = self.state.pools[self.device]
         start = row * self._columns
-        segments: list[Segment] = []
-        cell = self._cell_big if self.big_cells else self._cell
-        for number in range(start, min(start + self._columns, len(blocks))):
-            segments.extend(cell(blocks[number], sub))
-            segments.append(GAP)
-        return Strip(segments)
+        return tuple(self._cell_key(blocks[n]) for n in range(start, min(start + self._columns, len(blocks))))
 
-    def _decorate(self, block: BlockState, style: Style) -> Style:
-        if block.number == self.selected:
-            style = style + SELECTED_STYLE
-        if block.number in self.touched:
-            style = style + TOUCHED_STYLE
+    def _build_row(self, row: int) -> list[Strip]:
+        """Every line of one row of cells, each padded to the content width."""
+        width = self.scrollable_content_region.width
+        blank = Strip.blank(width, self._base)
+        if self.state is None:
+            return [blank] * self.cell_height
+        blocks = self.state.pools[self.device]
+        start = row * self._columns
+        numbers = range(start, min(start + self._columns, len(blocks)))
+        if not numbers:
+            return [blank] * self.cell_height
+        cell = self._cell_big if self.big_cells else self._cell
+        gap = self._gap
+        lines = []
+        for sub in range(self.cell_height):
+            segments: list[Segment] = []
+            for number in numbers:
+                segments.extend(cell(blocks[number], sub))
+                segments.append(gap)
+            length = len(numbers) * (self.cell_width + 1)
+            if length < width:
+                segments.append(Segment(" " * (width - length), self._base))
+            lines.append(Strip(segments, max(length, width)).crop(0, width))
+        return lines
+
+    def _style(self, key: tuple) -> Style:
+        """Styles by (role, kind, owner, projector, selected, touched), built once."""
+        style = self._look_styles.get(key)
+        if style is None:
+            role, kind, owner, selected, touched = key
+            if kind == 1:
+                colour = seq_colour(owner, self.projector) if owner is not None else "#a0a0a0"
+                if role == "fill":
+                    style = Style(color=colour, bgcolor=FILL_GROUND)
+                else:
+                    style = Style(color="#000000", bgcolor=colour, bold=self.projector or role == "mark")
+            elif kind == 2:
+                style = CACHED_STYLE if role != "fill" else Style(color="#e8e8e8", bgcolor=FILL_GROUND)
+            else:
+                style = EMPTY_SLOTS_STYLE if role == "fill" else FREE_STYLE
+            style = self._base + style
+            if selected:
+                style += SELECTED_STYLE
+            if touched:
+                style += TOUCHED_STYLE
+            self._look_styles[key] = style
         return style
 
-    def _styles(self, block: BlockState) -> tuple[Style, Style, str]:
-        """(style of the number, style of the rest, mark) for one block."""
+    def _looks(self, block: BlockState) -> tuple[int, int | None, int | None, str, bool, bool]:
+        """(kind, first owner, second owner, mark, selected, touched): kind 1 used, 2 cached-free, 0 free."""
+        number = block.number
+        selected, touched = number == self.selected, number in self.touched
         if block.state == USED:
-            owners = sorted(block.owners)
-            projector = self.projector
-            first = seq_style(owners[0], projector) if owners else Style(color="#000000", bgcolor="#a0a0a0")
-            second = seq_style(owners[1], projector) if len(owners) > 1 else first
-            mark = " "
-            if block.ref_count > 1:
-                mark = SUPERSCRIPTS[block.ref_count] if block.ref_count < 10 else "⁺"
-                second = second + Style(bold=True)
-            return first, second, mark
-        if is_cached_free(block):
-            return CACHED_STYLE, CACHED_STYLE, "c"
-        return FREE_STYLE, FREE_STYLE, " "
-
-    def _fill_style(self, block: BlockState, rest: Style) -> Style:
-        """The fill glyph: the owner's colour rising on a dark ground."""
-        colour = rest.bgcolor
-        return Style(color=colour, bgcolor=FILL_GROUND) if colour is not None else rest
+            owners = sorted(block.owners) if len(block.owners) > 1 else list(block.owners)
+            first = owners[0] if owners else None
+            second = owners[1] if len(owners) > 1 else first
+            ref = block.ref_count
+            mark = " " if ref < 2 else (SUPERSCRIPTS[ref] if ref < 10 else "⁺")
+            return 1, first, second, mark, selected, touched
+        if block.block_hash is not None:
+            return 2, None, None, "c", selected, touched
+        return 0, None, None, " ", selected, touched
 
     def _cell(self, block: BlockState, sub: int) -> list[Segment]:
-        first, second, mark = self._styles(block)
-        shows_fill = block.state == USED or mark == "c"
-        glyph = fill_glyph(len(block.token_ids), self.state.block_size) if shows_fill else " "
+        kind, first, second, mark, selected, touched = self._looks(block)
+        glyph = fill_glyph(len(block.token_ids), self.state.block_size) if kind else " "
+        style = self._style
         return [
-            Segment(f"{block.number:>{self.digits}}", self._decorate(block, first)),
-            Segment(mark, self._decorate(block, second)),
-            Segment(glyph, self._decorate(block, self._fill_style(block, second) if shows_fill else second)),
+            Segment(f"{block.number:>{self._digits}}", style(("number", kind, first, selected, touched))),
+            Segment(mark, style(("mark", kind, second, selected, touched))),
+            Segment(glyph, style(("fill" if kind else "mark", kind, second, selected, touched))),
         ]
 
     def _cell_big(self, block: BlockState, sub: int) -> list[Segment]:
-        first, second, mark = self._styles(block)
+        kind, first, second, mark, selected, touched = self._looks(block)
         width = self.cell_width
+        style = self._style
         if sub == 0:
-            ref = f"×{block.ref_count}" if block.ref_count > 1 else (" c" if mark == "c" else "  ")
-            number = f" {block.number:>{self.digits}}"
-            return [Segment(number, self._decorate(block, first)),
-                    Segment(ref.ljust(width - len(number)), self._decorate(block, second))]
-        num_tokens = len(block.token_ids) if block.state == USED or mark == "c" else 0
-        filled = round(width * num_tokens / self.state.block_size) if num_tokens else 0
-        if num_tokens and not filled:
-            filled = 1
+            ref = f"×{block.ref_count}" if block.ref_count > 1 else (" c" if kind == 2 else "  ")
+            number = f" {block.number:>{self._digits}}"
+            return [Segment(number, style(("number", kind, first, selected, touched))),
+                    Segment(ref.ljust(width - len(number)), style(("mark", kind, second, selected, touched)))]
+        num_tokens = len(block.token_ids) if kind else 0
+        filled = max(1, round(width * num_tokens / self.state.block_size)) if num_tokens else 0
         segments = []
         if filled:
-            colour = second.bgcolor
-            segments.append(Segment("█" * filled, self._decorate(block, Style(color=colour, bgcolor=FILL_GROUND))))
+            segments.append(Segment("█" * filled, style(("fill", kind, second, selected, touched))))
         if width - filled:
-            segments.append(Segment("░" * (width - filled), self._decorate(block, EMPTY_SLOTS_STYLE)))
+            segments.append(Segment("░" * (width - filled), style(("fill", 0, None, selected, touched))))
         return segments
 
     # ------------------------------------------------------------------ selection
@@ -278,5 +339,6 @@ class PoolGrid(ScrollView, can_focus=True):
     def cell_text(self, number: int) -> str:
         """What the cell of block `number` shows (one line per cell row)."""
         block = self.state.pools[self.device][number]
+        self._digits = self.digits
         cell = self._cell_big if self.big_cells else self._cell
         return "\n".join("".join(s.text for s in cell(block, sub)) for sub in range(self.cell_height))
