@@ -93,6 +93,18 @@ def check_model(name: str) -> None:
     check(name)
 
 
+def quiet_model_loading() -> None:
+    """No progress bars from Hugging Face libraries while a TUI owns the terminal."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
 @dataclass(slots=True)
 class Listener:
     """Where the worker reports; every callback is called from the worker thread."""
@@ -133,6 +145,7 @@ class EngineBridge:
         self._commands: list[_Command] = []
         self.num_steps = 0
         self.header: dict[str, Any] | None = None
+        self.engine: Any = None
 
     # ------------------------------------------------------------------ UI side
 
@@ -199,12 +212,14 @@ class EngineBridge:
         spec = self.spec
         listener.loading(f"loading model {spec.model!r}…")
         try:
+            quiet_model_loading()
             engine = self._make_engine()
             header = dict(engine.trace_header())
         except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
             listener.failed(one_line(exc))
             return
         self.header = header
+        self.engine = engine  # for tests and benchmarks; only this thread calls into it
         buffer: list[Event] = []
         unsubscribe = engine.events.subscribe(buffer.append)
         listener.ready(header)

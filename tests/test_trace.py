@@ -12,7 +12,6 @@ from blockviz.commands.record import record_trace
 from blockviz.history import Timeline, state_equal
 from blockviz.live import EngineSpec
 from blockviz.trace import FORMAT_NAME, FORMAT_VERSION, TraceError, read_trace, write_trace
-from engine.reducer import ReducerState
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 
@@ -58,24 +57,6 @@ def test_round_trip_keeps_every_event(tmp_path):
     trace = read_trace(path)
     assert trace.events == events
     assert "prefix_cache_hit" in {e.type for e in events}
-
-
-def test_real_engine_recording_replays_to_the_same_state(tmp_path, request):
-    import engine as engine_module
-
-    if not hasattr(engine_module, "LLMEngine"):
-        pytest.skip("engine.LLMEngine has not landed yet")
-    tiny_gpt2_dir = request.getfixturevalue("tiny_gpt2_dir")
-    spec = EngineSpec(model=str(tiny_gpt2_dir), prompts=("To be, or not", "The quick brown fox"), n=2,
-                      max_tokens=6, block_size=4, num_gpu_blocks=24, num_cpu_blocks=16, device="cpu")
-    out = tmp_path / "real.jsonl"
-    recording = record_trace(spec, out)
-    trace = read_trace(out)
-    timeline = Timeline.for_trace(trace)
-    timeline.seek(len(timeline))
-    assert state_equal(timeline.state, recording.state)
-    fresh = ReducerState(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks).apply_all(trace.events)
-    assert state_equal(fresh, recording.state)
 
 
 # ---------------------------------------------------------------------------- bad input

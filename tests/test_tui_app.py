@@ -202,6 +202,9 @@ async def test_clicking_a_cell_selects_that_block():
         await pilot.click("#gpu", offset=(1 + 2 * cell, 1))  # border, then the third cell
         assert app.selection == ("gpu", 2)
         assert "Block inspector · gpu 2" in screen_text(app)
+        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if " seq 3 " in line)
+        await pilot.click(offset=(line.index(" seq 3 ") + 2, y))  # a sequence label is a link
+        assert app.selected_seq == 3
 
 
 async def test_help_screen_lists_the_keys():
@@ -327,3 +330,4 @@ def test_replay_reaches_its_first_frame_without_importing_torch(tmp_path):
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen == {"frame": True, "torch": False, "rc": 0}
+
