@@ -7,7 +7,9 @@ nano-vllm there is no module-global context: every forward receives an `Attentio
 
 The KV cache of one layer is a pair of tensors shaped (num_blocks, block_size, num_kv_heads,
 head_dim). A token at position `pos` of a sequence lives in physical slot
-`block_table[pos // block_size] * block_size + pos % block_size`.
+`block_table[pos // block_size] * block_size + pos % block_size`. The code reads the caches
+through a (num_kv_heads, num_blocks, block_size, head_dim) permuted view; CacheEngine stores
+them in that order (fastest), plain contiguous caches work too.
 
 A sequence in a step contributes `query_len` new tokens whose positions are the LAST `query_len`
 positions of a context of `context_len` tokens. That one rule covers
