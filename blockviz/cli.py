@@ -23,30 +23,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive(name: str):
+def _int_at_least(name: str, minimum: int):
+    """An argparse type: an integer >= minimum, with a message naming the option."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be at least {minimum}, got {value}")
         return value
 
     return parse
+
+
+def _positive(name: str):
+    return _int_at_least(name, 1)
 
 
 def _non_negative(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
-        return value
-
-    return parse
+    return _int_at_least(name, 0)
 
 
 def add_engine_options(parser: argparse.ArgumentParser, *, max_tokens: int = 32) -> None:
