@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from textual.app import App, ComposeResult
@@ -44,7 +45,7 @@ WIDE = 160  # columns from which every panel is shown at once, and pool cells ar
 class BlockvizApp(App[None]):
     """Watch a paged-KV engine's blocks: live (`bridge`) or from a trace (`trace`)."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it
     TITLE = "blockviz"
     AUTO_FOCUS = "#gpu"
     HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (WIDE, "-wide")]
@@ -159,6 +160,12 @@ class BlockvizApp(App[None]):
             notice=lambda text: post(EngineNotice(text)),
             idle=lambda: post(EngineIdle()),
         ))
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Stop the engine worker first: the app's shutdown waits for its thread."""
+        if self.bridge is not None:
+            self.bridge.stop()
+        super().exit(*args, **kwargs)
 
     def on_unmount(self) -> None:
         if self.bridge is not None:
