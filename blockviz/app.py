@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
 from blockviz.history import Player, Timeline
@@ -419,6 +421,13 @@ class BlockvizApp(App[None]):
         for grid in self.query(PoolGrid):
             grid.projector = projector
         self.render_views()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette offers every binding too, by its description."""
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            keys = (binding.key_display or binding.key).replace("question_mark", "?")
+            yield SystemCommand(binding.description, f"key {keys}", partial(self.run_action, binding.action))
 
     def action_help(self) -> None:
         rows = []

@@ -216,6 +216,8 @@ async def test_help_screen_lists_the_keys():
             assert words in text
         await pilot.press("escape")
         assert len(app.screen_stack) == 1
+        commands = {command.title for command in app.get_system_commands(app.screen)}
+        assert {"Play/Pause", "Step", "Fork", "Swap out", "Projector", "Help"} <= commands
 
 
 def test_tokens_show_visible_whitespace_and_no_bpe_markers():
