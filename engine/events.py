@@ -360,8 +360,9 @@ class EventBus:
         """Build a `cls` event with the next sequence number and deliver it to every subscriber.
 
         Field values follow `seq_no` in declaration order, positionally or by name."""
-        event = cls(self._next_seq_no, *args, **values)
-        self._next_seq_no += 1
+        seq_no = self._next_seq_no
+        self._next_seq_no = seq_no + 1
+        event = cls(seq_no, *args, **values) if values else cls(seq_no, *args)
         subscriber = None
         try:
             for subscriber in self._subscribers:
