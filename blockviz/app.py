@@ -40,6 +40,7 @@ from blockviz.widgets.screens import AddRequestScreen, HelpScreen
 RIGHT_VIEWS = ("tables", "text", "hashes", "log")
 FRAME_S = 1 / 30
 PANEL_HZ = 5  # text panels' redraw rate during playback (the pools follow every frame)
+THROUGHPUT_FPS = 2  # frames/s while a live engine free-runs at max speed (GIL and cores to the engine)
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
 
@@ -187,13 +188,13 @@ class BlockvizApp(App[None]):
     def on_engine_events(self, message: EngineEvents) -> None:
         if self.player is None:
             return
-        self.player.on_events(message.events)
+        moved = self.player.on_events(message.events)
         self.bridge.acknowledge(len(message.events))
         self._feed_engine()
-        if self.player.playing:
-            self._dirty = True  # the next frame draws it
-        else:
+        if not self.player.playing:
             self.render_views()
+        elif moved:
+            self._dirty = True  # the next frame draws it
 
     def on_engine_notice(self, message: EngineNotice) -> None:
         self.notify(message.text, severity="warning")
@@ -234,7 +235,9 @@ class BlockvizApp(App[None]):
             grid.show(state, touched.get(grid.device, frozenset()),
                       title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used")
         now = time.monotonic()
-        if full or now - self._panels_drawn >= 1 / PANEL_HZ:
+        # While a live engine free-runs, the panels wait (a redraw of text panels relayouts the
+        # screen); the pools and the status bar keep following. Pausing redraws everything.
+        if full or (not self.player.throughput_mode and now - self._panels_drawn >= 1 / PANEL_HZ):
             self._panels_drawn = now
             vocab = timeline.token_texts
             self._tables.show(state, self.selected_seq)
@@ -253,9 +256,11 @@ class BlockvizApp(App[None]):
 
     def _tick(self) -> None:
         now = time.monotonic()
-        dt, self._last_tick = min(now - self._last_tick, 0.25), now
         if self.player is None:
             return
+        if self.player.throughput_mode and now - self._last_tick < 1 / THROUGHPUT_FPS:
+            return  # the engine has the CPU; the views catch up a few times a second
+        dt, self._last_tick = min(now - self._last_tick, 0.25), now
         moved = self.player.tick(dt)
         if not self.player.playing:
             self._set_playing(False)

@@ -203,6 +203,11 @@ class Player:
     def speed_label(self) -> str:
         return "max" if math.isinf(self.speed) else f"{self.speed:g} ev/s"
 
+    @property
+    def throughput_mode(self) -> bool:
+        """Live, playing at max: the engine free-runs and the views follow at a low frame rate."""
+        return self.live and self.playing and math.isinf(self.speed) and not self.finished
+
     def faster(self) -> None:
         self.speed_index = min(self.speed_index + 1, len(SPEEDS) - 1)
 
@@ -276,13 +281,10 @@ class Player:
     def on_events(self, events) -> bool:
         """A batch arrived from the engine: append it and satisfy what was pending."""
         timeline = self.timeline
-        was_at_end = timeline.at_end
         timeline.extend(events)
         pending, self.pending = self.pending, None
         if pending is None:
-            if self.playing and math.isinf(self.speed) and was_at_end:
-                return timeline.seek(len(timeline))
-            return False
+            return False  # playback moves the cursor, frame by frame (see tick)
         if pending.kind == "event":
             return timeline.forward(1)
         if pending.kind == "step":

@@ -13,6 +13,7 @@ No textual import: the app hands in callbacks that post messages (see blockviz/a
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -131,10 +132,11 @@ class EngineBridge:
     """
 
     def __init__(self, spec: EngineSpec | None = None, *, make_engine: Callable[[], Any] | None = None,
-                 max_in_flight: int = 4096) -> None:
+                 max_in_flight: int = 4096, flush_interval: float = 0.1) -> None:
         self.spec = spec or EngineSpec()
         self._make_engine = make_engine or self.spec.make_engine
         self.max_in_flight = max_in_flight
+        self.flush_interval = flush_interval  # free-running: at most one batch per interval
         self._cond = threading.Condition()
         self._steps_wanted = 0
         self._stepping = False
@@ -224,13 +226,21 @@ class EngineBridge:
         unsubscribe = engine.events.subscribe(buffer.append)
         listener.ready(header)
 
-        def flush() -> None:
-            if buffer:
-                batch = buffer.copy()
-                buffer.clear()
-                with self._cond:
-                    self._in_flight += len(batch)
-                listener.events(batch)
+        last_flush = time.monotonic()
+
+        def flush(force: bool = True) -> None:
+            nonlocal last_flush
+            if not buffer:
+                return
+            now = time.monotonic()
+            if not force and now - last_flush < self.flush_interval:
+                return  # free-running: gather more steps into one message
+            last_flush = now
+            batch = buffer.copy()
+            buffer.clear()
+            with self._cond:
+                self._in_flight += len(batch)
+            listener.events(batch)
 
         try:
             for prompt in spec.prompts:
@@ -238,7 +248,7 @@ class EngineBridge:
             flush()
             while True:
                 with self._cond:
-                    while not (self._stopped or self._commands or self._may_step()):
+                    while not (self._stopped or self._commands or self._may_step() or buffer):
                         self._cond.wait(0.5)
                     if self._stopped:
                         break
@@ -264,8 +274,10 @@ class EngineBridge:
                     finally:
                         with self._cond:
                             self._stepping = False
-                flush()
-                if (step or commands) and not engine.has_unfinished_requests():
+                            free_running = self._free_run and not self._steps_wanted and not self._commands
+                unfinished = engine.has_unfinished_requests()
+                flush(force=not (step and free_running and unfinished))
+                if (step or commands) and not unfinished:
                     with self._cond:
                         self._idle = True
                         self._steps_wanted = 0

@@ -201,7 +201,7 @@ def test_bridge_steps_only_on_demand(bridge_run):
 
 
 def test_bridge_backpressure_waits_for_the_ui(bridge_run):
-    bridge = EngineBridge(_spec(max_tokens=50), make_engine=FakeEngine, max_in_flight=10)
+    bridge = EngineBridge(_spec(max_tokens=50), make_engine=FakeEngine, max_in_flight=10, flush_interval=0.0)
     got = bridge_run(bridge)
     bridge.set_free_run(True)
     _wait(lambda: bridge.in_flight >= 10)
