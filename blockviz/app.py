@@ -40,7 +40,7 @@ from blockviz.widgets.screens import AddRequestScreen, HelpScreen
 RIGHT_VIEWS = ("tables", "text", "hashes", "log")
 FRAME_S = 1 / 30
 PANEL_HZ = 5  # text panels' redraw rate during playback (the pools follow every frame)
-THROUGHPUT_FPS = 2  # frames/s while a live engine free-runs at max speed (GIL and cores to the engine)
+THROUGHPUT_FPS = 1  # frames/s while a live engine free-runs at max speed (GIL and cores to the engine)
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
 
