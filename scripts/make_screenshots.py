@@ -53,7 +53,7 @@ class Shot:
     name: str
     trace: str
     position: Callable[[Trace], int]
-    size: tuple[int, int] = (120, 36)
+    size: tuple[int, int] = (160, 44)
     projector: bool = False
     select: Callable[[Trace, int], tuple[str, int] | None] = lambda trace, position: None
     view: str = "tables"

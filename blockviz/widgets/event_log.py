@@ -147,9 +147,17 @@ class EventLog(ScrollView, can_focus=True):
         self._scanned = len(events)
         self._visible = bisect.bisect_left(self._indices, self.position)
         self.virtual_size = Size(self.scrollable_content_region.width, self._visible)
+        self._follow_cursor()
+        self.call_after_refresh(self._follow_cursor)  # again once laid out (a new or resized log)
+        self.refresh()
+
+    def _follow_cursor(self) -> None:
+        """Keep the cursor's event (the newest shown) on the last line."""
         self.scroll_to(y=max(0, self._visible - self.scrollable_content_region.height), animate=False,
                        immediate=True)
-        self.refresh()
+
+    def on_resize(self) -> None:
+        self._follow_cursor()
 
     def lines(self) -> list[str]:
         """The visible log as plain text (for tests)."""
