@@ -9,8 +9,10 @@
    state to the PoolGrid and renders every visible line through Textual's Widget.render_lines.
    Also the whole app (every panel, Textual's compositor) end to end. Target: >= 30 frames/s.
 2. The engine's tokens/s with the TUI attached (live app, headless, playing at "max") against the
-   same engine with nothing attached, in one run, alternating A/B, same loaded model. Target the
-   ratio >= 0.95x.
+   same engine with nothing attached, in one run, alternating, same loaded model, both stepping on
+   a non-main thread. A third figure, the engine with one subscriber and no UI, separates what
+   being watched costs the engine itself (building events, K/V digests) from what the UI costs.
+   Target the ratio >= 0.95x.
 """
 
 from __future__ import annotations
