@@ -77,13 +77,17 @@ class EngineConfig:
 
 @torch.inference_mode()
 def kv_digests(cache_engine: CacheEngine, device: str, blocks: list[int]) -> list[str]:
-    """8-hex-char digests of the first layer's K and V of each block, gathered in one copy.
+    """8-hex-char digests of the first layer's K and V of each block.
 
-    Cheap enough to run on every step (one layer, one device-to-host copy), and enough to show a
-    learner that after copy-on-write or a swap the destination holds the source's data.
+    One layer is enough to show a learner that after copy-on-write or a swap the destination holds
+    the source's data, and cheap enough to run every step: on the CPU the cache is read in place
+    through numpy (no torch op per block), elsewhere the blocks are gathered in one copy.
     """
     pool = cache_engine.gpu_cache if device == "gpu" else cache_engine.cpu_cache
     k_cache, v_cache = pool[0]  # (num_blocks, block_size, num_kv_heads, head_dim) each
+    if k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.float16):
+        k, v = k_cache.numpy(), v_cache.numpy()  # views of the cache, strides and all
+        return [xxhash.xxh32_hexdigest(k[b].tobytes() + v[b].tobytes()) for b in blocks]
     index = torch.tensor(blocks, dtype=torch.int64, device=k_cache.device)
     kv = torch.stack((k_cache.index_select(0, index), v_cache.index_select(0, index)), dim=1)
     rows = kv.reshape(len(blocks), -1).contiguous().cpu().view(torch.uint8).numpy()  # (n, bytes)

@@ -234,3 +234,28 @@ def test_prompt_bigger_than_the_pool_finishes_with_a_reason_and_others_complete(
     assert "blocks" in outputs[1].outputs[0].finish_detail
     assert outputs[1].outputs[0].token_ids == []
     assert_parity(hf, llm, [outputs[0], outputs[2]], [PROMPTS[1], PROMPTS[3]], 6)
+
+
+def test_shipped_model_matches_transformers_and_decodes_token_text():
+    """Issue 5: the bundled tiny-shakespeare checkpoint through the same parity check, and its token
+    pieces (BPE space markers decoded) joining up to the completion text."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    from engine.model_loader import resolve_model
+
+    path = resolve_model("tiny-shakespeare")
+    hf = GPT2LMHeadModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    llm = LLM("tiny-shakespeare", block_size=16, num_gpu_blocks=64)
+    prompts = ["ROMEO:", "JULIET:\nO Romeo, Romeo, wherefore art thou", "First Citizen:\nBefore we proceed"]
+    outputs, events = run_checked(llm, prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert_parity(hf, llm, outputs, prompts, 24)
+    pieces: dict[int, list[str]] = {}
+    for event in events:
+        if event.type == "token_generated":
+            pieces.setdefault(event.seq_id, []).append(event.text)
+        if event.type == "request_added":
+            assert "".join(event.prompt_tokens_text) == event.prompt
+            assert not any("Ġ" in piece or "Ċ" in piece for piece in event.prompt_tokens_text)
+    for seq_id, output in zip(sorted(pieces), outputs):
+        assert "".join(pieces[seq_id]) == output.outputs[0].text
+        assert "Ġ" not in output.outputs[0].text and "\ufffd" not in output.outputs[0].text
