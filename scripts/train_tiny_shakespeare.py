@@ -9,7 +9,7 @@ Usage (the command that produced engine/models/tiny-shakespeare/):
         --out engine/models/tiny-shakespeare
 
 (31 minutes of training on one shared CPU core: 1655 steps of 16x256 tokens,
-final held-out loss 3.53 nats/token; see docs/tiny-shakespeare.md and the
+final held-out loss 3.53 nats/token; see the README's "bundled model" section and the
 ``training.json`` written next to the weights.)
 
 With ``--max-minutes`` the run stops at the time cap and the cosine schedule
