@@ -17,16 +17,61 @@ positions of a context of `context_len` tokens. That one rule covers
 - prefill of an uncached suffix after prefix-cache hits (query_len < context_len, the first
   context_len - query_len tokens are already in the cache),
 - decode (query_len == 1).
-Sequences with query_len == 1 are batched into one gather + one SDPA call; the others loop.
+Sequences with query_len == 1 are batched: sorted by length and cut into a few groups of similar
+length (`DecodeGroup`), each one gather + one SDPA call, so short sequences are not padded to the
+longest one's blocks. The others loop.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+# Decode batching: at most this many length groups, and a further cut is made only if it saves at
+# least this many padded blocks to gather (a group costs a few extra small ops per layer).
+MAX_DECODE_GROUPS = 4
+MIN_BLOCKS_SAVED_PER_GROUP = 8
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Decode sequences of similar length, attended with one gather + one SDPA call."""
+
+    rows: torch.Tensor | None  # (n,) int64, the group's rows in the decode batch; None: all rows, in order
+    block_tables: torch.Tensor  # (n, num_blocks) int64, padded with block 0
+    key_mask: torch.Tensor  # (n, 1, 1, num_blocks * block_size) bool, True where key position < context_len
+
+
+def length_groups(num_blocks: Sequence[int], max_groups: int, min_saved: int) -> list[list[int]]:
+    """Indices of `num_blocks` sorted by value and cut into at most `max_groups` runs (a single
+    group keeps the original order).
+
+    Greedy: repeatedly make the cut that saves the most padding (blocks gathered beyond each
+    sequence's own), as long as it saves at least `min_saved` blocks. Plain Python, O(n * groups).
+    """
+    order = sorted(range(len(num_blocks)), key=num_blocks.__getitem__)
+    counts = [num_blocks[i] for i in order]  # ascending
+    cuts = [0, len(order)]  # group g is order[cuts[g] : cuts[g + 1]]
+    while len(cuts) <= max_groups:
+        best_saved, best_cut = min_saved - 1, None
+        for start, end in zip(cuts, cuts[1:]):
+            width = counts[end - 1]  # the group's padded block count
+            for j in range(start + 1, end):
+                # cutting before j pads order[start:j] to counts[j - 1] instead of width
+                saved = (j - start) * (width - counts[j - 1])
+                if saved > best_saved:
+                    best_saved, best_cut = saved, j
+        if best_cut is None:
+            break
+        bisect.insort(cuts, best_cut)
+    if len(cuts) == 2:
+        return [list(range(len(order)))]  # no cut: one group, in the original order
+    return [order[start:end] for start, end in zip(cuts, cuts[1:])]
 
 
 @dataclass(slots=True)
@@ -50,8 +95,7 @@ class AttentionMetadata:
     # The split between the per-sequence path (query_len > 1) and the batched path (== 1).
     prefill_seq_ids: tuple[int, ...]
     decode_token_ids: torch.Tensor  # (num_decodes,) int64, token index of each decode query
-    decode_block_tables: torch.Tensor  # (num_decodes, max_decode_blocks) int64
-    decode_key_mask: torch.Tensor  # (num_decodes, 1, 1, max_decode_blocks * block_size) bool
+    decode_groups: tuple[DecodeGroup, ...]  # the decodes cut into groups of similar length
     decode_only: bool  # every sequence has query_len == 1 (token i belongs to sequence i)
 
     @classmethod
@@ -117,17 +161,19 @@ class AttentionMetadata:
 
         decode_seq_ids = [i for i, q in enumerate(query_lens) if q == 1]
         prefill_seq_ids = tuple(i for i, q in enumerate(query_lens) if q > 1)
+        decode_groups = []
         if decode_seq_ids:
             decode_lens = [context_lens[i] for i in decode_seq_ids]
-            decode_tables = as_tensor(padded([block_tables[i] for i in decode_seq_ids], decode_lens))
-            num_keys = decode_tables.shape[1] * block_size
-            # (num_decodes, 1, 1, num_keys): True where key position < context_len
-            decode_key_mask = (
-                torch.arange(num_keys, device=device)[None, :] < as_tensor(decode_lens)[:, None]
-            )[:, None, None, :]
-        else:
-            decode_tables = torch.zeros((0, 0), dtype=torch.int64, device=device)
-            decode_key_mask = torch.zeros((0, 1, 1, 0), dtype=torch.bool, device=device)
+            groups = length_groups(
+                [-(-n // block_size) for n in decode_lens], MAX_DECODE_GROUPS, MIN_BLOCKS_SAVED_PER_GROUP
+            )
+            for rows in groups:
+                lens = [decode_lens[r] for r in rows]
+                tables = as_tensor(padded([block_tables[decode_seq_ids[r]] for r in rows], lens))
+                num_keys = tables.shape[1] * block_size
+                # (n, 1, 1, num_keys): True where key position < context_len
+                key_mask = (torch.arange(num_keys, device=device)[None, :] < as_tensor(lens)[:, None])[:, None, None, :]
+                decode_groups.append(DecodeGroup(None if len(groups) == 1 else as_tensor(rows), tables, key_mask))
 
         return cls(
             slot_mapping=as_tensor(slot_mapping),
@@ -142,8 +188,7 @@ class AttentionMetadata:
             block_size=block_size,
             prefill_seq_ids=prefill_seq_ids,
             decode_token_ids=as_tensor([query_start_loc[i] for i in decode_seq_ids]),
-            decode_block_tables=decode_tables,
-            decode_key_mask=decode_key_mask,
+            decode_groups=tuple(decode_groups),
             decode_only=not prefill_seq_ids,
         )
 
@@ -252,16 +297,45 @@ def _gather_sequence(
 def _decode_attention(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """All single-token queries at once: one gather by block table, one masked SDPA call.
+    """All single-token queries: per length group, one gather by block table, one masked SDPA call.
 
     query: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
     """
-    num_decodes, num_heads, head_dim = query.shape
-    blocks = meta.decode_block_tables.flatten()  # (num_decodes * max_blocks,)
+    if len(meta.decode_groups) == 1:
+        return _decode_group(query, k_cache, v_cache, meta.decode_groups[0], scale)
+    output = torch.empty_like(query)  # (num_decodes, num_heads, head_dim)
+    for group in meta.decode_groups:
+        out = _decode_group(query.index_select(0, group.rows), k_cache, v_cache, group, scale)
+        output.index_copy_(0, group.rows, out)
+    return output
+
+
+def _decode_group(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim)."""
+    n, num_heads, head_dim = query.shape
+    blocks = group.block_tables.flatten()  # (n * num_blocks,)
     # index_select, not k_cache[tables]: a row gather, several times faster on CPU
-    # (num_heads, num_decodes * max_blocks, block_size, head_dim) -> (num_decodes, num_heads, num_keys, head_dim)
-    k = head_major(k_cache).index_select(1, blocks).view(num_heads, num_decodes, -1, head_dim).transpose(0, 1)
-    v = head_major(v_cache).index_select(1, blocks).view(num_heads, num_decodes, -1, head_dim).transpose(0, 1)
-    q = query.unsqueeze(2)  # (num_decodes, num_heads, 1, head_dim)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_key_mask, scale=scale)
+    kv = _kv_pair(k_cache, v_cache)
+    if kv is not None:  # one gather for K and V, ~1.7x faster than two on CPU
+        # (2, num_heads, n * num_blocks, block_size, head_dim) -> 2 x (n, num_heads, num_keys, head_dim)
+        k, v = kv.index_select(2, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
+    else:
+        # (num_heads, n * num_blocks, block_size, head_dim) -> (n, num_heads, num_keys, head_dim)
+        k = head_major(k_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+        v = head_major(v_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+    q = query.unsqueeze(2)  # (n, num_heads, 1, head_dim)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.key_mask, scale=scale)
     return out.squeeze(2)
+
+
+def _kv_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:
+    """Both caches as one (2, num_kv_heads, num_blocks, block_size, head_dim) view, when V sits at
+    a fixed offset after K in the same storage with the same strides (CacheEngine's layer slices of
+    `_gpu_kv`); None otherwise (e.g. two separately allocated tensors)."""
+    k, v = head_major(k_cache), head_major(v_cache)
+    offset = v.storage_offset() - k.storage_offset()
+    if offset <= 0 or k.stride() != v.stride() or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
+        return None
+    return k.as_strided((2, *k.shape), (offset, *k.stride()), k.storage_offset())

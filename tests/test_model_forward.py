@@ -231,7 +231,7 @@ def test_metadata_build_slot_mapping_and_offsets():
     assert meta.last_token_indices.tolist() == [7, 8, 10]
     assert meta.block_tables.tolist() == [[7, 2, 5], [4, 0, 0], [9, 1, 0]]
     assert meta.prefill_seq_ids == (0, 2) and meta.decode_token_ids.tolist() == [8]
-    assert meta.decode_key_mask.shape == (1, 1, 1, 3)
+    assert len(meta.decode_groups) == 1 and meta.decode_groups[0].key_mask.shape == (1, 1, 1, 3)
     assert (meta.num_seqs, meta.num_tokens, meta.is_prefill) == (3, 11, True)
 
 
