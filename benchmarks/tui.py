@@ -251,16 +251,22 @@ def bench_engine(model: str | None, rounds: int, max_tokens: int) -> None:
     model = model or (_bundled() or _tiny_model_dir())
     loaded = load_model(model, "cpu")
     spec = _spec(model, max_tokens)
+    import torch
+
+    threads = torch.get_num_threads()  # the engine alone uses every core; the live app leaves one
     run_without_tui(spec, loaded)  # warm-up
     base, observed, attached, tokens = [], [], [], 0
     for _ in range(rounds):
+        torch.set_num_threads(threads)
         base.append(run_without_tui(spec, loaded))
         observed.append(run_observed(spec, loaded))
         elapsed, tokens = asyncio.run(_run_with_tui(spec, loaded, (120, 36)))
         attached.append(elapsed)
+    torch.set_num_threads(threads)
     t_base, t_obs, t_tui = statistics.median(base), statistics.median(observed), statistics.median(attached)
     print(f"engine: {model}, {len(PROMPTS)} requests x {max_tokens} tokens = {tokens} tokens, CPU, "
-          f"median of {rounds} alternating runs")
+          f"median of {rounds} alternating runs; {threads} torch threads alone, "
+          f"{max(1, threads - 1)} under the TUI")
     print(f"  without TUI: {tokens / t_base:8.1f} tokens/s ({t_base:.2f} s)")
     print(f"  events subscribed, no UI: {tokens / t_obs:8.1f} tokens/s ({t_obs:.2f} s, {t_base / t_obs:.2f}x: "
           f"the engine's own cost of being watched)")
