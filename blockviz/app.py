@@ -143,9 +143,11 @@ class BlockvizApp(App[None]):
         self.screen.remove_class("-loading")
         h = self.header
         caching = " · prefix caching" if h.get("enable_prefix_caching") else ""
-        source = f"{'live' if live else 'replay'}{': ' + self.source_name if self.source_name else ''}"
+        model = h.get("model", "?")
+        named = self.source_name and self.source_name != model  # a trace file; live runs name the model
+        source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
         self.query_one("#title", Static).update(
-            f"blockviz · {source} · {h.get('model', '?')} · block size {timeline.block_size} · "
+            f"blockviz · {source} · {model} · block size {timeline.block_size} · "
             f"{timeline.num_gpu_blocks} GPU / {timeline.num_cpu_blocks} CPU blocks{caching}")
         self.render_views()
 

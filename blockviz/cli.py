@@ -46,8 +46,11 @@ def _non_negative(name: str):
     return _int_at_least(name, 0)
 
 
-def add_engine_options(parser: argparse.ArgumentParser, *, max_tokens: int = 32) -> None:
-    """The options shared by generate, run and record."""
+def add_engine_options(
+    parser: argparse.ArgumentParser, *, max_tokens: int = 32, num_gpu_blocks: int | None = None,
+    num_cpu_blocks: int | None = None,
+) -> None:
+    """The options shared by generate, run and record (pool sizes default to the memory budget)."""
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"bundled '{DEFAULT_MODEL}' (default, offline), a local GPT-2 checkpoint "
                              "directory, or a Hugging Face name such as gpt2 (from its cache)")
@@ -59,10 +62,12 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_tokens: int = 32)
                         help=f"tokens to generate per completion (default {max_tokens})")
     parser.add_argument("--block-size", type=_positive("--block-size"), default=16,
                         help="tokens per KV-cache block (default 16)")
-    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=None,
-                        help="size of the device block pool (default: from the memory budget)")
-    parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=None,
-                        help="size of the CPU swap pool (default: from the swap space)")
+    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=num_gpu_blocks,
+                        help="size of the device block pool (default: "
+                             f"{num_gpu_blocks or 'from the memory budget'})")
+    parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=num_cpu_blocks,
+                        help="size of the CPU swap pool (default: "
+                             f"{num_cpu_blocks if num_cpu_blocks is not None else 'from the swap space'})")
     parser.add_argument("--prefix-caching", action="store_true",
                         help="share identical prompt prefixes through the chained-hash cache")
     parser.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,

@@ -84,7 +84,9 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
             raise ModelNotFoundError(f"directory {str(path)!r} has no config.json: pass a save_pretrained checkpoint directory")
         return path
     if path.exists() or name.startswith(("/", ".", "~")) or os.sep != "/" and os.sep in name:
-        raise ModelNotFoundError(f"model path {name!r} is not a checkpoint directory")
+        what = "is not a checkpoint directory" if path.exists() else "does not exist"
+        raise ModelNotFoundError(f"model path {name!r} {what}: pass a save_pretrained checkpoint directory, "
+                                 f"a cached hub name such as 'gpt2', or omit --model for {DEFAULT_MODEL!r}")
     return name
 
 

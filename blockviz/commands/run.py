@@ -9,12 +9,18 @@ from __future__ import annotations
 from blockviz.cli import UsageError, add_engine_options
 
 
+TUI_GPU_BLOCKS = 64
+TUI_CPU_BLOCKS = 32
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "run", help="open the live TUI on the engine",
         description="Run the engine live in a TUI: step it, play it, fork and swap out sequences, "
                     "and travel back through its events.")
-    add_engine_options(parser)
+    # A pool a learner can take in at a glance (the engine really has this many blocks); generate
+    # and record size the pool from the memory budget, as vLLM does.
+    add_engine_options(parser, num_gpu_blocks=TUI_GPU_BLOCKS, num_cpu_blocks=TUI_CPU_BLOCKS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
 
 
