@@ -198,8 +198,11 @@ def test_resolve_model_routes(tiny_gpt2_dir, tmp_path):
     assert resolve_model(tiny_gpt2_dir) == tiny_gpt2_dir
     assert check_model(str(tiny_gpt2_dir)) == tiny_gpt2_dir
     assert resolve_model("gpt2") == "gpt2"
-    with pytest.raises(ModelNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model(str(tmp_path / "nope"))
+    (tmp_path / "a-file").write_text("not a checkpoint")
+    with pytest.raises(ModelNotFoundError, match="is not a checkpoint directory"):
+        resolve_model(str(tmp_path / "a-file"))
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         resolve_model(tmp_path)
 
