@@ -270,16 +270,18 @@ class LLMEngine:
             self.events.emit(StepStarted, step=self.num_steps, kind=kind,
                              seq_ids=tuple(s.seq_id for s in seqs), num_tokens=sched.num_batched_tokens)
         logits = self._run_model(seqs, sched.is_prefill)
-        params = [self._group_of(seq).sampling_params for seq in seqs]
+        seq_groups = [self._group_of(seq) for seq in seqs]
+        params = [group.sampling_params for group in seq_groups]
         generators = [self._generators.get(seq.seq_id) for seq in seqs]
         next_tokens = sample(logits, params, generators)
-        written: dict[int, None] = {}
-        for seq, row, token in zip(seqs, range(len(seqs)), next_tokens):
-            group = self._group_of(seq)
+        track_written = self.events.active and self.config.kv_digests
+        written: dict[int, None] = {}  # blocks this step wrote, for their K/V digests
+        for row, (seq, group, token) in enumerate(zip(seqs, seq_groups, next_tokens)):
             self.block_manager.mark_blocks_as_computed(seq)
-            table = self.block_manager.block_tables[seq.seq_id]
-            first = seq.num_cached_tokens // self.config.block_size if sched.is_prefill else len(table) - 1
-            written.update(dict.fromkeys(b.block_number for b in table[first:]))
+            if track_written:
+                table = self.block_manager.block_tables[seq.seq_id]
+                first = seq.num_cached_tokens // self.config.block_size if sched.is_prefill else len(table) - 1
+                written.update(dict.fromkeys(b.block_number for b in table[first:]))
             seq.num_computed_tokens = seq.get_len()
             branches = [seq]
             if group.sampling_params.n > 1 and len(group.seqs) == 1 and seq.get_output_len() == 0:
