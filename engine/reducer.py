@@ -64,6 +64,12 @@ class SeqState:
     num_cached_tokens: int = 0
     parent_seq_id: int | None = None
 
+    def copy(self) -> "SeqState":
+        """An independent copy (the token lists are copied; their items are immutable)."""
+        return SeqState(self.seq_id, self.request_id, list(self.token_ids), list(self.token_texts),
+                        self.num_prompt_tokens, self.status, self.finish_reason, self.num_cached_tokens,
+                        self.parent_seq_id)
+
 
 class ReducerState:
     """Pools, block tables, hash map and the story of requests, rebuilt event by event."""
@@ -115,13 +121,15 @@ class ReducerState:
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
 
     def copy(self) -> "ReducerState":
-        """A deep copy, block by block (~15x faster than copy.deepcopy on big pools: time travel
-        keeps a snapshot every few hundred events). Other attributes go through deepcopy, so fields
-        the reducer gains later are still copied."""
+        """A deep copy, container by container (~15x faster than copy.deepcopy on big pools: time
+        travel keeps a snapshot every few hundred events, and a live run copies while the engine
+        runs). Attributes without a fast path go through deepcopy, so fields the reducer gains
+        later are still copied."""
         clone = object.__new__(ReducerState)
         for name, value in vars(self).items():
-            if name == "pools":
-                value = {device: [block.copy() for block in blocks] for device, blocks in value.items()}
+            fast = _FAST_COPIES.get(name)
+            if fast is not None:
+                value = fast(value)
             elif not isinstance(value, (int, float, str, bool, type(None))):
                 value = copy.deepcopy(value)
             setattr(clone, name, value)
@@ -327,4 +335,15 @@ _HANDLERS = {
     ev.SequenceFinished: ReducerState._on_finished,
     ev.KVDigest: ReducerState._on_digest,
     ev.StepFinished: ReducerState._on_step_finished,
+}
+
+# How ReducerState.copy copies each container attribute (values are immutable unless noted).
+_FAST_COPIES = {
+    "pools": lambda pools: {device: [block.copy() for block in blocks] for device, blocks in pools.items()},
+    "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables.items()},
+    "seqs": lambda seqs: {seq_id: seq.copy() for seq_id, seq in seqs.items()},
+    "hash_map": dict,
+    "parent_hashes": dict,
+    "requests": dict,
+    "counts": dict,
 }

@@ -3,6 +3,7 @@ tested without a terminal."""
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -62,12 +63,21 @@ def test_back_n_then_forward_n_returns_the_same_state(start, n, every):
 def test_clone_is_deep():
     timeline = _timeline()
     timeline.seek(len(EVENTS) // 2)
+    before = copy.deepcopy(timeline.state)
     clone = clone_state(timeline.state)
+    assert state_equal(clone, before)
     used = next(b for b in clone.pools["gpu"] if b.owners)
     used.owners.add(999)
+    seq_id, table = next(iter(clone.tables.items()))
+    table.append(("gpu", 999))
+    seq = clone.seqs[seq_id]
+    seq.token_ids.append(999)
+    seq.token_texts.append("x")
+    seq.status = "changed"
+    for name in ("hash_map", "parent_hashes", "requests", "counts"):
+        getattr(clone, name)[999] = 999
     clone.tables.clear()
-    assert 999 not in timeline.state.pools["gpu"][used.number].owners
-    assert timeline.state.tables
+    assert state_equal(timeline.state, before)
 
 
 def test_step_boundaries_follow_step_finished():
