@@ -4,56 +4,85 @@ subscriber (a benchmark, not a test: it prints figures, it never fails on time).
 Workload: 256 sequences x 512 appended tokens, block size 16, a fork every 16 sequences (so
 copy-on-write happens) and every sequence freed at the end.
 
-    python benchmarks/block_manager.py [--seqs 256] [--tokens 512] [--repeat 3]
+The two variants run in lockstep: two managers with the same sequences, one with a no-op
+subscriber, take turns decode step by decode step (the order alternating), so a machine that
+speeds up or slows down mid-run (shared hosts do) weighs on both alike. Each round reports its
+own ratio; the summary gives the median round.
+
+    python benchmarks/block_manager.py [--seqs 256] [--tokens 512] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import time
+from pathlib import Path
 
-from engine import BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus  # noqa: E402
 
 
-def workload(num_seqs: int, num_tokens: int, block_size: int, subscribe: bool) -> tuple[float, int, int]:
-    bus = EventBus()
-    received = [0]
-    if subscribe:
-        def noop(event):
-            received[0] += 1
-        bus.subscribe(noop)
-    blocks_needed = (num_seqs + num_seqs // 16) * ((16 + num_tokens) // block_size + 2)
-    manager = BlockSpaceManager(block_size, blocks_needed, 0, watermark=0.0, events=bus)
-    seqs: list[Sequence] = []
-    next_id = 0
-    for i in range(num_seqs):
-        seq = Sequence(next_id, list(range(i, i + 16)), block_size)
-        next_id += 1
-        group = SequenceGroup(f"r{i}", [seq])
-        manager.allocate(group)
-        seq.status = SequenceStatus.RUNNING
-        seqs.append(seq)
-        if i % 16 == 0:
-            child = seq.fork(next_id)
+def noop(event) -> None:
+    """The subscriber: takes each event and does nothing with it."""
+
+
+class Variant:
+    """One manager and its sequences, prompts allocated and forks made."""
+
+    def __init__(self, num_seqs: int, num_tokens: int, block_size: int, subscribe: bool) -> None:
+        self.bus = EventBus()
+        if subscribe:
+            self.bus.subscribe(noop)
+        blocks_needed = (num_seqs + num_seqs // 16) * ((16 + num_tokens) // block_size + 2)
+        self.manager = BlockSpaceManager(block_size, blocks_needed, 0, watermark=0.0, events=self.bus)
+        self.seqs: list[Sequence] = []
+        self.elapsed = 0.0
+        next_id = 0
+        for i in range(num_seqs):
+            seq = Sequence(next_id, list(range(i, i + 16)), block_size)
             next_id += 1
-            group.add(child)
-            manager.fork(seq, child)
-            seqs.append(child)
-    append_slots = manager.append_slots
-    elapsed = 0.0
-    appended = 0
-    for step in range(num_tokens):
+            group = SequenceGroup(f"r{i}", [seq])
+            self.manager.allocate(group)
+            seq.status = SequenceStatus.RUNNING
+            self.seqs.append(seq)
+            if i % 16 == 0:
+                child = seq.fork(next_id)
+                next_id += 1
+                group.add(child)
+                self.manager.fork(seq, child)
+                self.seqs.append(child)
+
+    def step(self, token_id: int) -> None:
+        seqs = self.seqs
         for seq in seqs:  # the token is produced outside the timed region (that is the model's job)
-            seq.append_token_id(step % 1000)
+            seq.append_token_id(token_id)
+        append_slots = self.manager.append_slots
         start = time.perf_counter()
         for seq in seqs:
             append_slots(seq)
-        elapsed += time.perf_counter() - start
-        appended += len(seqs)
-    for seq in seqs:
-        manager.free(seq)
-    assert manager.get_num_free_gpu_blocks() == manager.num_total_gpu_blocks
-    return elapsed, appended, received[0]
+        self.elapsed += time.perf_counter() - start
+
+    def finish(self) -> int:
+        """Free every sequence; returns how many events the run emitted (the bus numbers them
+        0, 1, 2, ..., so the next number is the count)."""
+        for seq in self.seqs:
+            self.manager.free(seq)
+        assert self.manager.get_num_free_gpu_blocks() == self.manager.num_total_gpu_blocks
+        return next(self.bus.seq_nos) if self.bus.active else 0
+
+
+def one_round(num_seqs: int, num_tokens: int, block_size: int) -> tuple[Variant, Variant, int]:
+    bare = Variant(num_seqs, num_tokens, block_size, subscribe=False)
+    watched = Variant(num_seqs, num_tokens, block_size, subscribe=True)
+    for step in range(num_tokens):
+        pair = (bare, watched) if step % 2 == 0 else (watched, bare)
+        for variant in pair:
+            variant.step(step % 1000)
+    bare.finish()
+    return bare, watched, watched.finish()
 
 
 def main() -> None:
@@ -61,21 +90,25 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    best = {}
-    for _ in range(args.repeat):  # interleave the two variants so machine noise hits both
-        for subscribe in (False, True):
-            elapsed, appended, events = workload(args.seqs, args.tokens, args.block_size, subscribe)
-            per_token = elapsed / appended
-            if subscribe not in best or per_token < best[subscribe][0]:
-                best[subscribe] = (per_token, appended, events)
-    bare, (sub, appended, events) = best[False][0], best[True]
+    rows = []
+    for _ in range(args.rounds):
+        bare, watched, num_events = one_round(args.seqs, args.tokens, args.block_size)
+        appended = len(bare.seqs) * args.tokens
+        rows.append((bare.elapsed / appended, watched.elapsed / appended, num_events))
+        print(f"  round {len(rows)}: {rows[-1][0] * 1e6:6.3f} us bare, {rows[-1][1] * 1e6:6.3f} us watched, "
+              f"{rows[-1][1] / rows[-1][0]:5.2f}x")
+    ratios = sorted(w / b for b, w, _ in rows)
+    median = rows[[w / b for b, w, _ in rows].index(statistics.median_low(ratios))]
+    bare_us, watched_us, events = median
     print(f"workload: {args.seqs} seqs (+{args.seqs // 16} forks) x {args.tokens} tokens, "
-          f"block size {args.block_size}: {appended:,} append_slots calls, best of {args.repeat}")
-    print(f"append_slots, no subscriber:     {bare * 1e6:6.3f} us/token   (target <= 2 us)")
-    print(f"append_slots, no-op subscriber:  {sub * 1e6:6.3f} us/token   ({events:,} events)")
-    print(f"subscriber overhead:             {sub / bare:6.2f}x       (target <= 1.50x)")
+          f"block size {args.block_size}: {appended:,} append_slots calls per variant, "
+          f"{args.rounds} rounds in lockstep (median round below)")
+    print(f"append_slots, no subscriber:     {bare_us * 1e6:6.3f} us/token   (target <= 2 us)")
+    print(f"append_slots, no-op subscriber:  {watched_us * 1e6:6.3f} us/token   ({events:,} events)")
+    print(f"subscriber overhead:             {watched_us / bare_us:6.2f}x       (target <= 1.50x; "
+          f"rounds ranged {ratios[0]:.2f}x-{ratios[-1]:.2f}x)")
 
 
 if __name__ == "__main__":

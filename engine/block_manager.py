@@ -23,6 +23,7 @@ from engine.events import (
     SlotAppended,
     SwappedIn,
     SwappedOut,
+    new_event,
 )
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -238,8 +239,13 @@ class BlockSpaceManager:
                                 src_block=src.block_number, dst_block=block.block_number,
                                 src_ref_count=src.ref_count, token_ids=block.token_ids)
             block.token_ids = block.token_ids[:offset] + (token_id,)
-        if events.active:  # (seq_id, device, logical_index, block, offset, token_id)
-            events.emit(SlotAppended, seq_id, "gpu", index, block.block_number, offset, token_id)
+        if events.active:  # events.emit(SlotAppended, ...) written out: see EventBus
+            event = new_event(SlotAppended, (next(events.seq_nos), seq_id, "gpu", index, block.block_number,
+                                             offset, token_id))
+            try:
+                events.deliver(event)
+            except Exception as exc:  # a broken view must never break the engine
+                events.recover(event, exc)
         if self.enable_caching and offset == block_size - 1:
             parent_hash = table[index - 1].block_hash if index else None
             self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash,

@@ -10,9 +10,11 @@ check per mutation and builds no event at all.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from dataclasses import asdict, dataclass, fields
+from operator import itemgetter
 from typing import Any, Callable, ClassVar
 
 logger = logging.getLogger("engine")
@@ -20,12 +22,34 @@ logger = logging.getLogger("engine")
 EVENT_TYPES: dict[str, type["Event"]] = {}
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Base of every event: `seq_no` increases by one per emitted event on a bus."""
+_new_tuple = tuple.__new__
+
+
+class _EventType(type):
+    """Every event class stores its fields in the tuple it is: no per-instance __dict__."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        namespace.setdefault("__slots__", ())
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+
+@dataclass(frozen=True, init=False)
+class Event(tuple, metaclass=_EventType):
+    """Base of every event: `seq_no` increases by one per emitted event on a bus.
+
+    An event is a frozen dataclass whose fields live in a tuple (as a namedtuple's do): assigning a
+    field raises FrozenInstanceError, equality, hash and repr are the dataclass's, and the bus builds
+    one with a single C call instead of a Python __init__ setting each field — several times
+    cheaper, which is what lets an engine with a subscriber append a slot at ~1.4x the bare cost
+    (benchmarks/block_manager.py).
+    """
 
     seq_no: int
     type: ClassVar[str] = "event"
+    num_fields: ClassVar[int] = 1
+
+    def __getnewargs__(self) -> tuple[Any, ...]:  # pickle and copy rebuild through __new__
+        return tuple(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
@@ -34,20 +58,28 @@ class Event:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
 
-def _register(cls: type[Event]) -> type[Event]:
-    """Record the event type by name and give it a fast __init__.
-
-    A frozen dataclass's generated __init__ calls object.__setattr__ once per field, which made an
-    emit cost several times an append_slots; setting the slots through their descriptors keeps the
-    instance just as frozen (assignment still raises FrozenInstanceError) at a fraction of the cost.
-    """
+def _fields_as_properties(cls: type[Event]) -> list[str]:
+    """Give `cls` a read-only property per field (reading its tuple slot) and a __new__ taking the
+    fields positionally or by name; returns the field names in order."""
     names = [f.name for f in fields(cls)]
-    namespace = {f"_set_{name}": getattr(cls, name).__set__ for name in names}
-    body = "".join(f"    _set_{name}(self, {name})\n" for name in names)
-    exec(f"def __init__(self, {', '.join(names)}):\n{body}", namespace)
-    cls.__init__ = namespace["__init__"]
+    for index, name in enumerate(names):
+        setattr(cls, name, property(itemgetter(index), doc=f"field {index} of the event tuple"))
+    namespace = {"_new_tuple": _new_tuple}
+    params = ", ".join(names)
+    exec(f"def __new__(cls, {params}):\n    return _new_tuple(cls, ({params},))\n", namespace)
+    cls.__new__ = namespace["__new__"]
+    cls.num_fields = len(names)
+    return names
+
+
+def _register(cls: type[Event]) -> type[Event]:
+    """Record the event type by name and lay its fields over its tuple."""
+    _fields_as_properties(cls)
     EVENT_TYPES[cls.type] = cls
     return cls
+
+
+_fields_as_properties(Event)
 
 
 def _tuplify(value: Any) -> Any:
@@ -77,7 +109,7 @@ def event_from_json(line: str) -> Event:
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class BlockAllocated(Event):
     """A fresh physical block enters the tables of `seq_ids` at `logical_index`
     (vLLM v0 allocate / append_slots allocating a new block). `token_ids` are the tokens it holds."""
@@ -93,7 +125,7 @@ class BlockAllocated(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class PrefixCacheHit(Event):
     """A computed, hashed block is reused for `seq_ids` at `logical_index` instead of recomputing
     (seed 002: hash_to_block_id hit; a cached-free block is revived)."""
@@ -109,7 +141,7 @@ class PrefixCacheHit(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class BlockHashed(Event):
     """A full block got its chained hash (seed 002 compute_hash). `registered` is False when an
     identical block already sits in the hash map (the map is never overwritten)."""
@@ -125,7 +157,7 @@ class BlockHashed(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class SlotAppended(Event):
     """Sequence `seq_id` claimed slot `offset` of `block` for `token_id` (vLLM v0 append_slot)."""
 
@@ -139,7 +171,7 @@ class SlotAppended(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class CopyOnWrite(Event):
     """The last block of `seq_id` was shared, so it moves to a fresh `dst_block` holding a copy of
     `token_ids`; `src_block` keeps `src_ref_count` references (vLLM v0 append_slot's CoW pair)."""
@@ -155,7 +187,7 @@ class CopyOnWrite(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Forked(Event):
     """`child_seq_id` shares every block of `parent_seq_id`'s table (vLLM v0 fork): each ref +1."""
 
@@ -167,7 +199,7 @@ class Forked(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class SwappedOut(Event):
     """Request `request_id`'s sequences moved GPU -> CPU; `mapping` holds (gpu_block, cpu_block)
     pairs, a shared block copied once (vLLM v0 swap_out)."""
@@ -179,7 +211,7 @@ class SwappedOut(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class SwappedIn(Event):
     """Request `request_id`'s sequences moved CPU -> GPU; `mapping` holds (cpu_block, gpu_block)."""
 
@@ -190,7 +222,7 @@ class SwappedIn(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class BlockFreed(Event):
     """`seq_id` dropped its reference to `block`. At ref count 0 the block is either back on the
     free list (`cached` False) or free-but-cached, still a prefix-cache hit until evicted."""
@@ -204,7 +236,7 @@ class BlockFreed(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class SequenceFreed(Event):
     """`seq_id`'s block table is gone (after its BlockFreed events)."""
 
@@ -213,7 +245,7 @@ class SequenceFreed(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class BlockEvicted(Event):
     """A free-but-cached block lost its hash so it can be reused (LRU, seed 002 / vLLM LRUEvictor)."""
 
@@ -227,7 +259,7 @@ class BlockEvicted(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class RequestAdded(Event):
     """A request joined the waiting queue."""
 
@@ -242,7 +274,7 @@ class RequestAdded(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class StepStarted(Event):
     """One engine step begins: a prefill or a decode over `seq_ids`, `num_tokens` tokens in all."""
 
@@ -254,7 +286,7 @@ class StepStarted(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class TokenGenerated(Event):
     """`seq_id` sampled `token_id` (its text piece `text`) at position `position`."""
 
@@ -266,7 +298,7 @@ class TokenGenerated(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class Preempted(Event):
     """The scheduler preempted a request to make room: mode "swap" or "recompute"; with recompute
     `num_tokens_lost` tokens' K/V must be computed again."""
@@ -280,7 +312,7 @@ class Preempted(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class SequenceFinished(Event):
     """`seq_id` stopped: reason "stop", "length", "abort" or "ignored" (with `detail`)."""
 
@@ -292,7 +324,7 @@ class SequenceFinished(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class KVDigest(Event):
     """A short digest of a block's real K/V contents after the engine wrote or moved it."""
 
@@ -303,7 +335,7 @@ class KVDigest(Event):
 
 
 @_register
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class StepFinished(Event):
     """One engine step ended; `duration_s` is wall time (never shown in deterministic snapshots)."""
 
@@ -325,13 +357,27 @@ class EventBus:
     `active` is True while at least one subscriber is attached; emit sites check it before building
     an event. A subscriber that raises is detached and its error recorded in `errors` (and logged);
     the engine goes on.
+
+    `emit(cls, *values)` is the way to send an event. The one per-token call site (a decode slot
+    appended) uses the same steps written out, each a C call, since a Python call per token is
+    most of what a subscriber costs there:
+
+        event = new_event(SlotAppended, (next(bus.seq_nos), seq_id, ...))
+        try:
+            bus.deliver(event)
+        except Exception as exc:
+            bus.recover(event, exc)
+
+    `deliver` is the sole subscriber itself when there is one (the common case: a view or a trace
+    writer), else a fan-out that isolates each subscriber's errors.
     """
 
-    __slots__ = ("_subscribers", "_next_seq_no", "active", "errors")
+    __slots__ = ("_subscribers", "seq_nos", "deliver", "active", "errors")
 
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
-        self._next_seq_no = 0
+        self.seq_nos = itertools.count()  # next(seq_nos) is the next event's seq_no
+        self.deliver: Subscriber = _nobody
         self.active = False
         self.errors: list[tuple[Subscriber, BaseException]] = []
 
@@ -340,48 +386,63 @@ class EventBus:
         if not callable(subscriber):
             raise TypeError(f"subscriber must be callable, got {subscriber!r}")
         self._subscribers.append(subscriber)
-        self.active = True
+        self._rewire()
         return lambda: self.unsubscribe(subscriber)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         if subscriber in self._subscribers:
             self._subscribers.remove(subscriber)
-        self.active = bool(self._subscribers)
+        self._rewire()
+
+    def _rewire(self) -> None:
+        subscribers = self._subscribers
+        self.active = bool(subscribers)
+        self.deliver = subscribers[0] if len(subscribers) == 1 else self._fan_out if subscribers else _nobody
 
     @property
     def num_subscribers(self) -> int:
         return len(self._subscribers)
 
-    @property
-    def next_seq_no(self) -> int:
-        return self._next_seq_no
-
     def emit(self, cls: type[Event], *args: Any, **values: Any) -> Event:
         """Build a `cls` event with the next sequence number and deliver it to every subscriber.
 
         Field values follow `seq_no` in declaration order, positionally or by name."""
-        seq_no = self._next_seq_no
-        self._next_seq_no = seq_no + 1
-        event = cls(seq_no, *args, **values) if values else cls(seq_no, *args)
-        subscriber = None
+        seq_no = next(self.seq_nos)
+        if values:
+            event = cls(seq_no, *args, **values)
+        elif len(args) + 1 == cls.num_fields:
+            event = _new_tuple(cls, (seq_no, *args))  # no Python __new__ call
+        else:
+            raise TypeError(f"{cls.__name__} takes {cls.num_fields - 1} field values after seq_no, "
+                            f"got {len(args)}")
         try:
-            for subscriber in self._subscribers:
-                subscriber(event)
+            self.deliver(event)
         except Exception as exc:  # a broken view must never break the engine
-            self._recover(event, subscriber, exc)
+            self.recover(event, exc)
         return event
 
-    def _recover(self, event: Event, failed: Subscriber, exc: Exception) -> None:
-        """Detach the subscriber that raised, then deliver `event` to the ones after it."""
-        index = self._subscribers.index(failed)
-        rest = self._subscribers[index + 1 :]
-        self.unsubscribe(failed)
-        self.errors.append((failed, exc))
-        logger.warning("event subscriber %r raised %r and was detached", failed, exc)
-        for subscriber in rest:
+    def recover(self, event: Event, exc: Exception) -> None:
+        """The sole subscriber raised while taking `event`: detach it and record why."""
+        failed = self.deliver
+        if failed in self._subscribers:
+            self._detach(failed, exc)
+
+    def _fan_out(self, event: Event) -> None:
+        """Deliver to several subscribers; one that raises is detached, the others still get it."""
+        for subscriber in tuple(self._subscribers):
             try:
                 subscriber(event)
-            except Exception as later_exc:
-                self.unsubscribe(subscriber)
-                self.errors.append((subscriber, later_exc))
-                logger.warning("event subscriber %r raised %r and was detached", subscriber, later_exc)
+            except Exception as exc:
+                self._detach(subscriber, exc)
+
+    def _detach(self, subscriber: Subscriber, exc: Exception) -> None:
+        self.unsubscribe(subscriber)
+        self.errors.append((subscriber, exc))
+        logger.warning("event subscriber %r raised %r and was detached", subscriber, exc)
+
+
+def _nobody(event: Event) -> None:
+    """What `deliver` is with no subscriber (emit sites check `active` first)."""
+
+
+new_event = _new_tuple  # new_event(cls, (seq_no, *field_values)): an event in one C call

@@ -9,6 +9,7 @@ import pytest
 
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
 from engine.block_allocator import compute_block_hash
+from engine.events import SlotAppended
 from engine.invariants import check_invariants
 from engine.reducer import ReducerState
 
@@ -388,6 +389,7 @@ def test_raising_subscriber_is_detached_and_engine_goes_on():
 
 
 def test_unsubscribed_bus_builds_no_events(monkeypatch):
+    import engine.block_manager as manager_module
     import engine.events as events_module
 
     bus = EventBus()
@@ -396,8 +398,79 @@ def test_unsubscribed_bus_builds_no_events(monkeypatch):
     assert not bus.active
     built = []
     monkeypatch.setattr(events_module.EventBus, "emit", lambda self, *a, **k: built.append(a))
+    monkeypatch.setattr(manager_module, "new_event", lambda *a: built.append(a))  # the per-token path
     manager = BlockSpaceManager(4, 4, 0, watermark=0.0, events=bus)
     group = make_group(5, 4)
     run(group, manager)
-    manager.free(group.get_seqs()[0])
+    seq = group.get_seqs()[0]
+    for token in range(4):  # fills the second block, then needs a third
+        seq.append_token_id(token)
+        manager.append_slots(seq)
+    manager.free(seq)
     assert built == []
+    bus.subscribe(lambda e: None)  # the same run with a subscriber does build them
+    group = make_group(5, 4)
+    run(group, manager)
+    seq = group.get_seqs()[0]
+    seq.append_token_id(7)
+    manager.append_slots(seq)
+    assert any(a[0] is SlotAppended for a in built)
+
+
+def test_events_are_frozen_dataclasses_of_plain_values():
+    import copy
+    import dataclasses
+    import pickle
+
+    event = SlotAppended(3, seq_id=1, device="gpu", logical_index=0, block=5, offset=2, token_id=42)
+    assert dataclasses.is_dataclass(event) and event.type == "slot_appended"
+    assert [f.name for f in dataclasses.fields(event)] == [
+        "seq_no", "seq_id", "device", "logical_index", "block", "offset", "token_id"]
+    assert (event.seq_no, event.block, event.token_id) == (3, 5, 42)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.block = 6
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.extra = 1
+    assert not hasattr(event, "__dict__")
+    assert pickle.loads(pickle.dumps(event)) == event == copy.deepcopy(event)
+    moved = dataclasses.replace(event, block=6)
+    assert moved.block == 6 and event.block == 5 and moved != event
+    assert repr(event).startswith("SlotAppended(seq_no=3, seq_id=1,")
+    assert event.to_dict() == {"type": "slot_appended", "seq_no": 3, "seq_id": 1, "device": "gpu",
+                               "logical_index": 0, "block": 5, "offset": 2, "token_id": 42}
+
+
+def test_emit_checks_the_number_of_values_and_numbers_events():
+    bus = EventBus()
+    received = []
+    bus.subscribe(received.append)
+    with pytest.raises(TypeError, match="SlotAppended takes 6 field values"):
+        bus.emit(SlotAppended, 1, "gpu", 0, 5, 2)
+    with pytest.raises(TypeError):
+        bus.emit(SlotAppended, seq_id=1)
+    first = bus.emit(SlotAppended, 1, "gpu", 0, 5, 2, 42)
+    second = bus.emit(SlotAppended, seq_id=1, device="gpu", logical_index=0, block=5, offset=3, token_id=43)
+    assert received == [first, second] and second.seq_no == first.seq_no + 1 and second.offset == 3
+
+
+def test_a_sole_subscriber_raising_on_a_decode_slot_is_detached_and_state_is_intact():
+    bus = EventBus()
+    seen = []
+
+    def picky(event):
+        seen.append(event.type)
+        if event.type == "slot_appended":
+            raise RuntimeError("broken view")
+
+    bus.subscribe(picky)
+    manager = BlockSpaceManager(4, 4, 0, watermark=0.0, events=bus)
+    group = make_group(5, 4)
+    run(group, manager)
+    seq = group.get_seqs()[0]
+    for token in range(4):
+        seq.append_token_id(token)
+        assert manager.append_slots(seq) == []
+    assert seen.count("slot_appended") == 1 and not bus.active
+    assert len(bus.errors) == 1 and bus.errors[0][0] is picky
+    assert len(manager.get_block_table(seq)) == 3
+    check_invariants(manager)
