@@ -4,4 +4,5 @@ import sys
 
 from blockviz.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the live engine's process (spawned) imports this module too
+    sys.exit(main())

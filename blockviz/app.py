@@ -132,6 +132,9 @@ class BlockvizApp(App[None]):
             grid.projector = self.projector
         self.watch_right_view(self.right_view)
         self._ticker = self.set_interval(FRAME_S, self._tick, pause=True)
+        # While a live engine free-runs at max speed the views follow once a second, woken by a
+        # timer of their own: every wake-up of this process takes CPU from the engine's.
+        self._slow_ticker = self.set_interval(1 / THROUGHPUT_FPS, self._tick, pause=True)
         if self.trace is not None:
             self._start(Timeline.for_trace(self.trace), live=False)
         else:
@@ -211,8 +214,12 @@ class BlockvizApp(App[None]):
         self.render_views()
 
     def _feed_engine(self) -> None:
-        """Ask the live engine for what playback needs now (the backpressure lives in the bridge)."""
-        if self.bridge is None or self.player is None:
+        """Set the frame timers for playback, and ask a live engine for what playback needs now
+        (the backpressure lives in the bridge)."""
+        if self.player is None:
+            return
+        self._sync_tickers()
+        if self.bridge is None:
             return
         player = self.player
         self.bridge.set_free_run(player.playing and math.isinf(player.speed) and not player.finished)
@@ -260,8 +267,6 @@ class BlockvizApp(App[None]):
         now = time.monotonic()
         if self.player is None:
             return
-        if self.player.throughput_mode and now - self._last_tick < 1 / THROUGHPUT_FPS:
-            return  # the engine has the CPU; the views catch up a few times a second
         dt, self._last_tick = min(now - self._last_tick, 0.25), now
         moved = self.player.tick(dt)
         if not self.player.playing:
@@ -273,13 +278,18 @@ class BlockvizApp(App[None]):
     def _set_playing(self, playing: bool) -> None:
         if self.player is None:
             return
-        self.player.playing = playing
-        if playing:
+        if playing and not self.player.playing:
             self._last_tick = time.monotonic()
-            self._ticker.resume()
-        else:
-            self._ticker.pause()
+        self.player.playing = playing
         self._feed_engine()
+
+    def _sync_tickers(self) -> None:
+        """The frame timer while playing; the slow one instead in throughput mode."""
+        player = self.player
+        slow = player is not None and player.throughput_mode
+        fast = player is not None and player.playing and not slow
+        (self._ticker.resume if fast else self._ticker.pause)()
+        (self._slow_ticker.resume if slow else self._slow_ticker.pause)()
 
     def _moved(self, moved: bool = True) -> None:
         self.note = ""
@@ -304,7 +314,7 @@ class BlockvizApp(App[None]):
     def action_toggle_play(self) -> None:
         if self.player is not None:
             self._set_playing(self.player.toggle_play())
-            self.render_views()
+            self.render_views(full=not self.player.playing)  # playing: the next frames draw the rest
 
     def action_step(self) -> None:
         if self.player is not None:

@@ -134,6 +134,7 @@ class Listener:
     events: Callable[[list[Event]], None]
     notice: Callable[[str], None] = lambda text: None
     idle: Callable[[], None] = lambda: None
+    served: Callable[[int], None] = lambda steps_served: None  # after steps asked for finish or drop
 
 
 @dataclass(slots=True)
@@ -150,11 +151,12 @@ class EngineBridge:
     """
 
     def __init__(self, spec: EngineSpec | None = None, *, make_engine: Callable[[], Any] | None = None,
-                 max_in_flight: int = 4096, flush_interval: float = 0.1) -> None:
+                 max_in_flight: int = 4096, flush_interval: float = 0.1, share_cores: bool = True) -> None:
         self.spec = spec or EngineSpec()
         self._make_engine = make_engine or self.spec.make_engine
         self.max_in_flight = max_in_flight
         self.flush_interval = flush_interval  # free-running: at most one batch per interval
+        self.share_cores = share_cores  # the UI runs in this process: leave it a core
         self._cond = threading.Condition()
         self._steps_wanted = 0
         self._stepping = False
@@ -164,6 +166,7 @@ class EngineBridge:
         self._stopped = False
         self._commands: list[_Command] = []
         self.num_steps = 0
+        self.steps_served = 0  # steps asked for by request_steps that finished or were dropped
         self.header: dict[str, Any] | None = None
         self.engine: Any = None
 
@@ -233,7 +236,8 @@ class EngineBridge:
         listener.loading(f"loading model {spec.model!r}…")
         try:
             quiet_model_loading()
-            leave_a_core_for_the_ui(spec.device)
+            if self.share_cores:
+                leave_a_core_for_the_ui(spec.device)
             engine = self._make_engine()
             header = dict(engine.trace_header())
         except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
@@ -261,6 +265,7 @@ class EngineBridge:
                 self._in_flight += len(batch)
             listener.events(batch)
 
+        served = 0
         try:
             for prompt in spec.prompts:
                 engine.add_request(prompt, spec.sampling_params())
@@ -273,9 +278,10 @@ class EngineBridge:
                         break
                     commands, self._commands = self._commands, []
                     step = self._may_step()
+                    wanted = step and self._steps_wanted > 0
                     if step:
                         self._stepping = True
-                        if self._steps_wanted > 0:
+                        if wanted:
                             self._steps_wanted -= 1
                 for command in commands:
                     try:
@@ -293,14 +299,19 @@ class EngineBridge:
                     finally:
                         with self._cond:
                             self._stepping = False
+                            self.steps_served += wanted
                             free_running = self._free_run and not self._steps_wanted and not self._commands
                 unfinished = engine.has_unfinished_requests()
                 flush(force=not (step and free_running and unfinished))
                 if (step or commands) and not unfinished:
                     with self._cond:
                         self._idle = True
+                        self.steps_served += self._steps_wanted
                         self._steps_wanted = 0
                     listener.idle()
+                if self.steps_served != served:
+                    served = self.steps_served
+                    listener.served(served)
         except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
             flush()
             listener.notice(f"engine stopped: {one_line(exc)}")

@@ -25,7 +25,8 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineBridge, EngineSpec, check_model, one_line
+    from blockviz.engine_process import ProcessBridge
+    from blockviz.live import EngineSpec, check_model, one_line
 
     spec = EngineSpec.from_args(args)
     try:
@@ -34,7 +35,9 @@ def execute(args) -> int:
         raise UsageError(one_line(exc)) from None
     from blockviz.app import BlockvizApp
 
-    app = BlockvizApp(bridge=EngineBridge(spec), projector=args.projector, source_name=spec.model)
+    bridge = ProcessBridge(spec)
+    bridge.start()  # the engine process loads the model while the app starts
+    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model)
     app.run()
     if app.error:
         raise UsageError(app.error)

@@ -1,0 +1,245 @@
+"""The live engine in a process of its own, for `blockviz run`.
+
+Why a process: on a CPU the engine is largely Python (scheduling, the block manager, its events)
+and the TUI is all Python; in one process they take turns holding the GIL, and the engine ran at
+0.6-0.75x of its speed with the TUI attached (benchmarks/tui.py). In its own process the engine
+keeps its interpreter to itself, and the UI process never imports torch.
+
+`ProcessBridge` has the UI-side API of blockviz.live.EngineBridge (request_steps, set_free_run,
+acknowledge, add_request, fork, preempt, abort, stop, outstanding, in_flight) and the same
+`run(listener)`, which the app calls on a worker thread: it starts the child, then turns what the
+child sends into the listener's callbacks (the app posts them as messages). The child runs an
+ordinary EngineBridge over the engine and sends its listener calls back through a pipe; the UI's
+calls travel the other way. Backpressure is the EngineBridge's own: the UI's acknowledgements
+reach the child, which stops stepping while too many events wait unacknowledged.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from multiprocessing import resource_tracker
+
+from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
+
+# What the child may be asked to call on its EngineBridge.
+_CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
+
+
+class ProcessBridge:
+    """Runs an EngineBridge in a child process; UI-thread methods send it messages."""
+
+    def __init__(self, spec: EngineSpec | None = None, *, max_in_flight: int = 4096,
+                 flush_interval: float = 0.25, start_method: str = "spawn") -> None:
+        self.spec = spec or EngineSpec()
+        self.max_in_flight = max_in_flight
+        self.flush_interval = flush_interval
+        self._context = multiprocessing.get_context(start_method)
+        self._to_child_recv, self._to_child = self._context.Pipe(duplex=False)
+        self._from_child: Any = None
+        self._process: Any = None
+        # spawn's helper process starts on first use and hands on sys.stderr's descriptor, which a
+        # running Textual app has replaced: start it now, from wherever the bridge is made.
+        resource_tracker.ensure_running()
+        self._lock = threading.Lock()
+        self._requested = 0  # steps asked for, ever
+        self._served = 0  # steps the child reports finished or dropped, ever
+        self._in_flight = 0
+        self._unsent_acks = 0  # acknowledged here, not yet told to the child
+        self._free_run: bool | None = None
+        self._stopped = threading.Event()
+        self._terminated = False
+        self.header: dict[str, Any] | None = None
+        self.log_path: Path | None = None
+        self.exitcode: int | None = None
+
+    # ------------------------------------------------------------------ UI side
+
+    def _send(self, name: str, *args: Any) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            try:
+                self._to_child.send((name, args))
+            except (OSError, ValueError):  # the child is gone; run() reports why
+                pass
+
+    def request_steps(self, count: int = 1) -> None:
+        with self._lock:
+            self._requested += count
+        self._send("request_steps", count)
+
+    @property
+    def outstanding(self) -> int:
+        """Steps asked for and not reported finished yet."""
+        with self._lock:
+            return self._requested - self._served
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def set_free_run(self, free_run: bool) -> None:
+        with self._lock:
+            if free_run == self._free_run:
+                return  # the UI says this many times a second; the child hears changes
+            self._free_run = free_run
+        self._send("set_free_run", free_run)
+
+    def acknowledge(self, count: int) -> None:
+        """The UI took `count` events. The child hears of it once a quarter of `max_in_flight`
+        has gathered (every message wakes the engine process): holding back fewer than that can
+        stall the engine only while the UI still has three quarters to take, and taking them
+        sends the acknowledgement."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - count)
+            self._unsent_acks += count
+            if self._unsent_acks < max(1, self.max_in_flight // 4):
+                return
+            count, self._unsent_acks = self._unsent_acks, 0
+        self._send("acknowledge", count)
+
+    def add_request(self, prompt: str, n: int | None = None) -> None:
+        self._send("add_request", prompt, n)
+
+    def fork(self, seq_id: int) -> None:
+        self._send("fork", seq_id)
+
+    def preempt(self, request_id: str) -> None:
+        self._send("preempt", request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._send("abort", request_id)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._stopped.set()
+            try:
+                self._to_child.send(("stop", ()))
+            except (OSError, ValueError):
+                pass
+
+    def start(self) -> None:
+        """Start the engine process (it begins loading the model at once). Call it before the app
+        runs: a Textual app replaces sys.stderr, which multiprocessing's spawn cannot hand on.
+        `run` starts it if this was not called."""
+        if self._process is not None:
+            return
+        self._from_child, child_end = self._context.Pipe(duplex=False)
+        log = tempfile.NamedTemporaryFile(prefix="blockviz-engine-", suffix=".log", delete=False)
+        log.close()
+        self.log_path = Path(log.name)
+        self._process = self._context.Process(
+            target=_child_main, name="blockviz-engine", daemon=True,
+            args=(self.spec, self._to_child_recv, child_end, str(self.log_path), self.max_in_flight,
+                  self.flush_interval))
+        self._process.start()
+        child_end.close()  # the child holds its own copies now
+        self._to_child_recv.close()
+
+    # ------------------------------------------------------------------ the app's worker thread
+
+    def run(self, listener: Listener) -> None:
+        """Relay what the engine process sends until it ends or the UI stops it."""
+        listener.loading(f"starting the engine process for {self.spec.model!r}…")
+        try:
+            self.start()
+        except (OSError, ValueError) as exc:
+            listener.failed(f"could not start the engine process: {one_line(exc)}")
+            return
+        process, from_child = self._process, self._from_child
+        ready = False
+        try:
+            while True:
+                try:
+                    name, args = from_child.recv()
+                except (EOFError, OSError):
+                    break  # the child exited
+                if name == "ready":
+                    ready = True
+                    self.header = args[0]
+                elif name == "events":
+                    with self._lock:
+                        self._in_flight += len(args[0])
+                elif name == "served":
+                    with self._lock:
+                        self._served = args[0]
+                    continue
+                getattr(listener, name)(*args)
+        finally:
+            self.stop()
+            process.join(timeout=5)
+            if process.is_alive():  # stuck (in a model call, say): we end it
+                self._terminated = True
+                process.terminate()
+                process.join(timeout=5)
+            from_child.close()
+            self.exitcode = process.exitcode
+        if self.exitcode not in (0, None) and not self._quiet_exit():
+            why = f"the engine process exited with code {self.exitcode}{self._last_log_line()}"
+            (listener.notice if ready else listener.failed)(f"engine stopped: {why}" if ready else why)
+        elif self.exitcode == 0 and self.log_path.stat().st_size == 0:
+            self.log_path.unlink(missing_ok=True)
+
+    def _quiet_exit(self) -> bool:
+        """Terminated by us on the way out, not a crash."""
+        return self._terminated and self.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return f": {lines[-1].strip()} (log: {self.log_path})" if lines else ""
+
+
+def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: int,
+                flush_interval: float) -> None:
+    """The engine process: an EngineBridge whose listener writes to `out`, fed by `commands`."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    for fd in (1, 2):  # the TUI owns the terminal: anything the libraries print goes to the log
+        os.dup2(log_fd, fd)
+    os.close(log_fd)
+    bridge = EngineBridge(spec, max_in_flight=max_in_flight, flush_interval=flush_interval, share_cores=False)
+    lock = threading.Lock()
+
+    def send(name: str, *args: Any) -> None:
+        with lock:
+            try:
+                out.send((name, args))
+            except (OSError, ValueError):  # the UI is gone
+                bridge.stop()
+
+    def serve_commands() -> None:
+        while True:
+            try:
+                name, args = commands.recv()
+            except (EOFError, OSError):
+                break
+            if name == "stop":
+                break
+            if name in _CALLS:
+                getattr(bridge, name)(*args)
+        bridge.stop()
+
+    threading.Thread(target=serve_commands, name="blockviz-commands", daemon=True).start()
+    bridge.run(Listener(
+        loading=lambda text: send("loading", text),
+        ready=lambda header: send("ready", header),
+        failed=lambda error: send("failed", error),
+        events=lambda events: send("events", events),
+        notice=lambda text: send("notice", text),
+        idle=lambda: send("idle"),
+        served=lambda steps: send("served", steps),
+    ))
+    out.close()
+

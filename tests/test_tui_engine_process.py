@@ -1,0 +1,159 @@
+"""`blockviz run`'s engine process (blockviz/engine_process.py): the live app on a REAL engine (a
+tiny GPT-2 checkpoint, CPU) running in a child process, driven by keys and checked against the
+same run recorded in this process; commands and backpressure across the pipe; a load failure
+and a crashed engine process each reported in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from blockviz.app import BlockvizApp
+from blockviz.commands.record import record_trace
+from blockviz.engine_process import ProcessBridge
+from blockviz.history import SPEEDS
+from blockviz.live import EngineSpec, Listener
+from test_tui_app import _until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _spec(model, **kwargs) -> EngineSpec:
+    settings = dict(prompts=("To be, or not to be", "The quick brown fox"), n=2, max_tokens=6, block_size=4,
+                    num_gpu_blocks=32, num_cpu_blocks=16, device="cpu")
+    settings.update(kwargs)
+    return EngineSpec(model=str(model), **settings)
+
+
+def _picture(state) -> dict:
+    """What the views draw, less what differs between two runs by nature: step wall times, and
+    K/V digests (floating-point sums may round differently with another number of threads)."""
+    return {
+        "tables": state.tables,
+        "blocks": {device: [(b.ref_count, sorted(b.owners), b.token_ids, b.state, b.block_hash)
+                            for b in blocks] for device, blocks in state.pools.items()},
+        "seqs": {s: (q.token_ids, q.token_texts, q.status, q.finish_reason) for s, q in state.seqs.items()},
+        "counts": state.counts,
+    }
+
+
+async def test_the_live_app_on_an_engine_process_draws_the_engines_run(tmp_path, tiny_gpt2_dir):
+    spec = _spec(tiny_gpt2_dir)
+    recorded = record_trace(spec, tmp_path / "same-run.jsonl")  # the same run, in this process
+    bridge = ProcessBridge(spec)
+    bridge.start()
+    app = BlockvizApp(bridge=bridge, deterministic=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.player is not None, timeout=60)
+        await pilot.press("s")  # one engine step, asked for across the pipe
+        await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1, timeout=30)
+        await pilot.pause(0.3)
+        assert app.player.timeline.num_steps_done() == 1 and bridge.outstanding == 0
+        state = app.player.timeline.state
+        assert state.step_kind == "prefill" and len(state.seqs) == 4  # n=2 forked after the prefill
+        app.player.speed_index = len(SPEEDS) - 1
+        await pilot.press("space")
+        await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=60)
+        assert _picture(app.player.timeline.state) == _picture(recorded.state)
+        assert app.player.timeline.state.num_tokens_generated == 4 * spec.max_tokens
+    deadline = time.monotonic() + 30  # quitting the app stopped it; the app's worker reaps it
+    while bridge.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bridge.exitcode == 0
+
+
+async def test_commands_reach_the_engine_process(tiny_gpt2_dir):
+    spec = _spec(tiny_gpt2_dir, n=1, max_tokens=20)
+    bridge = ProcessBridge(spec)
+    bridge.start()
+    app = BlockvizApp(bridge=bridge, deterministic=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.player is not None, timeout=60)
+        await pilot.press("s")
+        await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1, timeout=30)
+        await pilot.press("n")  # seq 0
+        await pilot.press("f")  # fork it: a third sequence sharing its blocks
+        await _until(pilot, lambda: len(app.player.timeline.state.seqs) == 3, timeout=30)
+        assert "fork" in app.player.timeline.state.counts
+        await pilot.press("p")  # swap its request out, between steps
+        await _until(pilot, lambda: app.player.timeline.state.num_used("cpu") > 0, timeout=30)
+        assert app.player.timeline.state.seqs[0].status == "swapped"
+
+
+class Recorder:
+    """A Listener whose calls are kept, each with its arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+        self.ready = threading.Event()
+
+    def listener(self, bridge: ProcessBridge) -> Listener:
+        def record(name):
+            def call(*args):
+                self.calls.append((name, args))
+                if name == "ready":
+                    self.ready.set()
+                if name == "events":
+                    bridge.acknowledge(len(args[0]))
+            return call
+
+        return Listener(**{name: record(name) for name in
+                           ("loading", "ready", "failed", "events", "notice", "idle", "served")})
+
+    def named(self, name: str) -> list[tuple]:
+        return [args for called, args in self.calls if called == name]
+
+
+def _run_in_thread(bridge: ProcessBridge, recorder: Recorder) -> threading.Thread:
+    thread = threading.Thread(target=bridge.run, args=(recorder.listener(bridge),), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_model_that_cannot_load_fails_in_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    bridge = ProcessBridge(_spec(tmp_path / "empty"))
+    recorder = Recorder()
+    _run_in_thread(bridge, recorder).join(timeout=120)
+    (error,), = recorder.named("failed")
+    assert "\n" not in error and "empty" in error
+    assert not recorder.named("ready") and bridge.exitcode == 0
+
+
+def test_a_killed_engine_process_is_reported_not_hung(tiny_gpt2_dir):
+    bridge = ProcessBridge(_spec(tiny_gpt2_dir))
+    recorder = Recorder()
+    thread = _run_in_thread(bridge, recorder)
+    assert recorder.ready.wait(timeout=60)
+    os.kill(bridge._process.pid, signal.SIGKILL)
+    thread.join(timeout=30)
+    assert not thread.is_alive() and bridge.exitcode == -signal.SIGKILL
+    (note,), = recorder.named("notice")
+    assert note.startswith("engine stopped: the engine process exited with code -9")
+
+
+def test_steps_asked_for_are_served_once_each(tiny_gpt2_dir):
+    bridge = ProcessBridge(_spec(tiny_gpt2_dir, max_tokens=4))
+    recorder = Recorder()
+    thread = _run_in_thread(bridge, recorder)
+    assert recorder.ready.wait(timeout=60)
+    bridge.request_steps(2)
+    assert bridge.outstanding == 2
+    deadline = time.monotonic() + 30
+    while bridge.outstanding and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bridge.outstanding == 0
+    steps = [e for (batch,) in recorder.named("events") for e in batch if e.type == "step_finished"]
+    assert len(steps) == 2  # exactly the two asked for: nothing free-runs
+    bridge.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and bridge.exitcode == 0
