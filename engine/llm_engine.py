@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import xxhash
@@ -94,6 +95,14 @@ def kv_digests(cache_engine: CacheEngine, device: str, blocks: list[int]) -> lis
     return [xxhash.xxh32_hexdigest(row.tobytes()) for row in rows]
 
 
+def _decoder(tokenizer: Any) -> Callable[..., str]:
+    """The tokenizer's decode without its public wrapper: `decode` first walks every id through
+    `to_py_obj` (a generator and an `all()` per call), which was a fifth of a tiny model's decode
+    step; `_decode` is the same decoding and clean-up that `decode` then calls."""
+    inner = getattr(tokenizer, "_decode", None)
+    return inner if callable(inner) else tokenizer.decode
+
+
 class LLMEngine:
     """A paged-KV engine over one GPT-2 model: add_request, step, has_unfinished_requests."""
 
@@ -104,6 +113,7 @@ class LLMEngine:
         self.loaded = loaded if loaded is not None else load_model(config.model, config.device, dtype)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
+        self._decode = _decoder(self.tokenizer)
         self.device = self.loaded.device
         model_config = self.loaded.config
         self.max_model_len = model_config.max_model_len
@@ -331,7 +341,7 @@ class LLMEngine:
         old_text = seq.output_text
         seq.append_token_id(token_id)
         stop = self._stop_reason(group.sampling_params, seq, token_id)
-        new_text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        new_text = self._decode(seq.output_token_ids, skip_special_tokens=True)
         if new_text.endswith("\ufffd") and stop is None:
             piece = ""  # a multi-byte character split across tokens: wait for the rest
         else:

@@ -258,4 +258,5 @@ def test_shipped_model_matches_transformers_and_decodes_token_text():
             assert not any("Ġ" in piece or "Ċ" in piece for piece in event.prompt_tokens_text)
     for seq_id, output in zip(sorted(pieces), outputs):
         assert "".join(pieces[seq_id]) == output.outputs[0].text
+        assert output.outputs[0].text == hf[1].decode(output.outputs[0].token_ids, skip_special_tokens=True)
         assert "Ġ" not in output.outputs[0].text and "\ufffd" not in output.outputs[0].text
