@@ -27,6 +27,7 @@ from typing import Any
 from multiprocessing import resource_tracker
 
 from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
+from engine.events import new_event
 
 # What the child may be asked to call on its EngineBridge.
 _CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
@@ -168,6 +169,7 @@ class ProcessBridge:
                     ready = True
                     self.header = args[0]
                 elif name == "events":
+                    args = ([new_event(cls, values) for cls, values in args[0]],)
                     with self._lock:
                         self._in_flight += len(args[0])
                 elif name == "served":
@@ -236,7 +238,8 @@ def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: i
         loading=lambda text: send("loading", text),
         ready=lambda header: send("ready", header),
         failed=lambda error: send("failed", error),
-        events=lambda events: send("events", events),
+        # (class, values) pairs pickle at half the cost of the events themselves
+        events=lambda events: send("events", [(type(event), tuple(event)) for event in events]),
         notice=lambda text: send("notice", text),
         idle=lambda: send("idle"),
         served=lambda steps: send("served", steps),
