@@ -144,6 +144,8 @@ class BlockvizApp(App[None]):
     def _start(self, timeline: Timeline, live: bool) -> None:
         self.player = Player(timeline, live=live)
         self.screen.remove_class("-loading")
+        for loading in self.query("#loading"):  # its spinner would redraw 16 times a second, unseen
+            loading.remove()
         h = self.header
         caching = " · prefix caching" if h.get("enable_prefix_caching") else ""
         model = h.get("model", "?")
@@ -180,7 +182,8 @@ class BlockvizApp(App[None]):
             self.bridge.stop()
 
     def on_engine_loading(self, message: EngineLoading) -> None:
-        self.query_one("#loading-text", Label).update(message.text)
+        for label in self.query("#loading-text").results(Label):
+            label.update(message.text)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         h = self.header = dict(message.header)
