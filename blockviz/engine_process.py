@@ -158,13 +158,18 @@ class ProcessBridge:
             listener.failed(f"could not start the engine process: {one_line(exc)}")
             return
         process, from_child = self._process, self._from_child
-        ready = False
+        ready = closed = False
         try:
             while True:
                 try:
+                    if not from_child.poll(0.1):
+                        if self._stopped.is_set():
+                            break  # the UI is quitting: no need to wait for a model still loading
+                        continue
                     name, args = from_child.recv()
                 except (EOFError, OSError):
-                    break  # the child exited
+                    closed = True  # the child is exiting
+                    break
                 if name == "ready":
                     ready = True
                     self.header = args[0]
@@ -179,8 +184,10 @@ class ProcessBridge:
                 getattr(listener, name)(*args)
         finally:
             self.stop()
-            process.join(timeout=5)
-            if process.is_alive():  # stuck (in a model call, say): we end it
+            # A child that closed its end is on its way out; one still loading the model has
+            # nothing to lose when the UI quits; one that was running may finish its step.
+            process.join(timeout=5 if closed else 2 if ready else 0.2)
+            if process.is_alive():  # still loading, or stuck in a model call: we end it
                 self._terminated = True
                 process.terminate()
                 process.join(timeout=5)

@@ -157,3 +157,21 @@ def test_steps_asked_for_are_served_once_each(tiny_gpt2_dir):
     bridge.stop()
     thread.join(timeout=30)
     assert not thread.is_alive() and bridge.exitcode == 0
+
+
+async def test_quitting_while_the_model_loads_ends_the_engine_process_at_once(tiny_gpt2_dir):
+    bridge = ProcessBridge(_spec(tiny_gpt2_dir))
+    bridge.start()
+    app = BlockvizApp(bridge=bridge, deterministic=True)
+    notes: list[str] = []
+    app.notify = lambda message, **kwargs: notes.append(message)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)  # importing torch alone takes the child seconds
+        assert app.player is None
+        await pilot.press("q")
+    deadline = time.monotonic() + 60
+    while bridge.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bridge.header is None  # it never got as far as ready
+    assert bridge.exitcode == -signal.SIGTERM  # ended by the bridge, not waited for
+    assert app.error is None and notes == []  # and that is not reported as a crash
