@@ -40,7 +40,7 @@ class Event(tuple, metaclass=_EventType):
     An event is a frozen dataclass whose fields live in a tuple (as a namedtuple's do): assigning a
     field raises FrozenInstanceError, equality, hash and repr are the dataclass's, and the bus builds
     one with a single C call instead of a Python __init__ setting each field — several times
-    cheaper, which is what lets an engine with a subscriber append a slot at ~1.4x the bare cost
+    cheaper: an engine with a subscriber appends a slot at ~1.5x the bare cost, down from 2.4x
     (benchmarks/block_manager.py).
     """
 
