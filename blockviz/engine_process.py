@@ -21,10 +21,9 @@ import os
 import signal
 import tempfile
 import threading
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
-
-from multiprocessing import resource_tracker
 
 from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
 from engine.events import new_event
@@ -193,10 +192,12 @@ class ProcessBridge:
                 process.join(timeout=5)
             from_child.close()
             self.exitcode = process.exitcode
-        if self.exitcode not in (0, None) and not self._quiet_exit():
-            why = f"the engine process exited with code {self.exitcode}{self._last_log_line()}"
+        crashed = self.exitcode not in (0, None) and not self._quiet_exit()
+        log_line = self._last_log_line() if crashed else ""
+        if crashed:
+            why = f"the engine process exited with code {self.exitcode}{log_line}"
             (listener.notice if ready else listener.failed)(f"engine stopped: {why}" if ready else why)
-        elif self.exitcode == 0 and self.log_path.stat().st_size == 0:
+        if not log_line:  # the log is kept only when a crash message points at it
             self.log_path.unlink(missing_ok=True)
 
     def _quiet_exit(self) -> bool:

@@ -69,6 +69,7 @@ async def test_the_live_app_on_an_engine_process_draws_the_engines_run(tmp_path,
     while bridge.exitcode is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert bridge.exitcode == 0
+    assert not bridge.log_path.exists()  # a clean run leaves no log behind
 
 
 async def test_commands_reach_the_engine_process(tiny_gpt2_dir):
@@ -139,6 +140,7 @@ def test_a_killed_engine_process_is_reported_not_hung(tiny_gpt2_dir):
     assert not thread.is_alive() and bridge.exitcode == -signal.SIGKILL
     (note,), = recorder.named("notice")
     assert note.startswith("engine stopped: the engine process exited with code -9")
+    assert ("(log: " in note) == bridge.log_path.exists()  # kept only when it has something to say
 
 
 def test_steps_asked_for_are_served_once_each(tiny_gpt2_dir):
