@@ -26,11 +26,6 @@ SPEEDS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, math.inf)  # ev
 DEFAULT_SPEED_INDEX = 4  # 25 events/s
 
 
-def clone_state(state: ReducerState) -> ReducerState:
-    """A deep copy of a reducer state (the reducer's own block-by-block copy)."""
-    return state.copy()
-
-
 def state_equal(a: ReducerState, b: ReducerState) -> bool:
     """Two reducer states hold the same picture (every attribute equal)."""
     return vars(a) == vars(b)
@@ -56,7 +51,7 @@ class Timeline:
         self.events: list[ev.Event] = []
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
         self.position = 0
-        self._snapshots: dict[int, ReducerState] = {0: clone_state(self.state)}
+        self._snapshots: dict[int, ReducerState] = {0: self.state.copy()}
         self.step_ends: list[int] = []  # positions just after each step_finished
         self._step_stats: list[tuple[int, float]] = []  # (tokens generated, duration_s) per step
         self._tokens_since_step = 0
@@ -105,14 +100,14 @@ class Timeline:
             base = position - position % self.snapshot_every
             while base not in self._snapshots:  # only possible for positions never reached
                 base -= self.snapshot_every
-            self.state = clone_state(self._snapshots[base])
+            self.state = self._snapshots[base].copy()
             self.position = base
         state, events, every = self.state, self.events, self.snapshot_every
         for index in range(self.position, position):
             state.apply(events[index])
             done = index + 1
             if done % every == 0 and done not in self._snapshots:
-                self._snapshots[done] = clone_state(state)
+                self._snapshots[done] = state.copy()
         self.position = position
         return True
 

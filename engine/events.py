@@ -58,9 +58,9 @@ class Event(tuple, metaclass=_EventType):
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
 
-def _fields_as_properties(cls: type[Event]) -> list[str]:
+def _fields_as_properties(cls: type[Event]) -> None:
     """Give `cls` a read-only property per field (reading its tuple slot) and a __new__ taking the
-    fields positionally or by name; returns the field names in order."""
+    fields positionally or by name."""
     names = [f.name for f in fields(cls)]
     for index, name in enumerate(names):
         setattr(cls, name, property(itemgetter(index), doc=f"field {index} of the event tuple"))
@@ -69,7 +69,6 @@ def _fields_as_properties(cls: type[Event]) -> list[str]:
     exec(f"def __new__(cls, {params}):\n    return _new_tuple(cls, ({params},))\n", namespace)
     cls.__new__ = namespace["__new__"]
     cls.num_fields = len(names)
-    return names
 
 
 def _register(cls: type[Event]) -> type[Event]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockviz.history import Player, Timeline, clone_state, state_equal
+from blockviz.history import Player, Timeline, state_equal
 from blockviz.live import EngineBridge, EngineSpec, Listener
 from blockviz.messages import EngineEvents
 from engine.reducer import ReducerState
@@ -51,7 +51,7 @@ def test_the_state_at_every_position_is_the_reducer_over_the_prefix():
 def test_back_n_then_forward_n_returns_the_same_state(start, n, every):
     timeline = _timeline(every)
     timeline.seek(start)
-    before = clone_state(timeline.state)
+    before = timeline.state.copy()
     n = min(n, start)
     timeline.back(n)
     assert timeline.position == start - n
@@ -64,7 +64,7 @@ def test_clone_is_deep():
     timeline = _timeline()
     timeline.seek(len(EVENTS) // 2)
     before = copy.deepcopy(timeline.state)
-    clone = clone_state(timeline.state)
+    clone = timeline.state.copy()
     assert state_equal(clone, before)
     used = next(b for b in clone.pools["gpu"] if b.owners)
     used.owners.add(999)
