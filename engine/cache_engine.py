@@ -119,12 +119,38 @@ class CacheEngine:
 
         Equal fingerprints after copy-on-write or a swap show the destination got the source's data.
         """
-        pool = {"gpu": self._gpu_kv, "cpu": self._cpu_kv}.get(device)
-        if pool is None:
-            raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+        pool = self._pool(device)
         self._check(pool, [block])
         data = pool[:, :, :, block].contiguous().cpu()  # (num_layers, 2, num_kv_heads, block_size, head_dim)
         return xxhash.xxh32_hexdigest(data.view(torch.uint8).numpy().tobytes())
+
+    @torch.inference_mode()
+    def kv_digests(self, device: Literal["gpu", "cpu"], blocks: Sequence[int]) -> list[str]:
+        """8 hex chars per block digesting its first layer's K and V (low 32 bits of xxh3_64).
+
+        What the engine emits every step for the blocks it wrote, copied or swapped: one layer is
+        enough to show a learner that the destination holds the source's data, and cheap enough to
+        run every step. The blocks are gathered block-major in one copy (through numpy on the CPU:
+        no torch op, so no OpenMP region), then each block's bytes are hashed where they lie; xxh3
+        reads ~5x faster than xxh32 here (16 blocks a step: ~60 us against ~270 us).
+        """
+        layer = self._pool(device)[0]  # (2, num_kv_heads, num_blocks, block_size, head_dim)
+        if not blocks:
+            return []
+        self._check(self._pool(device), blocks)
+        if layer.device.type == "cpu" and layer.dtype in (torch.float32, torch.float16):
+            rows = layer.numpy().transpose(2, 0, 1, 3, 4)[list(blocks)].reshape(len(blocks), -1)
+        else:
+            index = torch.tensor(blocks, dtype=torch.int64, device=layer.device)
+            gathered = layer.permute(2, 0, 1, 3, 4).index_select(0, index).reshape(len(blocks), -1)
+            rows = gathered.cpu().view(torch.uint8).numpy()
+        return [f"{xxhash.xxh3_64_intdigest(row) & 0xFFFFFFFF:08x}" for row in rows]
+
+    def _pool(self, device: str) -> torch.Tensor:
+        pool = {"gpu": self._gpu_kv, "cpu": self._cpu_kv}.get(device)
+        if pool is None:
+            raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+        return pool
 
     @staticmethod
     def get_cache_block_size(

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import xxhash
 
 from engine.attention import AttentionMetadata
 from engine.block_manager import BlockSpaceManager
@@ -74,25 +73,6 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-
-
-@torch.inference_mode()
-def kv_digests(cache_engine: CacheEngine, device: str, blocks: list[int]) -> list[str]:
-    """8-hex-char digests of the first layer's K and V of each block.
-
-    One layer is enough to show a learner that after copy-on-write or a swap the destination holds
-    the source's data, and cheap enough to run every step: on the CPU the cache is read in place
-    through numpy (no torch op per block), elsewhere the blocks are gathered in one copy.
-    """
-    pool = cache_engine.gpu_cache if device == "gpu" else cache_engine.cpu_cache
-    k_cache, v_cache = pool[0]  # (num_blocks, block_size, num_kv_heads, head_dim) each
-    if k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.float16):
-        k, v = k_cache.numpy(), v_cache.numpy()  # views of the cache, strides and all
-        return [xxhash.xxh32_hexdigest(k[b].tobytes() + v[b].tobytes()) for b in blocks]
-    index = torch.tensor(blocks, dtype=torch.int64, device=k_cache.device)
-    kv = torch.stack((k_cache.index_select(0, index), v_cache.index_select(0, index)), dim=1)
-    rows = kv.reshape(len(blocks), -1).contiguous().cpu().view(torch.uint8).numpy()  # (n, bytes)
-    return [xxhash.xxh32_hexdigest(row.tobytes()) for row in rows]
 
 
 def _decoder(tokenizer: Any) -> Callable[..., str]:
@@ -376,7 +356,7 @@ class LLMEngine:
     def _emit_digests(self, device: str, blocks: list[int]) -> None:
         if not (self.events.active and self.config.kv_digests and blocks):
             return
-        for block, digest in zip(blocks, kv_digests(self.cache_engine, device, blocks)):
+        for block, digest in zip(blocks, self.cache_engine.kv_digests(device, blocks)):
             self.events.emit(KVDigest, device=device, block=block, digest=digest)
 
     # ------------------------------------------------------------------ outputs

@@ -87,6 +87,26 @@ def test_fingerprint_is_short_stable_and_sensitive(cache):
     assert cache.block_fingerprint("gpu", 0) != fp
 
 
+def test_kv_digests_follow_first_layer_k_and_v_through_copies_and_swaps(cache):
+    digests = cache.kv_digests("gpu", [1, 6, 3])
+    assert len(digests) == 3 and all(len(d) == 8 and int(d, 16) >= 0 for d in digests)
+    assert len(set(digests)) == 3
+    cache.copy([(1, 6)])
+    cache.swap_out([(3, 4)])
+    assert cache.kv_digests("gpu", [6]) == [digests[0]]
+    assert cache.kv_digests("cpu", [4]) == [digests[2]]
+    assert cache.kv_digests("gpu", [1, 1]) == [digests[0]] * 2
+    for kv in (0, 1):  # one element of the first layer's K, then of its V
+        before = cache.kv_digests("gpu", [6])
+        cache.gpu_cache[0][kv][6, BLOCK_SIZE - 1, NUM_HEADS - 1, HEAD_DIM - 1] += 1.0
+        assert cache.kv_digests("gpu", [6]) != before
+    assert cache.kv_digests("gpu", []) == []
+    with pytest.raises(IndexError):
+        cache.kv_digests("gpu", [8])
+    with pytest.raises(ValueError):
+        cache.kv_digests("disk", [0])
+
+
 def test_bad_block_numbers_and_pool_names_raise(cache):
     with pytest.raises(IndexError):
         cache.copy([(0, 8)])
