@@ -9,27 +9,34 @@
    state to the PoolGrid and renders every visible line through Textual's Widget.render_lines.
    Also the whole app (every panel, Textual's compositor) end to end. Target: >= 30 frames/s.
 2. The engine's tokens/s with the TUI attached (live app, headless, playing at "max", the engine
-   in its own process as `blockviz run` runs it) against the same engine with nothing attached,
-   in one run, alternating rounds. The attached time runs from pressing play to the engine's
-   report that it finished reaching the app. Two more figures: the engine with one subscriber
-   and no UI (what being watched costs the engine itself: building events, K/V digests), and the
-   app with the engine on a thread of its own process (why blockviz runs it in a process).
-   Target the ratio >= 0.95x.
+   in its own process as `blockviz run` runs it) against the same engine with nothing attached.
+   Each round starts an engine process that, once loaded and before the app starts, warms up and
+   times the workload alone and with one subscriber keeping every event (what being watched costs
+   the engine itself: building events, K/V digests); then the app attaches and the same engine
+   runs the workload again, timed from pressing play to the engine's report that it finished
+   reaching the app. Comparing within one process matters here: fresh processes differ in speed
+   by up to a third on this machine. The ratio is the median of the rounds' ratios. One more
+   figure: the app with the engine on a thread of its own process (why blockviz runs it in a
+   process). Target the ratio >= 0.95x.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from blockviz.live import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
 NUM_CPU_BLOCKS = 512
@@ -180,42 +187,53 @@ PROMPTS = ("ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:"
 
 
 def _spec(model: str, max_tokens: int):
-    from blockviz.live import EngineSpec
-
     return EngineSpec(model=model, prompts=PROMPTS, n=1, max_tokens=max_tokens, block_size=16,
                       num_gpu_blocks=512, num_cpu_blocks=64, device="cpu", seed=0)
 
 
-def alone_in_a_process(spec, observed: bool = False) -> float:
-    """The engine with no UI, in a fresh process stepping on its main thread, as the engine
-    process of `blockviz run` does; `observed` attaches one subscriber that keeps every event
-    (what being watched costs the engine itself: building events, K/V digests)."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_alone_child, args=(spec, observed, send))
-    process.start()
-    send.close()
-    elapsed = receive.recv()
-    process.join()
-    return elapsed
-
-
-def _alone_child(spec, observed: bool, out) -> None:
-    out.send(_steps_alone(spec, spec.make_engine(), observed))
-
-
 def _steps_alone(spec, engine, observed: bool = False) -> float:
-    if observed:
-        events: list = []
-        engine.events.subscribe(events.append)
+    """Run the spec's requests to the end on `engine` with nothing attached (`observed`: one
+    subscriber keeping every event: what being watched costs the engine itself, building events
+    and K/V digests); returns the wall time of the steps."""
+    unsubscribe = engine.events.subscribe([].append) if observed else None
     for prompt in spec.prompts:
         engine.add_request(prompt, spec.sampling_params())
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    if unsubscribe is not None:
+        unsubscribe()
+    return elapsed
+
+
+def _time_alone(spec, engine, observed_first: bool) -> dict[str, float]:
+    """A short warm-up, then the workload alone and observed (in the order given)."""
+    from dataclasses import replace
+
+    _steps_alone(replace(spec, max_tokens=min(32, spec.max_tokens)), engine)
+    times = {}
+    for observed in (observed_first, not observed_first):
+        times["observed" if observed else "alone"] = _steps_alone(spec, engine, observed)
+    return times
+
+
+@dataclass(slots=True)
+class TimedSpec(EngineSpec):
+    """The spec the attached run's engine process is given: once loaded, and before the app
+    exists, its make_engine times the same workload alone (and observed) on the same engine in
+    the same process, and writes the times to `result_path`. Fresh processes differ in speed by
+    up to a third on this machine (where their memory and threads land); comparing within one
+    process keeps that out of the ratio."""
+
+    result_path: str = ""
+    observed_first: bool = False
+
+    def make_engine(self):
+        engine = EngineSpec.make_engine(self)  # (no zero-argument super() in a slots dataclass)
+        times = _time_alone(self, engine, self.observed_first)
+        Path(self.result_path).write_text(json.dumps(times))
+        return engine
 
 
 async def _run_with_tui(spec, bridge, size: tuple[int, int]) -> tuple[float, int]:
@@ -250,25 +268,38 @@ async def _run_with_tui(spec, bridge, size: tuple[int, int]) -> tuple[float, int
     return elapsed, tokens
 
 
-def with_tui_in_a_process(spec) -> tuple[float, int]:
-    """What `blockviz run` does: the engine in its own process (blockviz/engine_process.py)."""
+def attached_round(spec, observed_first: bool) -> dict[str, float]:
+    """What `blockviz run` does: the engine in its own process (blockviz/engine_process.py), the
+    live app at 120x36. The same engine process first times the workload with nothing attached
+    (TimedSpec); the app starts once that is done, so nothing else runs meanwhile."""
     from blockviz.engine_process import ProcessBridge
 
-    bridge = ProcessBridge(spec)
+    result = Path(tempfile.mkdtemp(prefix="blockviz-bench-")) / "alone.json"
+    bridge = ProcessBridge(TimedSpec(**spec.as_dict(), result_path=str(result), observed_first=observed_first))
     bridge.start()
-    return asyncio.run(_run_with_tui(spec, bridge, (120, 36)))
+    while not result.exists():
+        if not bridge._process.is_alive():
+            raise RuntimeError(f"the engine process exited with code {bridge._process.exitcode}")
+        time.sleep(0.05)
+    times = json.loads(result.read_text())
+    times["attached"], times["tokens"] = asyncio.run(_run_with_tui(spec, bridge, (120, 36)))
+    return times
 
 
-def with_tui_in_a_thread(spec, loaded) -> tuple[float, int]:
-    """The engine on a thread of the app's own process (EngineBridge, as the tests drive it)."""
+def thread_round(spec, loaded, observed_first: bool) -> dict[str, float]:
+    """The app with the engine on a thread of its own process (EngineBridge, as the tests drive
+    it), against the same engine alone in this process first."""
     from blockviz.live import EngineBridge
     from engine import LLMEngine
 
-    bridge = EngineBridge(spec, make_engine=lambda: LLMEngine(spec.engine_config(), loaded=loaded))
-    return asyncio.run(_run_with_tui(spec, bridge, (120, 36)))
+    engine = LLMEngine(spec.engine_config(), loaded=loaded)
+    times = _time_alone(spec, engine, observed_first)
+    bridge = EngineBridge(spec, make_engine=lambda: engine)
+    times["attached"], times["tokens"] = asyncio.run(_run_with_tui(spec, bridge, (120, 36)))
+    return times
 
 
-def bench_engine(model: str | None, rounds: int, max_tokens: int) -> None:
+def bench_engine(model: str | None, rounds: int, max_tokens: int, thread: bool) -> None:
     from engine.model_loader import load_model
 
     model = model or (_bundled() or _tiny_model_dir())
@@ -277,44 +308,36 @@ def bench_engine(model: str | None, rounds: int, max_tokens: int) -> None:
     import torch
 
     threads = torch.get_num_threads()
-    runs = {
-        "alone": lambda: alone_in_a_process(spec),
-        "observed": lambda: alone_in_a_process(spec, observed=True),
-        "process": lambda: with_tui_in_a_process(spec),
-        "thread": lambda: with_tui_in_a_thread(spec, loaded),
-    }
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    ratios: list[float] = []
-    tokens = 0
+    kinds = {"process": lambda observed_first: attached_round(spec, observed_first)}
+    if thread:
+        kinds["thread"] = lambda observed_first: thread_round(spec, loaded, observed_first)
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for round_no in range(rounds):
-        # This machine's speed drifts by 10-20% over seconds; running the variants in the order
-        # A B C D, then D C B A, and comparing within a round keeps the drift out of the ratio.
-        order = list(runs) if round_no % 2 == 0 else list(reversed(runs))
-        for name in order:
-            result = runs[name]()
-            elapsed, tokens = result if isinstance(result, tuple) else (result, tokens)
-            times[name].append(elapsed)
+        for kind in (list(kinds) if round_no % 2 == 0 else list(reversed(kinds))):
+            results[kind].append(kinds[kind](round_no % 2 == 1))
             torch.set_num_threads(threads)  # the in-thread app leaves a core to its UI
-        ratios.append(times["alone"][-1] / times["process"][-1])
-    median = {name: statistics.median(values) for name, values in times.items()}
-    base = median["alone"]
+    tokens = int(results["process"][0]["tokens"])
 
-    def line(label: str, name: str, note: str) -> str:
-        t = median[name]
-        each = ", ".join(f"{tokens / v:.0f}" for v in times[name])
-        return f"  {label:<34} {tokens / t:8.1f} tokens/s ({base / t:.2f}x; rounds {each}) {note}"
+    def line(label: str, kind: str, name: str, note: str) -> tuple[str, float]:
+        rates = [tokens / r[name] for r in results[kind]]
+        per_round = [r["alone"] / r[name] for r in results[kind]]
+        ratio = statistics.median(per_round)
+        low, _, high = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else (ratio,) * 3
+        return (f"  {label:<34} {statistics.median(rates):7.1f} tokens/s  {ratio:.2f}x (middle half "
+                f"{low:.2f}-{high:.2f}; rounds {', '.join(f'{r:.2f}' for r in per_round)}) {note}"), ratio
 
     print(f"engine: {model}, {len(spec.prompts)} requests x {max_tokens} tokens = {tokens} tokens, CPU, "
-          f"{threads} torch threads (the in-thread app: {max(1, threads - 1)}), median of {rounds} "
-          f"rounds; each run but the in-thread one in a fresh process")
-    print(line("without TUI", "alone", ""))
-    print(line("events subscribed, no UI", "observed", "(the engine's own cost of being watched)"))
-    print(line("TUI attached (blockviz run)", "process", "(engine process, live app 120x36 at max)"))
-    print(line("TUI attached, engine in a thread", "thread", "(one process: engine and UI share the GIL)"))
-    ratio = statistics.median(ratios)
-    print(f"  ratio: {ratio:.2f}x, the median of each round's attached/alone "
-          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})  "
-          f"[{'ok' if ratio >= 0.95 else 'BELOW TARGET'}: target >= 0.95x]")
+          f"{threads} torch threads, {rounds} rounds; each round compares runs of one engine in one process "
+          f"(after a warm-up); a ratio is the median of the rounds' ratios")
+    print(line("without TUI", "process", "alone", "(in the engine process, before the app starts)")[0])
+    print(line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")[0])
+    text, ratio = line("TUI attached (blockviz run)", "process", "attached", "(engine process, live app 120x36 at max)")
+    print(text)
+    if thread:
+        print(line("TUI attached, engine in a thread", "thread", "attached",
+                   f"(one process, engine on {max(1, threads - 1)} torch threads: engine and UI share the GIL)")[0])
+    print(f"  ratio: {ratio:.2f}x with the TUI attached  [{'ok' if ratio >= 0.95 else 'BELOW TARGET'}: "
+          f"target >= 0.95x]", flush=True)
 
 
 def _bundled() -> str | None:
@@ -327,13 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("frames", "engine", "all"), default="all")
     parser.add_argument("--seconds", type=float, default=2.0, help="per frames/s measurement")
     parser.add_argument("--model", default=None, help="engine part: checkpoint (default: bundled, else a tiny GPT-2)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9,
+                        help="engine part: rounds (this machine drifts; more rounds, steadier median)")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--no-thread", action="store_true", help="engine part: skip the engine-in-a-thread figure")
     args = parser.parse_args(argv)
     if args.part in ("frames", "all"):
         bench_frames(args.seconds)
     if args.part in ("engine", "all"):
-        bench_engine(args.model, args.rounds, args.max_tokens)
+        bench_engine(args.model, args.rounds, args.max_tokens, not args.no_thread)
     return 0
 
 
