@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
-from engine.events import new_event
 
 # What the child may be asked to call on its EngineBridge.
 _CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
@@ -173,7 +172,7 @@ class ProcessBridge:
                     ready = True
                     self.header = args[0]
                 elif name == "events":
-                    args = ([new_event(cls, values) for cls, values in args[0]],)
+                    args = ([cls.from_values(values) for cls, values in args[0]],)
                     with self._lock:
                         self._in_flight += len(args[0])
                 elif name == "served":

@@ -23,11 +23,12 @@ from engine.events import (
     SlotAppended,
     SwappedIn,
     SwappedOut,
-    new_event,
 )
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 BlockTable = list[PhysicalTokenBlock]
+
+new_slot_appended = SlotAppended.from_values  # the per-token event, built in one C call
 
 
 class AllocStatus(enum.Enum):
@@ -240,8 +241,8 @@ class BlockSpaceManager:
                                 src_ref_count=src.ref_count, token_ids=block.token_ids)
             block.token_ids = block.token_ids[:offset] + (token_id,)
         if events.active:  # events.emit(SlotAppended, ...) written out: see EventBus
-            event = new_event(SlotAppended, (next(events.seq_nos), seq_id, "gpu", index, block.block_number,
-                                             offset, token_id))
+            event = new_slot_appended((next(events.seq_nos), seq_id, "gpu", index, block.block_number,
+                                       offset, token_id))
             try:
                 events.deliver(event)
             except Exception as exc:  # a broken view must never break the engine

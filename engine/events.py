@@ -22,15 +22,23 @@ logger = logging.getLogger("engine")
 EVENT_TYPES: dict[str, type["Event"]] = {}
 
 
-_new_tuple = tuple.__new__
+_type_call = type.__call__  # type_call itself, whatever a metaclass's __call__ says
 
 
 class _EventType(type):
-    """Every event class stores its fields in the tuple it is: no per-instance __dict__."""
+    """Every event class stores its fields in the tuple it is: no per-instance __dict__.
+
+    Calling an event class with its fields, positionally or by name, is a dataclass's
+    constructor (written in Python per class: `_from_fields`). The classes themselves keep
+    tuple's C `__new__`, so `cls.from_values(values)` builds an event from its field values in
+    one C call: the engine's hot paths and the pipe of the live TUI use that."""
 
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
         namespace.setdefault("__slots__", ())
         return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._from_fields(*args, **kwargs)
 
 
 @dataclass(frozen=True, init=False)
@@ -39,17 +47,18 @@ class Event(tuple, metaclass=_EventType):
 
     An event is a frozen dataclass whose fields live in a tuple (as a namedtuple's do): assigning a
     field raises FrozenInstanceError, equality, hash and repr are the dataclass's, and the bus builds
-    one with a single C call instead of a Python __init__ setting each field — several times
-    cheaper: an engine with a subscriber appends a slot at ~1.5x the bare cost, down from 2.4x
-    (benchmarks/block_manager.py).
+    one with a single C call (`from_values`) instead of a Python __init__ setting each field —
+    several times cheaper: an engine with a subscriber appends a slot at ~1.4x the bare cost, down
+    from 2.4x (benchmarks/block_manager.py).
     """
 
     seq_no: int
     type: ClassVar[str] = "event"
     num_fields: ClassVar[int] = 1
+    from_values: ClassVar[Callable[[tuple[Any, ...]], "Event"]]  # set per class by _fields_as_properties
 
-    def __getnewargs__(self) -> tuple[Any, ...]:  # pickle and copy rebuild through __new__
-        return tuple(self)
+    def __getnewargs__(self) -> tuple[Any, ...]:  # pickle and copy rebuild through tuple.__new__
+        return (tuple(self),)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
@@ -59,15 +68,19 @@ class Event(tuple, metaclass=_EventType):
 
 
 def _fields_as_properties(cls: type[Event]) -> None:
-    """Give `cls` a read-only property per field (reading its tuple slot) and a __new__ taking the
-    fields positionally or by name."""
+    """Give `cls` a read-only property per field (reading its tuple slot), the constructor by
+    field (`_from_fields`, what calling the class does) and `from_values`, its C constructor
+    from a tuple of every field value in order (not checked: the caller counts)."""
     names = [f.name for f in fields(cls)]
     for index, name in enumerate(names):
         setattr(cls, name, property(itemgetter(index), doc=f"field {index} of the event tuple"))
-    namespace = {"_new_tuple": _new_tuple}
+    cls.from_values = _type_call.__get__(cls)  # a bound method-wrapper: C all the way to tuple's __new__
+    namespace = {"from_values": cls.from_values}
     params = ", ".join(names)
-    exec(f"def __new__(cls, {params}):\n    return _new_tuple(cls, ({params},))\n", namespace)
-    cls.__new__ = namespace["__new__"]
+    exec(f"def _from_fields({params}):\n    return from_values(({params},))\n", namespace)
+    build = namespace["_from_fields"]
+    build.__qualname__ = build.__name__ = cls.__name__  # errors read "SlotAppended() missing ..."
+    cls._from_fields = staticmethod(build)
     cls.num_fields = len(names)
 
 
@@ -361,7 +374,7 @@ class EventBus:
     appended) uses the same steps written out, each a C call, since a Python call per token is
     most of what a subscriber costs there:
 
-        event = new_event(SlotAppended, (next(bus.seq_nos), seq_id, ...))
+        event = SlotAppended.from_values((next(bus.seq_nos), seq_id, ...))
         try:
             bus.deliver(event)
         except Exception as exc:
@@ -410,7 +423,7 @@ class EventBus:
         if values:
             event = cls(seq_no, *args, **values)
         elif len(args) + 1 == cls.num_fields:
-            event = _new_tuple(cls, (seq_no, *args))  # no Python __new__ call
+            event = cls.from_values((seq_no, *args))  # one C call
         else:
             raise TypeError(f"{cls.__name__} takes {cls.num_fields - 1} field values after seq_no, "
                             f"got {len(args)}")
@@ -443,5 +456,3 @@ class EventBus:
 def _nobody(event: Event) -> None:
     """What `deliver` is with no subscriber (emit sites check `active` first)."""
 
-
-new_event = _new_tuple  # new_event(cls, (seq_no, *field_values)): an event in one C call

@@ -398,7 +398,7 @@ def test_unsubscribed_bus_builds_no_events(monkeypatch):
     assert not bus.active
     built = []
     monkeypatch.setattr(events_module.EventBus, "emit", lambda self, *a, **k: built.append(a))
-    monkeypatch.setattr(manager_module, "new_event", lambda *a: built.append(a))  # the per-token path
+    monkeypatch.setattr(manager_module, "new_slot_appended", lambda values: built.append((SlotAppended, values)))
     manager = BlockSpaceManager(4, 4, 0, watermark=0.0, events=bus)
     group = make_group(5, 4)
     run(group, manager)
@@ -438,6 +438,14 @@ def test_events_are_frozen_dataclasses_of_plain_values():
     assert repr(event).startswith("SlotAppended(seq_no=3, seq_id=1,")
     assert event.to_dict() == {"type": "slot_appended", "seq_no": 3, "seq_id": 1, "device": "gpu",
                                "logical_index": 0, "block": 5, "offset": 2, "token_id": 42}
+    # the C constructor from field values in order builds the same event; the class, by field
+    built = SlotAppended.from_values((3, 1, "gpu", 0, 5, 2, 42))
+    assert type(built) is SlotAppended and built == event and hash(built) == hash(event)
+    assert SlotAppended(3, 1, "gpu", 0, 5, 2, 42) == event
+    with pytest.raises(TypeError, match=r"SlotAppended\(\) missing 1 required positional argument: 'token_id'"):
+        SlotAppended(3, 1, "gpu", 0, 5, 2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        SlotAppended(3, 1, "gpu", 0, 5, 2, 42, colour="red")
 
 
 def test_emit_checks_the_number_of_values_and_numbers_events():
