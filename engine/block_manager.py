@@ -28,7 +28,9 @@ from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 BlockTable = list[PhysicalTokenBlock]
 
-new_slot_appended = SlotAppended.from_values  # the per-token event, built in one C call
+# append_slots' events (a slot per token, a block every block_size tokens), built in one C call
+new_slot_appended = SlotAppended.from_values
+new_block_allocated = BlockAllocated.from_values
 
 
 class AllocStatus(enum.Enum):
@@ -223,8 +225,13 @@ class BlockSpaceManager:
             block = self.gpu_allocator.allocate()
             block.token_ids = (token_id,)
             table.append(block)
-            if events.active:  # (device, block, seq_ids, logical_index, ref_count, hash, token_ids)
-                events.emit(BlockAllocated, "gpu", block.block_number, (seq_id,), index, 1, None, ())
+            if events.active:  # events.emit(BlockAllocated, ...) written out, as for SlotAppended below
+                event = new_block_allocated((next(events.seq_nos), "gpu", block.block_number, (seq_id,), index,
+                                             1, None, ()))
+                try:
+                    events.deliver(event)
+                except Exception as exc:
+                    events.recover(event, exc)
         else:
             block = table[index]
             if block.ref_count > 1:

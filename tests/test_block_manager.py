@@ -9,7 +9,7 @@ import pytest
 
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
 from engine.block_allocator import compute_block_hash
-from engine.events import SlotAppended
+from engine.events import BlockAllocated, SlotAppended
 from engine.invariants import check_invariants
 from engine.reducer import ReducerState
 
@@ -399,6 +399,7 @@ def test_unsubscribed_bus_builds_no_events(monkeypatch):
     built = []
     monkeypatch.setattr(events_module.EventBus, "emit", lambda self, *a, **k: built.append(a))
     monkeypatch.setattr(manager_module, "new_slot_appended", lambda values: built.append((SlotAppended, values)))
+    monkeypatch.setattr(manager_module, "new_block_allocated", lambda values: built.append((BlockAllocated, values)))
     manager = BlockSpaceManager(4, 4, 0, watermark=0.0, events=bus)
     group = make_group(5, 4)
     run(group, manager)
@@ -415,6 +416,10 @@ def test_unsubscribed_bus_builds_no_events(monkeypatch):
     seq.append_token_id(7)
     manager.append_slots(seq)
     assert any(a[0] is SlotAppended for a in built)
+    for token in range(4):  # and the block a decode slot opens
+        seq.append_token_id(token)
+        manager.append_slots(seq)
+    assert any(a[0] is BlockAllocated for a in built)
 
 
 def test_events_are_frozen_dataclasses_of_plain_values():
