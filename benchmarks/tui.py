@@ -3,6 +3,8 @@
     python benchmarks/tui.py                  # both parts
     python benchmarks/tui.py --part frames    # pool view only (no torch)
     python benchmarks/tui.py --part engine --model DIR
+    python benchmarks/tui.py --part engine --gpt2-shape --max-tokens 64 --rounds 5 --no-thread
+                                              # a random GPT-2-small-shaped model: --model gpt2's speed
 
 1. Frames/s of the pool view on a 4,096-block GPU pool under a stream of real BlockSpaceManager
    events (headless): each frame applies a batch of events to the timeline's reducer, hands the
@@ -171,6 +173,15 @@ def bench_frames(seconds: float) -> None:
 
 
 # ---------------------------------------------------------------------------- 2. engine tokens/s
+
+
+def _gpt2_shape_dir() -> str:
+    """A random checkpoint shaped like GPT-2 small (12 layers, 768 wide, 50,257 tokens): what
+    `--model gpt2` runs, built here since nothing can be downloaded (benchmarks/throughput.py)."""
+    from throughput import build_model
+
+    print("building a random GPT-2-small-shaped checkpoint (~500 MB)...", flush=True)
+    return str(build_model(Path(tempfile.mkdtemp(prefix="blockviz-bench-")) / "gpt2-shape", 12, 768, 12))
 
 
 def _tiny_model_dir() -> str:
@@ -351,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("frames", "engine", "all"), default="all")
     parser.add_argument("--seconds", type=float, default=2.0, help="per frames/s measurement")
     parser.add_argument("--model", default=None, help="engine part: checkpoint (default: bundled, else a tiny GPT-2)")
+    parser.add_argument("--gpt2-shape", action="store_true",
+                        help="engine part: a random GPT-2-small-shaped checkpoint (the speed of --model gpt2)")
     parser.add_argument("--rounds", type=int, default=9,
                         help="engine part: rounds (this machine drifts; more rounds, steadier median)")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -359,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("frames", "all"):
         bench_frames(args.seconds)
     if args.part in ("engine", "all"):
-        bench_engine(args.model, args.rounds, args.max_tokens, not args.no_thread)
+        model = _gpt2_shape_dir() if args.gpt2_shape else args.model
+        bench_engine(model, args.rounds, args.max_tokens, not args.no_thread)
     return 0
 
 
