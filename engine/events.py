@@ -370,9 +370,10 @@ class EventBus:
     an event. A subscriber that raises is detached and its error recorded in `errors` (and logged);
     the engine goes on.
 
-    `emit(cls, *values)` is the way to send an event. The one per-token call site (a decode slot
-    appended) uses the same steps written out, each a C call, since a Python call per token is
-    most of what a subscriber costs there:
+    `emit(cls, *values)` is the way to send an event (values by name work too, at the cost of a
+    Python call). BlockSpaceManager.append_slots, the block manager's per-token path, uses the same
+    steps written out, each a C call, since a Python call per token is most of what a subscriber
+    costs there:
 
         event = SlotAppended.from_values((next(bus.seq_nos), seq_id, ...))
         try:

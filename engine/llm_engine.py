@@ -328,8 +328,8 @@ class LLMEngine:
             piece = new_text[len(old_text):] if new_text.startswith(old_text) else new_text
             seq.output_text = new_text
         if self.events.active:
-            self.events.emit(TokenGenerated, seq_id=seq.seq_id, token_id=token_id, text=piece,
-                             position=seq.get_len() - 1)
+            # per token: field values in order (seq_id, token_id, text, position), no by-name call
+            self.events.emit(TokenGenerated, seq.seq_id, token_id, piece, seq.get_len() - 1)
         if stop is not None:
             seq.status, detail = stop
             self.block_manager.free(seq)
@@ -357,7 +357,7 @@ class LLMEngine:
         if not (self.events.active and self.config.kv_digests and blocks):
             return
         for block, digest in zip(blocks, self.cache_engine.kv_digests(device, blocks)):
-            self.events.emit(KVDigest, device=device, block=block, digest=digest)
+            self.events.emit(KVDigest, device, block, digest)  # per written block: positional, as above
 
     # ------------------------------------------------------------------ outputs
 

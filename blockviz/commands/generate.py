@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import Counter
 
 from blockviz.cli import UsageError, add_engine_options
 
