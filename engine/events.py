@@ -338,7 +338,8 @@ class SequenceFinished(Event):
 @_register
 @dataclass(frozen=True, init=False)
 class KVDigest(Event):
-    """A short digest of a block's real K/V contents after the engine wrote or moved it."""
+    """A short digest of a block's real K/V contents (its first layer's first head, K then V) after
+    the engine wrote or moved it: CacheEngine.kv_digests."""
 
     device: str
     block: int

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import xxhash
 
 from engine.cache_engine import (
     DEFAULT_CPU_KV_CACHE_BYTES,
@@ -96,15 +97,31 @@ def test_kv_digests_follow_first_layer_k_and_v_through_copies_and_swaps(cache):
     assert cache.kv_digests("gpu", [6]) == [digests[0]]
     assert cache.kv_digests("cpu", [4]) == [digests[2]]
     assert cache.kv_digests("gpu", [1, 1]) == [digests[0]] * 2
-    for kv in (0, 1):  # one element of the first layer's K, then of its V
+    for kv in (0, 1):  # one element of the first layer's first head: in K, then in V
         before = cache.kv_digests("gpu", [6])
-        cache.gpu_cache[0][kv][6, BLOCK_SIZE - 1, NUM_HEADS - 1, HEAD_DIM - 1] += 1.0
+        cache.gpu_cache[0][kv][6, BLOCK_SIZE - 1, 0, HEAD_DIM - 1] += 1.0
         assert cache.kv_digests("gpu", [6]) != before
     assert cache.kv_digests("gpu", []) == []
     with pytest.raises(IndexError):
         cache.kv_digests("gpu", [8])
     with pytest.raises(ValueError):
         cache.kv_digests("disk", [0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # numpy's path on the CPU; torch's
+def test_kv_digest_is_xxh3_of_the_first_heads_k_then_v(dtype):
+    cache = CacheEngine(NUM_LAYERS, NUM_HEADS, HEAD_DIM, BLOCK_SIZE, num_gpu_blocks=6, num_cpu_blocks=2,
+                        device=DEVICE, dtype=dtype)
+    k, v = cache.gpu_cache[0]  # (num_blocks, block_size, heads, head_dim)
+    gen = torch.Generator().manual_seed(1)
+    k.copy_(torch.randn(k.shape, generator=gen))
+    v.copy_(torch.randn(v.shape, generator=gen))
+
+    def expected(b: int) -> str:
+        data = b"".join(t[b, :, 0].contiguous().cpu().view(torch.uint8).numpy().tobytes() for t in (k, v))
+        return f"{xxhash.xxh3_64_intdigest(data) & 0xFFFFFFFF:08x}"
+
+    assert cache.kv_digests("gpu", [4, 0, 2]) == [expected(4), expected(0), expected(2)]
 
 
 def test_bad_block_numbers_and_pool_names_raise(cache):
