@@ -102,12 +102,14 @@ class Timeline:
                 base -= self.snapshot_every
             self.state = self._snapshots[base].copy()
             self.position = base
-        state, events, every = self.state, self.events, self.snapshot_every
-        for index in range(self.position, position):
-            state.apply(events[index])
-            done = index + 1
-            if done % every == 0 and done not in self._snapshots:
-                self._snapshots[done] = state.copy()
+        state, every = self.state, self.snapshot_every
+        start = self.position
+        while start < position:  # fold up to each snapshot boundary in one batch
+            stop = min(position, (start // every + 1) * every)
+            state.apply_all(self.events[start:stop])
+            if stop % every == 0 and stop not in self._snapshots:
+                self._snapshots[stop] = state.copy()
+            start = stop
         self.position = position
         return True
 

@@ -8,6 +8,7 @@ operation; that is what makes "every picture is the engine's real state" true.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, field
 
 from engine import events as ev
@@ -147,8 +148,21 @@ class ReducerState:
         self.last_seq_no = event.seq_no
 
     def apply_all(self, events) -> "ReducerState":
+        """apply() each event in order, with the bookkeeping done once per batch: a live run at
+        full speed folds thousands of events a second on the UI's side."""
+        events = events if isinstance(events, (list, tuple)) else list(events)
+        if not events:
+            return self
+        handlers = _HANDLERS
         for event in events:
-            self.apply(event)
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(self, event)
+        counts = self.counts
+        for cls, count in Counter(map(type, events)).items():
+            counts[cls.type] = counts.get(cls.type, 0) + count
+        self.num_events += len(events)
+        self.last_seq_no = events[-1].seq_no
         return self
 
     def _place(self, seq_id: int, index: int, device: str, number: int) -> None:

@@ -35,8 +35,19 @@ def _timeline(snapshot_every: int = 16) -> Timeline:
 
 
 def _fresh(position: int) -> ReducerState:
+    """The reducer over the first `position` events, applied one at a time."""
     state = ReducerState(HEADER["block_size"], HEADER["num_gpu_blocks"], HEADER["num_cpu_blocks"])
-    return state.apply_all(EVENTS[:position])
+    for event in EVENTS[:position]:
+        state.apply(event)
+    return state
+
+
+def test_apply_all_in_batches_equals_applying_one_event_at_a_time():
+    one_by_one = _fresh(len(EVENTS))
+    for cut in (0, 1, len(EVENTS) // 3, len(EVENTS) - 1, len(EVENTS)):
+        state = ReducerState(HEADER["block_size"], HEADER["num_gpu_blocks"], HEADER["num_cpu_blocks"])
+        state.apply_all(EVENTS[:cut]).apply_all(iter(EVENTS[cut:]))  # a list, then any iterable
+        assert state_equal(state, one_by_one), cut  # pools, tables, counts, num_events, last_seq_no
 
 
 def test_the_state_at_every_position_is_the_reducer_over_the_prefix():
