@@ -328,6 +328,8 @@ class _AttachedSession:
         self.app = app = TimedApp(bridge=self.bridge, deterministic=True)
         async with app.run_test(size=(120, 36)) as pilot:
             while app.player is None:
+                if app.error:
+                    raise RuntimeError(f"the engine did not start: {app.error}")
                 await pilot.pause(0.05)
             await pilot.pause(0.5)  # the first frame settles (layout)
             app.player.speed_index = len(SPEEDS) - 1
@@ -357,7 +359,10 @@ class _AttachedSession:
         """A command to the engine process's timing thread, and its answer."""
         self._writer.write(command + "\n")
         self._writer.flush()
-        return json.loads(await asyncio.to_thread(self._reader.readline))
+        answer = await asyncio.to_thread(self._reader.readline)
+        if not answer:
+            raise RuntimeError("the engine process closed its timing channel (it exited)")
+        return json.loads(answer)
 
     async def _attached(self, pilot, idle: asyncio.Event) -> dict[str, float]:
         """What pressing `a` with each prompt and then space does, without the prompt screens.
