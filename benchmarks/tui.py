@@ -32,6 +32,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -399,27 +400,52 @@ class _AttachedSession:
                 "attached_tokens": timeline.state.num_tokens_generated - tokens_before}
 
 
-def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool) -> None:
+def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
+    """One session, in this process (the benchmark runs each in a fresh one: see bench_engine)."""
     from blockviz.engine_process import ProcessBridge
     from blockviz.live import EngineBridge
 
+    make_bridge = {
+        "process": lambda timed: ProcessBridge(timed),
+        # both on all torch threads: what sharing the process (and its GIL) costs
+        "thread": lambda timed: EngineBridge(timed, share_cores=False),
+    }[kind]
+    session = _AttachedSession(_spec(model, max_tokens), make_bridge, cycles, first)
+    rows = session.run()
+    return {"rows": rows, "idle_cpu_s": session.idle_cpu_s, "attached_cpu_s": session.attached_cpu_s,
+            "torch_in_app": "torch" in sys.modules}
+
+
+def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
+    """run_session in a fresh Python process: the app's process then holds what `blockviz run`'s
+    holds, not this driver's imports (torch and transformers would make the app's heap four times
+    bigger, and every full garbage collection there four times longer)."""
+    command = [sys.executable, __file__, "--session", kind, "--model", model, "--max-tokens", str(max_tokens),
+               "--cycles", str(cycles), "--first", str(first)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {kind} session failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool) -> None:
     model = model or (_bundled() or _tiny_model_dir())
     spec = _spec(model, max_tokens)
     import torch
 
     threads = torch.get_num_threads()
-    bridges = {"process": lambda timed: ProcessBridge(timed)}
-    if thread:  # both on all torch threads: what sharing the process (and its GIL) costs
-        bridges["thread"] = lambda timed: EngineBridge(timed, share_cores=False)
-    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in bridges}
-    idle_cpu = {kind: 0.0 for kind in bridges}
-    attached_cpu = {kind: 0.0 for kind in bridges}
+    kinds = ["process", "thread"] if thread else ["process"]
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    idle_cpu = {kind: 0.0 for kind in kinds}
+    attached_cpu = {kind: 0.0 for kind in kinds}
     for number in range(sessions):
-        for kind in (list(bridges) if number % 2 == 0 else list(reversed(bridges))):
-            session = _AttachedSession(spec, bridges[kind], cycles, first=number)
-            results[kind] += session.run()
-            idle_cpu[kind] += session.idle_cpu_s
-            attached_cpu[kind] += session.attached_cpu_s
+        for kind in (kinds if number % 2 == 0 else kinds[::-1]):
+            session = _session_process(kind, model, max_tokens, cycles, first=number)
+            if kind == "process" and session["torch_in_app"]:
+                raise RuntimeError("the app's process imported torch: it does not under `blockviz run`")
+            results[kind] += session["rows"]
+            idle_cpu[kind] += session["idle_cpu_s"]
+            attached_cpu[kind] += session["attached_cpu_s"]
 
     def line(label: str, kind: str, name: str, note: str) -> tuple[str, float]:
         rows = results[kind]
@@ -472,7 +498,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine part: alone / observed / attached cycles per session (more, steadier median)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--no-thread", action="store_true", help="engine part: skip the engine-in-a-thread figure")
+    parser.add_argument("--session", choices=("process", "thread"), help=argparse.SUPPRESS)  # one session, as JSON
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.session:
+        print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first)))
+        return 0
     if args.part in ("frames", "all"):
         bench_frames(args.seconds)
     if args.part in ("engine", "all"):

@@ -8,6 +8,7 @@ are the same code for both.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from functools import partial
@@ -146,6 +147,11 @@ class BlockvizApp(App[None]):
         self.screen.remove_class("-loading")
         for loading in self.query("#loading"):  # its spinner would redraw 16 times a second, unseen
             loading.remove()
+        # What exists now (the app, Textual, Rich, the trace's events: ~60,000 objects) lives as
+        # long as the app: leave it out of garbage collections, each of which took ~70 ms of CPU
+        # in the middle of live runs (benchmarks/tui.py), time the engine's threads wanted.
+        gc.collect()
+        gc.freeze()
         h = self.header
         caching = " · prefix caching" if h.get("enable_prefix_caching") else ""
         model = h.get("model", "?")
@@ -180,6 +186,7 @@ class BlockvizApp(App[None]):
     def on_unmount(self) -> None:
         if self.bridge is not None:
             self.bridge.stop()
+        gc.unfreeze()  # what _start froze may be collected again (a process that runs apps in turn)
 
     def on_engine_loading(self, message: EngineLoading) -> None:
         for label in self.query("#loading-text").results(Label):

@@ -248,7 +248,8 @@ def live_app(**engine_kwargs) -> BlockvizApp:
 async def test_live_step_fork_swap_out_and_add_a_request():
     app = live_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.player is not None and len(app.player.timeline) >= 2)
+        # the engine's start imports torch and transformers first (seconds on a cold machine)
+        await _until(pilot, lambda: app.player is not None and len(app.player.timeline) >= 2, timeout=30)
         await pilot.press("s")
         await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1)
         assert app.player.timeline.state.step_kind == "prefill"
@@ -273,7 +274,7 @@ async def test_live_step_fork_swap_out_and_add_a_request():
 async def test_live_play_at_max_speed_runs_to_completion():
     app = live_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        await _until(pilot, lambda: app.player is not None)
+        await _until(pilot, lambda: app.player is not None, timeout=30)
         app.player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
         await pilot.press("space")
         await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=10)
