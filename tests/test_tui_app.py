@@ -6,7 +6,6 @@ well under a second each and never import torch.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
