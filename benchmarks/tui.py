@@ -416,6 +416,36 @@ def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int)
             "torch_in_app": "torch" in sys.modules}
 
 
+def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
+    """The engine's own cost of being watched, measured step by step: the workload runs `runs`
+    times in this process, each step alone or with one subscriber keeping every event (and the
+    K/V digests that come with one), alternating step by step and shifting the pattern between
+    runs. Neighbouring steps see the same machine, so this is steadier than whole runs; returns
+    the mean alone step time over the mean observed one."""
+    from engine import LLMEngine
+
+    spec = _spec(model, max_tokens)
+    engine = LLMEngine(spec.engine_config())
+    totals = {False: 0.0, True: 0.0}
+    counts = {False: 0, True: 0}
+    for run in range(runs + 1):  # the first run warms up
+        for prompt in spec.prompts:
+            engine.add_request(prompt, spec.sampling_params())
+        number = 0
+        while engine.has_unfinished_requests():
+            observed = (number + run) % 2 == 1
+            unsubscribe = engine.events.subscribe([].append) if observed else None
+            start = time.perf_counter()
+            engine.step()
+            if run:
+                totals[observed] += time.perf_counter() - start
+                counts[observed] += 1
+            if unsubscribe is not None:
+                unsubscribe()
+            number += 1
+    return (totals[False] / counts[False]) / (totals[True] / counts[True])
+
+
 def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
     """run_session in a fresh Python process: the app's process then holds what `blockviz run`'s
     holds, not this driver's imports (torch and transformers would make the app's heap four times
@@ -463,6 +493,8 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
           f"TUI attached runs side by side (order alternating); a ratio is the median of the cycles' ratios")
     print(line("without TUI", "process", "alone", "(the app idle meanwhile)")[0])
     print(line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")[0])
+    print(f"    the same, step by step            {observed_step_by_step(model, max_tokens):.3f}x "
+          f"(steps alone and observed alternating in one process: the machine's drift cancels)")
     text, ratio = line("TUI attached (blockviz run)", "process", "attached",
                        "(engine process, live app 120x36 at max; first step's start to last step's end)")
     print(text)
