@@ -18,8 +18,10 @@
    app, played at "max"), the order alternating from cycle to cycle. The alone runs happen in the
    same engine process while the app sits idle (its CPU time then is printed): neighbouring runs
    of one process, because fresh processes differ in speed by up to a third on this machine and
-   one process drifts too. The ratio is the median of the cycles' ratios. One more figure: the
-   app with the engine on a thread of its own process (why blockviz runs it in a process).
+   one process drifts too. Each session runs in a fresh Python process which, like `blockviz
+   run`'s UI, never imports torch. The ratio is the median of the cycles' ratios. Also printed:
+   the engine's own cost of being watched measured step by step (steadier than whole runs), the
+   app's CPU time, and the app with the engine on a thread of its own process (sharing its GIL).
    Target the ratio >= 0.95x.
 """
 
