@@ -5,10 +5,12 @@ and a crashed engine process each reported in one line."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -177,3 +179,29 @@ async def test_quitting_while_the_model_loads_ends_the_engine_process_at_once(ti
     assert bridge.header is None  # it never got as far as ready
     assert bridge.exitcode == -signal.SIGTERM  # ended by the bridge, not waited for
     assert app.error is None and notes == []  # and that is not reported as a crash
+
+
+@dataclass(slots=True)
+class _HeapReportingSpec(EngineSpec):
+    """A real engine whose run header also says how many objects its process has left out of
+    garbage collection by the time the header is taken (right after loading)."""
+
+    def make_engine(self):
+        engine = EngineSpec.make_engine(self)
+        header = engine.trace_header
+        engine.trace_header = lambda: {**header(), "gc_frozen": gc.get_freeze_count()}
+        return engine
+
+
+def test_the_engine_process_leaves_the_loaded_model_out_of_garbage_collection(tiny_gpt2_dir):
+    settings = _spec(tiny_gpt2_dir).as_dict()
+    bridge = ProcessBridge(_HeapReportingSpec(**settings))
+    recorder = Recorder()
+    thread = _run_in_thread(bridge, recorder)
+    assert recorder.ready.wait(timeout=60)
+    (header,), = recorder.named("ready")
+    # torch, transformers and the model: a full collection over them stalled the engine ~225 ms
+    assert header["gc_frozen"] > 50_000
+    bridge.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and bridge.exitcode == 0
