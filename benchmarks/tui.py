@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -289,21 +290,23 @@ def _serve_timings(spec: TimedSpec, engine, step, span: list[float]) -> None:
 
 class _AttachedSession:
     """One engine process (as `blockviz run` starts it) and one live app (headless, 120x36) over
-    it, for a few cycles of: the workload alone, observed, and with the TUI attached, in an order
-    that alternates from cycle to cycle. Alone and observed runs happen in the engine process
+    it, for a few cycles of an observed run and a run with the TUI attached (their order
+    alternating from cycle to cycle), each between two runs of the workload alone: alone,
+    attached, alone, observed, alone, ... Alone and observed runs happen in the engine process
     while the app sits idle (its CPU time then is measured and reported); attached runs add the
     requests through the app's bridge and play at "max" until the engine's idle report reaches
-    the app. Runs of one process side by side: fresh processes differ in speed by up to a third on
-    this machine, and one process drifts too, so each cycle's ratio compares neighbours."""
+    the app. A measured run is compared with the mean of the alone runs on either side of it:
+    this machine's speed drifts by up to a third over tens of seconds (with both cores busy and
+    no steal time reported), and the bracket cancels a steady drift."""
 
     def __init__(self, spec, make_bridge, cycles: int, first: int) -> None:
         self.spec, self.make_bridge, self.cycles, self.first = spec, make_bridge, cycles, first
-        self.rows: list[dict[str, float]] = []
+        self.runs: list[dict[str, Any]] = []  # in order: {"kind", "seconds", "tokens"[, "wall"]}
         self.idle_cpu_s = 0.0  # the UI process's CPU time during the alone and observed runs
         self.attached_cpu_s = 0.0  # ... and during the attached runs (with the engine's, in a thread)
         self.idle_at = 0.0
 
-    def run(self) -> list[dict[str, float]]:
+    def run(self) -> list[dict[str, Any]]:
         folder = Path(tempfile.mkdtemp(prefix="blockviz-bench-"))
         control, results = folder / "control", folder / "results"
         os.mkfifo(control)
@@ -317,7 +320,7 @@ class _AttachedSession:
             asyncio.run(self._session(control, results))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return self.rows
+        return self.runs
 
     async def _session(self, control: Path, results: Path) -> None:
         from blockviz.app import BlockvizApp
@@ -343,23 +346,27 @@ class _AttachedSession:
             self._writer = await asyncio.to_thread(open, control, "w")
             self._reader = await asyncio.to_thread(open, results)
             try:
+                await self._run("alone", pilot, idle)
                 for cycle in range(self.cycles):
-                    kinds = ["alone", "observed", "attached"]
+                    kinds = ["attached", "observed"]
                     if (self.first + cycle) % 2:
                         kinds.reverse()
-                    row = {}
                     for kind in kinds:
-                        if kind == "attached":
-                            row.update(await self._attached(pilot, idle))
-                        else:
-                            cpu = time.process_time()
-                            result = await self._ask(kind)
-                            self.idle_cpu_s += time.process_time() - cpu
-                            row[kind], row[kind + "_tokens"] = result["seconds"], result["tokens"]
-                    self.rows.append(row)
+                        await self._run(kind, pilot, idle)
+                        await self._run("alone", pilot, idle)
             finally:
                 self._writer.close()
                 self._reader.close()
+
+    async def _run(self, kind: str, pilot, idle: asyncio.Event) -> None:
+        if kind == "attached":
+            self.runs.append({"kind": kind, **await self._attached(pilot, idle)})
+            await pilot.pause(0.5)  # the app's catch-up redraw is over before the next run starts
+            return
+        cpu = time.process_time()
+        result = await self._ask(kind)
+        self.idle_cpu_s += time.process_time() - cpu
+        self.runs.append({"kind": kind, "seconds": result["seconds"], "tokens": result["tokens"]})
 
     async def _ask(self, command: str) -> dict:
         """A command to the engine process's timing thread, and its answer."""
@@ -398,8 +405,8 @@ class _AttachedSession:
         if player.playing:
             app.action_toggle_play()
         span = await self._ask("span")
-        return {"attached": span["seconds"], "attached_wall": wall,
-                "attached_tokens": timeline.state.num_tokens_generated - tokens_before}
+        return {"seconds": span["seconds"], "wall": wall,
+                "tokens": timeline.state.num_tokens_generated - tokens_before}
 
 
 def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
@@ -413,8 +420,8 @@ def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int)
         "thread": lambda timed: EngineBridge(timed, share_cores=False),
     }[kind]
     session = _AttachedSession(_spec(model, max_tokens), make_bridge, cycles, first)
-    rows = session.run()
-    return {"rows": rows, "idle_cpu_s": session.idle_cpu_s, "attached_cpu_s": session.attached_cpu_s,
+    runs = session.run()
+    return {"runs": runs, "idle_cpu_s": session.idle_cpu_s, "attached_cpu_s": session.attached_cpu_s,
             "torch_in_app": "torch" in sys.modules}
 
 
@@ -460,6 +467,22 @@ def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def bracketed(runs: list[dict[str, Any]], kind: str, key: str = "seconds") -> list[tuple[float, float]]:
+    """(tokens/s, ratio) of each `kind` run of one session: the ratio is its tokens/s over the
+    mean tokens/s of the alone runs just before and just after it."""
+    found = []
+    for index, run in enumerate(runs):
+        if run["kind"] != kind:
+            continue
+        before, after = runs[index - 1], runs[index + 1]
+        if not before["kind"] == after["kind"] == "alone":
+            raise RuntimeError(f"run {index} ({kind}) is not between two alone runs")
+        rate = run["tokens"] / run[key]
+        alone = (before["tokens"] / before["seconds"] + after["tokens"] / after["seconds"]) / 2
+        found.append((rate, rate / alone))
+    return found
+
+
 def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool) -> None:
     model = model or (_bundled() or _tiny_model_dir())
     spec = _spec(model, max_tokens)
@@ -467,7 +490,7 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
 
     threads = torch.get_num_threads()
     kinds = ["process", "thread"] if thread else ["process"]
-    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    results: dict[str, list[list[dict[str, Any]]]] = {kind: [] for kind in kinds}  # runs per session
     idle_cpu = {kind: 0.0 for kind in kinds}
     attached_cpu = {kind: 0.0 for kind in kinds}
     for number in range(sessions):
@@ -475,43 +498,49 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
             session = _session_process(kind, model, max_tokens, cycles, first=number)
             if kind == "process" and session["torch_in_app"]:
                 raise RuntimeError("the app's process imported torch: it does not under `blockviz run`")
-            results[kind] += session["rows"]
+            results[kind].append(session["runs"])
             idle_cpu[kind] += session["idle_cpu_s"]
             attached_cpu[kind] += session["attached_cpu_s"]
 
-    def line(label: str, kind: str, name: str, note: str) -> tuple[str, float]:
-        rows = results[kind]
-        rates = [r[name + "_tokens"] / r[name] for r in rows]
-        per_cycle = [(r[name + "_tokens"] / r[name]) / (r["alone_tokens"] / r["alone"]) for r in rows]
-        ratio = statistics.median(per_cycle)
-        low, _, high = statistics.quantiles(per_cycle, n=4) if len(per_cycle) > 1 else (ratio,) * 3
-        return (f"  {label:<34} {statistics.median(rates):7.1f} tokens/s  {ratio:.2f}x (middle half "
-                f"{low:.2f}-{high:.2f}; cycles {', '.join(f'{r:.2f}' for r in per_cycle)}) {note}"), ratio
+    def line(label: str, kind: str, name: str, note: str, key: str = "seconds") -> tuple[str, float]:
+        found = [pair for runs in results[kind] for pair in bracketed(runs, name, key)]
+        ratios = [ratio for _, ratio in found]
+        ratio = statistics.median(ratios)
+        low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratio,) * 3
+        return (f"  {label:<34} {statistics.median(rate for rate, _ in found):7.1f} tokens/s  {ratio:.3f}x "
+                f"(middle half {low:.2f}-{high:.2f}; runs {', '.join(f'{r:.2f}' for r in ratios)}) {note}"), ratio
 
-    rows = results["process"]
-    tokens = int(rows[0]["alone_tokens"])
-    print(f"engine: {model}, {len(spec.prompts)} requests x {max_tokens} tokens = {tokens} tokens, CPU, "
-          f"{threads} torch threads; {sessions} engine processes x {cycles} cycles of alone / observed / "
-          f"TUI attached runs side by side (order alternating); a ratio is the median of the cycles' ratios")
-    print(line("without TUI", "process", "alone", "(the app idle meanwhile)")[0])
+    sessions_runs = results["process"]
+    alone = [run for runs in sessions_runs for run in runs if run["kind"] == "alone"]
+    alone_rates = [run["tokens"] / run["seconds"] for run in alone]
+    # how much the machine moves between neighbouring alone runs (a measured run apart): the noise
+    drift = [abs(b["tokens"] / b["seconds"] / (a["tokens"] / a["seconds"]) - 1)
+             for runs in sessions_runs for a, b in zip(runs[::2], runs[2::2])]
+    attached_runs = [run for runs in sessions_runs for run in runs if run["kind"] == "attached"]
+    print(f"engine: {model}, {len(spec.prompts)} requests x {max_tokens} tokens = {alone[0]['tokens']} tokens, "
+          f"CPU, {threads} torch threads; {sessions} engine processes x {cycles} cycles of an observed and a "
+          f"TUI-attached run, each between two alone runs; a ratio is the median over runs of a run's "
+          f"tokens/s over the mean of its two neighbouring alone runs'")
+    print(f"  {'without TUI':<34} {statistics.median(alone_rates):7.1f} tokens/s  (the app idle meanwhile; "
+          f"{min(alone_rates):.0f}-{max(alone_rates):.0f}; neighbouring alone runs differ by "
+          f"{100 * statistics.median(drift):.1f}% (median), {100 * max(drift):.1f}% (most))")
     print(line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")[0])
     print(f"    the same, step by step            {observed_step_by_step(model, max_tokens):.3f}x "
           f"(steps alone and observed alternating in one process: the machine's drift cancels)")
     text, ratio = line("TUI attached (blockviz run)", "process", "attached",
                        "(engine process, live app 120x36 at max; first step's start to last step's end)")
     print(text)
-    for row in rows:
-        row["attached_wall_tokens"] = row["attached_tokens"]
-    print(line("  the same, timed by the app", "process", "attached_wall",
-               "(pressing play to the app hearing the engine finished)")[0])
-    wall = sum(row["attached_wall"] for row in rows)
-    print(f"  the app's process used {1000 * attached_cpu['process'] / len(rows):.0f} ms of CPU an attached run "
-          f"({100 * attached_cpu['process'] / wall:.1f}% of a core), "
-          f"{1000 * idle_cpu['process'] / (2 * len(rows)):.1f} ms a run while the engine ran alone or observed")
+    print(line("  the same, timed by the app", "process", "attached",
+               "(pressing play to the app hearing the engine finished)", key="wall")[0])
+    wall = sum(run["wall"] for run in attached_runs)
+    print(f"  the app's process used {1000 * attached_cpu['process'] / len(attached_runs):.0f} ms of CPU an "
+          f"attached run ({100 * attached_cpu['process'] / wall:.1f}% of a core), "
+          f"{1000 * idle_cpu['process'] / (len(alone) + len(attached_runs)):.1f} ms a run while the engine "
+          f"ran alone or observed")
     if thread:
         print(line("TUI attached, engine in a thread", "thread", "attached",
                    "(the app's process, same torch threads: engine and UI share the GIL)")[0])
-    print(f"  ratio: {ratio:.2f}x with the TUI attached  [{'ok' if ratio >= 0.95 else 'BELOW TARGET'}: "
+    print(f"  ratio: {ratio:.3f}x with the TUI attached  [{'ok' if ratio >= 0.95 else 'BELOW TARGET'}: "
           f"target >= 0.95x]", flush=True)
 
 
