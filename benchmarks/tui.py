@@ -3,7 +3,7 @@
     python benchmarks/tui.py                  # both parts
     python benchmarks/tui.py --part frames    # pool view only (no torch)
     python benchmarks/tui.py --part engine --model DIR
-    python benchmarks/tui.py --part engine --gpt2-shape --max-tokens 64 --cycles 2 --no-thread
+    python benchmarks/tui.py --part engine --gpt2-shape --max-tokens 64 --cycles 4 --no-thread
                                               # a random GPT-2-small-shaped model: --model gpt2's speed
 
 1. Frames/s of the pool view on a 4,096-block GPU pool under a stream of real BlockSpaceManager
@@ -12,17 +12,19 @@
    Also the whole app (every panel, Textual's compositor) end to end. Target: >= 30 frames/s.
 2. The engine's tokens/s with the TUI attached (live app, headless, playing at "max", the engine
    in its own process as `blockviz run` runs it) against the same engine with nothing attached.
-   Each session starts an engine process and a live app over it, then runs cycles of: the
-   workload alone, with one subscriber keeping every event (what being watched costs the engine
-   itself: building events, K/V digests), and with the TUI attached (requests added through the
-   app, played at "max"), the order alternating from cycle to cycle. The alone runs happen in the
-   same engine process while the app sits idle (its CPU time then is printed): neighbouring runs
-   of one process, because fresh processes differ in speed by up to a third on this machine and
-   one process drifts too. Each session runs in a fresh Python process which, like `blockviz
-   run`'s UI, never imports torch. The ratio is the median of the cycles' ratios. Also printed:
-   the engine's own cost of being watched measured step by step (steadier than whole runs), the
-   app's CPU time, and the app with the engine on a thread of its own process (sharing its GIL).
-   Target the ratio >= 0.95x.
+   Each session starts an engine process and a live app over it, then runs cycles of an observed
+   run (one subscriber keeping every event: what being watched costs the engine itself, building
+   events and K/V digests) and a run with the TUI attached (requests added through the app,
+   played at "max"), their order alternating, each between two runs of the workload alone:
+   alone, attached, alone, observed, alone, ... A run's ratio is its tokens/s over the mean of
+   its two alone neighbours', which cancels a steady drift of the machine's speed (up to a third
+   over tens of seconds here, with both cores busy and no steal time reported). The alone and
+   observed runs happen in the engine process while the app sits idle (its CPU time then is
+   printed). Each session runs in a fresh Python process which, like `blockviz run`'s UI, never
+   imports torch. The figure is the median of the attached runs' ratios. Also printed: how much
+   neighbouring alone runs differ (the noise), the engine's own cost of being watched measured
+   step by step (steadier than whole runs), the app's CPU time, and the app with the engine on a
+   thread of its own process (sharing its GIL). Target the ratio >= 0.95x.
 """
 
 from __future__ import annotations
@@ -558,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine part: a random GPT-2-small-shaped checkpoint (the speed of --model gpt2)")
     parser.add_argument("--sessions", type=int, default=3, help="engine part: engine processes (and app sessions)")
     parser.add_argument("--cycles", type=int, default=6,
-                        help="engine part: alone / observed / attached cycles per session (more, steadier median)")
+                        help="engine part: cycles of an observed and an attached run (each between alone runs) per session")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--no-thread", action="store_true", help="engine part: skip the engine-in-a-thread figure")
     parser.add_argument("--session", choices=("process", "thread"), help=argparse.SUPPRESS)  # one session, as JSON

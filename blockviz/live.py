@@ -109,9 +109,11 @@ def quiet_model_loading() -> None:
 def leave_a_core_for_the_ui(device: str | None) -> None:
     """On the CPU, give torch one intra-op thread fewer than cores, so the UI thread keeps a core.
 
-    With every core running torch's spinning OpenMP workers, the UI thread and the workers keep
-    pre-empting each other: on 2 cores the engine with the TUI attached ran at 508 tokens/s with
-    2 torch threads and 654 tokens/s with 1 (benchmarks/tui.py).
+    For an engine sharing the UI's process (EngineBridge(share_cores=True), as the tests run it);
+    `blockviz run` starts the engine in a process of its own (blockviz/engine_process.py), which
+    keeps every torch thread. When the in-thread engine was what `blockviz run` used, on 2 cores it
+    ran at 508 tokens/s with the TUI attached and 2 torch threads, 654 tokens/s with 1: the UI
+    thread and torch's spinning OpenMP workers kept pre-empting each other (benchmarks/tui.py).
     """
     if device not in (None, "cpu"):
         return
