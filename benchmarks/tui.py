@@ -212,11 +212,37 @@ def _spec(model: str, max_tokens: int):
                       num_gpu_blocks=512, num_cpu_blocks=64, device="cpu", seed=0)
 
 
+FLUSH_INTERVAL = 0.25  # ProcessBridge's: a free-running engine sends a batch of events this often
+
+
+class DigestPacer:
+    """Has an engine digest the K/V blocks it wrote once per FLUSH_INTERVAL, as it does under the
+    live app at full speed (EngineBridge emits them before it sends each batch), instead of
+    every step: call after_step() after each step, finish() at the end."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        engine.kv_digests_per_step = False
+        self.last = time.perf_counter()
+
+    def after_step(self) -> None:
+        now = time.perf_counter()
+        if now - self.last >= FLUSH_INTERVAL:
+            self.last = now
+            self.engine.emit_kv_digests()
+
+    def finish(self) -> None:
+        self.engine.emit_kv_digests()
+        self.engine.kv_digests_per_step = True
+
+
 def _steps_alone(spec, engine, observed: bool = False, step=None) -> tuple[float, int]:
     """Run the spec's requests to the end on `engine` with nothing attached (`observed`: one
     subscriber keeping every event: what being watched costs the engine itself, building events
-    and K/V digests); returns the wall time of the steps and the tokens generated."""
+    and K/V digests, paced as under the live app at full speed); returns the wall time of the
+    steps and the tokens generated."""
     unsubscribe = engine.events.subscribe([].append) if observed else None
+    pacer = DigestPacer(engine) if observed else None
     for prompt in spec.workload:
         engine.add_request(prompt, spec.sampling_params())
     step = step or engine.step
@@ -226,6 +252,10 @@ def _steps_alone(spec, engine, observed: bool = False, step=None) -> tuple[float
         for output in step():
             if output.finished:
                 tokens += sum(len(completion.token_ids) for completion in output.outputs)
+        if pacer is not None:
+            pacer.after_step()
+    if pacer is not None:
+        pacer.finish()
     elapsed = time.perf_counter() - start
     if unsubscribe is not None:
         unsubscribe()
@@ -430,7 +460,7 @@ def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int)
 def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
     """The engine's own cost of being watched, measured step by step: the workload runs `runs`
     times in this process, each step alone or with one subscriber keeping every event (and the
-    K/V digests that come with one), alternating step by step and shifting the pattern between
+    K/V digests that come with one, paced by DigestPacer), alternating step by step and shifting the pattern between
     runs. Neighbouring steps see the same machine, so this is steadier than whole runs; returns
     the mean alone step time over the mean observed one."""
     from engine import LLMEngine
@@ -439,6 +469,7 @@ def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
     engine = LLMEngine(spec.engine_config())
     totals = {False: 0.0, True: 0.0}
     counts = {False: 0, True: 0}
+    pacer = DigestPacer(engine)  # (digests once per interval's worth of observed steps)
     for run in range(runs + 1):  # the first run warms up
         for prompt in spec.prompts:
             engine.add_request(prompt, spec.sampling_params())
@@ -448,6 +479,8 @@ def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
             unsubscribe = engine.events.subscribe([].append) if observed else None
             start = time.perf_counter()
             engine.step()
+            if observed:
+                pacer.after_step()
             if run:
                 totals[observed] += time.perf_counter() - start
                 counts[observed] += 1

@@ -252,14 +252,20 @@ class EngineBridge:
         listener.ready(header)
 
         last_flush = time.monotonic()
+        # An engine that can hold back its K/V digests (LLMEngine) digests the blocks written by a
+        # free run's steps once per batch sent instead of every step: a block being filled is
+        # hashed once a batch, not once a token. Single steps keep a digest per step.
+        digest_later = getattr(engine, "emit_kv_digests", None)
 
         def flush(force: bool = True) -> None:
             nonlocal last_flush
-            if not buffer:
-                return
             now = time.monotonic()
             if not force and now - last_flush < self.flush_interval:
                 return  # free-running: gather more steps into one message
+            if digest_later is not None:
+                digest_later()
+            if not buffer:
+                return
             last_flush = now
             batch = buffer.copy()
             buffer.clear()
@@ -281,6 +287,8 @@ class EngineBridge:
                     commands, self._commands = self._commands, []
                     step = self._may_step()
                     wanted = step and self._steps_wanted > 0
+                    if digest_later is not None:
+                        engine.kv_digests_per_step = wanted or not self._free_run
                     if step:
                         self._stepping = True
                         if wanted:

@@ -124,6 +124,11 @@ class LLMEngine:
         self._generators: dict[int, torch.Generator | None] = {}
         self._branch_of: dict[int, int] = {}
         self.num_steps = 0
+        # K/V digests of the device blocks a step wrote go out at the end of that step; with this
+        # False they wait, gathered, for emit_kv_digests() (a live UI free-running at full speed
+        # digests once per batch it is sent: a block being filled is hashed once, not every step).
+        self.kv_digests_per_step = True
+        self._written: dict[int, None] = {}  # device blocks written since their last digest
 
     def _eos_token_id(self) -> int | None:
         hf = self.loaded.hf_config
@@ -265,7 +270,7 @@ class LLMEngine:
         generators = [self._generators.get(seq.seq_id) for seq in seqs]
         next_tokens = sample(logits, params, generators)
         track_written = self.events.active and self.config.kv_digests
-        written: dict[int, None] = {}  # blocks this step wrote, for their K/V digests
+        written = self._written  # blocks this step wrote, for their K/V digests
         for row, (seq, group, token) in enumerate(zip(seqs, seq_groups, next_tokens)):
             self.block_manager.mark_blocks_as_computed(seq)
             if track_written:
@@ -285,7 +290,8 @@ class LLMEngine:
                 self._append_token(group, branch, token_id)
             if group.is_finished() and group not in finished_groups:
                 finished_groups.append(group)
-        self._emit_digests("gpu", list(written))
+        if self.kv_digests_per_step:
+            self.emit_kv_digests()
         self.scheduler.free_finished_seq_groups()
         if self.events.active:
             self.events.emit(StepFinished, step=self.num_steps, kind=kind,
@@ -352,6 +358,16 @@ class LLMEngine:
         if self.events.active:
             self.events.emit(SequenceFinished, seq_id=seq.seq_id, request_id=group.request_id,
                              reason=seq.status.finish_reason or "", detail=detail)
+
+    def emit_kv_digests(self) -> None:
+        """Emit the K/V digests of the device blocks written since their last digest (each block
+        once, hashing what it holds now). step() calls this itself unless kv_digests_per_step is
+        False; whoever turned that off calls it when it wants the digests (EngineBridge: before
+        it sends a batch of events)."""
+        if self._written:
+            blocks = list(self._written)
+            self._written.clear()
+            self._emit_digests("gpu", blocks)
 
     def _emit_digests(self, device: str, blocks: list[int]) -> None:
         if not (self.events.active and self.config.kv_digests and blocks):

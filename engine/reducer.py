@@ -32,12 +32,13 @@ class BlockState:
     registered: bool = False
     digest: str | None = None
     num_hits: int = 0
+    digest_slots: int = 0  # slots the block held when `digest` was taken (it may have grown since)
 
     def copy(self) -> "BlockState":
         """An independent copy (tuples are immutable and shared; the owner set is copied)."""
         return BlockState(self.device, self.number, self.ref_count, set(self.owners), self.block_hash,
                           self.parent_hash, self.num_hashed_tokens, self.token_ids, self.state,
-                          self.registered, self.digest, self.num_hits)
+                          self.registered, self.digest, self.num_hits, self.digest_slots)
 
     def clear(self) -> None:
         self.ref_count = 0
@@ -49,6 +50,7 @@ class BlockState:
         self.state = FREE
         self.registered = False
         self.digest = None
+        self.digest_slots = 0
 
 
 @dataclass(slots=True)
@@ -220,7 +222,7 @@ class ReducerState:
         dst.owners = {e.seq_id}
         dst.token_ids = e.token_ids
         dst.state = USED
-        dst.digest = src.digest
+        dst.digest, dst.digest_slots = src.digest, src.digest_slots
         src.ref_count = e.src_ref_count
         src.owners.discard(e.seq_id)
         self._place(e.seq_id, e.logical_index, e.device, e.dst_block)
@@ -253,7 +255,7 @@ class ReducerState:
                     dst.block_hash = src.block_hash
                     dst.parent_hash = src.parent_hash
                     dst.num_hashed_tokens = src.num_hashed_tokens
-                    dst.digest = src.digest
+                    dst.digest, dst.digest_slots = src.digest, src.digest_slots
                     dst.state = USED
                 dst.ref_count += 1
                 dst.owners.add(seq_id)
@@ -324,7 +326,9 @@ class ReducerState:
             seq.finish_reason = e.reason if not e.detail else f"{e.reason}: {e.detail}"
 
     def _on_digest(self, e: ev.KVDigest) -> None:
-        self.pools[e.device][e.block].digest = e.digest
+        block = self.pools[e.device][e.block]
+        block.digest = e.digest
+        block.digest_slots = len(block.token_ids)
 
     def _on_step_finished(self, e: ev.StepFinished) -> None:
         self.step_time_s = e.duration_s

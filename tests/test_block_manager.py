@@ -306,6 +306,7 @@ def test_double_free_and_unknown_sequence_raise_without_corrupting_state():
         manager.free(seq)
     with pytest.raises(KeyError, match="sequence 987654"):
         manager.free(Sequence(987654, [1], 4))
+    assert _snapshot(manager) == before
     block = manager.gpu_allocator.blocks[manager.get_block_table(other.get_seqs()[0])[0]]
     manager.free(other.get_seqs()[0])
     with pytest.raises(ValueError, match="Double free"):

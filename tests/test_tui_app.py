@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from blockviz.app import BlockvizApp
+from blockviz.history import Timeline
+from blockviz.messages import BlockSelected
 from blockviz.live import EngineBridge, EngineSpec
 from blockviz.trace import Trace, write_trace
 from blockviz.widgets.event_log import EventLog
@@ -108,6 +111,40 @@ async def test_fork_then_copy_on_write_shows_ref_counts_and_the_copied_kv_digest
         text = screen_text(app)
         assert f"Block inspector · gpu {cow.dst_block}" in text
         assert f"same K/V in gpu {cow.src_block}" in text.replace("\n", " ").replace("│", "").replace("  ", " ")
+
+
+async def test_the_inspector_says_when_a_blocks_kv_digest_predates_its_newest_slots():
+    trace = fork_trace()
+    cow_at = first_index(trace, "copy_on_write")
+    dst = trace.events[cow_at].dst_block
+    # as a free run at full speed sends it: the digest taken right after the copy, none after
+    first_after = next(i for i, e in enumerate(trace.events) if i > cow_at and e.type == "kv_digest" and e.block == dst)
+    thinned = Trace(trace.header, [e for i, e in enumerate(trace.events) if e.type != "kv_digest" or i <= first_after])
+    timeline = Timeline.for_trace(thinned)
+    position = None
+    for position in range(first_after + 1, len(thinned.events) + 1):
+        timeline.seek(position)
+        block = timeline.state.pools["gpu"][dst]
+        if block.state == "used" and len(block.token_ids) > block.digest_slots:
+            break
+    else:
+        pytest.fail("the copied block never grew after its digest")
+    taken, filled = block.digest_slots, len(block.token_ids)
+
+    async def inspector_text(trace_shown: Trace) -> str:
+        app = replay_app(trace_shown)
+        async with app.run_test(size=(100, 30)) as pilot:
+            app.player.timeline.seek(position)
+            app.on_block_selected(BlockSelected("gpu", dst))
+            await pilot.pause()
+            return screen_text(app).replace("│", "")
+
+    text = await inspector_text(thinned)
+    assert f"Block inspector · gpu {dst}" in text and re.search(rf"fill\s+{filled}/4 slots", text)
+    assert f"(at {taken}/4 slots)" in " ".join(text.split())
+    assert "same digest gpu" in " ".join(text.split())  # not "same K/V": both blocks grew since
+    hashed_every_step = " ".join((await inspector_text(trace)).split())
+    assert "slots)" not in hashed_every_step and "same digest" not in hashed_every_step
 
 
 async def test_time_travel_back_restores_the_earlier_screen():

@@ -84,3 +84,74 @@ async def test_the_live_app_matches_the_block_manager(tiny_gpt2_dir, loaded):
         state = app.player.timeline.state
         assert all(seq.status == "finished" for seq in state.seqs.values())
         assert state.num_used("gpu") == 0 and state.num_used("cpu") == 0
+
+
+def _digest_events(events) -> list:
+    return [e for e in events if e.type == "kv_digest"]
+
+
+def test_held_back_kv_digests_go_out_once_per_block_and_equal_the_per_step_ones(tiny_gpt2_dir, loaded):
+    spec = _spec(tiny_gpt2_dir, n=1, max_tokens=10)
+    per_step, held = _engine(spec, loaded), _engine(spec, loaded)
+    held.kv_digests_per_step = False
+    streams = {per_step: [], held: []}
+    for engine, events in streams.items():
+        engine.events.subscribe(events.append)
+        for prompt in spec.prompts:
+            engine.add_request(prompt, spec.sampling_params())
+        for _ in range(5):
+            engine.step()
+    assert _digest_events(streams[held]) == []  # held back: nothing hashed yet
+    before = len(streams[held])
+    held.emit_kv_digests()
+    sent = _digest_events(streams[held][before:])
+    assert len(streams[held]) == before + len(sent)
+    blocks = [e.block for e in sent]
+    assert len(blocks) == len(set(blocks)) and len(blocks) < len(_digest_events(streams[per_step]))
+    latest = {e.block: e.digest for e in _digest_events(streams[per_step])}  # the last one per block
+    assert set(blocks) == set(latest)  # every block written, once
+    assert {e.block: e.digest for e in sent} == latest  # each hashed as it is now, as per-step left it
+    assert [e.digest for e in sent] == held.cache_engine.kv_digests("gpu", blocks)
+    states = {engine: ReducerState(spec.block_size, 32, 16).apply_all(events) for engine, events in streams.items()}
+    for state in states.values():
+        for block in state.pools["gpu"]:
+            assert block.digest is None or block.digest_slots == len(block.token_ids)
+    assert [b.digest for b in states[held].pools["gpu"]] == [b.digest for b in states[per_step].pools["gpu"]]
+    held.emit_kv_digests()  # nothing written since: nothing sent
+    assert len(streams[held]) == before + len(sent)
+    held.step()  # one more token in each sequence's last block, not hashed yet
+    state = states[held].apply_all(streams[held][before + len(sent):])
+    grown = [b for b in state.pools["gpu"] if b.state == "used" and b.digest and b.digest_slots < len(b.token_ids)]
+    assert grown  # the reducer knows the digest predates the newest slot
+
+
+def test_a_free_running_bridge_digests_once_per_batch_and_ends_with_every_blocks_current_digest(
+        tiny_gpt2_dir, loaded):
+    import threading
+
+    from blockviz.live import Listener
+
+    spec = _spec(tiny_gpt2_dir, n=1, max_tokens=24)
+    bridge = EngineBridge(spec, make_engine=lambda: _engine(spec, loaded), flush_interval=10.0,
+                          share_cores=False)
+    received: list = []
+    idle = threading.Event()
+    listener = Listener(loading=lambda text: None, ready=lambda header: None, failed=lambda error: None,
+                        events=received.extend, idle=idle.set)
+    worker = threading.Thread(target=bridge.run, args=(listener,), daemon=True)
+    worker.start()
+    bridge.set_free_run(True)
+    assert idle.wait(60)
+    bridge.stop()
+    worker.join(10)
+    steps = sum(e.type == "step_finished" for e in received)
+    digests = _digest_events(received)
+    # a batch every 10 s: the whole run is one batch, so each block written is hashed once
+    assert steps > 10 and 0 < len(digests) == len({e.block for e in digests})
+    last_step = max(i for i, e in enumerate(received) if e.type == "step_finished")
+    assert all(i > last_step for i, e in enumerate(received) if e.type == "kv_digest")
+    state = ReducerState(spec.block_size, 32, 16).apply_all(received)
+    engine = bridge.engine
+    hashed = [b.number for b in state.pools["gpu"] if b.digest is not None]
+    assert [state.pools["gpu"][n].digest for n in hashed] == engine.cache_engine.kv_digests("gpu", hashed)
+    assert engine.kv_digests_per_step is False and engine._written == {}

@@ -283,12 +283,18 @@ class BlockInspector(StatePanel):
             grid.add_row("tokens", tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
                                               Style(bgcolor=block_tint(device, number, 1))))
         digest = block.digest
-        grid.add_row("K/V digest", Text(digest, "bold") if digest else Text("none yet", "dim"))
+        shown = Text(digest, "bold") if digest else Text("none yet", "dim")
+        # Slots written since the digest was taken (a live run at full speed digests once per
+        # batch of steps, not every step): say what it covers.
+        stale = bool(digest) and block.digest_slots != filled
+        if stale:
+            shown.append(f" (at {block.digest_slots}/{state.block_size} slots)", "dim")
+        grid.add_row("K/V digest", shown)
         if digest:
             same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
                     if b.digest == digest and b is not block and (b.state == USED or is_cached_free(b))]
             if same:
-                grid.add_row("same K/V in", ", ".join(same))
+                grid.add_row("same digest" if stale else "same K/V in", ", ".join(same))
         self.set_body(grid)
 
 
