@@ -23,6 +23,7 @@ import signal
 import tempfile
 import threading
 from multiprocessing import resource_tracker
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ class ProcessBridge:
         self._unsent_acks = 0  # acknowledged here, not yet told to the child
         self._free_run: bool | None = None
         self._stopped = threading.Event()
+        # stop() writes here, waking run()'s wait with nothing from the child (no polling)
+        self._wake_recv, self._wake_send = multiprocessing.Pipe(duplex=False)
         self._terminated = False
         self.header: dict[str, Any] | None = None
         self.log_path: Path | None = None
@@ -123,10 +126,11 @@ class ProcessBridge:
             if self._stopped.is_set():
                 return
             self._stopped.set()
-            try:
-                self._to_child.send(("stop", ()))
-            except (OSError, ValueError):
-                pass
+            for message, connection in ((("stop", ()), self._to_child), (None, self._wake_send)):
+                try:
+                    connection.send(message)
+                except (OSError, ValueError):
+                    pass
 
     def start(self) -> None:
         """Start the engine process (it begins loading the model at once). Call it before the app
@@ -161,10 +165,8 @@ class ProcessBridge:
         try:
             while True:
                 try:
-                    if not from_child.poll(0.1):
-                        if self._stopped.is_set():
-                            break  # the UI is quitting: no need to wait for a model still loading
-                        continue
+                    if from_child not in wait([from_child, self._wake_recv]) and not from_child.poll(0.1):
+                        break  # stopped and quiet: the UI is quitting, no need to wait for a model still loading
                     name, args = from_child.recv()
                 except (EOFError, OSError):
                     closed = True  # the child is exiting
@@ -191,6 +193,8 @@ class ProcessBridge:
                 process.terminate()
                 process.join(timeout=5)
             from_child.close()
+            self._wake_recv.close()
+            self._wake_send.close()
             self.exitcode = process.exitcode
         crashed = self.exitcode not in (0, None) and not self._quiet_exit()
         log_line = self._last_log_line() if crashed else ""

@@ -138,6 +138,20 @@ class ReducerState:
             setattr(clone, name, value)
         return clone
 
+    def freeze(self) -> tuple:
+        """This state as nested tuples of plain values, for time travel's snapshots: quicker to
+        make than copy(), and the garbage collector stops tracking plain tuples, so the snapshots
+        of a long live run do not make every full collection longer. thaw() makes a state again."""
+        return tuple((name, _FREEZE.get(name, _deepcopy)(value)) for name, value in vars(self).items())
+
+    @classmethod
+    def thaw(cls, frozen: tuple) -> "ReducerState":
+        """A state from freeze()'s tuples (independent of them)."""
+        state = object.__new__(cls)
+        for name, value in frozen:
+            setattr(state, name, _THAW.get(name, _deepcopy)(value))
+        return state
+
     # ------------------------------------------------------------------ applying events
 
     def apply(self, event: ev.Event) -> None:
@@ -364,4 +378,43 @@ _FAST_COPIES = {
     "parent_hashes": dict,
     "requests": dict,
     "counts": dict,
+}
+
+
+def _deepcopy(value):
+    """Scalars as they are; anything else (a field without a fast path) deep-copied."""
+    return value if isinstance(value, (int, float, str, bool, type(None))) else copy.deepcopy(value)
+
+
+def _freeze_block(b: BlockState) -> tuple:
+    return (b.device, b.number, b.ref_count, tuple(b.owners), b.block_hash, b.parent_hash, b.num_hashed_tokens,
+            b.token_ids, b.state, b.registered, b.digest, b.num_hits, b.digest_slots)
+
+
+def _thaw_block(v: tuple) -> BlockState:
+    return BlockState(v[0], v[1], v[2], set(v[3]), *v[4:])
+
+
+def _freeze_seq(q: SeqState) -> tuple:
+    return (q.seq_id, q.request_id, tuple(q.token_ids), tuple(q.token_texts), q.num_prompt_tokens, q.status,
+            q.finish_reason, q.num_cached_tokens, q.parent_seq_id)
+
+
+def _thaw_seq(v: tuple) -> SeqState:
+    return SeqState(v[0], v[1], list(v[2]), list(v[3]), *v[4:])
+
+
+_DICTS = ("hash_map", "parent_hashes", "requests", "counts")  # values immutable
+# How ReducerState.freeze / thaw turn each container attribute into tuples and back.
+_FREEZE = {
+    "pools": lambda pools: tuple((device, tuple(map(_freeze_block, blocks))) for device, blocks in pools.items()),
+    "tables": lambda tables: tuple((seq_id, tuple(table)) for seq_id, table in tables.items()),
+    "seqs": lambda seqs: tuple(map(_freeze_seq, seqs.values())),
+    **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
+}
+_THAW = {
+    "pools": lambda pools: {device: list(map(_thaw_block, blocks)) for device, blocks in pools},
+    "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables},
+    "seqs": lambda seqs: {v[0]: _thaw_seq(v) for v in seqs},
+    **{name: dict for name in _DICTS},
 }

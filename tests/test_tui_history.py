@@ -91,6 +91,42 @@ def test_clone_is_deep():
     assert state_equal(timeline.state, before)
 
 
+def test_a_frozen_state_thaws_to_an_equal_independent_state_and_holds_no_tracked_objects():
+    import dataclasses
+    import gc
+
+    from engine.reducer import BlockState, SeqState
+
+    timeline = _timeline()
+    timeline.seek(len(EVENTS) // 2)
+    state = timeline.state
+    # every field of a block and a sequence away from its default, so none can be left out
+    block = state.pools["cpu"][0]
+    for number, f in enumerate(dataclasses.fields(BlockState)):
+        default = f.default_factory() if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING else f.default
+        if getattr(block, f.name) == default:
+            setattr(block, f.name, {"owners": {7, 8}, "token_ids": (1, 2), "state": "used", "registered": True,
+                                    "digest": "abcd0123"}.get(f.name, 1000 + number))
+    seq = next(iter(state.seqs.values()))
+    seq.finish_reason, seq.parent_seq_id, seq.num_cached_tokens = "stop", 3, 2
+    before = copy.deepcopy(state)
+    frozen = state.freeze()
+    thawed = ReducerState.thaw(frozen)
+    assert state_equal(thawed, before)
+    thawed.pools["cpu"][0].owners.add(999)
+    thawed.seqs[seq.seq_id].token_ids.append(999)
+    next(iter(thawed.tables.values())).append(("gpu", 999))
+    thawed.counts["x"] = 1
+    assert state_equal(ReducerState.thaw(frozen), before) and state_equal(state, before)
+    for _ in range(6):  # each collection untracks the tuples whose items all are: one level of nesting
+        gc.collect()
+
+    def tracked(value) -> int:
+        return gc.is_tracked(value) + (sum(map(tracked, value)) if isinstance(value, tuple) else 0)
+
+    assert tracked(frozen) < 10  # the outer tuples at most: blocks and sequences are plain tuples
+
+
 def test_step_boundaries_follow_step_finished():
     timeline = _timeline()
     ends = [i + 1 for i, e in enumerate(EVENTS) if e.type == "step_finished"]
