@@ -70,7 +70,7 @@ def _event_block(kind: str, attr: str, device: str) -> Callable[[Trace, int], tu
 
 SHOTS = [
     Shot("prefill", "prefill", after_step(1)),
-    Shot("copy-on-write", "fork-cow", after_first("copy_on_write", ("slot_appended",)),
+    Shot("copy-on-write", "fork-cow", after_first("copy_on_write", ("slot_appended", "kv_digest")),
          select=_event_block("copy_on_write", "dst_block", "gpu")),
     Shot("prefix-hit", "prefix-hit", after_first("prefix_cache_hit", ("prefix_cache_hit",)), view="hashes",
          select=_event_block("prefix_cache_hit", "block", "gpu")),
