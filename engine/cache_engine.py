@@ -130,9 +130,10 @@ class CacheEngine:
         """8 hex chars per block digesting the K and V of its first layer's first head (low 32 bits
         of xxh3_64 over K's bytes then V's).
 
-        What the engine emits every step for the blocks it wrote, copied or swapped: one head of one
-        layer is real K/V data that changes with every token written, enough to show a learner that
-        the destination holds the source's data, and cheap enough to run every step. In the pool's
+        What the engine emits for the blocks it wrote (every step, or once per batch a live UI's
+        free run sends), copied or swapped: one head of one layer is real K/V data that changes
+        with every token written, enough to show a learner that the destination holds the
+        source's data, and cheap enough to run every step. In the pool's
         layout a block's K for one head is one contiguous run (block_size x head_dim), so on the CPU
         each block is hashed where it lies, with no copy and no torch op: right after a model step,
         with the caches cold, this costs ~70 us for 16 blocks where gathering all heads of the layer
