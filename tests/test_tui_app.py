@@ -147,6 +147,20 @@ async def test_the_inspector_says_when_a_blocks_kv_digest_predates_its_newest_sl
     assert "slots)" not in hashed_every_step and "same digest" not in hashed_every_step
 
 
+async def test_the_app_collects_young_garbage_less_often_while_it_runs_and_restores_the_threshold():
+    import gc
+
+    from blockviz.app import YOUNG_GC_OBJECTS
+
+    before = gc.get_threshold()
+    assert before[0] != YOUNG_GC_OBJECTS
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("s")
+        assert gc.get_threshold() == (YOUNG_GC_OBJECTS, *before[1:])
+    assert gc.get_threshold() == before
+
+
 async def test_time_travel_back_restores_the_earlier_screen():
     app = replay_app()
     async with app.run_test(size=(100, 30)) as pilot:
