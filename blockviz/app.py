@@ -156,8 +156,8 @@ class BlockvizApp(App[None]):
         gc.freeze()
         # A live run at full speed hands the app ~3,000 events a second, each kept for time
         # travel, so a young collection every 700 new objects mostly scans events that survive it
-        # anyway: one every YOUNG_GC_OBJECTS cost ~15% less of the app's CPU in a live run's
-        # replay (benchmarks/tui.py's workload), a pause of a few ms when it comes.
+        # anyway: collecting once every YOUNG_GC_OBJECTS took 10-20% less of the app's CPU in a
+        # replay of a live run (benchmarks/app_cpu.py), a pause of a few ms when it comes.
         if self._gc_threshold is None:
             self._gc_threshold = gc.get_threshold()
             gc.set_threshold(YOUNG_GC_OBJECTS, *self._gc_threshold[1:])
