@@ -112,7 +112,7 @@ async def session(stream: Path, runs: int) -> tuple[list[float], int]:
     from blockviz.app import BlockvizApp
     from blockviz.engine_process import ProcessBridge
     from blockviz.history import SPEEDS
-    from tui import PROMPTS
+    from tui import PROMPTS, play_to_idle
 
     idle = asyncio.Event()
     finished_at = [0.0]
@@ -133,25 +133,9 @@ async def session(stream: Path, runs: int) -> tuple[list[float], int]:
             await pilot.pause(0.05)
         await pilot.pause(0.5)
         app.player.speed_index = len(SPEEDS) - 1
-        timeline = app.player.timeline
         for _ in range(runs):
-            received = len(timeline)
-            app.player.finished = False
-            for prompt in PROMPTS:
-                bridge.add_request(prompt)
-            while sum(e.type == "request_added" for e in timeline.events[received:]) < len(PROMPTS):
-                await pilot.pause(0.05)
-            app.action_to_end()
-            await pilot.pause(0.3)
-            idle.clear()
-            start = time.process_time()
-            app.action_toggle_play()
-            await idle.wait()
-            cpu.append(finished_at[0] - start)
-            while not timeline.at_end:
-                await asyncio.sleep(0.1)
-            if app.player.playing:
-                app.action_toggle_play()
+            played = await play_to_idle(app, bridge, PROMPTS, pilot, idle)
+            cpu.append(finished_at[0] - played["cpu_start"])
             await pilot.pause(0.5)
         tracked = len(gc.get_objects())
     return cpu, tracked

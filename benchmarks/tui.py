@@ -410,35 +410,43 @@ class _AttachedSession:
         return json.loads(answer)
 
     async def _attached(self, pilot, idle: asyncio.Event) -> dict[str, float]:
-        """What pressing `a` with each prompt and then space does, without the prompt screens.
-        The time is the engine's: from the start of its first step to the end of its last, noted
+        """The time is the engine's: from the start of its first step to the end of its last, noted
         in the engine process (everything between steps included: sending events, the bridge's
-        loop); `attached_wall` adds the messages' way: pressing play reaching the engine, and its
-        report that it finished reaching the app."""
-        app, player = self.app, self.app.player
-        timeline = player.timeline
-        received = len(timeline)
-        tokens_before = timeline.state.num_tokens_generated
-        player.finished = False
-        for prompt in self.spec.prompts:
-            self.bridge.add_request(prompt)
-        while sum(event.type == "request_added" for event in timeline.events[received:]) < len(self.spec.prompts):
-            await pilot.pause(0.05)
-        app.action_to_end()  # shown: not playing yet
-        await pilot.pause(0.3)
-        idle.clear()
-        start, cpu = time.perf_counter(), time.process_time()
-        app.action_toggle_play()  # what `space` does, without the test pilot's own overhead
-        await idle.wait()  # (no polling here: this process's wake-ups are the UI's cost)
-        wall = time.perf_counter() - start
-        self.attached_cpu_s += self.idle_at - cpu
-        while not timeline.at_end:  # the views catch up before the next run
-            await asyncio.sleep(0.1)
-        if player.playing:
-            app.action_toggle_play()
+        loop); `wall` adds the messages' way: pressing play reaching the engine, and its report
+        that it finished reaching the app."""
+        played = await play_to_idle(self.app, self.bridge, self.spec.prompts, pilot, idle)
+        self.attached_cpu_s += self.idle_at - played["cpu_start"]
         span = await self._ask("span")
-        return {"seconds": span["seconds"], "wall": wall,
-                "tokens": timeline.state.num_tokens_generated - tokens_before}
+        return {"seconds": span["seconds"], "wall": played["wall"], "tokens": played["tokens"]}
+
+
+async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict[str, float]:
+    """What pressing `a` with each prompt and then space does, without the prompt screens: the
+    requests go in through the app's bridge, the app plays (at its player's speed) until the
+    engine's idle report sets `idle`, then the views catch up and playback stops. Returns the wall
+    time from pressing play to the idle report, this process's CPU clock when play was pressed
+    (the caller notes it again when `idle` is set), and the tokens generated."""
+    player = app.player
+    timeline = player.timeline
+    received = len(timeline)
+    tokens_before = timeline.state.num_tokens_generated
+    player.finished = False
+    for prompt in prompts:
+        bridge.add_request(prompt)
+    while sum(event.type == "request_added" for event in timeline.events[received:]) < len(prompts):
+        await pilot.pause(0.05)
+    app.action_to_end()  # shown: not playing yet
+    await pilot.pause(0.3)
+    idle.clear()
+    start, cpu = time.perf_counter(), time.process_time()
+    app.action_toggle_play()  # what `space` does, without the test pilot's own overhead
+    await idle.wait()  # (no polling here: this process's wake-ups are the UI's cost)
+    wall = time.perf_counter() - start
+    while not timeline.at_end:  # the views catch up before the next run
+        await asyncio.sleep(0.1)
+    if player.playing:
+        app.action_toggle_play()
+    return {"wall": wall, "cpu_start": cpu, "tokens": timeline.state.num_tokens_generated - tokens_before}
 
 
 def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
