@@ -48,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blockviz import engine_process  # noqa: E402
 from blockviz.live import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
@@ -212,7 +213,7 @@ def _spec(model: str, max_tokens: int):
                       num_gpu_blocks=512, num_cpu_blocks=64, device="cpu", seed=0)
 
 
-FLUSH_INTERVAL = 0.25  # ProcessBridge's: a free-running engine sends a batch of events this often
+FLUSH_INTERVAL = engine_process.FLUSH_INTERVAL  # a free-running engine sends a batch of events this often
 
 
 class DigestPacer:

@@ -135,8 +135,9 @@ class BlockvizApp(App[None]):
             grid.projector = self.projector
         self.watch_right_view(self.right_view)
         self._ticker = self.set_interval(FRAME_S, self._tick, pause=True)
-        # While a live engine free-runs at max speed the views follow once a second, woken by a
-        # timer of their own: every wake-up of this process takes CPU from the engine's.
+        # While a live engine free-runs at max speed the views follow once a second: drawn when a
+        # batch arrives and a frame is due, else woken by a timer of their own. Every wake-up of
+        # this process takes CPU from the engine's.
         self._slow_ticker = self.set_interval(1 / THROUGHPUT_FPS, self._tick, pause=True)
         if self.trace is not None:
             self._start(Timeline.for_trace(self.trace), live=False)
@@ -222,6 +223,11 @@ class BlockvizApp(App[None]):
             self.render_views()
         elif moved:
             self._dirty = True  # the next frame draws it
+        if self.player.throughput_mode and time.monotonic() - self._last_tick >= 1 / THROUGHPUT_FPS:
+            # A frame is due: draw it now, while this process is awake anyway, and start the slow
+            # timer over (it draws only when no batch comes for a whole frame).
+            self._slow_ticker.reset()
+            self._tick()
 
     def on_engine_notice(self, message: EngineNotice) -> None:
         self.notify(message.text, severity="warning")

@@ -31,13 +31,16 @@ from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
 
 # What the child may be asked to call on its EngineBridge.
 _CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
+# A free-running engine sends a batch of events (and digests the K/V blocks it wrote) this often:
+# the app draws a frame a second then (THROUGHPUT_FPS), and every batch wakes both processes.
+FLUSH_INTERVAL = 0.5
 
 
 class ProcessBridge:
     """Runs an EngineBridge in a child process; UI-thread methods send it messages."""
 
     def __init__(self, spec: EngineSpec | None = None, *, max_in_flight: int = 4096,
-                 flush_interval: float = 0.25, start_method: str = "spawn") -> None:
+                 flush_interval: float = FLUSH_INTERVAL, start_method: str = "spawn") -> None:
         self.spec = spec or EngineSpec()
         self.max_in_flight = max_in_flight
         self.flush_interval = flush_interval

@@ -334,6 +334,51 @@ async def test_live_play_at_max_speed_runs_to_completion():
         await _until(pilot, lambda: "all requests finished" in " ".join(screen_text(app).split()))
 
 
+class QuietBridge:
+    """A live engine that is ready and sends only what the test hands the app itself."""
+
+    header = {"format_version": 1, "model": "fake", "block_size": 4, "num_gpu_blocks": 24,
+              "num_cpu_blocks": 8}
+    outstanding = in_flight = 0
+
+    def run(self, listener) -> None:
+        listener.ready(self.header)
+
+    def stop(self) -> None: ...
+    def acknowledge(self, count: int) -> None: ...
+    def set_free_run(self, free_run: bool) -> None: ...
+    def request_steps(self, count: int = 1) -> None: ...
+
+
+async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_once(monkeypatch):
+    import blockviz.app as app_module
+    from blockviz.history import SPEEDS
+    from blockviz.messages import EngineEvents
+
+    monkeypatch.setattr(app_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
+    events = n2_trace().events
+    first_step = next(i for i, e in enumerate(events) if e.type == "step_finished") + 1
+    app = BlockvizApp(bridge=QuietBridge(), deterministic=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.player is None:
+            await pilot.pause(0.01)
+        app.player.speed_index = len(SPEEDS) - 1
+        app.action_toggle_play()
+        assert app.player.throughput_mode
+        app._last_tick = time.monotonic()  # a frame was just drawn: the next is not due
+        app.post_message(EngineEvents(list(events[:first_step])))
+        await pilot.pause()
+        timeline = app.player.timeline
+        assert len(timeline) == first_step and timeline.position == 0
+        assert "GPU pool · 0/24 used" in screen_text(app)
+        app._last_tick -= 1 / app_module.THROUGHPUT_FPS  # now it is
+        app.post_message(EngineEvents(list(events[first_step:first_step + 1])))
+        await pilot.pause()
+        assert timeline.position == len(timeline) == first_step + 1
+        used = timeline.state.num_used("gpu")
+        assert used > 0 and f"GPU pool · {used}/24 used" in screen_text(app)
+
+
 async def test_a_failed_model_load_ends_the_app_with_the_error():
     def broken():
         raise ValueError("model 'nope' could not be loaded")
