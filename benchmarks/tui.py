@@ -18,7 +18,9 @@
    played at "max"), their order alternating, each between two runs of the workload alone:
    alone, attached, alone, observed, alone, ... A run's ratio is its tokens/s over the mean of
    its two alone neighbours', which cancels a steady drift of the machine's speed (up to a third
-   over tens of seconds here, with both cores busy and no steal time reported). The alone and
+   over tens of seconds here). Each run also notes the steal time in it (the hypervisor running
+   others on our cores, from /proc/stat), and each ratio is printed again over the calm runs alone
+   (a run and both its neighbours with less than CALM_STEAL of the CPUs stolen). The alone and
    observed runs happen in the engine process while the app sits idle (its CPU time then is
    printed). Each session runs in a fresh Python process which, like `blockviz run`'s UI, never
    imports torch. The figure is the median of the attached runs' ratios, with a bootstrap 90%
@@ -322,6 +324,31 @@ def _serve_timings(spec: TimedSpec, engine, step, span: list[float]) -> None:
             results.flush()
 
 
+class StealMeter:
+    """The share of the machine's CPU time the hypervisor gave to others (steal time, from
+    /proc/stat) since this was made; None where the kernel does not say."""
+
+    def __init__(self) -> None:
+        self.start, self.steal = time.perf_counter(), self._steal()
+
+    @staticmethod
+    def _steal() -> float | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = stat.readline().split()
+        except OSError:
+            return None
+        if fields[0] != "cpu" or len(fields) < 9:
+            return None
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+    def fraction(self) -> float | None:
+        steal = self._steal()
+        if steal is None or self.steal is None:
+            return None
+        return (steal - self.steal) / ((time.perf_counter() - self.start) * (os.cpu_count() or 1))
+
+
 class _AttachedSession:
     """One engine process (as `blockviz run` starts it) and one live app (headless, 120x36) over
     it, for a few cycles of an observed run and a run with the TUI attached (their order
@@ -330,8 +357,8 @@ class _AttachedSession:
     while the app sits idle (its CPU time then is measured and reported); attached runs add the
     requests through the app's bridge and play at "max" until the engine's idle report reaches
     the app. A measured run is compared with the mean of the alone runs on either side of it:
-    this machine's speed drifts by up to a third over tens of seconds (with both cores busy and
-    no steal time reported), and the bracket cancels a steady drift."""
+    this machine's speed drifts by up to a third over tens of seconds, and the bracket cancels a
+    steady drift. Each run notes the steal time during it (the hypervisor running others)."""
 
     def __init__(self, spec, make_bridge, cycles: int, first: int) -> None:
         self.spec, self.make_bridge, self.cycles, self.first = spec, make_bridge, cycles, first
@@ -393,14 +420,16 @@ class _AttachedSession:
                 self._reader.close()
 
     async def _run(self, kind: str, pilot, idle: asyncio.Event) -> None:
+        steal = StealMeter()
         if kind == "attached":
-            self.runs.append({"kind": kind, **await self._attached(pilot, idle)})
+            self.runs.append({"kind": kind, **await self._attached(pilot, idle), "steal": steal.fraction()})
             await pilot.pause(0.5)  # the app's catch-up redraw is over before the next run starts
             return
         cpu = time.process_time()
         result = await self._ask(kind)
         self.idle_cpu_s += time.process_time() - cpu
-        self.runs.append({"kind": kind, "seconds": result["seconds"], "tokens": result["tokens"]})
+        self.runs.append({"kind": kind, "seconds": result["seconds"], "tokens": result["tokens"],
+                          "steal": steal.fraction()})
 
     async def _ask(self, command: str) -> dict:
         """A command to the engine process's timing thread, and its answer."""
@@ -512,9 +541,10 @@ def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bracketed(runs: list[dict[str, Any]], kind: str, key: str = "seconds") -> list[tuple[float, float]]:
-    """(tokens/s, ratio) of each `kind` run of one session: the ratio is its tokens/s over the
-    mean tokens/s of the alone runs just before and just after it."""
+def bracketed(runs: list[dict[str, Any]], kind: str, key: str = "seconds") -> list[tuple[float, float, float]]:
+    """(tokens/s, ratio, steal) of each `kind` run of one session: the ratio is its tokens/s over
+    the mean tokens/s of the alone runs just before and just after it; steal is the largest share
+    of CPU time stolen by the hypervisor in any of the three (0 where the kernel does not say)."""
     found = []
     for index, run in enumerate(runs):
         if run["kind"] != kind:
@@ -524,8 +554,12 @@ def bracketed(runs: list[dict[str, Any]], kind: str, key: str = "seconds") -> li
             raise RuntimeError(f"run {index} ({kind}) is not between two alone runs")
         rate = run["tokens"] / run[key]
         alone = (before["tokens"] / before["seconds"] + after["tokens"] / after["seconds"]) / 2
-        found.append((rate, rate / alone))
+        steal = max(r.get("steal") or 0.0 for r in (before, run, after))
+        found.append((rate, rate / alone, steal))
     return found
+
+
+CALM_STEAL = 0.005  # a run and its two alone neighbours with less steal time than this count as calm
 
 
 def median_interval(values: list[float], confidence: float = 0.9, resamples: int = 4000) -> tuple[float, float]:
@@ -560,13 +594,16 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
             attached_cpu[kind] += session["attached_cpu_s"]
 
     def line(label: str, kind: str, name: str, note: str, key: str = "seconds") -> tuple[str, float]:
-        found = [pair for runs in results[kind] for pair in bracketed(runs, name, key)]
-        ratios = [ratio for _, ratio in found]
+        found = [triple for runs in results[kind] for triple in bracketed(runs, name, key)]
+        ratios = [ratio for _, ratio, _ in found]
         ratio = statistics.median(ratios)
         low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratio,) * 3
         lo90, hi90 = median_interval(ratios)
-        return (f"  {label:<34} {statistics.median(rate for rate, _ in found):7.1f} tokens/s  {ratio:.3f}x "
-                f"(90% interval of the median {lo90:.3f}-{hi90:.3f}; middle half {low:.2f}-{high:.2f}; "
+        calm = [ratio for _, ratio, steal in found if steal < CALM_STEAL]
+        calm_text = (f"; without steal time {statistics.median(calm):.3f}x over {len(calm)} runs, 90% interval "
+                     f"{'-'.join(f'{v:.3f}' for v in median_interval(calm))}" if calm else "")
+        return (f"  {label:<34} {statistics.median(rate for rate, _, _ in found):7.1f} tokens/s  {ratio:.3f}x "
+                f"(90% interval of the median {lo90:.3f}-{hi90:.3f}; middle half {low:.2f}-{high:.2f}{calm_text}; "
                 f"runs {', '.join(f'{r:.2f}' for r in ratios)}) {note}"), ratio
 
     sessions_runs = results["process"]
@@ -583,6 +620,11 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
     print(f"  {'without TUI':<34} {statistics.median(alone_rates):7.1f} tokens/s  (the app idle meanwhile; "
           f"{min(alone_rates):.0f}-{max(alone_rates):.0f}; neighbouring alone runs differ by "
           f"{100 * statistics.median(drift):.1f}% (median), {100 * max(drift):.1f}% (most))")
+    steals = [run["steal"] for runs in sessions_runs for run in runs if run.get("steal") is not None]
+    if steals:
+        print(f"  {'steal time':<34} median {100 * statistics.median(steals):.2f}%, most {100 * max(steals):.1f}% of the "
+              f"CPUs in a run; {sum(st < CALM_STEAL for st in steals)} of {len(steals)} runs under "
+              f"{100 * CALM_STEAL:.1f}% (calm)")
     print(line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")[0])
     print(f"    the same, step by step            {observed_step_by_step(model, max_tokens):.3f}x "
           f"(steps alone and observed alternating in one process: the machine's drift cancels)")
