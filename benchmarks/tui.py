@@ -25,7 +25,8 @@
    printed). Each session runs in a fresh Python process which, like `blockviz run`'s UI, never
    imports torch. The figure is the median of the attached runs' ratios, with a bootstrap 90%
    interval of that median (how far a rerun could move it). Also printed: how much
-   neighbouring alone runs differ (the noise), the engine's own cost of being watched measured
+   neighbouring alone runs differ (the noise), the engine process's CPU time per token and how
+   often the kernel pre-empted it in each kind of run, the engine's own cost of being watched measured
    step by step (steadier than whole runs), the app's CPU time, and the app with the engine on a
    thread of its own process (sharing its GIL). Target the ratio >= 0.95x.
 """
@@ -37,6 +38,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -289,12 +291,13 @@ class TimedSpec(EngineSpec):
 
         def noted_step():  # what the bridge calls: span is [first step's start, last step's end]
             start = time.perf_counter()
+            if not span:  # ... and the engine process's CPU clock and pre-emptions then
+                span[:] = [start, 0.0, *_process_clocks(), 0.0, 0]
             try:
                 return step()
             finally:
-                if not span:
-                    span[:] = [start, 0.0]
                 span[1] = time.perf_counter()
+                span[4:6] = _process_clocks()
 
         engine.step = noted_step
         threading.Thread(target=_serve_timings, args=(self, engine, step, span), name="bench-timings",
@@ -302,24 +305,34 @@ class TimedSpec(EngineSpec):
         return engine
 
 
+def _process_clocks() -> tuple[float, int]:
+    """This process's CPU time (every thread) and how often the kernel took a core from it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+
+
 def _serve_timings(spec: TimedSpec, engine, step, span: list[float]) -> None:
     with open(spec.control) as control, open(spec.results, "w") as results:
         for line in control:
             command = line.strip()
             if command == "span":
-                answer = {"seconds": span[1] - span[0] if span else 0.0}
+                answer = ({"seconds": span[1] - span[0], "cpu": span[4] - span[2], "preempted": span[5] - span[3]}
+                          if span else {"seconds": 0.0, "cpu": 0.0, "preempted": 0})
                 span.clear()
             else:
                 bus = engine.events
                 bridge_subscribers = list(bus._subscribers)  # the EngineBridge's buffer
                 for subscriber in bridge_subscribers:
                     bus.unsubscribe(subscriber)
+                cpu, preempted = _process_clocks()
                 try:
                     seconds, tokens = _steps_alone(spec, engine, observed=command == "observed", step=step)
                 finally:
                     for subscriber in bridge_subscribers:
                         bus.subscribe(subscriber)
-                answer = {"seconds": seconds, "tokens": tokens}
+                cpu_after, preempted_after = _process_clocks()
+                answer = {"seconds": seconds, "tokens": tokens, "cpu": cpu_after - cpu,
+                          "preempted": preempted_after - preempted}
             results.write(json.dumps(answer) + "\n")
             results.flush()
 
@@ -429,7 +442,7 @@ class _AttachedSession:
         result = await self._ask(kind)
         self.idle_cpu_s += time.process_time() - cpu
         self.runs.append({"kind": kind, "seconds": result["seconds"], "tokens": result["tokens"],
-                          "steal": steal.fraction()})
+                          "cpu": result["cpu"], "preempted": result["preempted"], "steal": steal.fraction()})
 
     async def _ask(self, command: str) -> dict:
         """A command to the engine process's timing thread, and its answer."""
@@ -448,7 +461,8 @@ class _AttachedSession:
         played = await play_to_idle(self.app, self.bridge, self.spec.prompts, pilot, idle)
         self.attached_cpu_s += self.idle_at - played["cpu_start"]
         span = await self._ask("span")
-        return {"seconds": span["seconds"], "wall": played["wall"], "tokens": played["tokens"]}
+        return {"seconds": span["seconds"], "wall": played["wall"], "tokens": played["tokens"],
+                "cpu": span["cpu"], "preempted": span["preempted"]}
 
 
 async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict[str, float]:
@@ -633,6 +647,13 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
     print(text)
     print(line("  the same, timed by the app", "process", "attached",
                "(pressing play to the app hearing the engine finished)", key="wall")[0])
+    def per_run(kind: str) -> str:
+        chosen = [run for runs in sessions_runs for run in runs if run["kind"] == kind and "cpu" in run]
+        cpu_per_token = statistics.median(1e6 * run["cpu"] / run["tokens"] for run in chosen)
+        busy = statistics.median(run["cpu"] / run["seconds"] for run in chosen)
+        return (f"{kind} {cpu_per_token:.0f} us of CPU a token ({busy:.2f} cores busy), "
+                f"{statistics.median(run['preempted'] for run in chosen):.0f} pre-emptions a run")
+    print(f"  the engine process (medians): {per_run('alone')}; {per_run('observed')}; {per_run('attached')}")
     wall = sum(run["wall"] for run in attached_runs)
     print(f"  the app's process used {1000 * attached_cpu['process'] / len(attached_runs):.0f} ms of CPU an "
           f"attached run ({100 * attached_cpu['process'] / wall:.1f}% of a core), "
