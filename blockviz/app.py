@@ -218,16 +218,18 @@ class BlockvizApp(App[None]):
             return
         moved = self.player.on_events(message.events)
         self.bridge.acknowledge(len(message.events))
+        if self.player.throughput_mode and time.monotonic() - self._last_tick >= 1 / THROUGHPUT_FPS:
+            # A frame is due: the tick draws it now, while this process is awake anyway (and feeds
+            # the engine); the slow timer starts over, to draw only if no batch comes for a frame.
+            self._dirty = self._dirty or moved
+            self._slow_ticker.reset()
+            self._tick()
+            return
         self._feed_engine()
         if not self.player.playing:
             self.render_views()
         elif moved:
             self._dirty = True  # the next frame draws it
-        if self.player.throughput_mode and time.monotonic() - self._last_tick >= 1 / THROUGHPUT_FPS:
-            # A frame is due: draw it now, while this process is awake anyway, and start the slow
-            # timer over (it draws only when no batch comes for a whole frame).
-            self._slow_ticker.reset()
-            self._tick()
 
     def on_engine_notice(self, message: EngineNotice) -> None:
         self.notify(message.text, severity="warning")

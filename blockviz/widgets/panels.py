@@ -270,7 +270,7 @@ class BlockInspector(StatePanel):
             owners.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
             owners.append(" ")
         grid.add_row("owners", owners if block.owners else Text("none", "dim"))
-        filled = _filled(block)
+        filled = len(block.token_ids) if block.state == USED or is_cached_free(block) else 0
         grid.add_row("fill", f"{filled}/{state.block_size} slots {fill_glyph(filled, state.block_size)}")
         if block.block_hash is not None:
             grid.add_row("hash", f"#{short_hash(block.block_hash, 16)}"
@@ -286,25 +286,16 @@ class BlockInspector(StatePanel):
         shown = Text(digest, "bold") if digest else Text("none yet", "dim")
         # Slots written since the digest was taken (a live run at full speed digests once per
         # batch of steps, not every step): say what it covers.
-        if digest and not _digest_current(block):
+        current = block.digest_slots == filled
+        if digest and not current:
             shown.append(f" (at {block.digest_slots}/{state.block_size} slots)", "dim")
         grid.add_row("K/V digest", shown)
         if digest:
             same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
                     if b.digest == digest and b is not block and (b.state == USED or is_cached_free(b))]
             if same:  # equal digests prove equal K/V only while this block's digest is current
-                grid.add_row("same K/V in" if _digest_current(block) else "same digest", ", ".join(same))
+                grid.add_row("same K/V in" if current else "same digest", ", ".join(same))
         self.set_body(grid)
-
-
-def _filled(block: BlockState) -> int:
-    """Slots holding tokens: a used block's, or a free block's still in the prefix cache."""
-    return len(block.token_ids) if block.state == USED or is_cached_free(block) else 0
-
-
-def _digest_current(block: BlockState) -> bool:
-    """The block's K/V digest was taken when it held what it holds now."""
-    return block.digest_slots == _filled(block)
 
 
 # ---------------------------------------------------------------------------- status bar
