@@ -362,6 +362,30 @@ class StealMeter:
         return (steal - self.steal) / ((time.perf_counter() - self.start) * (os.cpu_count() or 1))
 
 
+class LoopLatency:
+    """How long the app's event loop takes to answer: a thread posts a callback to it every
+    `interval` and notes the delay until it runs (what a key press waits for, roughly)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float = 0.25) -> None:
+        self.delays: list[float] = []
+        self._loop, self._interval = loop, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._post, name="bench-latency", daemon=True)
+        self._thread.start()
+
+    def _post(self) -> None:
+        while not self._stop.wait(self._interval):
+            posted = time.perf_counter()
+            self._loop.call_soon_threadsafe(lambda: self.delays.append(time.perf_counter() - posted))
+
+    def stop(self) -> tuple[float, float]:
+        """(90th percentile, largest) delay in seconds."""
+        self._stop.set()
+        self._thread.join()
+        delays = sorted(self.delays) or [0.0]
+        return delays[int(0.9 * (len(delays) - 1))], delays[-1]
+
+
 class _AttachedSession:
     """One engine process (as `blockviz run` starts it) and one live app (headless, 120x36) over
     it, for a few cycles of an observed run and a run with the TUI attached (their order
@@ -379,6 +403,7 @@ class _AttachedSession:
         self.idle_cpu_s = 0.0  # the UI process's CPU time during the alone and observed runs
         self.attached_cpu_s = 0.0  # ... and during the attached runs (with the engine's, in a thread)
         self.idle_at = 0.0
+        self.ui_idle = False  # the app's process scheduled SCHED_IDLE
 
     def run(self) -> list[dict[str, Any]]:
         folder = Path(tempfile.mkdtemp(prefix="blockviz-bench-"))
@@ -390,6 +415,7 @@ class _AttachedSession:
         self.bridge = self.make_bridge(timed)
         if hasattr(self.bridge, "start"):  # a ProcessBridge starts before the app (see its docstring)
             self.bridge.start()
+            self.ui_idle = engine_process.leave_cores_to_engine()  # as `blockviz run` does
         try:
             asyncio.run(self._session(control, results))
         finally:
@@ -458,11 +484,13 @@ class _AttachedSession:
         in the engine process (everything between steps included: sending events, the bridge's
         loop); `wall` adds the messages' way: pressing play reaching the engine, and its report
         that it finished reaching the app."""
+        latency = LoopLatency(asyncio.get_running_loop())
         played = await play_to_idle(self.app, self.bridge, self.spec.prompts, pilot, idle)
+        late90, latest = latency.stop()
         self.attached_cpu_s += self.idle_at - played["cpu_start"]
         span = await self._ask("span")
         return {"seconds": span["seconds"], "wall": played["wall"], "tokens": played["tokens"],
-                "cpu": span["cpu"], "preempted": span["preempted"]}
+                "cpu": span["cpu"], "preempted": span["preempted"], "late90": late90, "latest": latest}
 
 
 async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict[str, float]:
@@ -507,7 +535,7 @@ def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int)
     session = _AttachedSession(_spec(model, max_tokens), make_bridge, cycles, first)
     runs = session.run()
     return {"runs": runs, "idle_cpu_s": session.idle_cpu_s, "attached_cpu_s": session.attached_cpu_s,
-            "torch_in_app": "torch" in sys.modules}
+            "torch_in_app": "torch" in sys.modules, "ui_idle": session.ui_idle}
 
 
 def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
@@ -598,12 +626,14 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
     results: dict[str, list[list[dict[str, Any]]]] = {kind: [] for kind in kinds}  # runs per session
     idle_cpu = {kind: 0.0 for kind in kinds}
     attached_cpu = {kind: 0.0 for kind in kinds}
+    ui_idle = True
     for number in range(sessions):
         for kind in (kinds if number % 2 == 0 else kinds[::-1]):
             session = _session_process(kind, model, max_tokens, cycles, first=number)
             if kind == "process" and session["torch_in_app"]:
                 raise RuntimeError("the app's process imported torch: it does not under `blockviz run`")
             results[kind].append(session["runs"])
+            ui_idle = ui_idle and (kind != "process" or session["ui_idle"])
             idle_cpu[kind] += session["idle_cpu_s"]
             attached_cpu[kind] += session["attached_cpu_s"]
 
@@ -659,6 +689,10 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
           f"attached run ({100 * attached_cpu['process'] / wall:.1f}% of a core), "
           f"{1000 * idle_cpu['process'] / (len(alone) + len(attached_runs)):.1f} ms a run while the engine "
           f"ran alone or observed")
+    print(f"  the app's event loop answered a probe (4 times a second, attached runs) within "
+          f"{1000 * statistics.median(run['late90'] for run in attached_runs):.1f} ms 90% of the time (median "
+          f"over runs), {1000 * max(run['latest'] for run in attached_runs):.0f} ms at the slowest"
+          f"{' (the UI scheduled SCHED_IDLE, as `blockviz run` does)' if ui_idle else ' (the UI scheduled normally)'}")
     if thread:
         print(line("TUI attached, engine in a thread", "thread", "attached",
                    "(the app's process, same torch threads: engine and UI share the GIL)")[0])

@@ -219,6 +219,33 @@ class ProcessBridge:
         return f": {lines[-1].strip()} (log: {self.log_path})" if lines else ""
 
 
+def leave_cores_to_engine() -> bool:
+    """Schedule this process (the UI's) on CPU time nobody else wants: SCHED_IDLE, on Linux, for
+    each of its threads (threads it starts later inherit it). Call it after starting the engine
+    process, which keeps the normal policy. Returns whether it was applied.
+
+    Why: on a CPU the engine keeps the cores busy through its torch threads, which wait on one
+    another at each parallel operation, so a UI thread taking a core from one stalls them all.
+    Scheduled normally, the app's wake-ups pre-empted the engine ~175-800 times in a 4,096-token
+    run of the bundled model (~50 alone); scheduled idle, ~25-120, the app's event loop answering
+    as fast (benchmarks/tui.py prints both). The UI needs ~3% of a core, and gets it from the
+    moments the engine's threads wait. Nothing unprivileged can leave SCHED_IDLE again, hence a
+    choice for the whole UI process; `blockviz run --ui-priority normal` skips it."""
+    idle = getattr(os, "SCHED_IDLE", None)
+    if idle is None:
+        return False  # not Linux
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]  # the calling thread
+    try:
+        for thread in threads:
+            os.sched_setscheduler(thread, idle, os.sched_param(0))
+    except OSError:  # not permitted here (a container's seccomp policy): the UI runs as it was
+        return False
+    return True
+
+
 def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: int,
                 flush_interval: float) -> None:
     """The engine process: an EngineBridge whose listener writes to `out`, fed by `commands`."""

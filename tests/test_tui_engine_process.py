@@ -206,3 +206,84 @@ def test_the_engine_process_leaves_the_loaded_model_out_of_garbage_collection(ti
     bridge.stop()
     thread.join(timeout=30)
     assert not thread.is_alive() and bridge.exitcode == 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: ppid
+                found.append(int(entry))
+    return found
+
+
+def _policies(pid: int) -> set[int]:
+    policies = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            policies.add(os.sched_getscheduler(int(tid)))
+        except OSError:
+            pass  # a thread that just ended
+    return policies
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
+                    reason="Linux scheduling policies")
+@pytest.mark.parametrize("priority", ["idle", "normal"])
+def test_blockviz_run_leaves_the_cores_to_the_engine_process(tiny_gpt2_dir, priority):
+    """`blockviz run` in a terminal (a pty, 100x30): by default every thread of the UI's process
+    is SCHED_IDLE, those Textual started after the switch too, while the engine process keeps the
+    normal policy; `--ui-priority normal` leaves the UI as it was. Quitting with q exits 0."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    ui = subprocess.Popen([sys.executable, "-m", "blockviz", "run", "--model", str(tiny_gpt2_dir),
+                           "--max-tokens", "4", "--ui-priority", priority],
+                          stdin=terminal_fd, stdout=terminal_fd, stderr=terminal_fd, start_new_session=True)
+    os.close(terminal_fd)
+    screen = bytearray()
+
+    def drain() -> None:  # the app blocks once the pty's buffer is full
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        engine = None
+        while time.monotonic() < deadline and ui.poll() is None:
+            engines = [child for child in _children(ui.pid)
+                       if b"spawn_main" in open(f"/proc/{child}/cmdline", "rb").read()]
+            # the app is up once Textual's threads run beside the main one, and the engine relays
+            if engines and len(os.listdir(f"/proc/{ui.pid}/task")) >= 3 and b"live" in screen:
+                engine = engines[0]
+                break
+            time.sleep(0.1)
+        assert engine is not None, f"the app did not come up: {bytes(screen[-500:])!r}"
+        expected = os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER
+        assert _policies(ui.pid) == {expected}
+        assert _policies(engine) == {os.SCHED_OTHER}
+        os.write(main_fd, b"q")
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait()
+        os.close(main_fd)
+    assert b"Traceback" not in screen

@@ -22,10 +22,13 @@ def add_parser(subparsers) -> None:
     # and record size the pool from the memory budget, as vLLM does.
     add_engine_options(parser, num_gpu_blocks=TUI_GPU_BLOCKS, num_cpu_blocks=TUI_CPU_BLOCKS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
+    parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
+                        help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
+                             "it does not pre-empt the engine; normal: the UI is scheduled like any process")
 
 
 def execute(args) -> int:
-    from blockviz.engine_process import ProcessBridge
+    from blockviz.engine_process import ProcessBridge, leave_cores_to_engine
     from blockviz.live import EngineSpec, check_model, one_line
 
     spec = EngineSpec.from_args(args)
@@ -37,6 +40,8 @@ def execute(args) -> int:
 
     bridge = ProcessBridge(spec)
     bridge.start()  # the engine process loads the model while the app starts
+    if args.ui_priority == "idle":
+        leave_cores_to_engine()  # the engine process, already started, keeps the normal policy
     app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model)
     app.run()
     if app.error:
