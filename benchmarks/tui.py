@@ -5,13 +5,16 @@
     python benchmarks/tui.py --part engine --model DIR
     python benchmarks/tui.py --part engine --gpt2-shape --max-tokens 64 --cycles 4 --no-thread
                                               # a random GPT-2-small-shaped model: --model gpt2's speed
+    python benchmarks/tui.py --part engine --ui-priority normal
+                                              # the app scheduled normally, not SCHED_IDLE
 
 1. Frames/s of the pool view on a 4,096-block GPU pool under a stream of real BlockSpaceManager
    events (headless): each frame applies a batch of events to the timeline's reducer, hands the
    state to the PoolGrid and renders every visible line through Textual's Widget.render_lines.
    Also the whole app (every panel, Textual's compositor) end to end. Target: >= 30 frames/s.
 2. The engine's tokens/s with the TUI attached (live app, headless, playing at "max", the engine
-   in its own process as `blockviz run` runs it) against the same engine with nothing attached.
+   in its own process and the app's process scheduled SCHED_IDLE, as `blockviz run` runs them)
+   against the same engine with nothing attached.
    Each session starts an engine process and a live app over it, then runs cycles of an observed
    run (one subscriber keeping every event: what being watched costs the engine itself, building
    events and K/V digests) and a run with the TUI attached (requests added through the app,
@@ -27,7 +30,8 @@
    interval of that median (how far a rerun could move it). Also printed: how much
    neighbouring alone runs differ (the noise), the engine process's CPU time per token and how
    often the kernel pre-empted it in each kind of run, the engine's own cost of being watched measured
-   step by step (steadier than whole runs), the app's CPU time, and the app with the engine on a
+   step by step (steadier than whole runs), the app's CPU time, how fast the app's event loop
+   answers while the engine runs (a probe posting to it), and the app with the engine on a
    thread of its own process (sharing its GIL). Target the ratio >= 0.95x.
 """
 
@@ -397,8 +401,9 @@ class _AttachedSession:
     this machine's speed drifts by up to a third over tens of seconds, and the bracket cancels a
     steady drift. Each run notes the steal time during it (the hypervisor running others)."""
 
-    def __init__(self, spec, make_bridge, cycles: int, first: int) -> None:
+    def __init__(self, spec, make_bridge, cycles: int, first: int, ui_priority: str = "idle") -> None:
         self.spec, self.make_bridge, self.cycles, self.first = spec, make_bridge, cycles, first
+        self.ui_priority = ui_priority
         self.runs: list[dict[str, Any]] = []  # in order: {"kind", "seconds", "tokens"[, "wall"]}
         self.idle_cpu_s = 0.0  # the UI process's CPU time during the alone and observed runs
         self.attached_cpu_s = 0.0  # ... and during the attached runs (with the engine's, in a thread)
@@ -415,7 +420,8 @@ class _AttachedSession:
         self.bridge = self.make_bridge(timed)
         if hasattr(self.bridge, "start"):  # a ProcessBridge starts before the app (see its docstring)
             self.bridge.start()
-            self.ui_idle = engine_process.leave_cores_to_engine()  # as `blockviz run` does
+            if self.ui_priority == "idle":
+                self.ui_idle = engine_process.leave_cores_to_engine()  # as `blockviz run` does
         try:
             asyncio.run(self._session(control, results))
         finally:
@@ -522,7 +528,7 @@ async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict
     return {"wall": wall, "cpu_start": cpu, "tokens": timeline.state.num_tokens_generated - tokens_before}
 
 
-def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
+def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int, ui_priority: str = "idle") -> dict:
     """One session, in this process (the benchmark runs each in a fresh one: see bench_engine)."""
     from blockviz.engine_process import ProcessBridge
     from blockviz.live import EngineBridge
@@ -532,7 +538,7 @@ def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int)
         # both on all torch threads: what sharing the process (and its GIL) costs
         "thread": lambda timed: EngineBridge(timed, share_cores=False),
     }[kind]
-    session = _AttachedSession(_spec(model, max_tokens), make_bridge, cycles, first)
+    session = _AttachedSession(_spec(model, max_tokens), make_bridge, cycles, first, ui_priority)
     runs = session.run()
     return {"runs": runs, "idle_cpu_s": session.idle_cpu_s, "attached_cpu_s": session.attached_cpu_s,
             "torch_in_app": "torch" in sys.modules, "ui_idle": session.ui_idle}
@@ -571,12 +577,12 @@ def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
     return (totals[False] / counts[False]) / (totals[True] / counts[True])
 
 
-def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first: int) -> dict:
+def _session_process(kind: str, model: str, max_tokens: int, cycles: int, first: int, ui_priority: str) -> dict:
     """run_session in a fresh Python process: the app's process then holds what `blockviz run`'s
     holds, not this driver's imports (torch and transformers would make the app's heap four times
     bigger, and every full garbage collection there four times longer)."""
     command = [sys.executable, __file__, "--session", kind, "--model", model, "--max-tokens", str(max_tokens),
-               "--cycles", str(cycles), "--first", str(first)]
+               "--cycles", str(cycles), "--first", str(first), "--ui-priority", ui_priority]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the {kind} session failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -616,7 +622,8 @@ def median_interval(values: list[float], confidence: float = 0.9, resamples: int
     return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
 
 
-def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool) -> None:
+def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool,
+                 ui_priority: str = "idle") -> None:
     model = model or (_bundled() or _tiny_model_dir())
     spec = _spec(model, max_tokens)
     import torch
@@ -629,7 +636,7 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
     ui_idle = True
     for number in range(sessions):
         for kind in (kinds if number % 2 == 0 else kinds[::-1]):
-            session = _session_process(kind, model, max_tokens, cycles, first=number)
+            session = _session_process(kind, model, max_tokens, cycles, number, ui_priority)
             if kind == "process" and session["torch_in_app"]:
                 raise RuntimeError("the app's process imported torch: it does not under `blockviz run`")
             results[kind].append(session["runs"])
@@ -717,17 +724,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine part: cycles of an observed and an attached run (each between alone runs) per session")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--no-thread", action="store_true", help="engine part: skip the engine-in-a-thread figure")
+    parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
+                        help="engine part: the app's scheduling, as `blockviz run --ui-priority` (default idle)")
     parser.add_argument("--session", choices=("process", "thread"), help=argparse.SUPPRESS)  # one session, as JSON
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.session:
-        print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first)))
+        print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first,
+                                     args.ui_priority)))
         return 0
     if args.part in ("frames", "all"):
         bench_frames(args.seconds)
     if args.part in ("engine", "all"):
         model = _gpt2_shape_dir() if args.gpt2_shape else args.model
-        bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread)
+        bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread, args.ui_priority)
     return 0
 
 
