@@ -226,11 +226,12 @@ def leave_cores_to_engine() -> bool:
 
     Why: on a CPU the engine keeps the cores busy through its torch threads, which wait on one
     another at each parallel operation, so a UI thread taking a core from one stalls them all.
-    Scheduled normally, the app's wake-ups pre-empted the engine ~175-800 times in a 4,096-token
-    run of the bundled model (~50 alone); scheduled idle, ~25-120, the app's event loop answering
-    as fast (benchmarks/tui.py prints both). The UI needs ~3% of a core, and gets it from the
-    moments the engine's threads wait. Nothing unprivileged can leave SCHED_IDLE again, hence a
-    choice for the whole UI process; `blockviz run --ui-priority normal` skips it."""
+    Scheduled normally, the app's wake-ups pre-empted the engine a median ~350-480 times in a
+    4,096-token run of the bundled model; scheduled idle ~16-55 times, as often as with no app at
+    all, while the app's event loop still answers within milliseconds (benchmarks/tui.py prints
+    how fast). The UI needs ~3% of a core, and gets it in the moments the engine's threads wait.
+    Nothing unprivileged can leave SCHED_IDLE again, hence a choice for the whole UI process;
+    `blockviz run --ui-priority normal` skips it."""
     idle = getattr(os, "SCHED_IDLE", None)
     if idle is None:
         return False  # not Linux
@@ -238,11 +239,13 @@ def leave_cores_to_engine() -> bool:
         threads = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
         threads = [0]  # the calling thread
-    try:
-        for thread in threads:
+    for thread in threads:
+        try:
             os.sched_setscheduler(thread, idle, os.sched_param(0))
-    except OSError:  # not permitted here (a container's seccomp policy): the UI runs as it was
-        return False
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+        except OSError:  # not permitted here (a sandbox's policy): the UI runs as it was
+            return False
     return True
 
 
