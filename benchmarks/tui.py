@@ -380,7 +380,10 @@ class LoopLatency:
     def _post(self) -> None:
         while not self._stop.wait(self._interval):
             posted = time.perf_counter()
-            self._loop.call_soon_threadsafe(lambda: self.delays.append(time.perf_counter() - posted))
+            self._loop.call_soon_threadsafe(self._answered, posted)
+
+    def _answered(self, posted: float) -> None:
+        self.delays.append(time.perf_counter() - posted)
 
     def stop(self) -> tuple[float, float]:
         """(90th percentile, largest) delay in seconds."""
