@@ -8,6 +8,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -233,9 +235,6 @@ def _policies(pid: int) -> set[int]:
 
 def _can_idle_schedule() -> bool:
     """Whether a process here may make itself SCHED_IDLE (Linux lets any; a sandbox may not)."""
-    import subprocess
-    import sys
-
     if not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"):
         return False
     probe = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))"
@@ -248,11 +247,9 @@ def test_blockviz_run_leaves_the_cores_to_the_engine_process(tiny_gpt2_dir, prio
     """`blockviz run` in a terminal (a pty, 100x30): by default every thread of the UI's process
     is SCHED_IDLE, those Textual started after the switch too, while the engine process keeps the
     normal policy; `--ui-priority normal` leaves the UI as it was. Quitting with q exits 0."""
-    import fcntl
+    import fcntl  # POSIX only, like the test
     import pty
     import struct
-    import subprocess
-    import sys
     import termios
 
     main_fd, terminal_fd = pty.openpty()
