@@ -18,6 +18,7 @@ from typing import IO, Any, Iterable
 
 from engine.events import Event, event_from_dict
 
+TRACES_DIR = Path(__file__).resolve().parent / "traces"  # the shipped traces (package data)
 FORMAT_NAME = "blockviz-trace"
 FORMAT_VERSION = 1
 REQUIRED_HEADER_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks")
@@ -199,3 +200,30 @@ def _check_event(event: Event, pools: dict[str, int]) -> None:
             if (len(pair) != 2 or not all(isinstance(n, int) for n in pair)
                     or not 0 <= pair[0] < pools[src] or not 0 <= pair[1] < pools[dst]):
                 raise ValueError(f"swap mapping {pair!r} is outside the pools")
+
+
+def shipped_traces() -> list[str]:
+    """Names of the traces bundled in blockviz/traces/ (`blockviz replay NAME`, `Visualizer.from_trace(NAME)`)."""
+    return sorted(path.stem for path in TRACES_DIR.glob("*.jsonl"))
+
+
+def resolve_trace_path(name: str | Path) -> Path:
+    """A path as given, else a shipped trace of that name (with or without .jsonl)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = TRACES_DIR / (path.name if path.suffix == ".jsonl" else f"{path.name}.jsonl")
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    return path
+
+
+def load_trace(name: str | Path) -> Trace:
+    """read_trace() of a path or a shipped trace's name; a missing one's TraceError lists the shipped names."""
+    path = resolve_trace_path(name)
+    try:
+        return read_trace(path)
+    except TraceError as exc:
+        if path.exists() or not shipped_traces():
+            raise
+        raise TraceError(f"{exc} (shipped traces: {', '.join(shipped_traces())})") from None

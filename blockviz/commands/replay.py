@@ -6,26 +6,8 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from blockviz.cli import UsageError
-
-TRACES_DIR = Path(__file__).resolve().parent.parent / "traces"
-
-
-def shipped_traces() -> list[str]:
-    return sorted(path.stem for path in TRACES_DIR.glob("*.jsonl"))
-
-
-def resolve_trace_path(name: str) -> Path:
-    """A path as given, else a shipped trace of that name (with or without .jsonl)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    shipped = TRACES_DIR / (path.name if path.suffix == ".jsonl" else f"{path.name}.jsonl")
-    if path.parent == Path(".") and shipped.is_file():
-        return shipped
-    return path
+from blockviz.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 
 def add_parser(subparsers) -> None:
@@ -38,16 +20,13 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.trace import TraceError, read_trace
+    from blockviz.trace import TraceError, load_trace
 
     path = resolve_trace_path(args.trace)
     try:
-        trace = read_trace(path)
+        trace = load_trace(path)
     except TraceError as exc:
-        message = str(exc)
-        if not path.exists() and shipped_traces():
-            message += f" (shipped traces: {', '.join(shipped_traces())})"
-        raise UsageError(message) from None
+        raise UsageError(str(exc)) from None
     from blockviz.app import BlockvizApp
 
     app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name)

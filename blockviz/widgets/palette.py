@@ -1,7 +1,8 @@
-"""How things look, shared by every view: sequence colours, block tints, token text, short hashes.
+"""How things look, shared by every view: sequence colours, block tints, token text, short hashes,
+and each event in words (`describe`, the log's filters).
 
 Pure functions over the reducer's state (no textual import), so they are cheap to test and the
-pool grid, block tables, text view and inspector agree on what colour a sequence is.
+TUI and the Jupyter widgets (blockviz/jupyter) agree on what colour a sequence is.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from rich.style import Style
 from rich.text import Text
 
+from engine import events as ev
 from engine.reducer import USED, BlockState, ReducerState
 
 # Distinct, dark-on-light-readable hues for sequences (index = seq_id % len).
@@ -156,3 +158,77 @@ def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
                 cached += 1
         counts[device] = (used, cached, len(pool) - used - cached)
     return counts
+
+
+# ---------------------------------------------------------------- events in words (the TUI's log, the widgets' log)
+
+MEMORY = frozenset({"block_allocated", "prefix_cache_hit", "block_hashed", "slot_appended", "copy_on_write",
+                    "fork", "swap_out", "swap_in", "block_freed", "sequence_freed", "block_evicted"})
+FILTERS: dict[str, frozenset[str] | None] = {
+    "all events": None,
+    "no slots/tokens/digests": frozenset(ev.EVENT_TYPES) - {"slot_appended", "token_generated", "kv_digest"},
+    "memory (block manager)": MEMORY,
+    "sharing: fork, CoW, hits": frozenset({"fork", "copy_on_write", "prefix_cache_hit", "block_hashed",
+                                           "block_evicted"}),
+    "swap & preemption": frozenset({"swap_out", "swap_in", "preempted", "kv_digest"}),
+    "requests & steps": frozenset({"request_added", "step_started", "step_finished", "sequence_finished",
+                                   "preempted"}),
+    **{kind: frozenset({kind}) for kind in ev.EVENT_TYPES},
+}
+
+
+def _ids(ids) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def describe(event: ev.Event, vocab: dict[int, str] | None = None) -> str:
+    """One line of plain words for an event."""
+    e = event
+    kind = e.type
+    if kind == "block_allocated":
+        return (f"allocate {e.device} {e.block} → seq {_ids(e.seq_ids)} L{e.logical_index} "
+                f"ref {e.ref_count} ({len(e.token_ids)} tokens)")
+    if kind == "prefix_cache_hit":
+        return (f"prefix-cache HIT {e.device} {e.block} #{short_hash(e.block_hash)} → seq {_ids(e.seq_ids)} "
+                f"L{e.logical_index} ref {e.ref_count}")
+    if kind == "block_hashed":
+        parent = f"#{short_hash(e.parent_hash)}" if e.parent_hash is not None else "root"
+        return (f"hash {e.device} {e.block} #{short_hash(e.block_hash)} ← {parent}"
+                + ("" if e.registered else " (duplicate: map unchanged)"))
+    if kind == "slot_appended":
+        piece = show_token((vocab or {}).get(e.token_id, f"<{e.token_id}>"))
+        return f"append_slot seq {e.seq_id} L{e.logical_index} → {e.device} {e.block}[{e.offset}] '{piece}'"
+    if kind == "copy_on_write":
+        return (f"copy-on-write seq {e.seq_id} L{e.logical_index}: {e.device} {e.src_block} → "
+                f"{e.device} {e.dst_block} (src ref {e.src_ref_count})")
+    if kind == "fork":
+        return f"fork seq {e.parent_seq_id} → seq {e.child_seq_id} shares {e.device} {_ids(e.blocks)}"
+    if kind in ("swap_out", "swap_in"):
+        src, dst = ("gpu", "cpu") if kind == "swap_out" else ("cpu", "gpu")
+        pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
+        return f"{kind} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}"
+    if kind == "block_freed":
+        left = "free-but-cached" if e.cached and e.ref_count == 0 else ("free" if e.ref_count == 0 else "kept")
+        return f"free {e.device} {e.block} by seq {e.seq_id}: ref {e.ref_count} ({left})"
+    if kind == "sequence_freed":
+        return f"seq {e.seq_id}: block table freed"
+    if kind == "block_evicted":
+        return f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)"
+    if kind == "request_added":
+        prompt = show_token(e.prompt)[:40]
+        return (f"request {e.request_id} added: '{prompt}' ({len(e.prompt_token_ids)} tokens, "
+                f"seq {_ids(e.seq_ids)}, n {e.n}, max {e.max_tokens})")
+    if kind == "step_started":
+        return f"── step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({e.num_tokens} tokens)"
+    if kind == "token_generated":
+        return f"seq {e.seq_id} sampled '{show_token(e.text)}' at position {e.position}"
+    if kind == "preempted":
+        return (f"PREEMPT req {e.request_id} seq {_ids(e.seq_ids)} by {e.mode}: {e.reason}"
+                + (f" ({e.num_tokens_lost} tokens to recompute)" if e.num_tokens_lost else ""))
+    if kind == "sequence_finished":
+        return f"seq {e.seq_id} finished: {e.reason}" + (f" ({e.detail})" if e.detail else "")
+    if kind == "kv_digest":
+        return f"K/V digest {e.device} {e.block} = {e.digest}"
+    if kind == "step_finished":
+        return f"── step {e.step} {e.kind} done ({e.num_tokens} tokens)"
+    return kind
