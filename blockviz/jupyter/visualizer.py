@@ -1,0 +1,543 @@
+"""`Visualizer`: the widgets composed over a timeline of events, from a trace or a live engine.
+
+The model layer is the TUI's: a `Timeline` (events, the reducer state at a cursor, time travel) and
+a `Player` (play/pause at a speed). A live run subscribes to a real `LLM`'s event bus and steps its
+engine when the cursor reaches the end of what is known, the way `blockviz run` does.
+
+Threads. Every method called from Python is synchronous: it returns once the engine work is done
+and `state` is the state at the new cursor, so a lesson can `viz.step(); assert viz.state...`.
+Buttons in the browser are not: their messages arrive on the kernel's main thread and are handed
+to one worker thread (play to a thread of its own), so the kernel keeps answering clicks while the
+engine generates. One lock guards the engine and the timeline, so a Python call and button-driven
+playback never step the engine at the same time. Frames go out at most `MAX_FPS` times a second:
+a change inside that window is sent by a timer at its end, with the state as it is then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import ipywidgets
+
+from blockviz.history import Player, Timeline
+from blockviz.jupyter.snapshot import cursor_line, event_log, snapshot, summary_text
+from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
+from blockviz.live import one_line
+from blockviz.trace import Trace, load_trace
+from engine import events as ev
+from engine.reducer import ReducerState
+
+MAX_FPS = 20
+PLAY_TICK_S = 1 / MAX_FPS
+
+
+class FrameThrottle:
+    """Calls `send()` at most once per `min_interval` seconds: `request()` sends now if the last
+    send is old enough, else makes sure one send happens when the interval is up (coalescing every
+    request in between). `clock` and `schedule(delay, fn)` are injectable for tests."""
+
+    def __init__(self, send: Callable[[], None], min_interval: float = 1 / MAX_FPS,
+                 clock: Callable[[], float] = time.monotonic,
+                 schedule: Callable[[float, Callable[[], None]], Any] | None = None) -> None:
+        self._send = send
+        self.min_interval = min_interval
+        self._clock = clock
+        self._schedule = schedule or _start_timer
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._pending = False
+        self.num_sent = 0
+
+    def request(self) -> None:
+        with self._lock:
+            if self._pending:
+                return
+            wait = self._last + self.min_interval - self._clock()
+            if wait > 0:
+                self._pending = True
+                self._schedule(wait, self._fire)
+                return
+            self._last = self._clock()
+        self._do_send()
+
+    def flush(self) -> None:
+        """Send now (a pending timer still fires, sending the then-current frame)."""
+        with self._lock:
+            self._last = self._clock()
+        self._do_send()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._pending = False
+            self._last = self._clock()
+        self._do_send()
+
+    def _do_send(self) -> None:
+        self.num_sent += 1
+        self._send()
+
+
+def _start_timer(delay: float, fn: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.start()
+
+
+class Visualizer:
+    """Pools, block tables, hash chains, event log, inspector and controls over one timeline.
+
+    Build one with `Visualizer.from_trace(name_or_path)` (no model needed) or
+    `Visualizer.live(llm_or_options, prompts=..., sampling_params=...)` (a real engine). Display it
+    as the last expression of a cell; without a widget frontend its repr is a text summary.
+    """
+
+    def __init__(self, timeline: Timeline, *, llm: Any = None, title: str = "") -> None:
+        self.timeline = timeline
+        self.llm = llm
+        self.engine = llm.engine if llm is not None else None
+        self.player = Player(timeline, live=self.engine is not None)
+        self.title = title
+        self.error = ""
+        self.selected: tuple[str, int] | None = None
+        self._lock = threading.RLock()  # the engine and the timeline
+        self._send_lock = threading.Lock()  # frames leave in order
+        self._buffer: list[ev.Event] = []
+        self._unsubscribe = self.engine.events.subscribe(self._buffer.append) if self.engine else None
+        self._request_ids: list[str] = []
+        self._finished: dict[str, Any] = {}
+        self._play_thread: threading.Thread | None = None
+        self._stop_play = threading.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockviz-widget")
+
+        self.controls = Controls()
+        self.pools = PoolView()
+        self.inspector = Inspector()
+        self.tables = BlockTableView()
+        self.hashes = HashChainView()
+        self.log = EventLogView()
+        self.views = (self.controls, self.pools, self.inspector, self.tables, self.hashes, self.log)
+        self.controls.on_action(self._on_controls)
+        self.pools.on_action(self._on_pools)
+        self.log.observe(lambda change: self._changed(), names="filter")
+        self.widget = ipywidgets.VBox([
+            self.controls,
+            ipywidgets.HBox([self.pools, self.inspector], layout=ipywidgets.Layout(width="100%")),
+            ipywidgets.HBox([self.tables, self.hashes], layout=ipywidgets.Layout(width="100%")),
+            self.log,
+        ], layout=ipywidgets.Layout(width="100%"))
+        self.widget.add_class("blockviz")
+        self.frames = FrameThrottle(self._send_frame)
+        self._send_frame()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_trace(cls, name_or_path: str | Path | Trace) -> "Visualizer":
+        """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...)."""
+        trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
+        name = Path(trace.path).stem if trace.path else "trace"
+        return cls(Timeline.for_trace(trace), title=f"trace {name} · {trace.title}")
+
+    @classmethod
+    def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
+             sampling_params: Any = None) -> "Visualizer":
+        """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
+
+        `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
+        SamplingParams for all, or a list with one per prompt."""
+        from engine.llm import LLM
+
+        llm = llm_or_options if isinstance(llm_or_options, LLM) else LLM(**(llm_or_options or {}))
+        engine = llm.engine
+        if engine.has_unfinished_requests() or getattr(engine, "num_steps", 0):
+            raise ValueError("attach the Visualizer to a fresh LLM: this one has already run, and its blocks "
+                             "would be missing from the picture")
+        header = engine.trace_header()
+        timeline = Timeline(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+        caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
+        viz = cls(timeline, llm=llm, title=f"live {header.get('model', '?')} · block size "
+                  f"{header['block_size']} · {header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU "
+                  f"blocks{caching}")
+        if prompts is not None:
+            prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+            if isinstance(sampling_params, (list, tuple)):
+                if len(sampling_params) != len(prompts):
+                    raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+                params = list(sampling_params)
+            else:
+                params = [sampling_params] * len(prompts)
+            for prompt, sp in zip(prompts, params):
+                viz.add_request(prompt, sp)
+        return viz
+
+    def close(self) -> None:
+        """Stop playback, detach from the engine and close the widgets."""
+        self.pause()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._worker.shutdown(wait=False)
+        for view in self.views:
+            view.close()
+        self.widget.close()
+
+    # ------------------------------------------------------------------ what lessons read
+
+    @property
+    def state(self) -> ReducerState:
+        """The reducer state at the cursor (the object itself: `.copy()` it to keep it)."""
+        return self.timeline.state
+
+    @property
+    def position(self) -> int:
+        """Events applied: the cursor."""
+        return self.timeline.position
+
+    def __len__(self) -> int:
+        return len(self.timeline)
+
+    @property
+    def events(self) -> list[ev.Event]:
+        """Every event known so far (a live run grows it)."""
+        return self.timeline.events
+
+    @property
+    def current_event(self) -> ev.Event | None:
+        """The event the cursor just passed."""
+        return self.timeline.current_event
+
+    @property
+    def outputs(self) -> list[Any]:
+        """Finished requests' RequestOutputs (live runs), in the order the requests were added."""
+        return [self._finished[r] for r in self._request_ids if r in self._finished]
+
+    @property
+    def finished(self) -> bool:
+        """A trace at its end, or a live engine with nothing left to run and the cursor at the end."""
+        if not self.timeline.at_end:
+            return False
+        return self.engine is None or not self.engine.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ the live engine's commands
+    # A command acts on the engine as it is now, the end of the timeline: the cursor moves there,
+    # past the command's events, so `state` shows what it did.
+
+    def add_request(self, prompt: Any, sampling_params: Any = None, n: int | None = None) -> str:
+        """Queue a request on the live engine (LLMEngine.add_request, vLLM's add_request); returns
+        its request id. `n` overrides the sampling params' n."""
+        if n is not None:
+            from engine.sequence import SamplingParams
+
+            sampling_params = dataclasses.replace(sampling_params or SamplingParams(), n=n)
+        request_id = self._command("add a request", lambda engine: engine.add_request(prompt, sampling_params))
+        self._request_ids.append(request_id)
+        return request_id
+
+    def fork(self, seq_id: int) -> int:
+        """Fork a running sequence now (vLLM v0 BlockSpaceManager.fork): the child shares every
+        block; returns the child's seq id."""
+        return self._command(f"fork sequence {seq_id}", lambda engine: engine.fork_sequence(seq_id))
+
+    def swap_out(self, request_id: str) -> list[tuple[int, int]]:
+        """Swap a running request out to the CPU pool now (vLLM v0 swap_out); returns the
+        (gpu block, cpu block) pairs moved."""
+        return self._command(f"swap out request {request_id}",
+                             lambda engine: engine.preempt_request(str(request_id)))
+
+    def _command(self, name: str, run: Callable[[Any], Any]) -> Any:
+        if self.engine is None:
+            raise RuntimeError(f"cannot {name}: this Visualizer replays a trace (use Visualizer.live)")
+        self.pause()
+        with self._lock:
+            try:
+                result = run(self.engine)
+            except Exception as exc:
+                self.error = f"{name}: {one_line(exc)}"
+                raise
+            finally:
+                self._take_events()
+            self.error = ""
+            self.player.finished = False
+            self.timeline.seek(len(self.timeline))  # the command acted on the engine's present
+        self._changed()
+        return result
+
+    # ------------------------------------------------------------------ moving the cursor
+
+    def step_event(self) -> ev.Event | None:
+        """Apply one more event (a live run at the end of what is known steps the engine once);
+        returns it, or None at the end of a finished run."""
+        self.pause()
+        with self._lock:
+            moved = self.timeline.forward(1)
+            while not moved and self.engine is not None and self._engine_step():
+                moved = self.timeline.forward(1)
+            event = self.timeline.current_event if moved else None
+        self._changed()
+        return event
+
+    def step(self) -> ev.Event | None:
+        """One engine step (LLMEngine.step, vLLM's step): the cursor moves just after the next
+        step_finished, stepping a live engine if that step has not run yet. Returns that event, or
+        None when there is no further step."""
+        self.pause()
+        with self._lock:
+            target = self.timeline.next_step_end()
+            while target is None and self.engine is not None and self._engine_step():
+                target = self.timeline.next_step_end()
+            moved = self.timeline.seek(target if target is not None else len(self.timeline))
+            event = self.timeline.current_event if moved and target is not None else None
+        self._changed()
+        return event
+
+    def back(self, n: int = 1) -> ev.Event | None:
+        """Go back `n` events (time travel: nothing in the engine changes); returns the event now
+        at the cursor."""
+        return self.seek(self.position - n)
+
+    def seek(self, position: int) -> ev.Event | None:
+        """Put the cursor at `position` (clamped to the events known); returns the event just passed."""
+        self.pause()
+        with self._lock:
+            self.timeline.seek(int(position))
+            event = self.timeline.current_event
+        self._changed()
+        return event
+
+    def run_until(self, event_type: str) -> ev.Event | None:
+        """Move to just after the next event of `event_type` ("copy_on_write", "prefix_cache_hit",
+        "swap_out", "block_evicted", ...), stepping a live engine as needed. Returns that event, or
+        None (cursor at the end) when the run finishes without one."""
+        if event_type not in ev.EVENT_TYPES:
+            raise ValueError(f"unknown event type {event_type!r}: one of {', '.join(sorted(ev.EVENT_TYPES))}")
+        self.pause()
+        with self._lock:
+            found = None
+            start = self.position
+            while True:
+                events = self.timeline.events
+                for index in range(start, len(events)):
+                    if events[index].type == event_type:
+                        found = index
+                        break
+                if found is not None:
+                    break
+                start = len(events)
+                if self.engine is None or not self._engine_step():
+                    break
+            self.timeline.seek(found + 1 if found is not None else len(self.timeline))
+            event = self.timeline.current_event if found is not None else None
+        self._changed()
+        return event
+
+    def run_to_completion(self) -> list[Any]:
+        """Live: step the engine until no request is unfinished; then (trace or live) go to the
+        end. Returns the finished RequestOutputs (empty for a trace)."""
+        self.pause()
+        with self._lock:
+            while self.engine is not None and self._engine_step():
+                pass
+            self.timeline.seek(len(self.timeline))
+        self._changed()
+        return self.outputs
+
+    def select(self, device: str, number: int) -> None:
+        """Show block `number` of `device` ("gpu" or "cpu") in the inspector (a click on a cell)."""
+        pool = self.timeline.state.pools.get(device)
+        if pool is None or not 0 <= int(number) < len(pool):
+            raise ValueError(f"no block {number!r} in a {device!r} pool")
+        self.selected = (device, int(number))
+        self._changed()
+
+    # ------------------------------------------------------------------ playback
+
+    @property
+    def playing(self) -> bool:
+        return self.player.playing
+
+    def play(self, speed: float | str | None = None) -> None:
+        """Start playback on a background thread (returns at once): events at the Player's speed,
+        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max"."""
+        if speed is not None:
+            self.set_speed(speed)
+        with self._lock:
+            if self._play_thread is not None and self._play_thread.is_alive():
+                return
+            self.player.playing = False
+            self.player.toggle_play()
+            self._stop_play.clear()
+            thread = threading.Thread(target=self._play_loop, name="blockviz-play", daemon=True)
+            self._play_thread = thread
+        thread.start()
+        self._changed()
+
+    def pause(self) -> None:
+        """Stop playback; returns once the engine step under way (if any) is done."""
+        thread = self._play_thread
+        self._stop_play.set()
+        self.player.playing = False
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._play_thread = None if thread is None or not thread.is_alive() else thread
+        self._changed()
+
+    def set_speed(self, speed: float | str | int) -> None:
+        """Playback speed: events per second (one of history.SPEEDS) or "max"."""
+        from blockviz.history import SPEEDS
+
+        value = float("inf") if speed == "max" else float(speed)
+        if value not in SPEEDS:
+            raise ValueError(f"speed {speed!r} is not one of {', '.join('max' if s == float('inf') else f'{s:g}' for s in SPEEDS)}")
+        self.player.speed_index = SPEEDS.index(value)
+        self._changed()
+
+    def _play_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop_play.is_set():
+            started = time.monotonic()
+            with self._lock:
+                if self._stop_play.is_set():
+                    break
+                try:
+                    deadline = started + PLAY_TICK_S
+                    while self.player.engine_steps_wanted() > 0 and time.monotonic() < deadline:
+                        if not self._engine_step():
+                            break
+                except Exception:  # noqa: BLE001 - _engine_step has put the one line in self.error
+                    self.player.playing = False
+                now = time.monotonic()
+                self.player.tick(now - last)
+                last = now
+                playing = self.player.playing
+            self._changed()
+            if not playing:
+                break
+            self._stop_play.wait(max(0.0, PLAY_TICK_S - (time.monotonic() - started)))
+
+    # ------------------------------------------------------------------ the engine (lock held)
+
+    def _take_events(self) -> None:
+        if self._buffer:
+            batch, self._buffer[:] = self._buffer[:], []
+            self.timeline.extend(batch)
+
+    def _engine_step(self) -> bool:
+        """One LLMEngine.step() if any request is unfinished; its events join the timeline.
+        Returns whether a step ran. An engine error is kept as one line (self.error) and raised."""
+        engine = self.engine
+        if engine is None or not engine.has_unfinished_requests():
+            self.player.finished = True
+            return False
+        try:
+            for output in engine.step():
+                if output.finished:
+                    self._finished[output.request_id] = output
+        except Exception as exc:
+            self.error = f"engine stopped: {one_line(exc)}"
+            self.player.finished = True
+            self._take_events()
+            raise
+        self._take_events()
+        if not engine.has_unfinished_requests():
+            self.player.finished = True
+        return True
+
+    # ------------------------------------------------------------------ buttons (kernel main thread)
+
+    def _on_controls(self, message: dict[str, Any]) -> None:
+        kind = message.get("event")
+        if kind == "action":
+            action = message.get("action")
+            if action == "pause" or (action == "play" and self.playing):
+                self.pause()
+            elif action == "play":
+                self._in_background(self.play)
+            else:
+                run = {"step_event": self.step_event, "step": self.step, "back": self.back,
+                       "back_step": self._back_step, "start": lambda: self.seek(0),
+                       "end": self._to_end}.get(action)
+                if run is not None:
+                    self._in_background(run)
+        elif kind == "seek":
+            self._in_background(lambda: self.seek(int(message.get("position", 0))))
+        elif kind == "speed":
+            self._in_background(lambda: self._set_speed_index(int(message.get("index", 0))))
+
+    def _on_pools(self, message: dict[str, Any]) -> None:
+        if message.get("event") == "select":
+            self._in_background(lambda: self.select(str(message.get("device")), int(message.get("number", 0))))
+
+    def _in_background(self, run: Callable[[], Any]) -> None:
+        def guarded() -> None:
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - shown in the widget as one line
+                if not self.error:
+                    self.error = one_line(exc)
+                self._changed()
+
+        self._worker.submit(guarded)
+
+    def _back_step(self) -> None:
+        self.pause()
+        with self._lock:
+            self.timeline.seek(self.timeline.previous_step_end())
+        self._changed()
+
+    def _to_end(self) -> None:
+        self.seek(len(self.timeline))
+
+    def _set_speed_index(self, index: int) -> None:
+        from blockviz.history import SPEEDS
+
+        self.player.speed_index = max(0, min(index, len(SPEEDS) - 1))
+        self._changed()
+
+    # ------------------------------------------------------------------ frames
+
+    def _changed(self) -> None:
+        self.frames.request()
+
+    def frame(self) -> dict[str, Any]:
+        """The whole frame at the cursor: snapshot() plus the event log and the cursor line."""
+        with self._lock:
+            timeline = self.timeline
+            snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected)
+            snap["log"] = {"filter": self.log.filter,
+                           "rows": event_log(timeline.events, timeline.position, self.log.filter,
+                                             timeline.token_texts)}
+            snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
+                                         finished=self.finished)
+        return snap
+
+    def _send_frame(self) -> None:
+        with self._send_lock:
+            snap = self.frame()
+            for view in self.views:
+                view.show(snap)
+
+    # ------------------------------------------------------------------ display
+
+    def summary(self) -> str:
+        """The state at the cursor as plain text."""
+        with self._lock:
+            return summary_text(self.timeline.state, title=self.title, position=self.position,
+                                length=len(self.timeline), current=self.timeline.current_event)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        self.frames.flush()
+        bundle = self.widget._repr_mimebundle_(**kwargs) or {}
+        bundle = dict(bundle)
+        bundle["text/plain"] = self.summary()
+        return bundle

@@ -1,0 +1,115 @@
+"""The anywidget views: each holds its part of a frame in one synced `frame` dict and draws it.
+
+Python holds the state, the JavaScript (static/blockviz.js, one module for every view, picked by
+`_kind`) only renders it; clicks come back as custom messages (`select`, `action`, `seek`,
+`speed`, `filter`) that the Visualizer turns into calls of its own Python API. No CDN import, no
+build step: the module and its CSS are package data.
+
+The views work on their own too: `PoolView().show(snapshot(state))` draws a reducer state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import anywidget
+import traitlets
+
+from blockviz.history import SPEEDS
+from blockviz.widgets.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
+
+STATIC = Path(__file__).resolve().parent / "static"
+ESM = STATIC / "blockviz.js"
+CSS = STATIC / "blockviz.css"
+
+PALETTE = {
+    "seq": list(SEQ_COLOURS),
+    "free": "#6b6b6b",
+    "cached": "#3c4a5a",
+    "cpu": list(CPU_TINTS),
+}
+
+Handler = Callable[[dict[str, Any]], None]
+
+
+class _View(anywidget.AnyWidget):
+    """A view of one part of the frame; `show(frame)` takes a whole snapshot and keeps its part."""
+
+    _esm = ESM
+    _css = CSS
+    _kind = traitlets.Unicode("").tag(sync=True)
+    frame = traitlets.Dict().tag(sync=True)
+    parts: tuple[str, ...] = ()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handler: Handler | None = None
+        self.on_msg(self._on_frontend_msg)
+
+    def part(self, snap: dict[str, Any]) -> dict[str, Any]:
+        return {key: snap[key] for key in self.parts if key in snap}
+
+    def show(self, snap: dict[str, Any]) -> None:
+        """Draw the part of `snap` (a snapshot(), maybe with "log" and "cursor") this view shows."""
+        with self.hold_sync():
+            self.frame = self.part(snap)
+
+    def on_action(self, handler: Handler | None) -> None:
+        """Call `handler(message)` for each message the frontend sends (a click, a slider move)."""
+        self._handler = handler
+
+    def _on_frontend_msg(self, widget: Any, content: Any, buffers: Any) -> None:
+        if self._handler is not None and isinstance(content, dict):
+            self._handler(content)
+
+
+class PoolView(_View):
+    """The GPU and CPU pools: one cell per block (number, ref count when shared, fill, owner colour,
+    free / used / free-but-cached, last touched, selected) and the TUI's legend. A click on a cell
+    sends {"event": "select", "device", "number"}."""
+
+    _kind = traitlets.Unicode("pool").tag(sync=True)
+    palette = traitlets.Dict(PALETTE).tag(sync=True)
+    parts = ("block_size", "pools", "touched", "selected")
+
+
+class BlockTableView(_View):
+    """Each sequence's block table: logical block -> physical block, the token text in each slot."""
+
+    _kind = traitlets.Unicode("tables").tag(sync=True)
+    palette = traitlets.Dict(PALETTE).tag(sync=True)
+    parts = ("tables", "block_size")
+
+
+class HashChainView(_View):
+    """The prefix cache's hash chains: hash, parent, tokens; blocks that served a hit are lit."""
+
+    _kind = traitlets.Unicode("hashes").tag(sync=True)
+    parts = ("hashes", "hash_summary")
+
+
+class EventLogView(_View):
+    """The events up to the cursor, filterable by kind (the TUI log's filters)."""
+
+    _kind = traitlets.Unicode("log").tag(sync=True)
+    filters = traitlets.List(list(FILTERS)).tag(sync=True)
+    filter = traitlets.Unicode("all events").tag(sync=True)
+    parts = ("log",)
+
+
+class Inspector(_View):
+    """The selected block: state, refs, owners, fill, hash and parent, tokens, K/V digest."""
+
+    _kind = traitlets.Unicode("inspector").tag(sync=True)
+    palette = traitlets.Dict(PALETTE).tag(sync=True)
+    parts = ("inspector",)
+
+
+class Controls(_View):
+    """Play/pause, one event, one engine step, back, speed, and a slider over the event position.
+    Buttons send {"event": "action", "action": ...}; the slider {"event": "seek", "position"}."""
+
+    _kind = traitlets.Unicode("controls").tag(sync=True)
+    speeds = traitlets.List(["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS]).tag(sync=True)
+    parts = ("cursor",)

@@ -1,0 +1,348 @@
+"""The Jupyter side without a browser: the snapshot function against the reducer, the Visualizer's
+cursor against the TUI's Timeline, a live Visualizer on a tiny GPT-2 against an in-process run,
+the buttons' messages, frame coalescing, and the text repr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from blockviz.history import Timeline, state_equal
+from blockviz.jupyter import Visualizer, snapshot
+from blockviz.jupyter.snapshot import STATE_CODES, block_state, event_log
+from blockviz.jupyter.visualizer import FrameThrottle
+from blockviz.trace import load_trace, shipped_traces
+from engine.reducer import USED, ReducerState
+
+TRACES = shipped_traces()
+CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
+
+
+def check_snapshot(snap: dict, state: ReducerState) -> None:
+    """Every number the widgets draw equals the reducer's."""
+    for device, pool in state.pools.items():
+        part = snap["pools"][device]
+        used = sum(1 for b in pool if b.state == USED)
+        cached = sum(1 for b in pool if b.state != USED and b.block_hash is not None)
+        assert (part["used"], part["cached"], part["free"]) == (used, cached, len(pool) - used - cached)
+        assert part["n"] == len(pool) == len(part["state"]) == len(part["ref"])
+        for block in pool:
+            i = block.number
+            assert CODE_NAMES[part["state"][i]] == block_state(block)
+            assert part["ref"][i] == block.ref_count
+            owners = sorted(block.owners)
+            assert part["owner"][i] == (owners[0] if owners else -1)
+            assert part["owner2"][i] == (owners[1] if len(owners) > 1 else -1)
+            if block_state(block) != "free":
+                assert part["fill"][i] == len(block.token_ids)
+    shown = {row["seq"]: [(d, n) for d, n, _, _ in row["blocks"]] for row in snap["tables"]}
+    for seq_id, table in state.tables.items():
+        assert shown[seq_id] == list(table)
+    for row in snap["tables"]:
+        for (device, number, ref, texts) in row["blocks"]:
+            assert ref == state.pools[device][number].ref_count
+            assert len(texts) == len(state.pools[device][number].token_ids)
+    hashed = {b.number for b in state.pools["gpu"] if b.block_hash is not None}
+    assert {row["block"] for row in snap["hashes"]} == hashed
+    assert snap["step"] == state.step
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_snapshot_equals_reducer_after_every_event(name):
+    trace = load_trace(name)
+    state = ReducerState(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks)
+    for event in trace.events:
+        state.apply(event)
+        snap = snapshot(state, current=event, selected=("gpu", 0))
+        check_snapshot(snap, state)
+        assert snap["inspector"]["ref"] == state.pools["gpu"][0].ref_count
+
+
+def test_snapshot_is_json_and_pure():
+    import json
+
+    trace = load_trace("fork-cow")
+    state = Timeline.for_trace(trace).state
+    before = state.freeze()
+    snap = snapshot(state, selected=("cpu", 1))
+    assert json.loads(json.dumps(snap)) == snap
+    assert state.freeze() == before
+    assert snapshot(state, selected=("cpu", 1)) == snap
+    assert snapshot(state, selected=("gpu", 10_000))["selected"] is None
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_visualizer_cursor_matches_timeline(name):
+    trace = load_trace(name)
+    viz = Visualizer.from_trace(name)
+    reference = Timeline.for_trace(trace)
+
+    def same() -> None:
+        reference.seek(viz.position)
+        assert state_equal(viz.state, reference.state)
+
+    assert len(viz) == len(trace.events) and viz.position == 0
+    for _ in range(5):
+        event = viz.step_event()
+        assert event is viz.events[viz.position - 1]
+        same()
+    event = viz.step()
+    assert event.type == "step_finished" and viz.position in reference.step_ends
+    same()
+    viz.back(3)
+    same()
+    viz.seek(len(viz) // 2)
+    same()
+    viz.seek(len(viz) + 100)
+    assert viz.position == len(viz)
+    same()
+    viz.back(len(viz))
+    assert viz.position == 0
+    for kind in ("copy_on_write", "prefix_cache_hit", "swap_out", "block_evicted", "preempted"):
+        viz.seek(0)
+        event = viz.run_until(kind)
+        expected = next((i for i, e in enumerate(trace.events) if e.type == kind), None)
+        if expected is None:
+            assert event is None and viz.position == len(viz)
+        else:
+            assert event.type == kind and viz.position == expected + 1
+        same()
+    assert viz.step_event() is None or viz.position <= len(viz)
+    viz.run_to_completion()
+    assert viz.position == len(viz) and viz.finished
+    assert viz.step_event() is None and viz.step() is None
+    viz.close()
+
+
+def test_run_until_rejects_unknown_kind_and_trace_commands():
+    viz = Visualizer.from_trace("fork-cow")
+    with pytest.raises(ValueError, match="unknown event type"):
+        viz.run_until("copy-on-write")
+    with pytest.raises(RuntimeError, match="Visualizer.live"):
+        viz.add_request("hello")
+    assert viz.llm is None and viz.outputs == []
+    viz.close()
+
+
+def test_text_repr_without_frontend():
+    viz = Visualizer.from_trace("fork-cow")
+    viz.run_until("copy_on_write")
+    text = repr(viz)
+    assert "VBox" not in text
+    assert "GPU pool: 32 blocks" in text and "CPU pool: 16 blocks" in text
+    assert f"event {viz.position}/{len(viz)}" in text
+    assert "seq 0" in text and "copy-on-write" in text
+    bundle = viz._repr_mimebundle_()
+    assert bundle["text/plain"] == text
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    from IPython.lib.pretty import pretty
+
+    assert pretty(viz) == text
+    viz.close()
+
+
+def test_select_and_inspector():
+    viz = Visualizer.from_trace("fork-cow")
+    cow = viz.run_until("copy_on_write")
+    viz.select("gpu", cow.src_block)
+    frame = viz.frame()
+    assert frame["selected"] == ["gpu", cow.src_block]
+    inspector = frame["inspector"]
+    block = viz.state.pools["gpu"][cow.src_block]
+    assert (inspector["number"], inspector["ref"], inspector["owners"]) == (cow.src_block, block.ref_count,
+                                                                             sorted(block.owners))
+    assert set(frame["touched"]["gpu"]) == {cow.src_block, cow.dst_block}
+    with pytest.raises(ValueError):
+        viz.select("gpu", 999)
+    viz.close()
+
+
+def test_event_log_filters():
+    trace = load_trace("swap")
+    rows = event_log(trace.events, len(trace.events), "swap & preemption")
+    assert rows and {kind for _, kind, _ in rows} <= {"swap_out", "swap_in", "preempted", "kv_digest"}
+    rows = event_log(trace.events, 10, "all events")
+    assert [number for number, _, _ in rows] == list(range(1, 11))
+
+
+def wait_for_worker(viz: Visualizer) -> None:
+    viz._worker.submit(lambda: None).result(timeout=60)
+
+
+def test_buttons_step_back_seek_select_in_background():
+    viz = Visualizer.from_trace("fork-cow")
+    controls = viz.controls
+    controls._on_frontend_msg(controls, {"event": "action", "action": "step"}, [])
+    wait_for_worker(viz)
+    first_step = viz.position
+    assert viz.events[first_step - 1].type == "step_finished"
+    controls._on_frontend_msg(controls, {"event": "action", "action": "step_event"}, [])
+    wait_for_worker(viz)
+    assert viz.position == first_step + 1
+    controls._on_frontend_msg(controls, {"event": "action", "action": "back"}, [])
+    controls._on_frontend_msg(controls, {"event": "seek", "position": 40}, [])
+    wait_for_worker(viz)
+    assert viz.position == 40
+    viz.pools._on_frontend_msg(viz.pools, {"event": "select", "device": "gpu", "number": 3}, [])
+    wait_for_worker(viz)
+    assert viz.selected == ("gpu", 3)
+    viz.frames.flush()
+    assert viz.controls.frame["cursor"]["position"] == 40
+    assert viz.inspector.frame["inspector"]["number"] == 3
+    assert viz.pools.frame["pools"]["gpu"]["n"] == 32
+    controls._on_frontend_msg(controls, {"event": "speed", "index": 9}, [])
+    controls._on_frontend_msg(controls, {"event": "action", "action": "play"}, [])
+    wait_for_worker(viz)
+    viz._play_thread and viz._play_thread.join(timeout=60)
+    assert viz.position == len(viz) and not viz.playing
+    viz.close()
+
+
+def test_play_and_pause_from_python():
+    viz = Visualizer.from_trace("prefill")
+    viz.play(speed="max")
+    viz._play_thread.join(timeout=60)
+    assert viz.position == len(viz) and not viz.playing
+    viz.play(speed=1)  # a trace at its end plays again from the start
+    viz.pause()
+    assert not viz.playing and viz.position < len(viz)
+    with pytest.raises(ValueError):
+        viz.set_speed(3)
+    viz.close()
+
+
+def test_frames_are_coalesced():
+    now = [0.0]
+    scheduled = []
+    sent = []
+    throttle = FrameThrottle(lambda: sent.append(now[0]), min_interval=0.05, clock=lambda: now[0],
+                             schedule=lambda delay, fn: scheduled.append((delay, fn)))
+    for _ in range(100):
+        throttle.request()
+    assert len(sent) == 1 and len(scheduled) == 1
+    now[0] = 0.05
+    scheduled.pop()[1]()
+    assert len(sent) == 2
+    throttle.request()
+    assert len(sent) == 2 and len(scheduled) == 1  # still inside the interval of the timer's send
+    now[0] = 1.0
+    scheduled.pop()[1]()
+    assert len(sent) == 3
+    now[0] = 2.0
+    throttle.request()
+    assert len(sent) == 4 and not scheduled
+
+
+def test_package_never_imports_textual():
+    code = ("import sys, blockviz.jupyter; v = blockviz.jupyter.Visualizer.from_trace('swap'); "
+            "v.run_to_completion(); assert 'textual' not in sys.modules, 'textual imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------- a live engine
+
+
+def reference_state(model_dir, options, prompts, params):
+    """An in-process run's reducer state and outputs (LLM.generate with a reducer subscribed)."""
+    from engine.llm import LLM
+
+    llm = LLM(str(model_dir), **options)
+    header = llm.engine.trace_header()
+    state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+    llm.events.subscribe(state.apply)
+    outputs = llm.generate(prompts, params)
+    return state, outputs
+
+
+def without_timing(state: ReducerState) -> dict:
+    values = dict(vars(state))
+    values.pop("step_time_s")
+    return values
+
+
+LIVE_OPTIONS = {"block_size": 4, "num_gpu_blocks": 24, "num_cpu_blocks": 8, "enable_prefix_caching": True}
+LIVE_PROMPTS = ["To be, or not to be, that is", "To be, or not to be, that is the question"]
+
+
+def test_live_visualizer_steps_the_engine_like_an_in_process_run(tiny_gpt2_dir):
+    from engine.llm import LLM
+    from engine.sequence import SamplingParams
+
+    params = SamplingParams(max_tokens=6)
+    llm = LLM(str(tiny_gpt2_dir), **LIVE_OPTIONS)
+    viz = Visualizer.live(llm, prompts=LIVE_PROMPTS, sampling_params=params)
+    assert viz.llm is llm and set(viz.state.requests) == {"0", "1"}
+    assert llm.engine.num_steps == 0
+    known = len(viz)
+    first = viz.step_event()  # at the end of what is known: the engine steps once
+    assert llm.engine.num_steps == 1 and first is viz.events[known] and len(viz) > known + 1
+    step = viz.step()
+    assert step.type == "step_finished" and step.step == viz.state.step
+    viz.back(len(viz))
+    assert viz.position == 0 and llm.engine.num_steps == 1  # time travel leaves the engine alone
+    hit = viz.run_until("prefix_cache_hit")
+    assert hit is not None and viz.state.pools["gpu"][hit.block].num_hits >= 1
+    assert viz.run_until("swap_in") is None and viz.position == len(viz)
+    outputs = viz.run_to_completion()
+    assert not llm.engine.has_unfinished_requests() and viz.finished
+    state, expected = reference_state(tiny_gpt2_dir, LIVE_OPTIONS, LIVE_PROMPTS, params)
+    assert without_timing(viz.state) == without_timing(state)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
+    check_snapshot(snapshot(viz.state), viz.state)
+    viz.close()
+
+
+def test_live_commands_fork_swap_out_and_errors(tiny_gpt2_dir):
+    from engine.sequence import SamplingParams
+
+    viz = Visualizer.live({"model": str(tiny_gpt2_dir), "block_size": 4, "num_gpu_blocks": 32,
+                           "num_cpu_blocks": 16})
+    request_id = viz.add_request("The quick brown fox", SamplingParams(max_tokens=12), n=1)
+    assert viz.position == len(viz) and viz.current_event.type == "request_added"
+    viz.step()
+    seq_id = viz.state.requests[request_id][0]
+    child = viz.fork(seq_id)
+    assert viz.current_event.type == "fork" and viz.state.tables[child] == viz.state.tables[seq_id]
+    cow = viz.run_until("copy_on_write")
+    assert cow is not None
+    pairs = viz.swap_out(request_id)
+    assert pairs and viz.current_event.type in ("swap_out", "kv_digest")
+    assert viz.state.num_used("cpu") == len(pairs)
+    with pytest.raises(ValueError, match="not running"):
+        viz.fork(12345)
+    assert viz.error.startswith("fork sequence 12345:") and "\n" not in viz.error
+    assert viz.frame()["cursor"]["error"] == viz.error
+    viz.run_to_completion()
+    assert [o.request_id for o in viz.outputs] == [request_id] and len(viz.outputs[0].outputs) == 2
+    viz.close()
+
+
+def test_live_engine_error_is_one_line(tiny_gpt2_dir, monkeypatch):
+    viz = Visualizer.live({"model": str(tiny_gpt2_dir), "block_size": 4, "num_gpu_blocks": 16},
+                          prompts="The quick brown fox")
+
+    def broken():
+        raise RuntimeError("the model fell over\nTraceback (most recent call last): ...")
+
+    monkeypatch.setattr(viz.engine, "step", broken)
+    viz.controls._on_frontend_msg(viz.controls, {"event": "action", "action": "step"}, [])
+    wait_for_worker(viz)
+    assert viz.error == "engine stopped: the model fell over"
+    viz.frames.flush()
+    assert viz.controls.frame["cursor"]["error"] == viz.error
+    with pytest.raises(RuntimeError):
+        viz.step()
+    viz.close()
+
+
+def test_live_play_free_runs_to_the_end(tiny_gpt2_dir):
+    from engine.sequence import SamplingParams
+
+    viz = Visualizer.live({"model": str(tiny_gpt2_dir), "block_size": 4, "num_gpu_blocks": 32},
+                          prompts=LIVE_PROMPTS, sampling_params=SamplingParams(max_tokens=5))
+    viz.play("max")
+    viz._play_thread.join(timeout=120)
+    assert not viz.playing and viz.finished and len(viz.outputs) == 2
+    viz.close()
