@@ -1,6 +1,7 @@
-"""Regenerate screenshots/*.svg: the TUI at key moments of the shipped traces (blockviz/traces/).
+"""Regenerate screenshots/*.svg: the TUI at key moments of the shipped traces (blockviz/traces/),
+and screenshots/jupyter.png: the Jupyter Visualizer in JupyterLab, drawn by chromium.
 
-    python scripts/make_screenshots.py
+    python scripts/make_screenshots.py            # --no-jupyter: only the TUI's SVGs
 
 Each picture is the app replaying a real engine trace (headless, `App.run_test`), moved to the
 moment worth seeing, then exported as SVG. Deterministic: no clock, no tokens/s, no cursor blink,
@@ -99,14 +100,50 @@ async def take(shot: Shot, traces_dir: Path, out_dir: Path) -> Path:
     return out
 
 
+JUPYTER_CELLS = [
+    "from blockviz.jupyter import Visualizer\n"
+    "viz = Visualizer.from_trace('fork-cow')\n"
+    "cow = viz.run_until('copy_on_write')\n"
+    "viz.select('gpu', cow.dst_block)",
+    "viz",
+]
+
+
+def take_jupyter(out_dir: Path) -> Path:
+    """The browser session of tests/test_jupyter_browser.py: JupyterLab runs a notebook on the
+    fork-cow trace, chromium clicks one engine step, and the widget is saved as a PNG."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from jupyter_fixtures import (click_and_wait, launch_args, open_notebook, run_all_cells,
+                                  start_jupyter_server, wait_for_visualizer)
+    from playwright.sync_api import sync_playwright
+
+    out = out_dir / "jupyter.png"
+    with start_jupyter_server() as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(**launch_args())
+        page = browser.new_page(viewport={"width": 1400, "height": 1100}, device_scale_factor=1)
+        path = server.add_notebook("blockviz.ipynb", JUPYTER_CELLS)
+        open_notebook(page, server, path)
+        run_all_cells(page)
+        wait_for_visualizer(page, num_cells=32 + 16)
+        click_and_wait(page, "step_event")
+        page.wait_for_timeout(300)  # one frame interval: the last frame is drawn
+        page.locator(".blockviz").first.screenshot(path=str(out))
+        browser.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces-dir", type=Path, default=TRACES_DIR)
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--no-jupyter", action="store_true", help="skip screenshots/jupyter.png (needs chromium)")
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for shot in SHOTS:
         out = asyncio.run(take(shot, args.traces_dir, args.out_dir))
+        print(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)
+    if not args.no_jupyter:
+        out = take_jupyter(args.out_dir)
         print(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)
     return 0
 

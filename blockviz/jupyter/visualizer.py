@@ -120,7 +120,8 @@ class Visualizer:
         self.tables = BlockTableView()
         self.hashes = HashChainView()
         self.log = EventLogView()
-        self.views = (self.controls, self.pools, self.inspector, self.tables, self.hashes, self.log)
+        # The controls go last in each frame: once they show a position, every view has its frame.
+        self.views = (self.pools, self.inspector, self.tables, self.hashes, self.log, self.controls)
         self.controls.on_action(self._on_controls)
         self.pools.on_action(self._on_pools)
         self.log.observe(lambda change: self._changed(), names="filter")

@@ -1,0 +1,336 @@
+// blockviz widgets: draw the frame the kernel sends (blockviz/jupyter/snapshot.py), nothing more.
+// One module for every view, picked by the model's `_kind`. Plain ES module: no imports, no build.
+// Cells carry data-block / data-state / data-ref so a browser test can compare the page with the kernel.
+
+const STATE_NAMES = { u: "used", c: "cached", f: "free" };
+const SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key === "style") Object.assign(node.style, value);
+    else if (key.startsWith("data-")) node.setAttribute(key, String(value));
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function seqColour(palette, seqId) {
+  const colours = (palette && palette.seq) || ["#61afef"];
+  return colours[((seqId % colours.length) + colours.length) % colours.length];
+}
+
+function superscript(n) {
+  return String(n).split("").map((d) => SUPERSCRIPT[Number(d)]).join("");
+}
+
+function seqChip(palette, seqId) {
+  return h("span", { class: "bv-chip", style: { background: seqColour(palette, seqId) }, text: `seq ${seqId}` });
+}
+
+// ------------------------------------------------------------------ pools
+
+function renderPool(model, el) {
+  const legend = h("div", { class: "bv-legend" });
+  const body = h("div", { class: "bv-pools" });
+  el.append(legend, body);
+  const pools = {}; // device -> { section, header, grid, cells, last }
+  let touched = [];
+  let selected = null;
+
+  function drawLegend(palette) {
+    legend.replaceChildren(
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-free-swatch" }), "free"),
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch", style: { background: seqColour(palette, 0) } }),
+        h("span", { class: "bv-swatch", style: { background: seqColour(palette, 1) } }), "used (owner colour)"),
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch", style: {
+        background: `linear-gradient(135deg, ${seqColour(palette, 0)} 50%, ${seqColour(palette, 1)} 50%)` } }),
+        "shared (ref count²)"),
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-cached-swatch" }), "free but cached"),
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-touched-swatch" }), "last touched"),
+      h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-selected-swatch" }), "selected"),
+    );
+  }
+
+  function ensurePool(device, n) {
+    let pool = pools[device];
+    if (pool && pool.cells.length === n) return pool;
+    if (pool) pool.section.remove();
+    const header = h("div", { class: "bv-pool-title" });
+    const grid = h("div", { class: "bv-grid", "data-device": device });
+    const cells = [];
+    for (let i = 0; i < n; i++) {
+      const cell = h("div", { class: "bv-cell", "data-device": device, "data-block": i, "data-state": "free",
+        "data-ref": 0, title: `${device} block ${i}` },
+        h("span", { class: "bv-num", text: String(i) }), h("span", { class: "bv-ref" }),
+        h("span", { class: "bv-fill" }));
+      cells.push(cell);
+    }
+    grid.append(...cells);
+    grid.addEventListener("click", (event) => {
+      const cell = event.target.closest(".bv-cell");
+      if (!cell) return;
+      model.send({ event: "select", device, number: Number(cell.dataset.block) });
+    });
+    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid);
+    body.append(section);
+    pool = pools[device] = { section, header, grid, cells, last: null };
+    return pool;
+  }
+
+  return (frame) => {
+    const palette = model.get("palette");
+    drawLegend(palette);
+    const blockSize = frame.block_size || 1;
+    for (const device of ["gpu", "cpu"]) {
+      const data = frame.pools && frame.pools[device];
+      if (!data) continue;
+      const pool = ensurePool(device, data.n);
+      pool.section.hidden = data.n === 0;
+      pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
+        `${data.cached} cached · ${data.free} free`;
+      const last = pool.last;
+      for (let i = 0; i < data.n; i++) {
+        const code = data.state[i], ref = data.ref[i], fill = data.fill[i];
+        const owner = data.owner[i], owner2 = data.owner2[i];
+        if (last && last.state[i] === code && last.ref[i] === ref && last.fill[i] === fill &&
+            last.owner[i] === owner && last.owner2[i] === owner2) continue;
+        const cell = pool.cells[i];
+        const name = STATE_NAMES[code] || "free";
+        cell.dataset.state = name;
+        cell.dataset.ref = String(ref);
+        cell.dataset.fill = String(fill);
+        cell.dataset.owners = [owner, owner2].filter((s) => s >= 0).join(",");
+        let background = "";
+        if (name === "used" && owner >= 0) {
+          background = owner2 >= 0
+            ? `linear-gradient(135deg, ${seqColour(palette, owner)} 50%, ${seqColour(palette, owner2)} 50%)`
+            : seqColour(palette, owner);
+        }
+        cell.style.background = background;
+        cell.children[1].textContent = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
+        cell.children[2].style.width = `${Math.round((100 * fill) / blockSize)}%`;
+        cell.title = `${device} block ${i} · ${name} · ref ${ref} · ${fill}/${blockSize} slots` +
+          (cell.dataset.owners ? ` · seq ${cell.dataset.owners}` : "");
+      }
+      pool.last = data;
+    }
+    for (const cell of touched) cell.classList.remove("bv-touched");
+    touched = [];
+    for (const [device, numbers] of Object.entries(frame.touched || {})) {
+      const pool = pools[device];
+      if (!pool) continue;
+      for (const n of numbers) {
+        if (pool.cells[n]) { pool.cells[n].classList.add("bv-touched"); touched.push(pool.cells[n]); }
+      }
+    }
+    if (selected) selected.classList.remove("bv-selected");
+    selected = null;
+    if (frame.selected) {
+      const [device, n] = frame.selected;
+      const cell = pools[device] && pools[device].cells[n];
+      if (cell) { cell.classList.add("bv-selected"); selected = cell; }
+    }
+  };
+}
+
+// ------------------------------------------------------------------ block tables
+
+function renderTables(model, el) {
+  const body = h("div", { class: "bv-tables" });
+  el.append(h("div", { class: "bv-title", text: "Block tables (logical → physical)" }), body);
+  return (frame) => {
+    const palette = model.get("palette");
+    const blockSize = frame.block_size || 1;
+    const rows = (frame.tables || []).map((row) => {
+      const blocks = row.blocks.map(([device, number, ref, texts], index) => {
+        const slots = [];
+        for (let s = 0; s < blockSize; s++) {
+          slots.push(h("span", { class: s < texts.length ? "bv-slot" : "bv-slot bv-empty",
+            text: s < texts.length ? texts[s] : "·" }));
+        }
+        return h("div", { class: `bv-lblock bv-${device}`, "data-device": device, "data-block": number,
+          "data-ref": ref, "data-logical": index },
+          h("div", { class: "bv-lhead", text: `L${index} → ${device} ${number}${ref > 1 ? " ×" + ref : ""}` }),
+          h("div", { class: "bv-slots" }, slots));
+      });
+      return h("div", { class: "bv-table-row", "data-seq": row.seq },
+        h("div", { class: "bv-table-label" }, seqChip(palette, row.seq),
+          h("span", { class: "bv-dim", text: ` req ${row.request} · ${row.status}` +
+            (row.finish ? ` (${row.finish})` : "") })),
+        h("div", { class: "bv-lblocks" }, blocks.length ? blocks : h("span", { class: "bv-dim", text: "no blocks" })));
+    });
+    body.replaceChildren(...(rows.length ? rows : [h("div", { class: "bv-dim", text: "no sequences yet" })]));
+  };
+}
+
+// ------------------------------------------------------------------ hash chains
+
+function renderHashes(model, el) {
+  const summary = h("div", { class: "bv-dim" });
+  const body = h("div", { class: "bv-hashes" });
+  el.append(h("div", { class: "bv-title", text: "Hash chains (prefix cache)" }), summary, body);
+  return (frame) => {
+    const s = frame.hash_summary || { in_map: 0, hits: 0, looked_up: 0 };
+    summary.textContent = `${s.in_map} in hash map · hits ${s.hits}/${s.looked_up} prompt blocks`;
+    const rows = (frame.hashes || []).map((row) => h("div", {
+      class: "bv-hash" + (row.hits ? " bv-hit" : "") + (row.state === "cached" ? " bv-cached-row" : ""),
+      "data-block": row.block, style: { paddingLeft: `${Math.min(row.depth, 12) * 0.8}em` } },
+      h("span", { class: "bv-hash-id", text: `#${row.hash}` }),
+      h("span", { class: "bv-dim", text: row.parent ? ` ← #${row.parent}` : " ← root" }),
+      h("span", { text: ` gpu ${row.block}${row.ref ? " ×" + row.ref : ""}` +
+        (row.state === "cached" ? " cached-free" : "") + (row.registered ? "" : " dup") }),
+      row.hits ? h("span", { class: "bv-hit-badge", text: ` HIT×${row.hits}` }) : null,
+      h("span", { class: "bv-tokens" }, row.tokens.map((t) => h("span", { class: "bv-slot", text: t })))));
+    body.replaceChildren(...(rows.length ? rows
+      : [h("div", { class: "bv-dim", text: "no hashed blocks: full blocks get a chained hash with prefix caching" })]));
+  };
+}
+
+// ------------------------------------------------------------------ event log
+
+function renderLog(model, el) {
+  const select = h("select", { class: "bv-filter" });
+  const list = h("div", { class: "bv-log" });
+  select.addEventListener("change", () => { model.set("filter", select.value); model.save_changes(); });
+  el.append(h("div", { class: "bv-title" }, "Event log ", select), list);
+  let filtersShown = "";
+  return (frame) => {
+    const filters = model.get("filters") || [];
+    if (filters.join("\n") !== filtersShown) {
+      select.replaceChildren(...filters.map((name) => h("option", { value: name, text: name })));
+      filtersShown = filters.join("\n");
+    }
+    select.value = model.get("filter");
+    const rows = (frame.log && frame.log.rows) || [];
+    list.replaceChildren(...rows.map(([number, kind, text], i) => h("div", {
+      class: `bv-event bv-kind-${kind}` + (i === rows.length - 1 ? " bv-current" : ""), "data-type": kind,
+      "data-number": number }, h("span", { class: "bv-dim", text: `${number} ` }), text)));
+    list.scrollTop = list.scrollHeight;
+  };
+}
+
+// ------------------------------------------------------------------ inspector
+
+function renderInspector(model, el) {
+  const body = h("div", { class: "bv-inspector" });
+  el.append(h("div", { class: "bv-title", text: "Block inspector" }), body);
+  return (frame) => {
+    const palette = model.get("palette");
+    const b = frame.inspector;
+    if (!b) {
+      body.removeAttribute("data-device");
+      body.removeAttribute("data-block");
+      body.replaceChildren(h("div", { class: "bv-dim", text: "click a block in a pool to inspect it" }));
+      return;
+    }
+    for (const [key, value] of [["device", b.device], ["block", b.number], ["state", b.state], ["ref", b.ref]]) {
+      body.setAttribute(`data-${key}`, String(value));
+    }
+    const row = (label, ...value) => h("tr", {}, h("td", { class: "bv-dim", text: label }), h("td", {}, ...value));
+    const rows = [
+      row("block", `${b.device} ${b.number}`),
+      row("state", b.state),
+      row("ref count", String(b.ref)),
+      row("owners", b.owners.length ? b.owners.map((s) => seqChip(palette, s)) : "none"),
+      row("fill", `${b.fill}/${b.block_size} slots`),
+    ];
+    if (b.hash) {
+      rows.push(row("hash", `#${b.hash}` + (b.registered ? "" : " (duplicate, not in map)")));
+      rows.push(row("parent", b.parent ? `#${b.parent}` : "none (first block)"));
+      rows.push(row("hits", String(b.hits)));
+    }
+    if (b.tokens.length) rows.push(row("tokens", ...b.tokens.map((t) => h("span", { class: "bv-slot", text: t }))));
+    rows.push(row("K/V digest", b.digest ? b.digest + (b.digest_current ? "" : " (taken before the last slots)")
+      : "none yet"));
+    if (b.same_kv.length) rows.push(row("same K/V in", b.same_kv.join(", ")));
+    body.replaceChildren(h("table", {}, h("tbody", {}, rows)));
+  };
+}
+
+// ------------------------------------------------------------------ controls
+
+const BUTTONS = [
+  ["start", "|◀", "to the start"],
+  ["back_step", "◀ step", "back one engine step"],
+  ["back", "◀ event", "back one event"],
+  ["play", "▶ play", "play / pause"],
+  ["step_event", "event ▶", "one event"],
+  ["step", "step ▶", "one engine step (to the next step_finished)"],
+  ["end", "▶|", "to the newest event"],
+];
+
+function renderControls(model, el) {
+  const title = h("div", { class: "bv-controls-title" });
+  const buttons = {};
+  const bar = h("div", { class: "bv-buttons" });
+  for (const [action, label, help] of BUTTONS) {
+    buttons[action] = h("button", { class: "bv-button", "data-action": action, title: help, text: label,
+      onclick: () => model.send({ event: "action", action }) });
+    bar.append(buttons[action]);
+  }
+  const speed = h("select", { class: "bv-speed", title: "playback speed" });
+  speed.addEventListener("change", () => model.send({ event: "speed", index: Number(speed.value) }));
+  const slider = h("input", { type: "range", class: "bv-slider", min: 0, max: 0, value: 0, step: 1 });
+  let dragging = false;
+  slider.addEventListener("input", () => { dragging = true; });
+  slider.addEventListener("change", () => {
+    dragging = false;
+    model.send({ event: "seek", position: Number(slider.value) });
+  });
+  const where = h("span", { class: "bv-where" });
+  const current = h("div", { class: "bv-current-event" });
+  const error = h("div", { class: "bv-error", hidden: true });
+  bar.append(speed, slider, where);
+  el.append(title, bar, current, error);
+  let speedsShown = "";
+  return (frame) => {
+    const c = frame.cursor;
+    if (!c) return;
+    const speeds = model.get("speeds") || [];
+    if (speeds.join() !== speedsShown) {
+      speed.replaceChildren(...speeds.map((label, i) => h("option", { value: i, text: label })));
+      speedsShown = speeds.join();
+    }
+    speed.value = String(c.speed_index);
+    title.textContent = c.title + (c.live ? " · live" : "");
+    buttons.play.textContent = c.playing ? "❚❚ pause" : "▶ play";
+    buttons.play.dataset.playing = String(c.playing);
+    slider.max = String(c.length);
+    if (!dragging) slider.value = String(c.position);
+    where.textContent = `event ${c.position}/${c.length} · step ${c.steps_done}/${c.num_steps}` +
+      (c.finished ? " · finished" : "");
+    el.dataset.position = String(c.position);
+    el.dataset.length = String(c.length);
+    el.dataset.playing = String(c.playing);
+    current.textContent = c.current || "start: no event applied yet";
+    current.dataset.type = c.current_type;
+    error.textContent = c.error;
+    error.hidden = !c.error;
+  };
+}
+
+const RENDERERS = {
+  pool: renderPool, tables: renderTables, hashes: renderHashes, log: renderLog, inspector: renderInspector,
+  controls: renderControls,
+};
+
+function render({ model, el }) {
+  const kind = model.get("_kind");
+  el.classList.add("bv-root", `bv-view-${kind}`);
+  const draw = (RENDERERS[kind] || (() => () => {}))(model, el);
+  const update = () => draw(model.get("frame") || {});
+  model.on("change:frame", update);
+  update();
+  return () => model.off("change:frame", update);
+}
+
+export default { render };

@@ -1,0 +1,292 @@
+"""Real-browser fixtures: a JupyterLab server and Debian's chromium driven by Playwright.
+
+The recipe of /work/shared/DESIGN.md ("Tests in tiers"): JupyterLab on 127.0.0.1 and a free port,
+configured by `jupyterlab.galata.configure_jupyter_server` (no token, no XSRF, `window.jupyterapp`
+exposed), allow_root, news and update checks off; chromium at /usr/bin/chromium launched with
+`executable_path` (never `playwright install`). Under CI (CI=true) a missing chromium fails the
+test; elsewhere it skips.
+
+Reuse them from any test module under tests/ (tests/conftest.py imports them):
+
+    def test_my_notebook(jupyter_server, lab_page, tmp_path):
+        path = jupyter_server.add_notebook("mine.ipynb", ["from blockviz.jupyter import Visualizer", "viz = ..."])
+        open_notebook(lab_page, jupyter_server, path)      # fresh workspace, kernel idle
+        run_all_cells(lab_page)                            # fire-and-forget
+        wait_for_visualizer(lab_page)
+        click_and_wait(lab_page, "step")                   # a Controls button, until the cursor moves
+        kernel_json(lab_page, "viz.position")              # evaluate in the notebook's kernel
+
+The plain functions (start_jupyter_server, launch_chromium, open_notebook, ...) are what
+scripts/make_screenshots.py and benchmarks/widgets.py use outside pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+CHROMIUM = os.environ.get("BLOCKVIZ_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+SERVER_START_LIMIT_S = 180  # a limit for a cold start, not a measurement
+UI_LIMIT_MS = 120_000  # Playwright waits (kernel start, widget render) before a test gives up
+NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
+
+
+def chromium_path() -> str:
+    """Debian's chromium, or skip (fail under CI=true) when it is missing."""
+    if shutil.which(CHROMIUM) or Path(CHROMIUM).is_file():
+        return CHROMIUM
+    message = f"chromium is not installed at {CHROMIUM} (apt-get install -y chromium)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def launch_args() -> dict[str, Any]:
+    """Keyword arguments for `playwright.chromium.launch`."""
+    return {"executable_path": CHROMIUM, "args": list(CHROMIUM_ARGS), "headless": True}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class JupyterServer:
+    """A running JupyterLab: its URL, the root directory notebooks go into, its process."""
+
+    url: str
+    root_dir: Path
+    process: subprocess.Popen
+    log_path: Path
+    notebooks: list[Path] = field(default_factory=list)
+
+    def add_notebook(self, name: str, cells: list[str]) -> Path:
+        """Write a notebook of code cells (no outputs) into the root directory; returns its path."""
+        import nbformat
+
+        notebook = nbformat.v4.new_notebook()
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+        path = self.root_dir / name
+        nbformat.write(notebook, path)
+        self.notebooks.append(path)
+        return path
+
+    def copy_notebook(self, source: str | Path, name: str | None = None) -> Path:
+        """A temporary copy of an existing notebook (a lesson) in the root directory."""
+        path = self.root_dir / (name or Path(source).name)
+        shutil.copy(source, path)
+        self.notebooks.append(path)
+        return path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextlib.contextmanager
+def start_jupyter_server(root_dir: str | Path | None = None) -> Iterator[JupyterServer]:
+    """Start JupyterLab on 127.0.0.1 and a free port (galata's test configuration); stop it after."""
+    base = Path(tempfile.mkdtemp(prefix="blockviz-jupyter-"))
+    root = Path(root_dir) if root_dir is not None else base / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(NOTIFICATION_SETTINGS))
+    port = free_port()
+    config = base / "jupyter_server_config.py"
+    config.write_text(
+        "from jupyterlab.galata import configure_jupyter_server\n"
+        "configure_jupyter_server(c)\n"
+        "c.ServerApp.ip = '127.0.0.1'\n"
+        f"c.ServerApp.port = {port}\n"
+        f"c.ServerApp.root_dir = {str(root)!r}\n"
+        "c.ServerApp.allow_root = True\n"
+        "c.ServerApp.open_browser = False\n"
+        f"c.LabApp.user_settings_dir = {str(base / 'settings')!r}\n"
+        f"c.LabApp.workspaces_dir = {str(base / 'workspaces')!r}\n"
+        "c.LabApp.news_url = None\n"
+        "c.LabApp.check_for_updates_class = 'jupyterlab.NeverCheckForUpdate'\n"
+    )
+    env = dict(os.environ)
+    env["JUPYTER_CONFIG_DIR"] = str(base / "config")  # no user config leaks in
+    env["JUPYTER_RUNTIME_DIR"] = str(base / "runtime")
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    log_path = base / "server.log"
+    log = open(log_path, "w")
+    process = subprocess.Popen([sys.executable, "-m", "jupyterlab", f"--config={config}"], cwd=root, env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    server = JupyterServer(f"http://127.0.0.1:{port}", root, process, log_path)
+    try:
+        _wait_until_up(server)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _wait_until_up(server: JupyterServer) -> None:
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited ({server.process.returncode}): {server.log()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/api/status", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"JupyterLab did not answer within {SERVER_START_LIMIT_S} s: {server.log()[-2000:]}")
+
+
+def only_local(page) -> None:
+    """Abort every request that is not to 127.0.0.1 (the machine has no network; be explicit)."""
+    def route(r):
+        if r.request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")):
+            r.continue_()
+        else:
+            r.abort()
+
+    page.route("**/*", route)
+
+
+# ---------------------------------------------------------------------------- driving a notebook
+
+
+def open_notebook(page, server: JupyterServer, path: Path) -> None:
+    """Open `path` in a fresh workspace and wait until its kernel is connected and idle."""
+    only_local(page)
+    page.set_default_timeout(UI_LIMIT_MS)
+    relative = Path(path).relative_to(server.root_dir).as_posix()
+    workspace = f"blockviz-{uuid.uuid4().hex[:8]}"
+    page.goto(f"{server.url}/lab/workspaces/{workspace}/tree/{relative}?reset")
+    page.wait_for_function(
+        """(name) => {
+            const app = window.jupyterapp;
+            const widget = app && app.shell && app.shell.currentWidget;
+            const session = widget && widget.sessionContext && widget.sessionContext.session;
+            const kernel = session && session.kernel;
+            return !!(widget && widget.context && widget.context.path.endsWith(name) && kernel
+                      && kernel.connectionStatus === 'connected' && kernel.status === 'idle');
+        }""", arg=Path(relative).name, timeout=UI_LIMIT_MS)
+
+
+def run_all_cells(page) -> None:
+    """Start notebook:run-all-cells without awaiting it (awaiting it inside evaluate hangs)."""
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
+def wait_for_visualizer(page, num_cells: int | None = None) -> None:
+    """Wait until a Visualizer's controls and pools are drawn (and, given, `num_cells` pool cells)."""
+    page.wait_for_selector(".bv-view-controls[data-position]", timeout=UI_LIMIT_MS)
+    if num_cells is not None:
+        page.wait_for_function("(n) => document.querySelectorAll('.bv-view-pool .bv-cell').length === n",
+                               arg=num_cells, timeout=UI_LIMIT_MS)
+
+
+def cursor_position(page) -> int:
+    return int(page.get_attribute(".bv-view-controls", "data-position"))
+
+
+def click_and_wait(page, action: str) -> int:
+    """Click a Controls button (data-action: step, step_event, back, ...) and wait until the
+    cursor moves; returns the new position."""
+    before = cursor_position(page)
+    page.click(f".bv-view-controls button[data-action='{action}']")
+    page.wait_for_function(
+        "(before) => Number(document.querySelector('.bv-view-controls').dataset.position) !== before",
+        arg=before, timeout=UI_LIMIT_MS)
+    return cursor_position(page)
+
+
+def kernel_json(page, expression: str) -> Any:
+    """Evaluate a Python expression in the open notebook's kernel; returns its value through JSON."""
+    code = f"import json as _bv_json\nprint(_bv_json.dumps({expression}))"
+    text = page.evaluate(
+        """async (code) => {
+            const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+            const future = kernel.requestExecute({ code, silent: false, store_history: false });
+            let out = '', error = '';
+            future.onIOPub = (msg) => {
+                if (msg.header.msg_type === 'stream') out += msg.content.text;
+                if (msg.header.msg_type === 'error') error = msg.content.ename + ': ' + msg.content.evalue;
+            };
+            await future.done;
+            if (error) throw new Error(error);
+            return out;
+        }""", code)
+    return json.loads(text)
+
+
+def page_cells(page) -> list[list]:
+    """Every pool cell on the page as [device, block, state, ref]."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll('.bv-view-pool .bv-cell')).map(
+        (c) => [c.dataset.device, Number(c.dataset.block), c.dataset.state, Number(c.dataset.ref)])""")
+
+
+KERNEL_CELLS = ("[[b.device, b.number, __import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b), "
+                "b.ref_count] for p in {viz}.state.pools.values() for b in p]")
+
+
+def kernel_cells(page, viz: str = "viz") -> list[list]:
+    """The same, from the reducer state of the Visualizer named `viz` in the kernel."""
+    return kernel_json(page, KERNEL_CELLS.format(viz=viz))
+
+
+def wait_for_position(page, position: int) -> None:
+    """Wait until the page's controls show cursor `position` (frames arrive within a frame interval)."""
+    page.wait_for_function(
+        "(p) => Number(document.querySelector('.bv-view-controls').dataset.position) === p",
+        arg=position, timeout=UI_LIMIT_MS)
+
+
+# ---------------------------------------------------------------------------- pytest fixtures
+
+
+@pytest.fixture(scope="session")
+def jupyter_server() -> Iterator[JupyterServer]:
+    """One JupyterLab server for the whole test session (notebooks go into its root_dir)."""
+    chromium_path()
+    with start_jupyter_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):  # overrides pytest-playwright's
+    """Debian's chromium with the flags that work on these machines (never `playwright install`)."""
+    chromium_path()
+    return {**browser_type_launch_args, **launch_args()}
+
+
+@pytest.fixture
+def lab_page(page):
+    """pytest-playwright's page (a fresh browser context per test) with requests kept local."""
+    page.set_default_timeout(UI_LIMIT_MS)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    return page
