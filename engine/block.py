@@ -66,7 +66,7 @@ class PhysicalTokenBlock:
     """A block of KV-cache slots on one device (vLLM v0's PhysicalTokenBlock).
 
     `block_hash` is None until the block is full and hashed (prefix caching); `computed` turns True
-    once the engine has written the block's K/V, and only computed blocks are prefix-cache hits.
+    once the engine has written the block's K/V: freed, only a computed block stays cached.
     `token_ids` keeps the tokens the block holds so cache lookups can compare them (collision guard).
     """
 

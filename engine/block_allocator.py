@@ -129,9 +129,14 @@ class CachedBlockAllocator(UncachedBlockAllocator):
         return block
 
     def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> PhysicalTokenBlock | None:
-        """A computed block with this hash and these very tokens (a hash collision is a miss)."""
+        """The registered block with this hash and these very tokens (a hash collision is a miss).
+
+        As vLLM v0's BlockSpaceManagerV1.allocate and nano-vllm's allocate, a block hits as soon as
+        it is registered, before its K/V is written: a request scheduled in the same prefill step
+        as the one that computes it shares it (the forward writes every new K/V of a layer before
+        any sequence attends, so the sharer skips those tokens and reads them)."""
         block = self.cached_blocks.get(block_hash)
-        if block is None or not block.computed or block.token_ids != token_ids:
+        if block is None or block.token_ids != token_ids:
             return None
         return block
 
@@ -139,7 +144,15 @@ class CachedBlockAllocator(UncachedBlockAllocator):
         """Add a reference to a cache hit, reviving it if it was free-but-cached."""
         if block.ref_count == 0:
             del self.evictable[block.block_number]
+            # the block's heap entry is stale now: drop stale entries once they outnumber live ones
+            if len(self._evict_heap) > 2 * len(self.evictable) + 16:
+                self._compact_heap()
         block.ref_count += 1
+
+    def _compact_heap(self) -> None:
+        """Rebuild the eviction heap from the free-but-cached blocks alone (one entry each)."""
+        self._evict_heap = [(b.last_accessed, -b.num_hashed_tokens, n) for n, b in self.evictable.items()]
+        heapq.heapify(self._evict_heap)
 
     def register(self, block: PhysicalTokenBlock) -> bool:
         """Put a hashed block in the hash map unless an equal block is already there."""

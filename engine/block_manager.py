@@ -286,6 +286,10 @@ class BlockSpaceManager:
                 unique.setdefault(id(block), block)
         return list(unique.values())
 
+    def num_blocks_to_swap_in(self, seq_group: SequenceGroup) -> int:
+        """Distinct CPU blocks the group's swapped sequences hold (a shared block counts once)."""
+        return len(self._group_blocks(seq_group, SequenceStatus.SWAPPED))
+
     def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
         """Room on the GPU for the swapped group's blocks plus one block per sequence to grow."""
         blocks = self._group_blocks(seq_group, SequenceStatus.SWAPPED)

@@ -139,8 +139,9 @@ class BlockAllocated(Event):
 @_register
 @dataclass(frozen=True, init=False)
 class PrefixCacheHit(Event):
-    """A computed, hashed block is reused for `seq_ids` at `logical_index` instead of recomputing
-    (seed 002: hash_to_block_id hit; a cached-free block is revived)."""
+    """A registered, hashed block is reused for `seq_ids` at `logical_index` instead of recomputing
+    (nano-vllm's hash_to_block_id hit; a cached-free block is revived). The block may have been
+    allocated earlier in the same prefill step: that step's forward writes it once for both."""
 
     device: str
     block: int

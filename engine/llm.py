@@ -37,6 +37,14 @@ class LLM:
         )
         self.engine = LLMEngine(config)
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """An LLM over an engine built elsewhere (several engines can share one loaded model:
+        `LLMEngine(config, loaded=...)`)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        return llm
+
     @property
     def events(self) -> EventBus:
         return self.engine.events
@@ -51,7 +59,11 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         on_step: Callable[[LLMEngine], None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; `on_step(engine)` is called after each step."""
+        """Run every prompt to completion; `on_step(engine)` is called after each step.
+
+        Atomic: every prompt is checked before any is queued, and if anything fails on the way
+        (a step, `on_step`, Ctrl-C) the requests this call queued are aborted, their blocks freed,
+        so the engine is left as it was."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -60,13 +72,24 @@ class LLM:
                 raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
             params_list = sampling_params
         else:
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        request_ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+            params_list = [sampling_params] * len(prompts)
+        engine = self.engine
+        for prompt, params in zip(prompts, params_list):
+            engine.check_request(prompt, params)
+        request_ids: list[str] = []
         finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-            if on_step is not None:
-                on_step(self.engine)
+        try:
+            for prompt, params in zip(prompts, params_list):
+                request_ids.append(engine.add_request(prompt, params))
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                if on_step is not None:
+                    on_step(engine)
+        except BaseException:
+            for request_id in request_ids:
+                if request_id not in finished and engine.is_unfinished(request_id):
+                    engine.abort_request(request_id, "aborted: generate() failed")
+            raise
         return [finished[request_id] for request_id in request_ids]

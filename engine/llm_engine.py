@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -73,6 +74,21 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+def _token_ids(values: Any) -> list[int]:
+    """A prompt's token ids as ints; anything else (a float, a string) is a ValueError."""
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"prompt token ids must be a list of integers, got {values!r}")
+    token_ids = []
+    for value in values:
+        if isinstance(value, bool):
+            raise ValueError(f"prompt token ids must be integers, got {value!r}")
+        try:
+            token_ids.append(operator.index(value))
+        except TypeError:
+            raise ValueError(f"prompt token ids must be integers, got {value!r}") from None
+    return token_ids
 
 
 def _decoder(tokenizer: Any) -> Callable[..., str]:
@@ -144,23 +160,24 @@ class LLMEngine:
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
-    def add_request(
-        self,
-        prompt: str | list[int] | dict,
-        sampling_params: SamplingParams | None = None,
-        request_id: str | None = None,
-    ) -> str:
-        """Queue a request (a string, a list of token ids, or {"prompt_token_ids": [...]})."""
-        params = sampling_params or SamplingParams()
+    def check_request(
+        self, prompt: str | list[int] | dict, sampling_params: SamplingParams | None = None
+    ) -> tuple[list[int], str | None, SamplingParams]:
+        """Validate a request without queueing it: (prompt token ids, prompt text, params), or a
+        ValueError saying what is wrong. A request the engine could never run (n above
+        max_num_seqs, a prompt at the model's context) is refused here rather than left waiting."""
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text: str | None
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt:
                 raise ValueError("a dict prompt needs 'prompt_token_ids'")
-            token_ids, text = [int(t) for t in prompt["prompt_token_ids"]], prompt.get("prompt")
+            token_ids, text = _token_ids(prompt["prompt_token_ids"]), prompt.get("prompt")
         elif isinstance(prompt, str):
             token_ids, text = self.encode(prompt), prompt
         else:
-            token_ids, text = [int(t) for t in prompt], None
+            token_ids, text = _token_ids(prompt), None
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         vocab = self.loaded.config.vocab_size
@@ -172,6 +189,19 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens but the model's context is {self.max_model_len}: "
                 f"shorten it to at most {self.max_model_len - 1}"
             )
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} sequences can never run at once: max_num_seqs is "
+                             f"{self.config.max_num_seqs}")
+        return token_ids, text, params
+
+    def add_request(
+        self,
+        prompt: str | list[int] | dict,
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request (a string, a list of token ids, or {"prompt_token_ids": [...]})."""
+        token_ids, text, params = self.check_request(prompt, sampling_params)
         if request_id is None:
             request_id = str(next(self._request_counter))
         elif request_id in self._groups:
@@ -191,16 +221,19 @@ class LLMEngine:
                              n=params.n, max_tokens=params.max_tokens)
         return request_id
 
+    def is_unfinished(self, request_id: str) -> bool:
+        return request_id in self._groups
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_seqs()
 
-    def abort_request(self, request_id: str) -> None:
-        group = self.scheduler.abort_seq_group(request_id)
+    def abort_request(self, request_id: str, reason: str = "aborted by the caller") -> None:
+        """Finish the request's unfinished sequences as aborted and free every block it holds."""
+        group = self._groups.get(request_id)
         if group is None:
             raise KeyError(f"request {request_id!r} is not unfinished")
-        for seq in group.get_seqs():
-            if seq.status is SequenceStatus.FINISHED_ABORTED:
-                self._emit_finished(group, seq, "aborted by the caller")
+        for seq in self.scheduler.abort_seq_group(group):
+            self._emit_finished(group, seq, reason)
         self._forget(group)
 
     # ------------------------------------------------------------------ user-driven operations
@@ -237,8 +270,8 @@ class LLMEngine:
         start = time.perf_counter()
         sched = self.scheduler.schedule()
         finished_groups: list[SequenceGroup] = []
-        for group, reason in sched.ignored_seq_groups:
-            for seq in group.get_seqs():
+        for group, reason, seqs in sched.ignored_seq_groups:
+            for seq in seqs:
                 self._emit_finished(group, seq, reason)
             finished_groups.append(group)
         cache = self.cache_engine
@@ -354,6 +387,8 @@ class LLMEngine:
         return None
 
     def _emit_finished(self, group: SequenceGroup, seq: Sequence, detail: str) -> None:
+        if seq.finish_detail:
+            raise RuntimeError(f"sequence {seq.seq_id} finished twice ({seq.finish_detail!r}, then {detail!r})")
         seq.finish_detail = detail
         if self.events.active:
             self.events.emit(SequenceFinished, seq_id=seq.seq_id, request_id=group.request_id,

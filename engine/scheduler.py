@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import AllocStatus, BlockSpaceManager
 from engine.events import Preempted
-from engine.sequence import SequenceGroup, SequenceStatus
+from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 @dataclass(slots=True)
@@ -44,7 +44,9 @@ class SchedulerOutputs:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    ignored_seq_groups: list[tuple[SequenceGroup, str]] = field(default_factory=list)
+    num_preempted: int = 0
+    # requests that can never run, with the reason and the sequences finished as ignored just now
+    ignored_seq_groups: list[tuple[SequenceGroup, str, list[Sequence]]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not self.scheduled_seq_groups and not self.blocks_to_swap_out
@@ -72,25 +74,20 @@ class Scheduler:
     def get_num_unfinished_seq_groups(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
-    def find(self, request_id: str) -> SequenceGroup | None:
+    def abort_seq_group(self, group: SequenceGroup) -> list[Sequence]:
+        """Take the request out of every queue, free its blocks and finish its unfinished
+        sequences as aborted; returns those sequences. Safe on a request left half-scheduled by a
+        failed step (vLLM's abort_seq_group)."""
         for queue in (self.waiting, self.running, self.swapped):
-            for group in queue:
-                if group.request_id == request_id:
-                    return group
-        return None
-
-    def abort_seq_group(self, request_id: str) -> SequenceGroup | None:
-        """Finish every unfinished sequence of the request and free its blocks."""
-        for queue in (self.waiting, self.running, self.swapped):
-            for group in queue:
-                if group.request_id == request_id:
-                    queue.remove(group)
-                    for seq in group.get_unfinished_seqs():
-                        if seq.seq_id in self.block_manager.block_tables:
-                            self.block_manager.free(seq)
-                        seq.status = SequenceStatus.FINISHED_ABORTED
-                    return group
-        return None
+            if group in queue:
+                queue.remove(group)
+        aborted = group.get_unfinished_seqs()
+        for seq in group.get_seqs():
+            if seq.seq_id in self.block_manager.block_tables:
+                self.block_manager.free(seq)
+        for seq in aborted:
+            seq.status = SequenceStatus.FINISHED_ABORTED
+        return aborted
 
     def free_finished_seq_groups(self) -> None:
         self.running = deque(group for group in self.running if not group.is_finished())
@@ -101,15 +98,41 @@ class Scheduler:
         return sum(group.get_max_num_running_seqs() for group in self.running)
 
     def schedule(self) -> SchedulerOutputs:
-        """Admit prompts if nothing is swapped out and some fit; otherwise run a decode step."""
-        ignored: list[tuple[SequenceGroup, str]] = []
+        """Admit prompts if nothing is swapped out and some fit; otherwise run a decode step.
+
+        A request that can never run is finished as ignored with its reason; when nothing can run
+        and nothing runs (no block will ever be freed), the request at the head of the line is
+        ignored too, so the engine always makes progress and never loops on an empty step."""
+        ignored: list[tuple[SequenceGroup, str, list[Sequence]]] = []
         if not self.swapped:
             outputs = self._schedule_prefills(ignored)
             if outputs.scheduled_seq_groups:
                 return outputs
-        outputs = self._schedule_decodes()
+        outputs = self._schedule_decodes(ignored)
         outputs.ignored_seq_groups = ignored
+        if not self.running and not outputs.num_preempted and not ignored:
+            self._ignore_stuck_head(ignored)
         return outputs
+
+    def _ignore_stuck_head(self, ignored: list) -> None:
+        """Nothing is running, so every GPU block is free or cached: whatever waits now waits
+        forever (the watermark, a batch limit). End the first such request with the reason."""
+        manager = self.block_manager
+        if self.swapped:
+            group = self.swapped[0]
+            seqs = group.get_seqs(SequenceStatus.SWAPPED)
+            blocks = manager.num_blocks_to_swap_in(group) + len(seqs)
+            reason = (f"cannot swap back in: needs {blocks} free blocks with the watermark of "
+                      f"{manager.watermark_blocks} kept, and the pool has {manager.num_total_gpu_blocks}")
+            self._ignore(group, reason, ignored, self.swapped)
+        elif self.waiting:
+            group = self.waiting[0]
+            blocks = sum(seq.num_logical_blocks for seq in group.get_seqs(SequenceStatus.WAITING))
+            reason = (f"cannot be admitted even into an empty pool: needs {blocks} blocks, "
+                      f"{group.get_max_num_running_seqs()} sequences (max_num_seqs "
+                      f"{self.config.max_num_seqs}), the pool has {manager.num_total_gpu_blocks} "
+                      f"blocks with a watermark of {manager.watermark_blocks}")
+            self._ignore(group, reason, ignored)
 
     def _schedule_prefills(self, ignored: list) -> SchedulerOutputs:
         scheduled: list[SequenceGroup] = []
@@ -152,13 +175,18 @@ class Scheduler:
             num_seqs += new_seqs
         return SchedulerOutputs(scheduled, True, num_batched_tokens, ignored_seq_groups=ignored)
 
-    def _ignore(self, group: SequenceGroup, reason: str, ignored: list) -> None:
-        self.waiting.popleft()
-        for seq in group.get_seqs():
+    def _ignore(self, group: SequenceGroup, reason: str, ignored: list, queue: deque | None = None) -> None:
+        """Finish the request's unfinished sequences as ignored (a sequence that already finished
+        keeps its reason) and free any blocks they hold."""
+        (queue if queue is not None else self.waiting).remove(group)
+        seqs = group.get_unfinished_seqs()
+        for seq in seqs:
+            if seq.seq_id in self.block_manager.block_tables:
+                self.block_manager.free(seq)
             seq.status = SequenceStatus.FINISHED_IGNORED
-        ignored.append((group, reason))
+        ignored.append((group, reason, seqs))
 
-    def _schedule_decodes(self) -> SchedulerOutputs:
+    def _schedule_decodes(self, ignored: list) -> SchedulerOutputs:
         outputs = SchedulerOutputs([], False, 0)
         running = self.running
         self.running = deque()
@@ -178,16 +206,23 @@ class Scheduler:
                 self._append_slots(group, outputs)
                 self.running.append(group)
         if not preempted:
-            self._schedule_swap_ins(outputs)
+            self._schedule_swap_ins(outputs, ignored)
         outputs.scheduled_seq_groups = list(self.running)
         outputs.num_batched_tokens = sum(g.num_seqs(SequenceStatus.RUNNING) for g in self.running)
         return outputs
 
-    def _schedule_swap_ins(self, outputs: SchedulerOutputs) -> None:
+    def _schedule_swap_ins(self, outputs: SchedulerOutputs, ignored: list) -> None:
         num_seqs = self._num_running_seqs()
         while self.swapped:
             group = self.swapped[0]
-            if self.block_manager.can_swap_in(group) is not AllocStatus.OK:
+            status = self.block_manager.can_swap_in(group)
+            if status is AllocStatus.NEVER:
+                blocks = self.block_manager.num_blocks_to_swap_in(group)
+                reason = (f"cannot swap back in: {blocks} blocks plus one per sequence to grow "
+                          f"exceed the pool of {self.block_manager.num_total_gpu_blocks}")
+                self._ignore(group, reason, ignored, self.swapped)
+                continue
+            if status is not AllocStatus.OK:
                 break
             if num_seqs + group.get_max_num_running_seqs() > self.config.max_num_seqs:
                 break
@@ -217,6 +252,7 @@ class Scheduler:
     def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str, mode: str | None = None) -> str:
         mode = mode or self.preemption_mode_for(group)
         seqs = group.get_seqs(SequenceStatus.RUNNING)
+        outputs.num_preempted += 1
         if mode == "swap":
             outputs.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in seqs:

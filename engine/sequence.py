@@ -8,9 +8,14 @@ its prompt (n > 1 forks them after prefill, so they share the prompt's physical 
 from __future__ import annotations
 
 import enum
+import math
+import operator
 from dataclasses import dataclass, field
 
 from engine.block import LogicalTokenBlock
+
+
+_SAMPLING_EPS = 1e-5  # temperatures below this are greedy, as vLLM's SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -55,21 +60,48 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        for name in ("n", "top_k", "max_tokens", "seed"):
+            value = getattr(self, name)
+            if value is not None or name != "seed":
+                setattr(self, name, _integer(name, value))
+        if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < _SAMPLING_EPS:
+            self.temperature = 0.0  # vLLM: below 1e-5 is greedy (dividing logits by it overflows)
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}")
-        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if isinstance(self.ignore_eos, int) and not isinstance(self.ignore_eos, bool):
+            self.ignore_eos = bool(self.ignore_eos)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        try:
+            stop = tuple(self.stop_token_ids)
+        except TypeError:
+            raise ValueError(f"stop_token_ids must be a sequence of integers, got {self.stop_token_ids!r}") from None
+        self.stop_token_ids = tuple(_integer("stop_token_ids", t) for t in stop)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _integer(name: str, value: object) -> int:
+    """`value` as an int (a numpy integer is fine); a bool, float or string is a ValueError naming
+    the field."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
 class Sequence:

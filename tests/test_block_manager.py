@@ -10,7 +10,7 @@ import pytest
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
 from engine.block_allocator import compute_block_hash
 from engine.events import BlockAllocated, SlotAppended
-from engine.invariants import check_invariants
+from engine.invariants import check_invariants, check_reducer_matches
 from engine.reducer import ReducerState
 
 _ids = itertools.count()
@@ -201,17 +201,78 @@ def test_prefix_cache_hits_leading_blocks_but_never_the_last():
     check_invariants(manager)
 
 
-def test_prefix_cache_needs_computed_blocks_and_never_double_registers():
-    block_size = 4
-    manager = BlockSpaceManager(block_size, 16, 0, watermark=0.0, enable_caching=True)
-    tokens = list(range(2 * block_size + 1))
-    a, b = make_group(0, block_size, tokens=tokens), make_group(0, block_size, tokens=tokens)
-    manager.allocate(a)  # same step: a's blocks hold no K/V yet
+def test_requests_allocated_in_one_step_share_a_common_prefix_before_it_is_computed():
+    """vLLM v0 / nano-vllm: a registered full block hits at once, K/V written or not."""
+    block_size, num_blocks = 4, 8
+    bus = EventBus()
+    reducer = ReducerState(block_size, num_blocks, 0)
+    bus.subscribe(reducer.apply)
+    manager = BlockSpaceManager(block_size, num_blocks, 0, watermark=0.0, enable_caching=True, events=bus)
+    prefix = list(range(100, 100 + 3 * block_size))  # three full blocks in common
+    a = make_group(0, block_size, tokens=prefix + [1, 2, 3, 4])
+    b = make_group(0, block_size, tokens=prefix + [5, 6, 7, 8])
+    manager.allocate(a)  # no step between: a's blocks hold no K/V yet
     manager.allocate(b)
     ta, tb = manager.get_block_table(a.get_seqs()[0]), manager.get_block_table(b.get_seqs()[0])
-    assert set(ta).isdisjoint(tb)
-    cached = manager.gpu_allocator.cached_blocks
-    assert sorted(block.block_number for block in cached.values()) == sorted(ta[:2])
+    assert tb[:3] == ta[:3] and tb[3] != ta[3]
+    assert [manager.gpu_allocator.blocks[n].ref_count for n in ta] == [2, 2, 2, 1]
+    assert manager.get_num_cached_tokens(b.get_seqs()[0]) == 3 * block_size
+    assert len(manager.gpu_allocator.cached_blocks) == 5  # each hash registered once
+    check_invariants(manager)
+    check_reducer_matches(reducer, manager)
+    assert [reducer.pools["gpu"][n].ref_count for n in tb] == [2, 2, 2, 1]
+
+    # The step's forward writes them. Another request holds two blocks throughout, so once a and b
+    # are freed the free blocks are the five cached ones and one that never held a hash.
+    for group in (a, b):
+        for seq in group.get_seqs():
+            manager.mark_blocks_as_computed(seq)
+    holder = make_group(0, block_size, tokens=[9] * (2 * block_size - 1))
+    run(holder, manager)
+    manager.free(a.get_seqs()[0])
+    manager.free(b.get_seqs()[0])
+    (hashless,) = manager.gpu_allocator.free_block_numbers
+    assert sorted(x.block_number for x in manager.gpu_allocator.evictable.values()) == sorted(ta + tb[3:])
+    check_reducer_matches(reducer, manager)
+
+    # A fresh two-block prompt takes the hashless block, then evicts the least recently used
+    # cached block: a's fourth (a was freed before b dropped the shared ones; deepest in its chain).
+    evicted = []
+    bus.subscribe(lambda e: evicted.append(e.block) if e.type == "block_evicted" else None)
+    fresh = make_group(0, block_size, tokens=[7] * (2 * block_size))
+    manager.allocate(fresh)
+    assert manager.get_block_table(fresh.get_seqs()[0]) == [hashless, ta[3]]
+    assert evicted == [ta[3]]
+    # The rest of the chain still hits.
+    again = make_group(0, block_size, tokens=prefix + [9])
+    manager.allocate(again)
+    assert manager.get_block_table(again.get_seqs()[0])[:3] == ta[:3]
+    assert manager.get_num_cached_tokens(again.get_seqs()[0]) == 3 * block_size
+    check_invariants(manager)
+    check_reducer_matches(reducer, manager)
+
+
+def test_eviction_heap_stays_bounded_when_cached_blocks_are_revived_over_and_over():
+    block_size = 2
+    manager = BlockSpaceManager(block_size, 12, 0, watermark=0.0, enable_caching=True)
+    prefix = list(range(10 * block_size))  # a 10-block shared opening
+    for _ in range(2_000):
+        group = make_group(0, block_size, tokens=prefix + [1])
+        run(group, manager)
+        manager.free(group.get_seqs()[0])
+    allocator = manager.gpu_allocator
+    assert len(allocator.evictable) == 10
+    assert len(allocator._evict_heap) <= 2 * len(allocator.evictable) + 16 + 10
+    # LRU order still right after compactions: a filler evicts the prefix deepest-first.
+    evicted = []
+    manager.events.subscribe(lambda e: evicted.append(e.block_hash) if e.type == "block_evicted" else None)
+    run(make_group(0, block_size, tokens=[50 + i for i in range(12 * block_size)]), manager)
+    chain = []
+    parent = None
+    for i in range(10):
+        parent = compute_block_hash(tuple(prefix[i * block_size:(i + 1) * block_size]), parent)
+        chain.append(parent)
+    assert evicted == chain[::-1]
     check_invariants(manager)
 
 

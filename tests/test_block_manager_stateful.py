@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
-from engine.invariants import check_invariants
-from engine.reducer import CACHED, FREE, USED, ReducerState
+from engine.invariants import check_invariants, check_reducer_matches
+from engine.reducer import CACHED, FREE, ReducerState
 
 VOCAB = st.integers(min_value=0, max_value=3)  # a tiny vocabulary makes prefix hits common
 
@@ -44,8 +44,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.waiting.append(SequenceGroup(f"r{seq.seq_id}", [seq]))
 
     @precondition(lambda self: self.waiting)
-    @rule(data=st.data())
-    def allocate(self, data):
+    @rule(data=st.data(), compute=st.booleans())
+    def allocate(self, data, compute):
+        """Allocate, and write the K/V now or later (until then another allocation in the same
+        "step" may hit the new blocks, as in a prefill step of several requests)."""
         group = data.draw(st.sampled_from(self.waiting))
         if self.manager.can_allocate(group) is not AllocStatus.OK:
             return
@@ -54,6 +56,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.running.append(group)
         for seq in group.get_seqs():
             seq.status = SequenceStatus.RUNNING
+            if compute:
+                self.manager.mark_blocks_as_computed(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def compute(self, data):
+        group = data.draw(st.sampled_from(self.running))
+        for seq in group.get_seqs(SequenceStatus.RUNNING):
             self.manager.mark_blocks_as_computed(seq)
 
     @precondition(lambda self: self.running)
@@ -116,26 +126,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def reducer_equals_manager(self):
-        manager, reducer = self.manager, self.reducer
-        assert reducer.tables == {
-            seq_id: [(b.device.value, b.block_number) for b in table]
-            for seq_id, table in manager.block_tables.items()
-        }
-        for allocator in (manager.gpu_allocator, manager.cpu_allocator):
-            pool = reducer.pools[allocator.device.value]
-            assert [b.ref_count for b in pool] == [b.ref_count for b in allocator.blocks]
-            assert reducer.num_free(allocator.device.value) == allocator.get_num_free_blocks()
-            for view, block in zip(pool, allocator.blocks):
-                if block.ref_count:
-                    assert view.state == USED and view.token_ids == block.token_ids
-                    owners = {s for s, t in manager.block_tables.items() if block in t}
-                    assert view.owners == owners
-        if manager.enable_caching:
-            cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
-            assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
-            assert reducer.hash_map == {
-                h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()
-            }
+        check_reducer_matches(self.reducer, self.manager)
 
     def teardown(self):
         if not hasattr(self, "manager"):

@@ -97,17 +97,6 @@ def test_prefix_caching_hits_and_keeps_parity(hf, tiny_gpt2_dir):
     assert_parity(hf, llm, first + second, prompts, 10)
 
 
-def test_identical_prompts_in_one_step_do_not_share_uncomputed_blocks(hf, tiny_gpt2_dir):
-    prompt = PROMPTS[0]
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True)
-    outputs, events = run_checked(llm, [prompt, prompt], SamplingParams(max_tokens=6, ignore_eos=True))
-    assert not [e for e in events if e.type == "prefix_cache_hit"]
-    assert sum(e.registered for e in events if e.type == "block_hashed") < sum(
-        1 for e in events if e.type == "block_hashed"
-    )
-    assert_parity(hf, llm, outputs, [prompt, prompt], 6)
-
-
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_preemption_keeps_parity(hf, tiny_gpt2_dir, mode):
     block_size = 4

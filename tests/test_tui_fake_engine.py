@@ -64,6 +64,11 @@ class FakeEngine:
 
     # ------------------------------------------------------------------ requests
 
+    def check_request(self, prompt: str, params: SamplingParams | None = None):
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        return [ord(ch) for ch in prompt], prompt, params or SamplingParams()
+
     def add_request(self, prompt: str, params: SamplingParams | None = None) -> str:
         params = params or SamplingParams()
         request_id = str(self._next_request)

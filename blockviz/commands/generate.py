@@ -18,6 +18,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
+# the events after which more device blocks may be in use than before
+_TAKES_A_BLOCK = frozenset({"block_allocated", "prefix_cache_hit", "copy_on_write", "swap_in"})
+
+
 class _Recorder:
     """Subscriber: the reducer's view of the run plus each sequence's last block table."""
 
@@ -32,7 +36,7 @@ class _Recorder:
         if event.type == "sequence_freed":
             self.final_tables[event.seq_id] = list(self.state.tables.get(event.seq_id, []))
         self.state.apply(event)
-        if event.type == "step_finished":
+        if event.type in _TAKES_A_BLOCK:
             self.peak_used = max(self.peak_used, self.state.num_used("gpu"))
 
 
@@ -57,9 +61,11 @@ def execute(args) -> int:
     engine.events.subscribe(recorder)
     start = time.perf_counter()
     try:
-        request_ids = [engine.add_request(prompt, params) for prompt in spec.prompts]
+        for prompt in spec.prompts:  # all checked before any is queued
+            engine.check_request(prompt, params)
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
+    request_ids = [engine.add_request(prompt, params) for prompt in spec.prompts]
     finished = {}
     while engine.has_unfinished_requests():
         for output in engine.step():

@@ -32,22 +32,30 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
                  extra_header: dict[str, Any] | None = None, max_steps: int = 100_000) -> Recording:
     """Run `spec`'s requests to completion on `engine` (built from spec when None) and write the
     trace to `out`. `between_steps(engine, steps_done)` may act on the engine (add a request, fork,
-    preempt); `extra_header` adds fields to the header (a scenario's name and description)."""
+    preempt); `extra_header` adds fields to the header (a scenario's name and description).
+
+    Every prompt is checked before the run (a ValueError names the bad one). The file appears only
+    when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
+    work left) raises and leaves no trace behind."""
     from blockviz.trace import TraceWriter, make_header
     from engine.reducer import ReducerState
 
     engine = engine if engine is not None else spec.make_engine()
     header = make_header(engine.trace_header(), **spec.run_header(), **(extra_header or {}))
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+    params = spec.sampling_params()
+    for prompt in spec.prompts:
+        engine.check_request(prompt, params)
     out = Path(out)
     partial = out.with_name(out.name + ".part")
     steps = 0
-    with TraceWriter.open(partial, header) as writer:
+    writer = TraceWriter.open(partial, header)
+    try:
         unsubscribe_writer = engine.events.subscribe(writer)
         unsubscribe_state = engine.events.subscribe(state.apply)
         try:
             for prompt in spec.prompts:
-                engine.add_request(prompt, spec.sampling_params())
+                engine.add_request(prompt, params)
             while engine.has_unfinished_requests() and steps < max_steps:
                 if between_steps is not None:
                     between_steps(engine, steps)
@@ -58,9 +66,15 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         finally:
             unsubscribe_writer()
             unsubscribe_state()
-    if engine.events.errors:
+        if engine.has_unfinished_requests():
+            raise RuntimeError(f"the run had not finished after {max_steps} steps; no trace written")
+        if engine.events.errors:
+            raise RuntimeError(f"a trace subscriber failed: {engine.events.errors[0][1]!r}")
+    except BaseException:
+        writer.close()
         partial.unlink(missing_ok=True)
-        raise RuntimeError(f"a trace subscriber failed: {engine.events.errors[0][1]!r}")
+        raise
+    writer.close()
     os.replace(partial, out)
     return Recording(header, writer.num_events, steps, state)
 
@@ -98,7 +112,15 @@ def execute(args) -> int:
         engine = spec.make_engine()
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
-    recording = record_trace(spec, out, engine=engine, progress=progress)
+    try:
+        recording = record_trace(spec, out, engine=engine, progress=progress)
+    except ValueError as exc:  # a prompt the engine refuses: nothing was run or written
+        raise UsageError(one_line(exc)) from None
+    except RuntimeError as exc:
+        if tty:
+            print(file=sys.stderr)
+        print(f"blockviz: error: {one_line(exc)}", file=sys.stderr)
+        return 1
     if tty:
         print(file=sys.stderr)
     print(f"recorded {recording.num_events} events over {recording.num_steps} steps to {out}",
