@@ -1,0 +1,226 @@
+"""Jupyter widgets benchmark (figures, not a test): what a frame costs, and what watching costs the engine.
+
+    python benchmarks/widgets.py                    # all three parts (2 and 3 need chromium)
+    python benchmarks/widgets.py --part frame       # 1 only: no browser, no torch
+    python benchmarks/widgets.py --runs 5 --max-tokens 96
+
+1. Kernel-side cost of one frame on a 4,096-block GPU pool (and 512 CPU blocks), in this process:
+   snapshot() alone, the whole frame (snapshot, event log, cursor line), its JSON encoding, and
+   the frame handed to the six views (`Visualizer._send_frame`, traitlets and ipywidgets' state
+   sync with no frontend). Target: <= 20 ms for snapshot + sync.
+2. The same pool in JupyterLab and Debian's chromium (tests/jupyter_fixtures.py): in the kernel,
+   `_send_frame()` with a real comm; in the page, the pool view's draw of that frame with the
+   layout it causes (its data-render-ms), for frames that change every cell (the cursor flips
+   between an empty and a full pool). Target: <= 50 ms.
+3. Tokens/s of the bundled model's engine with a live Visualizer attached (displayed in the page,
+   playing at "max": the engine on the play thread, frames going out at up to 20/s and drawn by the
+   browser) against the same workload with nothing attached (`LLM.generate`), in the same kernel, each run
+   on a freshly built LLM (loading is not timed),
+   alternating alone / attached / alone / ...; each attached run is read against the mean of its
+   two alone neighbours, which cancels a slow drift of the machine's speed. Target: >= 0.9x.
+
+Figures go to benchmarks/README.md, never into code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+NUM_GPU_BLOCKS = 4096
+NUM_CPU_BLOCKS = 512
+BLOCK_SIZE = 16
+
+
+def synthetic_events(num_gpu_blocks: int = NUM_GPU_BLOCKS, block_size: int = BLOCK_SIZE):
+    """A full pool: 256 requests of 16 blocks each (the last one partly filled), every other one
+    forked (its blocks shared, ref count 2), ending with a step_finished. Real event classes, fed
+    to the real reducer; only the engine is left out."""
+    from engine import events as ev
+
+    seq_no = iter(range(10**9))
+    events = []
+    blocks_per_seq = 16
+    num_seqs = num_gpu_blocks // blocks_per_seq
+    block = 0
+    for seq_id in range(num_seqs):
+        num_tokens = blocks_per_seq * block_size - block_size // 2
+        tokens = tuple((seq_id * 7 + i) % 300 for i in range(num_tokens))
+        events.append(ev.RequestAdded(next(seq_no), str(seq_id), (seq_id,), "", tokens, ("x",) * num_tokens, 1, 16))
+        for index in range(blocks_per_seq):
+            chunk = tokens[index * block_size:(index + 1) * block_size]
+            events.append(ev.BlockAllocated(next(seq_no), "gpu", block, (seq_id,), index, 1, None, chunk))
+            block += 1
+    for seq_id in range(0, num_seqs, 2):
+        child = num_seqs + seq_id
+        events.append(ev.Forked(next(seq_no), seq_id, child, "gpu",
+                                tuple(range(seq_id * blocks_per_seq, (seq_id + 1) * blocks_per_seq))))
+    events.append(ev.StepFinished(next(seq_no), 1, "prefill", block * block_size, 0.0))
+    return events
+
+
+def write_synthetic_trace(path: Path) -> Path:
+    from blockviz.trace import make_header, write_trace
+
+    header = make_header({"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
+                          "num_cpu_blocks": NUM_CPU_BLOCKS})
+    write_trace(path, header, synthetic_events())
+    return path
+
+
+def median_ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1e3:.2f} ms (min {min(samples) * 1e3:.2f}, max {max(samples) * 1e3:.2f})"
+
+
+# ---------------------------------------------------------------------------- 1. kernel side, no frontend
+
+
+def part_frame(repeats: int = 30) -> None:
+    from blockviz.jupyter import Visualizer, snapshot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        viz = Visualizer.from_trace(write_synthetic_trace(Path(tmp) / "synthetic.jsonl"))
+    viz.seek(len(viz))
+    viz.select("gpu", 0)
+    state = viz.state
+    used = state.num_used("gpu")
+    print(f"1. one frame, {NUM_GPU_BLOCKS} GPU + {NUM_CPU_BLOCKS} CPU blocks ({used} used, "
+          f"{len(state.tables)} block tables), kernel side, no frontend ({repeats} frames each)")
+    timings: dict[str, list[float]] = {"snapshot()": [], "frame (+ log, cursor)": [], "json.dumps(frame)": [],
+                                       "_send_frame (frame + sync of 6 views)": []}
+    positions = (len(viz), len(viz) // 2)
+    for i in range(repeats):
+        viz.timeline.seek(positions[i % 2])
+        t0 = time.perf_counter()
+        snapshot(viz.state, current=viz.current_event, selected=viz.selected)
+        t1 = time.perf_counter()
+        frame = viz.frame()
+        t2 = time.perf_counter()
+        encoded = json.dumps(frame)
+        t3 = time.perf_counter()
+        viz._send_frame()
+        t4 = time.perf_counter()
+        timings["snapshot()"].append(t1 - t0)
+        timings["frame (+ log, cursor)"].append(t2 - t1)
+        timings["json.dumps(frame)"].append(t3 - t2)
+        timings["_send_frame (frame + sync of 6 views)"].append(t4 - t3)
+    for name, samples in timings.items():
+        print(f"   {name:40s} {median_ms(samples)}")
+    print(f"   frame size: {len(encoded) / 1024:.0f} KiB of JSON")
+    viz.close()
+
+
+# ---------------------------------------------------------------------------- 2 and 3: in the browser
+
+SETUP_CELLS = [
+    "import ipywidgets, statistics, time\n"
+    "from blockviz.jupyter import Visualizer\n"
+    "box = ipywidgets.VBox([])\n"
+    "box",
+    # helpers the benchmark calls through the kernel
+    "def frame_costs(viz, repeats):\n"
+    "    out = []\n"
+    "    for i in range(repeats):\n"
+    "        viz.timeline.seek(len(viz) if i % 2 else len(viz) // 2)\n"
+    "        t0 = time.perf_counter(); viz._send_frame(); out.append(time.perf_counter() - t0)\n"
+    "    return out\n"
+    "\n"
+    "from engine.llm import LLM\n"
+    "from engine.sequence import SamplingParams\n"
+    "def workload(max_tokens):\n"
+    "    return ['ROMEO:', 'JULIET:', 'KING HENRY:', 'First Citizen:'], SamplingParams(max_tokens=max_tokens, ignore_eos=True)\n"
+    "def run_alone(max_tokens):\n"
+    "    prompts, params = workload(max_tokens)\n"
+    "    llm = LLM()\n"
+    "    time.sleep(0.5)\n"
+    "    t0 = time.perf_counter(); outs = llm.generate(prompts, params); dt = time.perf_counter() - t0\n"
+    "    return sum(len(o.outputs[0].token_ids) for o in outs) / dt\n"
+    "def run_attached(max_tokens):\n"
+    "    prompts, params = workload(max_tokens)\n"
+    "    viz = Visualizer.live(LLM(), prompts=prompts, sampling_params=params)\n"
+    "    box.children = [viz.widget]\n"
+    "    time.sleep(0.5)\n"
+    "    t0 = time.perf_counter(); viz.play('max'); viz._play_thread.join(); dt = time.perf_counter() - t0\n"
+    "    tokens = sum(len(o.outputs[0].token_ids) for o in viz.outputs)\n"
+    "    box.children = []; viz.close()\n"
+    "    return tokens / dt\n",
+]
+
+
+def part_browser(runs: int, max_tokens: int, repeats: int = 20) -> None:
+    from jupyter_fixtures import (chromium_path, kernel_json, launch_args, open_notebook, run_all_cells,
+                                  start_jupyter_server, wait_for_position)
+    from playwright.sync_api import sync_playwright
+
+    try:
+        chromium_path()
+    except BaseException as exc:  # pytest's skip outside pytest
+        print(f"2./3. skipped: {exc}")
+        return
+    with start_jupyter_server() as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(**launch_args())
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        write_synthetic_trace(server.root_dir / "synthetic.jsonl")
+        path = server.add_notebook("bench.ipynb", SETUP_CELLS)
+        open_notebook(page, server, path)
+        run_all_cells(page)
+        while not kernel_json(page, "'run_attached' in globals()"):  # run-all-cells was fired, not awaited
+            page.wait_for_timeout(250)
+
+        # 2. a 4,096-block frame: kernel side with a real comm, and the browser's draw
+        kernel_json(page, "[(_bv := Visualizer.from_trace('synthetic.jsonl')), "
+                          "setattr(box, 'children', [_bv.widget]), 0][-1]")
+        page.wait_for_function(f"() => document.querySelectorAll('.bv-view-pool .bv-cell').length === "
+                               f"{NUM_GPU_BLOCKS + NUM_CPU_BLOCKS}", timeout=120_000)
+        kernel_costs = kernel_json(page, f"frame_costs(_bv, {repeats})")
+        renders = []
+        length = kernel_json(page, "len(_bv)")
+        for i in range(repeats):
+            position = 0 if i % 2 == 0 else length
+            kernel_json(page, f"[_bv.timeline.seek({position}), _bv._send_frame(), 0][-1]")
+            wait_for_position(page, position)
+            renders.append(float(page.get_attribute(".bv-view-pool", "data-render-ms")) / 1e3)
+        print(f"2. the {NUM_GPU_BLOCKS}-block frame in JupyterLab + chromium ({repeats} frames)")
+        print(f"   kernel: _send_frame() with a real comm   {median_ms(kernel_costs)}")
+        print(f"   browser: pool view draw + layout, every cell changing  {median_ms(renders)}")
+        kernel_json(page, "[setattr(box, 'children', []), _bv.close(), 0][-1]")
+
+        # 3. tokens/s attached against alone, alternating
+        kernel_json(page, f"run_alone({max_tokens})")  # warm-up
+        alone = [kernel_json(page, f"run_alone({max_tokens})")]
+        attached = []
+        for _ in range(runs):
+            attached.append(kernel_json(page, f"run_attached({max_tokens})"))
+            alone.append(kernel_json(page, f"run_alone({max_tokens})"))
+        ratios = [a / ((alone[i] + alone[i + 1]) / 2) for i, a in enumerate(attached)]
+        print(f"3. engine tokens/s, 4 requests x {max_tokens} tokens, bundled model, {runs} attached runs")
+        print(f"   alone:    {', '.join(f'{v:.0f}' for v in alone)}")
+        print(f"   attached: {', '.join(f'{v:.0f}' for v in attached)}  (Visualizer displayed, playing at max)")
+        print(f"   ratio to neighbours: {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}x")
+        browser.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("all", "frame", "browser"), default="all")
+    parser.add_argument("--runs", type=int, default=4, help="attached runs in part 3")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    if args.part in ("all", "frame"):
+        part_frame()
+    if args.part in ("all", "browser"):
+        part_browser(args.runs, args.max_tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
