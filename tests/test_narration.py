@@ -1,0 +1,37 @@
+"""The "what just happened" line: one plain sentence per event, from the state after it."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockviz.history import Timeline
+from blockviz.narration import narrate
+from blockviz.trace import load_trace, resolve_trace_path, shipped_traces
+
+
+@pytest.mark.parametrize("name", shipped_traces())
+def test_every_event_of_every_shipped_trace_has_one_line(name):
+    timeline = Timeline.for_trace(load_trace(resolve_trace_path(name)))
+    assert narrate(None, timeline.state) == ""
+    kinds = set()
+    while timeline.forward():
+        line = narrate(timeline.current_event, timeline.state)
+        assert line and "\n" not in line
+        kinds.add(timeline.current_event.type)
+        assert line != timeline.current_event.type.replace("_", " ")  # every kind has its sentence
+    assert {"block_allocated", "slot_appended", "step_started"} <= kinds
+
+
+def test_fork_and_copy_on_write_say_what_is_shared_and_what_is_copied():
+    timeline = Timeline.for_trace(load_trace(resolve_trace_path("fork-cow")))
+    lines = {}
+    while timeline.forward():
+        event = timeline.current_event
+        if event.type in ("fork", "copy_on_write") and event.type not in lines:
+            lines[event.type] = (event, narrate(event, timeline.state))
+    fork, fork_line = lines["fork"]
+    blocks = " ".join(str(b) for b in fork.blocks)
+    assert fork_line.startswith(f"seq {fork.child_seq_id} forked from seq {fork.parent_seq_id}: ")
+    assert blocks in fork_line and "(ref 2)" in fork_line
+    cow, cow_line = lines["copy_on_write"]
+    assert f"copied to block {cow.dst_block}" in cow_line and f"into block {cow.src_block}" in cow_line
