@@ -6,7 +6,8 @@ pool sizes, prefix caching and the requests that were run); every following line
 trace needs no model and no torch (this module imports only `engine.events`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
-a trace, a trace from a newer blockviz, or the number of the first corrupted line.
+a trace, a trace from a newer blockviz, or the number of the first corrupted line: a line that does
+not parse, or an event that does not make sense where it stands (blockviz/trace_check.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable
 
+from blockviz.trace_check import TraceChecker
 from engine.events import Event, event_from_dict
 
 TRACES_DIR = Path(__file__).resolve().parent / "traces"  # the shipped traces (package data)
@@ -160,8 +162,7 @@ def read_trace(path: str | Path) -> Trace:
                          else f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)")
     header = parse_header(lines[0], name)
     trace = Trace(header, [], str(path))
-    pools = {"gpu": header["num_gpu_blocks"], "cpu": header["num_cpu_blocks"]}
-    last_seq_no = -1
+    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
@@ -170,36 +171,12 @@ def read_trace(path: str | Path) -> Trace:
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
             event = event_from_dict(data)
-            _check_event(event, pools)
-        except (ValueError, TypeError) as exc:
+            checker.check(event)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TraceError(f"{name} line {number} is corrupted: {reason}") from None
-        if event.seq_no <= last_seq_no:
-            raise TraceError(f"{name} line {number} is corrupted: event number {event.seq_no} "
-                             f"does not follow {last_seq_no}")
-        last_seq_no = event.seq_no
         trace.events.append(event)
     return trace
-
-
-def _check_event(event: Event, pools: dict[str, int]) -> None:
-    """Reject values a reducer would choke on (a block outside its pool, a bad device)."""
-    if not isinstance(event.seq_no, int):
-        raise ValueError("seq_no is not an integer")
-    device = getattr(event, "device", None)
-    if device is not None and device not in pools:
-        raise ValueError(f"unknown device {device!r}")
-    for attr in ("block", "src_block", "dst_block"):
-        number = getattr(event, attr, None)
-        if number is not None and not (isinstance(number, int) and 0 <= number < pools[device]):
-            raise ValueError(f"{attr} {number!r} is outside the {device} pool of {pools[device]} blocks")
-    mapping = getattr(event, "mapping", None)
-    if mapping is not None:
-        src, dst = ("gpu", "cpu") if event.type == "swap_out" else ("cpu", "gpu")
-        for pair in mapping:
-            if (len(pair) != 2 or not all(isinstance(n, int) for n in pair)
-                    or not 0 <= pair[0] < pools[src] or not 0 <= pair[1] < pools[dst]):
-                raise ValueError(f"swap mapping {pair!r} is outside the pools")
 
 
 def shipped_traces() -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blockviz.trace_check import TraceChecker
 from engine import LLM, SamplingParams, check_invariants
 from engine.invariants import check_reducer_matches
 from engine.reducer import ReducerState
@@ -303,6 +304,9 @@ def test_every_generate_terminates_and_frees_everything(tiny_llm_cache, block_si
     assert manager.get_num_free_cpu_blocks() == manager.num_total_cpu_blocks
     finished = [e.seq_id for e in events if e.type == "sequence_finished"]
     assert len(finished) == len(set(finished))
+    checker = TraceChecker(block_size, num_gpu_blocks, num_cpu_blocks)  # what a trace reader checks
+    for event in events:
+        checker.check(event)
     for output in outputs:
         assert output.finished
         for c in output.outputs:
@@ -323,3 +327,29 @@ def tiny_llm_cache(tiny_gpt2_dir):
         return LLM.from_engine(LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), **options), loaded=loaded))
 
     return make
+
+
+def test_user_driven_fork_swap_out_and_abort_make_a_trace_that_passes_the_checks(tiny_llm_cache):
+    """What the TUI's keys do (fork, swap out, abort) between steps, checked as a trace reader would."""
+    llm = tiny_llm_cache(block_size=2, num_gpu_blocks=40, num_cpu_blocks=40, enable_prefix_caching=True)
+    engine = llm.engine
+    events = []
+    engine.events.subscribe(events.append)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    first = engine.add_request({"prompt_token_ids": SHARED[:9]}, params)
+    second = engine.add_request({"prompt_token_ids": SHARED[:7]}, params)
+    second_seq = [e.seq_ids[0] for e in events if e.type == "request_added"][1]
+    engine.step()  # prefill: the last of its 4 blocks holds one token
+    engine.fork_sequence(second_seq)
+    engine.step()  # both branches write into the shared last block: copy-on-write
+    engine.preempt_request(second)
+    engine.step()
+    engine.abort_request(first)
+    while engine.has_unfinished_requests():
+        engine.step()
+    kinds = {e.type for e in events}
+    assert {"fork", "swap_out", "swap_in", "copy_on_write", "prefix_cache_hit"} <= kinds
+    checker = TraceChecker(2, 40, 40)
+    for event in events:
+        checker.check(event)
+    assert checker.state.num_used("gpu") == 0

@@ -75,7 +75,8 @@ def _good_header(**override) -> str:
     return json.dumps(header)
 
 
-GOOD_EVENT = json.dumps({"type": "sequence_freed", "seq_no": 0, "seq_id": 0})
+GOOD_EVENT = json.dumps({"type": "request_added", "seq_no": 0, "request_id": "0", "seq_ids": [0], "prompt": "hi",
+                         "prompt_token_ids": [1, 2], "prompt_tokens_text": ["h", "i"], "n": 1, "max_tokens": 4})
 
 
 @pytest.mark.parametrize("case, text, expected", ids=lambda v: v if isinstance(v, str) and len(v) < 20 else "", argvalues=[

@@ -1,0 +1,241 @@
+"""Check a trace's events against the state they are applied to, before any view draws them.
+
+A trace file can parse and still not make sense: a line dropped or moved, a field retyped, a block
+freed that its sequence never held. `TraceChecker.check(event)` raises ValueError naming the first
+thing wrong with an event, given the picture of memory the earlier events built (a ReducerState,
+the same one the views draw), then applies it. The rules are the block manager's own: a block is
+allocated only when free, a ref count moves by one per reference, a sequence appends into its own
+table, a hit names a registered hash, an eviction a free-but-cached block.
+
+No torch, no textual: blockviz/trace.py calls it on every event it reads.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from functools import lru_cache
+
+from engine import events as ev
+from engine.reducer import CACHED, FREE, USED, ReducerState
+
+
+@lru_cache(maxsize=None)
+def _field_types(cls: type) -> tuple[tuple[str, object], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((name, hint) for name, hint in hints.items()
+                 if typing.get_origin(hint) is not typing.ClassVar and name != "type")
+
+
+def _is(value: object, hint: object) -> bool:
+    """Whether a decoded JSON value has the declared type (int, str, bool, float, None, unions and
+    homogeneous or fixed tuples of those)."""
+    origin = typing.get_origin(hint)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_is(value, arm) for arm in typing.get_args(hint))
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_is(item, args[0]) for item in value)
+        return len(value) == len(args) and all(_is(item, arm) for item, arm in zip(value, args))
+    return True  # a type this checker does not know: accepted as declared
+
+
+def _name(hint: object) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+class TraceChecker:
+    """Checks events one by one against a ReducerState built from the events before them."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+        self.last_seq_no: int | None = None
+
+    def check(self, event: ev.Event) -> None:
+        """Raise ValueError saying what is wrong with `event` here; else apply it."""
+        for name, hint in _field_types(type(event)):
+            value = getattr(event, name)
+            if not _is(value, hint):
+                raise ValueError(f"field {name!r} is {value!r}, not {_name(hint)}")
+        if self.last_seq_no is not None and event.seq_no != self.last_seq_no + 1:
+            raise ValueError(f"event number {event.seq_no} does not follow {self.last_seq_no} "
+                             f"(events are numbered 0, 1, 2, ...: a line is missing, repeated or moved)")
+        pools = self.state.pools
+        for device in {getattr(event, "device", "gpu"), "gpu"}:
+            if device not in pools:
+                raise ValueError(f"unknown device {device!r}")
+        rule = _RULES.get(type(event))
+        if rule is not None:
+            rule(self, event)
+        self.state.apply(event)
+        self.last_seq_no = event.seq_no
+
+    # ------------------------------------------------------------------ helpers
+
+    def _block(self, device: str, number: int, what: str = "block"):
+        pool = self.state.pools[device]
+        if not 0 <= number < len(pool):
+            raise ValueError(f"{what} {number} is outside the {device} pool of {len(pool)} blocks")
+        return pool[number]
+
+    def _table(self, seq_id: int) -> list[tuple[str, int]]:
+        table = self.state.tables.get(seq_id)
+        if table is None:
+            raise ValueError(f"seq {seq_id} has no block table here")
+        return table
+
+    def _logical(self, seq_id: int, index: int) -> tuple[str, int]:
+        table = self._table(seq_id)
+        if not 0 <= index < len(table):
+            raise ValueError(f"logical index {index} is outside seq {seq_id}'s table of {len(table)} blocks")
+        return table[index]
+
+    def _next_index(self, seq_ids, index: int) -> None:
+        """A block joins the end of each table, and only once the block before it is full."""
+        for seq_id in seq_ids:
+            table = self.state.tables.get(seq_id, ())
+            if index != len(table):
+                raise ValueError(f"logical index {index} for seq {seq_id}, whose table has {len(table)} blocks")
+            if table:
+                last = self.state.pools[table[-1][0]][table[-1][1]]
+                if len(last.token_ids) != self.state.block_size:
+                    raise ValueError(f"seq {seq_id} gets logical block {index} while block {last.number} "
+                                     f"holds {len(last.token_ids)} of {self.state.block_size} tokens")
+
+    def _fits(self, token_ids, what: str) -> None:
+        if len(token_ids) > self.state.block_size:
+            raise ValueError(f"{what} holds {len(token_ids)} tokens, more than the block size {self.state.block_size}")
+
+    # ------------------------------------------------------------------ rules, one per event kind
+
+    def _allocated(self, e: ev.BlockAllocated) -> None:
+        block = self._block(e.device, e.block)
+        if block.state != FREE:
+            raise ValueError(f"{e.device} block {e.block} is allocated while {block.state}")
+        if e.ref_count != len(e.seq_ids) or not e.seq_ids:
+            raise ValueError(f"ref count {e.ref_count} for {len(e.seq_ids)} sequence(s)")
+        self._next_index(e.seq_ids, e.logical_index)
+        self._fits(e.token_ids, "the block")
+
+    def _hit(self, e: ev.PrefixCacheHit) -> None:
+        block = self._block(e.device, e.block)
+        if self.state.hash_map.get(e.block_hash) != e.block or block.state == FREE:
+            raise ValueError(f"prefix-cache hit on {e.device} block {e.block}, which does not hold hash {e.block_hash}")
+        if e.ref_count != block.ref_count + len(e.seq_ids):
+            raise ValueError(f"ref count {e.ref_count} after a hit on block {e.block} with ref count {block.ref_count}")
+        self._next_index(e.seq_ids, e.logical_index)
+
+    def _hashed(self, e: ev.BlockHashed) -> None:
+        block = self._block(e.device, e.block)
+        if block.state != USED or len(block.token_ids) != self.state.block_size:
+            raise ValueError(f"{e.device} block {e.block} is hashed while not a full block in use")
+
+    def _slot(self, e: ev.SlotAppended) -> None:
+        if self._logical(e.seq_id, e.logical_index) != (e.device, e.block):
+            raise ValueError(f"seq {e.seq_id}'s logical block {e.logical_index} is not {e.device} block {e.block}")
+        filled = len(self._block(e.device, e.block).token_ids)
+        if e.offset != filled:
+            raise ValueError(f"offset {e.offset} in block {e.block}, which holds {filled} tokens")
+        if not 0 <= e.offset < self.state.block_size:
+            raise ValueError(f"offset {e.offset} is outside a block of {self.state.block_size} slots")
+
+    def _cow(self, e: ev.CopyOnWrite) -> None:
+        if self._logical(e.seq_id, e.logical_index) != (e.device, e.src_block):
+            raise ValueError(f"seq {e.seq_id}'s logical block {e.logical_index} is not block {e.src_block}")
+        src, dst = self._block(e.device, e.src_block), self._block(e.device, e.dst_block, "dst_block")
+        if dst.state != FREE:
+            raise ValueError(f"copy-on-write into {e.device} block {e.dst_block}, which is {dst.state}")
+        if src.ref_count < 2 or e.src_ref_count != src.ref_count - 1:
+            raise ValueError(f"copy-on-write of block {e.src_block} with ref count {src.ref_count} "
+                             f"leaves ref count {e.src_ref_count}")
+        self._fits(e.token_ids, "the copy")
+
+    def _fork(self, e: ev.Forked) -> None:
+        table = self._table(e.parent_seq_id)
+        if e.child_seq_id in self.state.tables:
+            raise ValueError(f"seq {e.child_seq_id} already has a block table")
+        if tuple(number for _, number in table) != tuple(e.blocks):
+            raise ValueError(f"fork lists blocks {list(e.blocks)}, seq {e.parent_seq_id} holds "
+                             f"{[n for _, n in table]}")
+
+    def _swap(self, e, src: str, dst: str) -> None:
+        mapping = dict(e.mapping)
+        for seq_id in e.seq_ids:
+            for device, number in self._table(seq_id):
+                if device != src or number not in mapping:
+                    raise ValueError(f"seq {seq_id}'s {device} block {number} is not in the {e.type} mapping")
+        for number in set(mapping.values()):
+            if self._block(dst, number, f"{dst} block").state != FREE:
+                raise ValueError(f"{e.type} into {dst} block {number}, which is not free")
+        for number in mapping:
+            self._block(src, number, f"{src} block")
+
+    def _freed(self, e: ev.BlockFreed) -> None:
+        block = self._block(e.device, e.block)
+        if block.state != USED or e.seq_id not in block.owners:
+            raise ValueError(f"seq {e.seq_id} frees {e.device} block {e.block}, which it does not hold")
+        if e.ref_count != block.ref_count - 1:
+            raise ValueError(f"ref count {e.ref_count} after freeing block {e.block} with ref count {block.ref_count}")
+
+    def _evicted(self, e: ev.BlockEvicted) -> None:
+        block = self._block(e.device, e.block)
+        if block.state != CACHED or block.block_hash != e.block_hash:
+            raise ValueError(f"eviction of {e.device} block {e.block}, which is not free-but-cached with that hash")
+
+    def _seq_freed(self, e: ev.SequenceFreed) -> None:
+        self._table(e.seq_id)
+        for pool in self.state.pools.values():
+            for block in pool:
+                if e.seq_id in block.owners:
+                    raise ValueError(f"seq {e.seq_id}'s table is freed while it still holds "
+                                     f"{block.device} block {block.number}")
+
+    def _finished(self, e: ev.SequenceFinished) -> None:
+        self._known_seqs(e)
+        if e.seq_id in self.state.tables:
+            raise ValueError(f"seq {e.seq_id} finishes while it still holds a block table")
+
+    def _request(self, e: ev.RequestAdded) -> None:
+        if e.request_id in self.state.requests:
+            raise ValueError(f"request {e.request_id!r} is added twice")
+        for seq_id in e.seq_ids:
+            if seq_id in self.state.seqs:
+                raise ValueError(f"seq {seq_id} is added twice")
+
+    def _known_seqs(self, e) -> None:
+        for seq_id in getattr(e, "seq_ids", None) or (e.seq_id,):
+            if seq_id not in self.state.seqs:
+                raise ValueError(f"seq {seq_id} was never added")
+
+
+_RULES = {
+    ev.BlockAllocated: TraceChecker._allocated,
+    ev.PrefixCacheHit: TraceChecker._hit,
+    ev.BlockHashed: TraceChecker._hashed,
+    ev.SlotAppended: TraceChecker._slot,
+    ev.CopyOnWrite: TraceChecker._cow,
+    ev.Forked: TraceChecker._fork,
+    ev.SwappedOut: lambda self, e: self._swap(e, "gpu", "cpu"),
+    ev.SwappedIn: lambda self, e: self._swap(e, "cpu", "gpu"),
+    ev.BlockFreed: TraceChecker._freed,
+    ev.SequenceFreed: TraceChecker._seq_freed,
+    ev.BlockEvicted: TraceChecker._evicted,
+    ev.RequestAdded: TraceChecker._request,
+    ev.TokenGenerated: TraceChecker._known_seqs,
+    ev.SequenceFinished: TraceChecker._finished,
+    ev.Preempted: TraceChecker._known_seqs,
+    ev.KVDigest: lambda self, e: self._block(e.device, e.block),
+}
