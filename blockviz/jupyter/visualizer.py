@@ -404,13 +404,20 @@ class Visualizer:
             with self._lock:
                 if self._stop_play.is_set():
                     break
+                # Live at "max" the engine free-runs for the whole tick (digesting the blocks it
+                # wrote once per tick, as the TUI's bridge does); otherwise it steps only as far
+                # as playback needs (the Player's lookahead).
+                free_run = self.player.throughput_mode
                 try:
                     deadline = started + PLAY_TICK_S
-                    while self.player.engine_steps_wanted() > 0 and time.monotonic() < deadline:
+                    self._digest_per_step(not free_run)
+                    while (free_run or self.player.engine_steps_wanted() > 0) and time.monotonic() < deadline:
                         if not self._engine_step():
                             break
                 except Exception:  # noqa: BLE001 - _engine_step has put the one line in self.error
                     self.player.playing = False
+                finally:
+                    self._digest_per_step(True)
                 now = time.monotonic()
                 self.player.tick(now - last)
                 last = now
@@ -418,9 +425,20 @@ class Visualizer:
             self._changed()
             if not playing:
                 break
-            self._stop_play.wait(max(0.0, PLAY_TICK_S - (time.monotonic() - started)))
+            if not free_run:
+                self._stop_play.wait(max(0.0, PLAY_TICK_S - (time.monotonic() - started)))
 
     # ------------------------------------------------------------------ the engine (lock held)
+
+    def _digest_per_step(self, per_step: bool) -> None:
+        """LLMEngine.kv_digests_per_step: when turned back on, digest what was held back."""
+        engine = self.engine
+        if engine is None or not hasattr(engine, "kv_digests_per_step"):
+            return
+        if per_step and not engine.kv_digests_per_step:
+            engine.emit_kv_digests()
+            self._take_events()
+        engine.kv_digests_per_step = per_step
 
     def _take_events(self) -> None:
         if self._buffer:
