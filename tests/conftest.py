@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jupyter_fixtures import browser_type_launch_args, jupyter_server, lab_page  # noqa: F401 (browser tests' fixtures)
+from jupyter_fixtures import chromium_browser, jupyter_server, lab_page  # noqa: F401 (browser tests' fixtures)
 
 TINY_GPT2_CONFIG = dict(
     n_layer=2,

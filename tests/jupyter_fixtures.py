@@ -3,7 +3,8 @@
 The recipe of /work/shared/DESIGN.md ("Tests in tiers"): JupyterLab on 127.0.0.1 and a free port,
 configured by `jupyterlab.galata.configure_jupyter_server` (no token, no XSRF, `window.jupyterapp`
 exposed), allow_root, news and update checks off; chromium at /usr/bin/chromium launched with
-`executable_path` (never `playwright install`). Under CI (CI=true) a missing chromium fails the
+`executable_path` (never `playwright install`) through Playwright's sync API, one browser per test
+module (see chromium_browser: a running sync Playwright blocks other asyncio users). Under CI (CI=true) a missing chromium fails the
 test; elsewhere it skips.
 
 Reuse them from any test module under tests/ (tests/conftest.py imports them):
@@ -277,16 +278,32 @@ def jupyter_server() -> Iterator[JupyterServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):  # overrides pytest-playwright's
-    """Debian's chromium with the flags that work on these machines (never `playwright install`)."""
+@pytest.fixture(scope="module")
+def chromium_browser():
+    """Debian's chromium through Playwright's sync API, for one test module.
+
+    Not pytest-playwright's session-wide `page`: while Playwright's sync API is running, its event
+    loop blocks every other asyncio user in the process (Textual's run_test, nbclient), so the
+    browser lives only as long as the module that uses it. Keep browser tests in modules of their
+    own (tests/test_*_browser.py)."""
     chromium_path()
-    return {**browser_type_launch_args, **launch_args()}
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(**launch_args())
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 @pytest.fixture
-def lab_page(page):
-    """pytest-playwright's page (a fresh browser context per test) with requests kept local."""
+def lab_page(chromium_browser):
+    """A page in a fresh browser context (1400x1000), every request kept on 127.0.0.1."""
+    context = chromium_browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
     page.set_default_timeout(UI_LIMIT_MS)
-    page.set_viewport_size({"width": 1400, "height": 1000})
-    return page
+    try:
+        yield page
+    finally:
+        context.close()
