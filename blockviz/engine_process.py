@@ -178,7 +178,6 @@ class ProcessBridge:
                     ready = True
                     self.header = args[0]
                 elif name == "events":
-                    args = ([cls.from_values(values) for cls, values in args[0]],)
                     with self._lock:
                         self._in_flight += len(args[0])
                 elif name == "served":
@@ -295,8 +294,7 @@ def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: i
         loading=lambda text: send("loading", text),
         ready=lambda header: send("ready", header),
         failed=lambda error: send("failed", error),
-        # (class, values) pairs pickle at half the cost of the events themselves
-        events=lambda events: send("events", [(type(event), tuple(event)) for event in events]),
+        events=lambda events: send("events", events),
         notice=lambda text: send("notice", text),
         idle=lambda: send("idle"),
         served=lambda steps: send("served", steps),

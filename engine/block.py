@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-_BLANK_TOKEN_ID = -1
-
-
 class Device(str, Enum):
     """Where a physical block lives: the accelerator pool ("gpu", CPU memory on a CPU-only run)
     or the CPU swap pool."""
@@ -22,24 +19,28 @@ class Device(str, Enum):
 
 
 class LogicalTokenBlock:
-    """A block of a sequence's token ids; `token_ids` is padded with -1 like vLLM v0's."""
+    """A block of a sequence's token ids (vLLM v0's LogicalTokenBlock). vLLM pads `token_ids` with
+    -1 up to block_size; here it holds exactly the tokens appended so far."""
 
-    __slots__ = ("block_number", "block_size", "token_ids", "num_tokens")
+    __slots__ = ("block_number", "block_size", "token_ids")
 
     def __init__(self, block_number: int, block_size: int) -> None:
         self.block_number = block_number
         self.block_size = block_size
-        self.token_ids = [_BLANK_TOKEN_ID] * block_size
-        self.num_tokens = 0
+        self.token_ids: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
     def is_empty(self) -> bool:
-        return self.num_tokens == 0
+        return not self.token_ids
 
     def is_full(self) -> bool:
-        return self.num_tokens == self.block_size
+        return len(self.token_ids) == self.block_size
 
     def get_num_empty_slots(self) -> int:
-        return self.block_size - self.num_tokens
+        return self.block_size - len(self.token_ids)
 
     def append_tokens(self, token_ids: list[int]) -> None:
         """Fill the next empty slots; more tokens than empty slots is a ValueError."""
@@ -48,17 +49,15 @@ class LogicalTokenBlock:
                 f"logical block {self.block_number} has {self.get_num_empty_slots()} empty slots, "
                 f"cannot append {len(token_ids)} tokens"
             )
-        start = self.num_tokens
-        self.token_ids[start : start + len(token_ids)] = token_ids
-        self.num_tokens += len(token_ids)
+        self.token_ids.extend(token_ids)
 
     def get_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_tokens]
+        return list(self.token_ids)
 
     def get_last_token_id(self) -> int:
-        if self.num_tokens == 0:
+        if not self.token_ids:
             raise ValueError(f"logical block {self.block_number} is empty")
-        return self.token_ids[self.num_tokens - 1]
+        return self.token_ids[-1]
 
 
 @dataclass(slots=True, eq=False)

@@ -28,10 +28,6 @@ from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 BlockTable = list[PhysicalTokenBlock]
 
-# append_slots' events (a slot per token, a block every block_size tokens), built in one C call
-new_slot_appended = SlotAppended.from_values
-new_block_allocated = BlockAllocated.from_values
-
 
 class AllocStatus(enum.Enum):
     """Answer of can_allocate / can_swap_in: OK now, LATER when blocks free up, NEVER (too big)."""
@@ -202,63 +198,58 @@ class BlockSpaceManager:
         return num_seqs <= self.gpu_allocator.get_num_free_blocks()
 
     def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Give the sequence's newest token a slot; returns [(src, dst)] when its last block was
-        shared and had to be copied (copy-on-write), else []."""
+        """Give the sequence's newest token a slot (vLLM v0 append_slots): a fresh block when the
+        last one is full, a copy of the last one when it is shared. Returns [(src, dst)] for that
+        copy-on-write, else []."""
         seq_id = seq.seq_id
         table = self.block_tables[seq_id]
-        num_tokens = len(seq.prompt_token_ids) + len(seq.output_token_ids)
         num_slots = self._num_slots[seq_id]
+        num_tokens = seq.get_len()
         if num_tokens == num_slots:
             return []
         if num_tokens != num_slots + 1:
             raise ValueError(f"sequence {seq_id} gained {num_tokens - num_slots} tokens since its last slot")
-        if table[0].device is not Device.GPU:
+        if table[0].device is not self.gpu_allocator.device:
             raise ValueError(f"sequence {seq_id} is swapped out; swap it in before appending")
-        block_size = self.block_size
-        index = num_slots // block_size
-        offset = num_slots % block_size
-        token_id = seq.get_last_token_id()
         self._num_slots[seq_id] = num_tokens
-        events = self.events
-        cow: list[tuple[int, int]] = []
+        index = num_slots // self.block_size
+        offset = num_slots % self.block_size
+        cow = []
         if index == len(table):
-            block = self.gpu_allocator.allocate()
-            block.token_ids = (token_id,)
-            table.append(block)
-            if events.active:  # events.emit(BlockAllocated, ...) written out, as for SlotAppended below
-                event = new_block_allocated((next(events.seq_nos), "gpu", block.block_number, (seq_id,), index,
-                                             1, None, ()))
-                try:
-                    events.deliver(event)
-                except Exception as exc:
-                    events.recover(event, exc)
-        else:
-            block = table[index]
-            if block.ref_count > 1:
-                src = block
-                block = self.gpu_allocator.allocate()
-                block.token_ids = src.token_ids[:offset]
-                self._clock += 1
-                self.gpu_allocator.free(src, self._clock)
-                table[index] = block
-                cow.append((src.block_number, block.block_number))
-                if events.active:
-                    events.emit(CopyOnWrite, seq_id=seq_id, device="gpu", logical_index=index,
-                                src_block=src.block_number, dst_block=block.block_number,
-                                src_ref_count=src.ref_count, token_ids=block.token_ids)
-            block.token_ids = block.token_ids[:offset] + (token_id,)
-        if events.active:  # events.emit(SlotAppended, ...) written out: see EventBus
-            event = new_slot_appended((next(events.seq_nos), seq_id, "gpu", index, block.block_number,
-                                       offset, token_id))
-            try:
-                events.deliver(event)
-            except Exception as exc:  # a broken view must never break the engine
-                events.recover(event, exc)
-        if self.enable_caching and offset == block_size - 1:
+            self._append_block(seq_id, table)
+        elif table[index].ref_count > 1:
+            cow.append(self._copy_on_write(seq_id, table, index, offset))
+        block = table[index]  # holds this sequence's first `offset` tokens of the block, and no other
+        token_id = seq.get_last_token_id()
+        block.token_ids += (token_id,)
+        if self.events.active:
+            self.events.emit(SlotAppended, seq_id, "gpu", index, block.block_number, offset, token_id)
+        if self.enable_caching and offset == self.block_size - 1:
             parent_hash = table[index - 1].block_hash if index else None
-            self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash,
-                             num_tokens)
+            self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash, num_tokens)
         return cow
+
+    def _append_block(self, seq_id: int, table: BlockTable) -> None:
+        """A fresh block for the token that starts a new logical block."""
+        block = self.gpu_allocator.allocate()
+        table.append(block)
+        if self.events.active:  # fields in order: device, block, seq_ids, logical_index, ref_count, block_hash, token_ids
+            self.events.emit(BlockAllocated, "gpu", block.block_number, (seq_id,), len(table) - 1, 1, None, ())
+
+    def _copy_on_write(self, seq_id: int, table: BlockTable, index: int, offset: int) -> tuple[int, int]:
+        """The shared block at `index` is replaced in this table by a fresh copy of its first
+        `offset` tokens (vLLM v0 _maybe_promote_last_block); returns (src, dst) block numbers."""
+        src = table[index]
+        block = self.gpu_allocator.allocate()
+        block.token_ids = src.token_ids[:offset]
+        self._clock += 1
+        self.gpu_allocator.free(src, self._clock)
+        table[index] = block
+        if self.events.active:
+            self.events.emit(CopyOnWrite, seq_id=seq_id, device="gpu", logical_index=index,
+                             src_block=src.block_number, dst_block=block.block_number,
+                             src_ref_count=src.ref_count, token_ids=block.token_ids)
+        return src.block_number, block.block_number
 
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
         """The child shares every block of the parent (ref count +1 each), vLLM v0 fork."""
@@ -397,13 +388,3 @@ class BlockSpaceManager:
     def get_num_cached_tokens(self, seq: Sequence) -> int:
         """Leading prompt tokens of the sequence that the prefix cache served at allocation."""
         return self.num_cached_tokens.get(seq.seq_id, 0)
-
-    def get_device(self, seq: Sequence) -> Device:
-        table = self.block_tables[seq.seq_id]
-        return table[0].device if table else Device.GPU
-
-    def _first_seq(self, seq_group: SequenceGroup, status: SequenceStatus) -> Sequence:
-        seqs = seq_group.get_seqs(status)
-        if not seqs:
-            raise ValueError(f"request {seq_group.request_id!r} has no {status.value} sequence")
-        return seqs[0]

@@ -11,6 +11,7 @@ import enum
 import math
 import operator
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.block import LogicalTokenBlock
 
@@ -29,9 +30,8 @@ class SequenceStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_IGNORED = "finished_ignored"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.value.startswith("finished")
+    def __init__(self, value: str) -> None:
+        self.is_finished = value.startswith("finished")
 
     @property
     def finish_reason(self) -> str | None:
@@ -93,6 +93,14 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def as_token_ids(values: object) -> list[int]:
+    """A prompt's token ids as ints (numpy integers are fine); a string, a float or a bool is a
+    ValueError."""
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"prompt token ids must be a list of integers, got {values!r}")
+    return [_integer("each prompt token id", value) for value in values]
+
+
 def _integer(name: str, value: object) -> int:
     """`value` as an int (a numpy integer is fine); a bool, float or string is a ValueError naming
     the field."""
@@ -109,6 +117,9 @@ class Sequence:
 
     `num_cached_tokens` is how many leading prompt tokens the prefix cache served (set by the
     block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache.
+    `branch` is the sequence's index in its request (0 for the first, i for the i-th fork of
+    n > 1) and `generator` the torch.Generator it samples with (None when greedy); the engine
+    sets both.
     """
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int) -> None:
@@ -124,26 +135,31 @@ class Sequence:
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
         self.finish_detail = ""
+        self.branch = 0
+        self.generator: Any = None
         self._append_tokens_to_blocks(self.prompt_token_ids)
 
     def _append_tokens_to_blocks(self, token_ids: list[int]) -> None:
+        """Fill the last logical block, then open new ones (vLLM v0's _append_tokens_to_blocks)."""
         cursor = 0
         while cursor < len(token_ids):
-            if not self.logical_token_blocks or self.logical_token_blocks[-1].is_full():
-                self.logical_token_blocks.append(
-                    LogicalTokenBlock(len(self.logical_token_blocks), self.block_size)
-                )
-            last = self.logical_token_blocks[-1]
-            take = min(last.get_num_empty_slots(), len(token_ids) - cursor)
-            last.append_tokens(token_ids[cursor : cursor + take])
-            cursor += take
+            last = self._last_block_with_room()
+            num_taken = min(last.get_num_empty_slots(), len(token_ids) - cursor)
+            last.append_tokens(token_ids[cursor : cursor + num_taken])
+            cursor += num_taken
+
+    def _last_block_with_room(self) -> LogicalTokenBlock:
+        blocks = self.logical_token_blocks
+        if not blocks or blocks[-1].is_full():
+            blocks.append(LogicalTokenBlock(len(blocks), self.block_size))
+        return blocks[-1]
 
     def append_token_id(self, token_id: int) -> None:
         """Add one generated token (vLLM's append_token_id); finished sequences refuse."""
         if self.status.is_finished:
             raise ValueError(f"sequence {self.seq_id} is finished ({self.status.value}); cannot append")
         self.output_token_ids.append(token_id)
-        self._append_tokens_to_blocks([token_id])
+        self._last_block_with_room().token_ids.append(token_id)
 
     def get_len(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -178,12 +194,14 @@ class Sequence:
         child.logical_token_blocks = []
         for block in self.logical_token_blocks:
             copy = LogicalTokenBlock(block.block_number, block.block_size)
-            copy.append_tokens(block.get_token_ids())
+            copy.token_ids = block.get_token_ids()
             child.logical_token_blocks.append(copy)
         child.status = self.status
         child.num_cached_tokens = self.num_cached_tokens
         child.num_computed_tokens = self.num_computed_tokens
         child.finish_detail = ""
+        child.branch = self.branch
+        child.generator = None
         return child
 
     def reset_for_recompute(self) -> None:
@@ -226,11 +244,6 @@ class SequenceGroup:
 
     def get_unfinished_seqs(self) -> list[Sequence]:
         return [seq for seq in self.seqs_dict.values() if not seq.is_finished()]
-
-    def find(self, seq_id: int) -> Sequence:
-        if seq_id not in self.seqs_dict:
-            raise KeyError(f"sequence {seq_id} is not in request {self.request_id!r}")
-        return self.seqs_dict[seq_id]
 
     def add(self, seq: Sequence) -> None:
         if seq.seq_id in self.seqs_dict:
