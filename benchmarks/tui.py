@@ -7,6 +7,7 @@
                                               # a random GPT-2-small-shaped model: --model gpt2's speed
     python benchmarks/tui.py --part engine --ui-priority normal
                                               # the app scheduled normally, not SCHED_IDLE
+    python benchmarks/tui.py --part startup   # `blockviz run` in a terminal: first frame, first step
 
 1. Frames/s of the pool view on a 4,096-block GPU pool under a stream of real BlockSpaceManager
    events (headless): each frame applies a batch of events to the timeline's reducer, hands the
@@ -33,6 +34,10 @@
    step by step (steadier than whole runs), the app's CPU time, how fast the app's event loop
    answers while the engine runs (a probe posting to it), and the app with the engine on a
    thread of its own process (sharing its GIL). Target the ratio >= 0.95x.
+3. `blockviz run` started in a pseudo-terminal (100x30), as a user types it: seconds from the
+   command to its first frame (the loading screen's text reaching the terminal), to the main view
+   (the engine ready: the pools drawn) and to the first engine step drawn (the status bar's
+   "step 1"), no key pressed (a live run plays at once). Target: first frame <= 1 s.
 """
 
 from __future__ import annotations
@@ -63,6 +68,65 @@ from blockviz.live import EngineSpec  # noqa: E402  (no torch: the frames part r
 NUM_GPU_BLOCKS = 4096
 NUM_CPU_BLOCKS = 512
 BLOCK_SIZE = 16
+
+
+# ---------------------------------------------------------------------------- 3. startup
+
+
+FIRST_FRAME = (b"starting the engine process", b"importing torch")  # the loading screen's first words
+
+
+def _startup_once(args: list[str], timeout: float = 120) -> dict[str, float]:
+    """One `blockviz run` in a pty: seconds to the first frame, the main view and the first step."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    ui = subprocess.Popen([sys.executable, "-m", "blockviz", "run", *args], stdin=terminal_fd, stdout=terminal_fd,
+                          stderr=terminal_fd, start_new_session=True, env=env, cwd=ROOT)
+    os.close(terminal_fd)
+    screen = bytearray()
+    marks: dict[str, float] = {}
+    wanted = {"first frame": FIRST_FRAME, "main view": (b"GPU pool",), "first step": (b"step 1 ",)}
+    try:
+        while len(marks) < len(wanted) and time.monotonic() - start < timeout and ui.poll() is None:
+            if select.select([main_fd], [], [], 0.01)[0]:
+                screen.extend(os.read(main_fd, 65536))
+            now = time.monotonic()
+            for name, texts in wanted.items():
+                if name not in marks and any(text in screen for text in texts):
+                    marks[name] = now - start
+        os.write(main_fd, b"q")
+        ui.wait(timeout=30)
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait()
+        os.close(main_fd)
+    return marks
+
+
+def bench_startup(runs: int, model: str | None, ui_priority: str) -> None:
+    args = (["--model", model] if model else []) + ["--ui-priority", ui_priority]
+    print(f"3. `blockviz run {' '.join(args)}` in a 100x30 pty, {runs} runs (seconds from the command)")
+    results = [_startup_once(args) for _ in range(runs)]
+    for name in ("first frame", "main view", "first step"):
+        values = sorted(r[name] for r in results if name in r)
+        if not values:
+            print(f"  {name:<12} never seen")
+            continue
+        print(f"  {name:<12} median {statistics.median(values):.2f}  min {values[0]:.2f}  max {values[-1]:.2f}"
+              + ("" if len(values) == runs else f"  (seen in {len(values)} of {runs} runs)"))
+    frames = [r["first frame"] for r in results if "first frame" in r]
+    if frames:
+        median = statistics.median(frames)
+        print(f"  first frame: {median:.2f} s  [{'ok' if median <= 1 else 'ABOVE TARGET'}: target <= 1 s]", flush=True)
 
 
 # ---------------------------------------------------------------------------- 1. pool view frames/s
@@ -423,8 +487,6 @@ class _AttachedSession:
         self.bridge = self.make_bridge(timed)
         if hasattr(self.bridge, "start"):  # a ProcessBridge starts before the app (see its docstring)
             self.bridge.start()
-            if self.ui_priority == "idle":
-                self.ui_idle = engine_process.leave_cores_to_engine()  # as `blockviz run` does
         try:
             asyncio.run(self._session(control, results))
         finally:
@@ -443,12 +505,14 @@ class _AttachedSession:
                 session.idle_at = time.process_time()  # (before that handler's full redraw)
                 idle.set()
 
-        self.app = app = TimedApp(bridge=self.bridge, deterministic=True)
+        self.app = app = TimedApp(bridge=self.bridge, deterministic=True, play=False)
         async with app.run_test(size=(120, 36)) as pilot:
             while app.player is None:
                 if app.error:
                     raise RuntimeError(f"the engine did not start: {app.error}")
                 await pilot.pause(0.05)
+            if hasattr(self.bridge, "start") and self.ui_priority == "idle":
+                self.ui_idle = engine_process.leave_cores_to_engine()  # once ready, as `blockviz run` does
             await pilot.pause(0.5)  # the first frame settles (layout)
             app.player.speed_index = len(SPEEDS) - 1
             # the FIFOs open once the engine process's thread opens its ends (after its warm-up)
@@ -717,7 +781,7 @@ def _bundled() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("frames", "engine", "all"), default="all")
+    parser.add_argument("--part", choices=("frames", "engine", "startup", "all"), default="all")
     parser.add_argument("--seconds", type=float, default=2.0, help="per frames/s measurement")
     parser.add_argument("--model", default=None, help="engine part: checkpoint (default: bundled, else a tiny GPT-2)")
     parser.add_argument("--gpt2-shape", action="store_true",
@@ -731,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine part: the app's scheduling, as `blockviz run --ui-priority` (default idle)")
     parser.add_argument("--session", choices=("process", "thread"), help=argparse.SUPPRESS)  # one session, as JSON
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--startup-runs", type=int, default=5, help="startup part: `blockviz run`s timed")
     args = parser.parse_args(argv)
     if args.session:
         print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first,
@@ -741,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("engine", "all"):
         model = _gpt2_shape_dir() if args.gpt2_shape else args.model
         bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread, args.ui_priority)
+    if args.part in ("startup", "all"):
+        bench_startup(args.startup_runs, args.model, args.ui_priority)
     return 0
 
 

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Iterable
 
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -23,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
 from blockviz.history import Player, Timeline
+from blockviz.narration import narrate
 from blockviz.messages import (
     BlockSelected,
     EngineEvents,
@@ -45,6 +47,7 @@ THROUGHPUT_FPS = 1  # frames/s while a live engine free-runs at max speed (GIL a
 MIN_SIZE = (80, 24)
 YOUNG_GC_OBJECTS = 20_000  # the youngest generation's collection threshold while the app runs
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
+LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
 
 
 class BlockvizApp(App[None]):
@@ -56,31 +59,34 @@ class BlockvizApp(App[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (WIDE, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_SIZE[1], "-tall")]
 
+    # The footer shows the short descriptions, fitting 80 columns; the help screen and the command
+    # palette show the tooltips.
     BINDINGS = [
-        Binding("space", "toggle_play", "Play/Pause"),
-        Binding("s", "step", "Step"),
-        Binding("b", "back_step", "Step back"),
-        Binding("full_stop", "step_event", "Event ▸", key_display="."),
-        Binding("comma", "back_event", "◂ Event", key_display=","),
-        Binding("question_mark,f1", "help", "Help", key_display="?"),
-        Binding("a", "add_request", "Add request"),
-        Binding("f", "fork", "Fork"),
-        Binding("p", "preempt", "Swap out"),
-        Binding("P", "toggle_projector", "Projector"),
-        Binding("plus,equals_sign", "faster", "Faster", key_display="+"),
-        Binding("minus", "slower", "Slower", key_display="-"),
-        Binding("g", "to_start", "Go to start", show=False),
-        Binding("G", "to_end", "Go to end", show=False),
-        Binding("n", "next_sequence", "Next sequence", show=False),
-        Binding("v", "next_view", "Next view", show=False),
-        Binding("q", "quit", "Quit"),
+        Binding("space", "toggle_play", "Play", tooltip="Play/Pause"),
+        Binding("s", "step", "Step", tooltip="Step the engine (schedule → run → postprocess)"),
+        Binding("b", "back_step", "Back", tooltip="Step back (to the previous engine step)"),
+        Binding("full_stop", "step_event", "Event", key_display=".", tooltip="One event forward"),
+        Binding("comma", "back_event", "◂ Event", key_display=",", show=False, tooltip="One event back"),
+        Binding("question_mark,f1", "help", "Help", key_display="?", tooltip="Help (keys, legend, glossary)"),
+        Binding("a", "add_request", "Add", tooltip="Add a request (live)"),
+        Binding("f", "fork", "Fork", tooltip="Fork the selected sequence (live)"),
+        Binding("p", "preempt", "Swap", tooltip="Swap out the selected sequence's request (live)"),
+        Binding("P", "toggle_projector", "Projector", show=False, tooltip="Projector mode"),
+        Binding("plus,equals_sign", "faster", "Faster", key_display="+", show=False, tooltip="Play faster"),
+        Binding("minus", "slower", "Slower", key_display="-", show=False, tooltip="Play slower"),
+        Binding("g", "to_start", "Go to start", show=False, tooltip="Go to the first event"),
+        Binding("G", "to_end", "Go to end", show=False, tooltip="Go to the last event"),
+        Binding("n", "next_sequence", "Next sequence", show=False, tooltip="Select the next sequence"),
+        Binding("v", "next_view", "Next view", show=False, tooltip="Next view on the right"),
+        Binding("q", "quit", "Quit", tooltip="Quit (also while the engine loads)"),
+        Binding("ctrl+c", "quit", "Quit", show=False, tooltip="Quit"),
     ]
 
     projector: reactive[bool] = reactive(False)
     right_view: reactive[str] = reactive("tables")
 
     def __init__(self, *, trace: Any = None, bridge: Any = None, projector: bool = False,
-                 deterministic: bool = False, source_name: str = "") -> None:
+                 deterministic: bool = False, source_name: str = "", play: bool | None = None) -> None:
         if (trace is None) == (bridge is None):
             raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
         super().__init__()
@@ -88,6 +94,7 @@ class BlockvizApp(App[None]):
         self.bridge = bridge
         self.deterministic = deterministic
         self.source_name = source_name
+        self.autoplay = bridge is not None if play is None else play  # live runs play once ready
         self.player: Player | None = None
         self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
         self.selection: tuple[str, int] | None = None
@@ -108,8 +115,8 @@ class BlockvizApp(App[None]):
             with Vertical(id="left"):
                 yield PoolGrid("gpu", id="gpu")
                 yield PoolGrid("cpu", id="cpu")
-                yield BlockInspector(id="inspector")
             with Vertical(id="right"):
+                yield BlockInspector(id="inspector")
                 yield BlockTables(id="tables", classes="view")
                 yield GeneratedText(id="text", classes="view")
                 yield HashChains(id="hashes", classes="view")
@@ -120,7 +127,8 @@ class BlockvizApp(App[None]):
                      f"(projector mode reads best at 100x30 or more).", id="too-small")
         with Vertical(id="loading"):
             yield LoadingIndicator()
-            yield Label("starting the engine…", id="loading-text")
+            yield Label(LOADING_FIRST, id="loading-text")
+            yield Label("the pools appear once the model is loaded · q quits", id="loading-hint")
 
     def on_mount(self) -> None:
         self._grids = list(self.query(PoolGrid))
@@ -143,6 +151,7 @@ class BlockvizApp(App[None]):
             self._start(Timeline.for_trace(self.trace), live=False)
         else:
             self.screen.add_class("-loading")
+            self.query_one("#title", Static).update(f"blockviz · live · {self.source_name or 'engine'} · loading")
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
     def _start(self, timeline: Timeline, live: bool) -> None:
@@ -170,6 +179,8 @@ class BlockvizApp(App[None]):
         self.query_one("#title", Static).update(
             f"blockviz · {source} · {model} · block size {timeline.block_size} · "
             f"{timeline.num_gpu_blocks} GPU / {timeline.num_cpu_blocks} CPU blocks{caching}")
+        if self.autoplay:
+            self._set_playing(True)
         self.render_views()
 
     # ------------------------------------------------------------------ the engine worker (live)
@@ -291,7 +302,8 @@ class BlockvizApp(App[None]):
         self._status.show(
             state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
-            deterministic=self.deterministic, live=player.live, note=note, counts=counts)
+            deterministic=self.deterministic, live=player.live, note=note, counts=counts,
+            narration=narrate(timeline.current_event, state))
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -458,8 +470,10 @@ class BlockvizApp(App[None]):
     def action_toggle_projector(self) -> None:
         self.projector = not self.projector
 
-    def on_resize(self) -> None:
-        wide = self.size.width >= WIDE
+    def on_resize(self, event: events.Resize) -> None:
+        """Big cells from WIDE columns. The event's size, not self.size: App's own resize handler,
+        which records the new size, runs after this one."""
+        wide = event.size.width >= WIDE
         for grid in self.query(PoolGrid):
             grid.big = wide
 
@@ -474,13 +488,14 @@ class BlockvizApp(App[None]):
         yield from super().get_system_commands(screen)
         for binding in self.BINDINGS:
             keys = (binding.key_display or binding.key).replace("question_mark", "?")
-            yield SystemCommand(binding.description, f"key {keys}", partial(self.run_action, binding.action))
+            yield SystemCommand(binding.tooltip or binding.description, f"key {keys}",
+                                partial(self.run_action, binding.action))
 
     def action_help(self) -> None:
         rows = []
         for binding in self.BINDINGS:
             keys = binding.key_display or binding.key
-            rows.append((keys.replace("question_mark", "?"), binding.description))
+            rows.append((keys.replace("question_mark", "?"), binding.tooltip or binding.description))
         rows += [("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
                  ("ctrl+p", "command palette")]
         self.push_screen(HelpScreen(rows))

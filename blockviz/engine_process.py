@@ -29,6 +29,7 @@ from typing import Any
 
 from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
 
+STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)
 # What the child may be asked to call on its EngineBridge.
 _CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
 # A free-running engine sends a batch of events (and digests the K/V blocks it wrote) this often:
@@ -40,8 +41,13 @@ class ProcessBridge:
     """Runs an EngineBridge in a child process; UI-thread methods send it messages."""
 
     def __init__(self, spec: EngineSpec | None = None, *, max_in_flight: int = 4096,
-                 flush_interval: float = FLUSH_INTERVAL, start_method: str = "spawn") -> None:
+                 flush_interval: float = FLUSH_INTERVAL, start_method: str = "spawn",
+                 leave_cores_once_ready: bool = False) -> None:
         self.spec = spec or EngineSpec()
+        # SCHED_IDLE for this (the UI's) process once the engine is running, not while it loads:
+        # the loading screen needs the CPU the child's torch import takes (leave_cores_to_engine)
+        self.leave_cores_once_ready = leave_cores_once_ready
+        self.ui_idle = False  # whether leave_cores_to_engine was applied
         self.max_in_flight = max_in_flight
         self.flush_interval = flush_interval
         self._context = multiprocessing.get_context(start_method)
@@ -157,7 +163,7 @@ class ProcessBridge:
 
     def run(self, listener: Listener) -> None:
         """Relay what the engine process sends until it ends or the UI stops it."""
-        listener.loading(f"starting the engine process for {self.spec.model!r}…")
+        listener.loading(STARTING)
         try:
             self.start()
         except (OSError, ValueError) as exc:
@@ -177,6 +183,8 @@ class ProcessBridge:
                 if name == "ready":
                     ready = True
                     self.header = args[0]
+                    if self.leave_cores_once_ready:
+                        self.ui_idle = leave_cores_to_engine()
                 elif name == "events":
                     with self._lock:
                         self._in_flight += len(args[0])
@@ -220,8 +228,10 @@ class ProcessBridge:
 
 def leave_cores_to_engine() -> bool:
     """Schedule this process (the UI's) on CPU time nobody else wants: SCHED_IDLE, on Linux, for
-    each of its threads (threads it starts later inherit it). Call it after starting the engine
-    process, which keeps the normal policy. Returns whether it was applied.
+    each of its threads (threads it starts later inherit it). Call it once the engine process is
+    running (ProcessBridge(leave_cores_once_ready=True) does, on its `ready`), which keeps the
+    normal policy: applied while the child still imports torch, it starved the loading screen of
+    the CPU it needed to draw at all. Returns whether it was applied.
 
     Why: on a CPU the engine keeps the cores busy through its torch threads, which wait on one
     another at each parallel operation, so a UI thread taking a core from one stalls them all.
@@ -290,6 +300,9 @@ def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: i
         bridge.stop()
 
     threading.Thread(target=serve_commands, name="blockviz-commands", daemon=True).start()
+    send("loading", "importing torch…")
+    import torch  # noqa: F401 - seconds on a CPU; the loading screen says so meanwhile
+
     bridge.run(Listener(
         loading=lambda text: send("loading", text),
         ready=lambda header: send("ready", header),

@@ -86,10 +86,11 @@ class EngineSpec:
 
 
 def check_model(name: str) -> None:
-    """Raise engine.model_loader.ModelNotFoundError (one line) now, before any UI opens, when
-    `name` cannot be loaded: engine.model_loader.check_model resolves a bundled name or a local
-    directory on disk and a hub name in the local cache (or with one quick probe of the hub)."""
-    from engine.model_loader import check_model as check
+    """Raise engine.model_source.ModelNotFoundError (one line) now, before any UI opens, when
+    `name` cannot be loaded: engine.model_source.check_model resolves a bundled name or a local
+    directory on disk and a hub name in the local cache (or with one quick probe of the hub).
+    Imports neither torch nor transformers: the UI process never loads them."""
+    from engine.model_source import check_model as check
 
     check(name)
 
@@ -235,7 +236,8 @@ class EngineBridge:
     def run(self, listener: Listener) -> None:
         """The worker's body: load, add the initial requests, then serve steps and commands."""
         spec = self.spec
-        listener.loading(f"loading model {spec.model!r}…")
+        profiling = ", then profiling its memory to size the KV cache" if spec.num_gpu_blocks is None else ""
+        listener.loading(f"loading the model {spec.model!r}{profiling}…")
         try:
             quiet_model_loading()
             if self.share_cores:

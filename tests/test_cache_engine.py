@@ -245,9 +245,9 @@ def test_resolve_model_routes(tiny_gpt2_dir, tmp_path):
 
 
 def test_bundled_default_resolves_or_explains(monkeypatch, tmp_path):
-    import engine.model_loader as model_loader
+    import engine.model_source as model_source
 
-    monkeypatch.setattr(model_loader, "BUNDLED_MODELS_DIR", tmp_path)
+    monkeypatch.setattr(model_source, "BUNDLED_MODELS_DIR", tmp_path)
     with pytest.raises(ModelNotFoundError, match=DEFAULT_MODEL) as info:
         resolve_model(None)
     assert "\n" not in str(info.value)

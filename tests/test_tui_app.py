@@ -61,6 +61,13 @@ def n2_trace() -> Trace:
     return Trace(engine.trace_header(), events)
 
 
+def run_pool_trace() -> Trace:
+    """`blockviz run`'s pool (64 GPU / 32 CPU blocks of 16 tokens): two requests, n=2."""
+    engine = FakeEngine(block_size=16, num_gpu_blocks=64, num_cpu_blocks=32)
+    events = run_scenario(engine, ["ROMEO: hi there, how are you this fine day", "JULIET:"], n=2, max_tokens=20)
+    return Trace(engine.trace_header(), events)
+
+
 def replay_app(trace: Trace | None = None, **kwargs) -> BlockvizApp:
     return BlockvizApp(trace=trace or n2_trace(), deterministic=True, source_name="test", **kwargs)
 
@@ -252,9 +259,69 @@ async def test_clicking_a_cell_selects_that_block():
         await pilot.click("#gpu", offset=(1 + 2 * cell, 1))  # border, then the third cell
         assert app.selection == ("gpu", 2)
         assert "Block inspector · gpu 2" in screen_text(app)
-        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if " seq 3 " in line)
-        await pilot.click(offset=(line.index(" seq 3 ") + 2, y))  # a sequence label is a link
-        assert app.selected_seq == 3
+        assert app.selected_seq == 0  # the block's first owner
+        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if " seq 1 " in line)
+        await pilot.click(offset=(line.index(" seq 1 ") + 2, y))  # a sequence label is a link
+        assert app.selected_seq == 1
+
+
+async def test_the_status_bar_says_what_just_happened_in_two_lines():
+    """Stepped event by event to the fork of the shipped fork-cow trace, the status area's second
+    line is blockviz.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
+    from blockviz.narration import narrate
+    from blockviz.trace import load_trace, resolve_trace_path
+    from blockviz.widgets.panels import StatusBar
+
+    trace = load_trace(resolve_trace_path("fork-cow"))
+    fork = first_index(trace, "fork")
+    app = replay_app(trace)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await pilot.press(*["full_stop"] * (fork + 1))  # "." passes one event
+        timeline = app.player.timeline
+        assert timeline.current_event.type == "fork"
+        sentence = narrate(timeline.current_event, timeline.state)
+        event = timeline.current_event
+        assert sentence.startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}: ")
+        status = app.query_one(StatusBar)
+        assert status.size.height == 2
+        assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 1]
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert status.size.height == 2
+        assert screen_text(app).splitlines()[status.region.y + 1].strip() == f"▸ {sentence}"
+        cow = first_index(trace, "copy_on_write")
+        await pilot.press(*["full_stop"] * (cow - fork))
+        assert timeline.current_event.type == "copy_on_write"
+        sentence = narrate(timeline.current_event, timeline.state)
+        line = screen_text(app).splitlines()[status.region.y + 1].strip()
+        assert len(sentence) > 78 and len(line) == 78  # too long for one line: cut
+        assert line == f"▸ {sentence[:75]}…" and status.size.height == 2
+
+
+async def test_at_80x24_the_default_pool_fits_and_the_inspector_shows_the_selected_block():
+    app = replay_app(run_pool_trace())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("s", "s", "s", "right")
+        gpu, cpu = grid(app, "gpu"), grid(app, "cpu")
+        for pool in (gpu, cpu):  # every block in view, no scrolling
+            assert pool.virtual_size.height <= pool.scrollable_content_region.height
+        assert gpu.columns == cpu.columns == 8
+        inspector = app.query_one("#inspector")
+        assert inspector.region.height >= 8 and inspector.region.bottom <= app.query_one("#main").region.bottom
+        assert "Block inspector · gpu 0" in screen_text(app) and "ref count" in screen_text(app)
+        footer = screen_text(app).splitlines()[-1]
+        assert footer.rstrip().endswith("^p palette") and "q Quit" in footer
+
+
+async def test_a_pool_that_does_not_fit_says_which_blocks_are_in_view():
+    engine = FakeEngine(block_size=4, num_gpu_blocks=200, num_cpu_blocks=8)
+    app = replay_app(Trace(engine.trace_header(), run_scenario(engine, ["ROMEO: hi"], max_tokens=2)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert grid(app).border_subtitle.startswith("blocks 0-") and "of 200" in grid(app).border_subtitle
+        await pilot.press("end")  # the last block: the grid scrolls to it
+        await pilot.pause()
+        assert grid(app).border_subtitle.endswith("-199 of 200 · scroll ↕")
 
 
 async def test_help_screen_lists_the_keys():
@@ -267,7 +334,8 @@ async def test_help_screen_lists_the_keys():
         await pilot.press("escape")
         assert len(app.screen_stack) == 1
         commands = {command.title for command in app.get_system_commands(app.screen)}
-        assert {"Play/Pause", "Step", "Fork", "Swap out", "Projector", "Help"} <= commands
+        assert {"Play/Pause", "Step back (to the previous engine step)", "Fork the selected sequence (live)",
+                "Projector mode", "Help (keys, legend, glossary)"} <= commands
 
 
 def test_tokens_show_visible_whitespace_and_no_bpe_markers():
@@ -288,11 +356,23 @@ async def _until(pilot, predicate, timeout: float = 5.0) -> None:
         await pilot.pause(0.01)
 
 
-def live_app(**engine_kwargs) -> BlockvizApp:
+def live_app(play: bool = False, **engine_kwargs) -> BlockvizApp:
+    """A live app on a FakeEngine; paused once ready unless `play` (as `blockviz run` plays)."""
     spec = EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), max_tokens=12)
     bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24,
                                                                 num_cpu_blocks=16, **engine_kwargs))
-    return BlockvizApp(bridge=bridge, deterministic=True, source_name="fake")
+    return BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", play=play)
+
+
+async def test_a_live_app_plays_once_the_engine_is_ready_without_a_key_press():
+    app = BlockvizApp(bridge=live_app().bridge, deterministic=True, source_name="fake")  # play by default
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.player is not None, timeout=30)
+        assert app.player.playing
+        await pilot.pause()
+        assert "▶ playing" in screen_text(app)
+        await _until(pilot, lambda: app.player.timeline.num_steps_done() >= 2, timeout=10)  # no key pressed
+    assert not replay_app().autoplay  # a replay opens paused
 
 
 async def test_live_step_fork_swap_out_and_add_a_request():
@@ -358,7 +438,7 @@ async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_onc
     monkeypatch.setattr(app_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
     events = n2_trace().events
     first_step = next(i for i, e in enumerate(events) if e.type == "step_finished") + 1
-    app = BlockvizApp(bridge=QuietBridge(), deterministic=True)
+    app = BlockvizApp(bridge=QuietBridge(), deterministic=True, play=False)
     async with app.run_test(size=(80, 24)) as pilot:
         while app.player is None:
             await pilot.pause(0.01)
@@ -429,3 +509,27 @@ def test_replay_reaches_its_first_frame_without_importing_torch(tmp_path):
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen == {"frame": True, "torch": False, "rc": 0}
 
+
+def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
+    """The UI process of `blockviz run` never imports torch (the engine process does): not to
+    check the model (engine.model_source), nor on the way to its first frame."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from blockviz.live import check_model
+        check_model({str(tiny_gpt2_dir)!r})
+        check_model("tiny-shakespeare")
+        seen = {{"checked": "torch" in sys.modules}}
+        from blockviz.app import BlockvizApp
+        from blockviz.cli import main
+        from blockviz.engine_process import ProcessBridge
+        ProcessBridge.start = lambda self: None  # no engine process: this one is under test
+        def opened(self, **kwargs):
+            seen["app"] = "torch" in sys.modules or "transformers" in sys.modules
+        BlockvizApp.run = opened
+        seen["rc"] = main(["run", "--model", {str(tiny_gpt2_dir)!r}])
+        print(json.dumps(seen))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"checked": False, "app": False, "rc": 0}

@@ -56,7 +56,7 @@ async def test_the_live_app_on_an_engine_process_draws_the_engines_run(tmp_path,
     recorded = record_trace(spec, tmp_path / "same-run.jsonl")  # the same run, in this process
     bridge = ProcessBridge(spec)
     bridge.start()
-    app = BlockvizApp(bridge=bridge, deterministic=True)
+    app = BlockvizApp(bridge=bridge, deterministic=True, play=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=60)
         await pilot.press("s")  # one engine step, asked for across the pipe
@@ -81,7 +81,7 @@ async def test_commands_reach_the_engine_process(tiny_gpt2_dir):
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=20)
     bridge = ProcessBridge(spec)
     bridge.start()
-    app = BlockvizApp(bridge=bridge, deterministic=True)
+    app = BlockvizApp(bridge=bridge, deterministic=True, play=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=60)
         await pilot.press("s")
@@ -169,7 +169,7 @@ def test_steps_asked_for_are_served_once_each(tiny_gpt2_dir):
 async def test_quitting_while_the_model_loads_ends_the_engine_process_at_once(tiny_gpt2_dir):
     bridge = ProcessBridge(_spec(tiny_gpt2_dir))
     bridge.start()
-    app = BlockvizApp(bridge=bridge, deterministic=True)
+    app = BlockvizApp(bridge=bridge, deterministic=True, play=False)
     notes: list[str] = []
     app.notify = lambda message, **kwargs: notes.append(message)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -241,56 +241,115 @@ def _can_idle_schedule() -> bool:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _can_idle_schedule(), reason="Linux scheduling policies, SCHED_IDLE permitted")
-@pytest.mark.parametrize("priority", ["idle", "normal"])
-def test_blockviz_run_leaves_the_cores_to_the_engine_process(tiny_gpt2_dir, priority):
-    """`blockviz run` in a terminal (a pty, 100x30): by default every thread of the UI's process
-    is SCHED_IDLE, those Textual started after the switch too, while the engine process keeps the
-    normal policy; `--ui-priority normal` leaves the UI as it was. Quitting with q exits 0."""
-    import fcntl  # POSIX only, like the test
-    import pty
-    import struct
-    import termios
+class _Terminal:
+    """`blockviz run ARGS` in a pseudo-terminal of 100x30; what it draws gathers in `screen`."""
 
-    main_fd, terminal_fd = pty.openpty()
-    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    ui = subprocess.Popen([sys.executable, "-m", "blockviz", "run", "--model", str(tiny_gpt2_dir),
-                           "--max-tokens", "4", "--ui-priority", priority],
-                          stdin=terminal_fd, stdout=terminal_fd, stderr=terminal_fd, start_new_session=True)
-    os.close(terminal_fd)
-    screen = bytearray()
+    def __init__(self, *args: str) -> None:
+        import fcntl  # POSIX only, like the tests
+        import pty
+        import struct
+        import termios
 
-    def drain() -> None:  # the app blocks once the pty's buffer is full
+        self.main_fd, terminal_fd = pty.openpty()
+        fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+        self.ui = subprocess.Popen([sys.executable, "-m", "blockviz", "run", *args], stdin=terminal_fd,
+                                   stdout=terminal_fd, stderr=terminal_fd, start_new_session=True)
+        os.close(terminal_fd)
+        self.screen = bytearray()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:  # the app blocks once the pty's buffer is full
         while True:
             try:
-                chunk = os.read(main_fd, 65536)
+                chunk = os.read(self.main_fd, 65536)
             except OSError:
                 return
             if not chunk:
                 return
-            screen.extend(chunk)
+            self.screen.extend(chunk)
 
-    threading.Thread(target=drain, daemon=True).start()
+    def wait_for(self, predicate, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline or self.ui.poll() is not None:
+                raise AssertionError(f"{what}: not seen; the screen ends {bytes(self.screen[-500:])!r}")
+            time.sleep(0.02)
+
+    def shows(self, text: str) -> bool:
+        return text.encode() in self.screen
+
+    def engine_pid(self) -> int | None:
+        engines = [child for child in _children(self.ui.pid)
+                   if b"spawn_main" in open(f"/proc/{child}/cmdline", "rb").read()]
+        return engines[0] if engines else None
+
+    def press(self, key: bytes) -> None:
+        os.write(self.main_fd, key)
+
+    def close(self) -> None:
+        if self.ui.poll() is None:
+            self.ui.kill()
+            self.ui.wait()
+        os.close(self.main_fd)
+
+
+# What the engine process says before `import torch` and right after it (blockviz/engine_process.py)
+BEFORE_TORCH = ("starting the engine process", "importing torch")
+AFTER_TORCH = "loading the model"
+
+
+def test_blockviz_run_draws_its_loading_screen_before_torch_is_imported_then_plays(tiny_gpt2_dir):
+    """The order of what reaches the terminal, no clock: the loading screen (saying what it waits
+    for) is drawn before the engine process has finished importing torch (it says "loading the
+    model" only after), then the main view with the engine playing, no key pressed; q quits."""
+    terminal = _Terminal("--model", str(tiny_gpt2_dir), "--max-tokens", "4")
     try:
-        deadline = time.monotonic() + 120
-        engine = None
-        while time.monotonic() < deadline and ui.poll() is None:
-            engines = [child for child in _children(ui.pid)
-                       if b"spawn_main" in open(f"/proc/{child}/cmdline", "rb").read()]
-            # the app is up once Textual's threads run beside the main one, and the engine relays
-            if engines and len(os.listdir(f"/proc/{ui.pid}/task")) >= 3 and b"live" in screen:
-                engine = engines[0]
-                break
-            time.sleep(0.1)
-        assert engine is not None, f"the app did not come up: {bytes(screen[-500:])!r}"
+        terminal.wait_for(lambda: terminal.shows("GPU pool") and terminal.shows("step 1 "),
+                          "the main view with a step done")
+        screen = bytes(terminal.screen)
+        first_frame = min(screen.find(text.encode()) for text in BEFORE_TORCH if text.encode() in screen)
+        assert 0 <= first_frame < screen.find(AFTER_TORCH.encode())
+        assert "▶ playing".encode() in screen  # playing by itself: nothing was pressed
+        terminal.press(b"q")
+        assert terminal.ui.wait(timeout=60) == 0
+    finally:
+        terminal.close()
+    assert b"Traceback" not in terminal.screen
+
+
+def test_q_while_blockviz_run_loads_ends_the_engine_process_without_waiting_for_the_model(tiny_gpt2_dir):
+    terminal = _Terminal("--model", str(tiny_gpt2_dir), "--max-tokens", "4")
+    try:
+        terminal.wait_for(lambda: any(terminal.shows(text) for text in BEFORE_TORCH), "the loading screen")
+        engine = terminal.engine_pid()
+        assert engine is not None and not terminal.shows(AFTER_TORCH)  # torch still importing
+        terminal.press(b"q")
+        assert terminal.ui.wait(timeout=60) == 0
+    finally:
+        terminal.close()
+    assert not os.path.exists(f"/proc/{engine}")  # ended and reaped, not left loading
+    assert not terminal.shows("GPU pool") and b"Traceback" not in terminal.screen  # the model never came
+
+
+@pytest.mark.skipif(not _can_idle_schedule(), reason="Linux scheduling policies, SCHED_IDLE permitted")
+@pytest.mark.parametrize("priority", ["idle", "normal"])
+def test_blockviz_run_leaves_the_cores_to_the_engine_process(tiny_gpt2_dir, priority):
+    """`blockviz run` in a terminal (a pty, 100x30): by default, once the engine is running (its
+    `ready`: the UI needs the cores to draw the loading screen while the engine process imports
+    torch), every thread of the UI's process is SCHED_IDLE, those Textual started after the switch
+    too, while the engine process keeps the normal policy; `--ui-priority normal` leaves the UI as
+    it was. Quitting with q exits 0."""
+    terminal = _Terminal("--model", str(tiny_gpt2_dir), "--max-tokens", "4", "--ui-priority", priority)
+    ui = terminal.ui
+    try:
+        # the engine is ready once the main view (its pools) is drawn; the policy was set before
+        terminal.wait_for(lambda: terminal.engine_pid() is not None and terminal.shows("GPU pool")
+                          and len(os.listdir(f"/proc/{ui.pid}/task")) >= 3, "the main view")
         expected = os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER
         assert _policies(ui.pid) == {expected}
-        assert _policies(engine) == {os.SCHED_OTHER}
-        os.write(main_fd, b"q")
+        assert _policies(terminal.engine_pid()) == {os.SCHED_OTHER}
+        terminal.press(b"q")
         assert ui.wait(timeout=60) == 0
     finally:
-        if ui.poll() is None:
-            ui.kill()
-            ui.wait()
-        os.close(main_fd)
-    assert b"Traceback" not in screen
+        terminal.close()
+    assert b"Traceback" not in terminal.screen

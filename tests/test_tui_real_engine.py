@@ -64,7 +64,7 @@ def test_a_recorded_trace_replays_to_the_engines_own_final_state(tmp_path, tiny_
 async def test_the_live_app_matches_the_block_manager(tiny_gpt2_dir, loaded):
     spec = _spec(tiny_gpt2_dir)
     bridge = EngineBridge(spec, make_engine=lambda: _engine(spec, loaded))
-    app = BlockvizApp(bridge=bridge, deterministic=True)
+    app = BlockvizApp(bridge=bridge, deterministic=True, play=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=30)
         await pilot.press("s")

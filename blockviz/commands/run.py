@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.engine_process import ProcessBridge, leave_cores_to_engine
+    from blockviz.engine_process import ProcessBridge
     from blockviz.live import EngineSpec, check_model, one_line
 
     spec = EngineSpec.from_args(args)
@@ -38,10 +38,10 @@ def execute(args) -> int:
         raise UsageError(one_line(exc)) from None
     from blockviz.app import BlockvizApp
 
-    bridge = ProcessBridge(spec)
-    bridge.start()  # the engine process loads the model while the app starts
-    if args.ui_priority == "idle":
-        leave_cores_to_engine()  # the engine process, already started, keeps the normal policy
+    # The engine process loads the model while the app draws its loading screen; once the engine
+    # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).
+    bridge = ProcessBridge(spec, leave_cores_once_ready=args.ui_priority == "idle")
+    bridge.start()
     app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model)
     app.run()
     if app.error:

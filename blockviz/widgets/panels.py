@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
 
 from blockviz.widgets.palette import (
@@ -301,53 +302,73 @@ class BlockInspector(StatePanel):
 # ---------------------------------------------------------------------------- status bar
 
 
-class StatusBar(Static):
-    """Free/used blocks per device, KV utilization, prefix-cache hit rate, tokens/s, preemptions,
-    and where the cursor is. `deterministic` hides tokens/s (snapshots never show a clock)."""
+class StatusBar(Widget):
+    """Two lines. The first: play state, the engine step, the cursor's event, KV utilization,
+    prefix-cache hit rate, preemptions, blocks used per device, tokens/s and a note, leaving out
+    the least needed fields that do not fit the width (the pool titles repeat the block counts).
+    The second: what just happened (blockviz.narration), cut with an ellipsis. `deterministic`
+    hides tokens/s (snapshots never show a clock)."""
 
     DEFAULT_CSS = """
     StatusBar {
-        height: auto;
+        height: 2;
         background: $boost;
         color: $text;
         padding: 0 1;
     }
     """
 
-    _height = 0
+    IDLE_HINT = "s steps the engine · space plays · . goes one event · ? explains the picture"
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._fields: list[tuple[int, Text]] = []  # (rank: lower stays longer, text) in display order
+        self.narration = ""
 
     def show(self, state: ReducerState, *, position: int, total: int, playing: bool, speed: str,
              tokens_per_s: float | None, deterministic: bool, live: bool, note: str = "",
-             counts: dict[str, tuple[int, int, int]] | None = None) -> None:
-        text = Text()
+             counts: dict[str, tuple[int, int, int]] | None = None, narration: str = "") -> None:
+        play = Text("▶ playing" if playing else "‖ paused", "bold green" if playing else "bold")
+        play.append(f" {speed}")
+        fields = [(0, play), (2, Text(f"step {state.step} {state.step_kind}".rstrip())),
+                  (1, Text(f"event {position}/{total}" + (" live" if live else "")))]
+        if note:
+            fields.append((1, Text(note, "italic")))
+        fields.append((3, Text(f"KV util {state.kv_utilization():.0%}")))
+        fields.append((4, Text(f"prefix hits {state.prefix_hit_rate():.0%}")))
+        preempted = state.num_preemptions
+        fields.append((2 if preempted else 5,
+                       Text(f"preemptions {preempted}", "bold red" if preempted else "")))
         for device, (used, cached, free) in (counts or pool_counts(state)).items():
-            text.append(f"{device.upper()} ", "bold")
+            text = Text(f"{device.upper()} ", "bold")
             text.append(f"{used} used/{cached + free} free")
             if cached:
                 text.append(f" ({cached} cached)", "italic")
-            text.append(" │ ", "dim")
-        text.append(f"KV util {state.kv_utilization():.0%}")
-        text.append(" │ ", "dim")
-        text.append(f"prefix hits {state.prefix_hit_rate():.0%}")
-        text.append("\n")
-        text.append("▶ playing" if playing else "‖ paused", "bold green" if playing else "bold")
-        text.append(f" {speed}")
-        text.append(" │ ", "dim")
-        text.append(f"step {state.step} {state.step_kind}".rstrip())
-        text.append(" │ ", "dim")
-        text.append(f"event {position}/{total}" + (" live" if live else ""))
-        text.append(" │ ", "dim")
-        text.append(f"preemptions {state.num_preemptions}", "bold red" if state.num_preemptions else "")
+            fields.append((6, text))
         if not deterministic:
-            text.append(" │ ", "dim")
-            text.append(f"{tokens_per_s:.1f} tok/s" if tokens_per_s is not None else "— tok/s")
-        if note:
-            text.append(" │ ", "dim")
-            text.append(note, "italic")
-        width = max(1, self.content_region.width or self.app.size.width - 2)
-        height = sum(max(1, -(-cell_len(line) // width)) for line in text.plain.split("\n"))
-        self.update(text, layout=height != self._height)  # relayout only when its height changes
-        self._height = height
+            fields.append((7, Text(f"{tokens_per_s:.1f} tok/s" if tokens_per_s is not None else "— tok/s")))
+        self._fields = fields
+        self.narration = narration
+        self.refresh()
+
+    def render(self) -> RenderableType:
+        width = max(1, self.content_size.width)
+        fields = self._fields
+        separator = Text(" │ ", "dim")
+        while True:
+            line = separator.join(text for _, text in fields)
+            if cell_len(line.plain) <= width or len(fields) <= 1:
+                break
+            worst = max(rank for rank, _ in fields)
+            if worst == 0:
+                break
+            drop = max(i for i, (rank, _) in enumerate(fields) if rank == worst)
+            fields = fields[:drop] + fields[drop + 1:]
+        line.truncate(width, overflow="ellipsis")
+        what = Text("▸ ", "bold")
+        what.append(self.narration or self.IDLE_HINT, "" if self.narration else "dim")
+        what.truncate(width, overflow="ellipsis")
+        return Group(line, what)
 
 
 def seq_legend(seq_ids: list[int], projector: bool = False) -> Text:

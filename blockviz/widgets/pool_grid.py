@@ -37,6 +37,8 @@ GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 FILL_GROUND = "#101010"
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
+LEGEND = "█ fill · ² refs · c cached"
+LEGEND_BIG = "█ fill · ×2 refs · c cached"
 
 
 class PoolGrid(ScrollView, can_focus=True):
@@ -83,7 +85,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self._digits = 1
         self._columns = 1
         self.border_title = f"{device.upper()} pool"
-        self.border_subtitle = "█ fill · ² refs · c cached"
+        self.border_subtitle = LEGEND
 
     # ------------------------------------------------------------------ geometry
 
@@ -119,6 +121,22 @@ class PoolGrid(ScrollView, can_focus=True):
         self._columns = max(1, (width + 1) // (self.cell_width + 1))
         rows = -(-self.num_blocks // self._columns) if self.num_blocks else 0
         self.virtual_size = Size(self._columns * (self.cell_width + 1), rows * self.cell_height)
+        self._show_page()
+
+    def _show_page(self) -> None:
+        """The legend under the grid; when the pool does not fit, which blocks are in view."""
+        visible_rows = self.scrollable_content_region.height // self.cell_height
+        total_rows = -(-self.num_blocks // self._columns)
+        if self.num_blocks and visible_rows and total_rows > visible_rows:
+            first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
+            last = min(self.num_blocks, (first_row + visible_rows) * self._columns) - 1
+            self.border_subtitle = f"blocks {first_row * self._columns}-{last} of {self.num_blocks} · scroll ↕"
+        else:
+            self.border_subtitle = LEGEND_BIG if self.big_cells else LEGEND
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._show_page()
 
     def on_resize(self) -> None:
         self._relayout()
@@ -131,7 +149,6 @@ class PoolGrid(ScrollView, can_focus=True):
         self._resize_cells()
 
     def _resize_cells(self) -> None:
-        self.border_subtitle = "█ fill · ×2 refs · c cached" if self.big_cells else "█ fill · ² refs · c cached"
         self._relayout()
         self.refresh(layout=True)
 

@@ -1,0 +1,158 @@
+"""Where a model name points, checked without loading anything (and without importing torch).
+
+`blockviz run` calls `check_model` before its app opens, so a model that cannot be found is one
+line and exit 2; this module imports neither torch nor transformers, so that check costs the UI
+process no time. engine/model_loader.py loads what `resolve_model` names (and re-exports these).
+
+Names resolve in this order:
+1. "tiny-shakespeare" (DEFAULT_MODEL): the checkpoint bundled in `engine/models/tiny-shakespeare/`;
+2. an existing local directory holding a save_pretrained checkpoint + tokenizer;
+3. a Hugging Face hub name such as "gpt2": transformers' local cache first; when it is not
+   cached, the hub is probed once with a short timeout. With no network (or HF_HUB_OFFLINE=1)
+   this fails within seconds with a one-line ModelNotFoundError instead of transformers' retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "tiny-shakespeare"
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+class ModelNotFoundError(ValueError):
+    """The named model is neither bundled, a local directory, cached, nor downloadable.
+
+    str() is one line naming the model and what to do instead.
+    """
+
+
+def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+    """Map a model name to a local checkpoint directory (Path) or a hub name (str).
+
+    Raises ModelNotFoundError for the bundled model when it is missing and for a path-like name
+    (starting with '/', '.', or '~') that does not exist. Hub names are not checked here.
+    """
+    name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    if name == DEFAULT_MODEL:
+        path = BUNDLED_MODELS_DIR / DEFAULT_MODEL
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"bundled model {DEFAULT_MODEL!r} is missing from {path}: reinstall blockviz, "
+                f"or pass --model with a local checkpoint directory or a cached hub name such as 'gpt2'"
+            )
+        return path
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"directory {str(path)!r} has no config.json: pass a save_pretrained checkpoint directory")
+        return path
+    if path.exists() or name.startswith(("/", ".", "~")) or os.sep != "/" and os.sep in name:
+        what = "is not a checkpoint directory" if path.exists() else "does not exist"
+        raise ModelNotFoundError(f"model path {name!r} {what}: pass a save_pretrained checkpoint directory, "
+                                 f"a cached hub name such as 'gpt2', or omit --model for {DEFAULT_MODEL!r}")
+    return name
+
+
+def check_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+    """Fail fast, before loading anything: resolve the name and, for a hub name, make sure it is
+    in the local cache or the hub is reachable. Returns what `resolve_model` returns.
+
+    Raises ModelNotFoundError (one line) otherwise; a UI calls this before it opens.
+    """
+    source = resolve_model(name_or_path)
+    if isinstance(source, str):
+        _hub_kwargs(source)
+    return source
+
+
+def _hub_kwargs(name: str) -> dict:
+    """from_pretrained kwargs for a hub name: the local cache if it has it, else the network.
+
+    Raises ModelNotFoundError quickly when the model is not cached and the hub is unreachable
+    or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set.
+    """
+    cache_dir = _hf_cache_dir()
+    if _is_cached(name, cache_dir):
+        return {"local_files_only": True, "cache_dir": cache_dir}
+    hint = "pass a local checkpoint directory, or omit --model to use the bundled tiny-shakespeare"
+    if _offline_env():
+        raise ModelNotFoundError(
+            f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+            f"run once with network access and HF_HUB_OFFLINE unset, {hint}"
+        )
+    status = _probe_hub(name)
+    if status == "unreachable":
+        raise ModelNotFoundError(
+            f"model {name!r} is not in the local Hugging Face cache and cannot be downloaded (offline): "
+            f"run once with network access, {hint}"
+        )
+    if status == "missing":
+        raise ModelNotFoundError(f"model {name!r} was not found on the Hugging Face hub (or is gated): {hint}")
+    logger.info("model %s is not cached; downloading from the Hugging Face hub", name)
+    return {"cache_dir": cache_dir}
+
+
+def _offline_env() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now (huggingface_hub reads them at import)."""
+    import huggingface_hub.constants as hf_constants
+
+    def truthy(var: str) -> bool:
+        return os.environ.get(var, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+    return truthy("HF_HUB_OFFLINE") or truthy("TRANSFORMERS_OFFLINE") or bool(hf_constants.HF_HUB_OFFLINE)
+
+
+def _hf_cache_dir() -> str | None:
+    """The hub cache directory per HF_HUB_CACHE / HF_HOME as set now; None means the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
+def _is_cached(name: str, cache_dir: str | None) -> bool:
+    """True when config.json and some weights file of `name` are in the local hub cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> bool:
+        try:
+            return isinstance(try_to_load_from_cache(name, filename, cache_dir=cache_dir), str)
+        except ValueError:  # not a valid repo id
+            return False
+
+    has_weights = any(cached(f) for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    return cached("config.json") and has_weights
+
+
+def _probe_hub(name: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str:
+    """One HEAD request for `name`'s config.json: 'ok', 'missing' or 'unreachable'.
+
+    Runs in a daemon thread joined with a timeout, since DNS lookups ignore socket timeouts.
+    Honours HF_ENDPOINT and the usual proxy variables (via huggingface_hub's httpx session).
+    """
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import get_session
+
+    endpoint = (os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
+    url = f"{endpoint}/{name}/resolve/main/config.json"
+    result = ["unreachable"]
+
+    def probe() -> None:
+        try:
+            response = get_session().head(url, timeout=timeout, follow_redirects=False)
+        except Exception:  # noqa: BLE001 - any transport failure means "unreachable"
+            return
+        result[0] = "ok" if response.status_code < 400 else "missing"
+
+    thread = threading.Thread(target=probe, name="hf-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return result[0]
