@@ -7,6 +7,7 @@ textual) are imported only by the subcommand that needs them, so `blockviz repla
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 DEFAULT_MODEL = "tiny-shakespeare"  # the checkpoint bundled inside the package
@@ -46,35 +47,64 @@ def _non_negative(name: str):
     return _int_at_least(name, 0)
 
 
-def add_engine_options(
-    parser: argparse.ArgumentParser, *, max_tokens: int = 32, num_gpu_blocks: int | None = None,
-    num_cpu_blocks: int | None = None,
-) -> None:
-    """The options shared by generate, run and record (pool sizes default to the memory budget)."""
+ENGINE_OPTION_DEFAULTS = {
+    "n": 1, "max_tokens": 32, "block_size": 16, "num_gpu_blocks": None, "num_cpu_blocks": None,
+    "prefix_caching": False, "preemption_mode": None, "temperature": 0.0, "seed": 0,
+}
+
+
+def add_engine_options(parser: argparse.ArgumentParser, **overrides) -> None:
+    """The options shared by generate, run and record; `overrides` change their defaults (pool sizes
+    default to the memory budget, as vLLM sizes them)."""
+    d = {**ENGINE_OPTION_DEFAULTS, **overrides}
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"bundled '{DEFAULT_MODEL}' (default, offline), a local GPT-2 checkpoint "
                              "directory, or a Hugging Face name such as gpt2 (from its cache)")
+    prompts = d.get("prompts_help") or " / ".join(DEFAULT_PROMPTS)
     parser.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
-                        help=f"a prompt; repeat for several requests (default: {' / '.join(DEFAULT_PROMPTS)})")
-    parser.add_argument("--n", type=_positive("--n"), default=1,
+                        help=f"a prompt; repeat for several requests (default: {prompts})")
+    parser.add_argument("--n", type=_positive("--n"), default=d["n"],
                         help="completions per prompt; n > 1 forks the sequence (copy-on-write)")
-    parser.add_argument("--max-tokens", type=_positive("--max-tokens"), default=max_tokens,
-                        help=f"tokens to generate per completion (default {max_tokens})")
-    parser.add_argument("--block-size", type=_positive("--block-size"), default=16,
-                        help="tokens per KV-cache block (default 16)")
-    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=num_gpu_blocks,
+    parser.add_argument("--max-tokens", type=_positive("--max-tokens"), default=d["max_tokens"],
+                        help=f"tokens to generate per completion (default {d['max_tokens']})")
+    parser.add_argument("--block-size", type=_positive("--block-size"), default=d["block_size"],
+                        help=f"tokens per KV-cache block (default {d['block_size']})")
+    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=d["num_gpu_blocks"],
                         help="size of the device block pool (default: "
-                             f"{num_gpu_blocks or 'from the memory budget'})")
-    parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=num_cpu_blocks,
-                        help="size of the CPU swap pool (default: "
-                             f"{num_cpu_blocks if num_cpu_blocks is not None else 'from the swap space'})")
-    parser.add_argument("--prefix-caching", action="store_true",
-                        help="share identical prompt prefixes through the chained-hash cache")
-    parser.add_argument("--preemption-mode", choices=("swap", "recompute"), default=None,
-                        help="how to preempt when blocks run out (default: vLLM's rule)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+                             f"{d['num_gpu_blocks'] or 'from the memory budget'})")
+    cpu = d["num_cpu_blocks"]
+    parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=cpu,
+                        help=f"size of the CPU swap pool (default: {cpu if cpu is not None else 'from the swap space'})")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],
+                        help="share identical prompt prefixes through the chained-hash cache "
+                             f"(default {'on' if d['prefix_caching'] else 'off'})")
+    mode = d["preemption_mode"]
+    parser.add_argument("--preemption-mode", choices=("swap", "recompute"), default=mode,
+                        help="how to preempt when blocks run out (default: "
+                             f"{mode or 'recompute a lone sequence, swap a group, as vLLM'})")
+    parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
+                        help=f"0 is greedy (default {d['temperature']:g})")
+    parser.add_argument("--seed", type=_int_at_least("--seed", 0), default=d["seed"],
+                        help=f"sampling seed (default {d['seed']})")
+    parser.add_argument("--device", type=_device, default=None,
+                        help="cuda, cuda:N or cpu (default: cuda when available)")
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"--temperature must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    """cpu, cuda or cuda:N; whether CUDA is there is checked when the engine starts (torch)."""
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,9 +17,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from blockviz.cli import DEFAULT_MODEL, DEFAULT_PROMPTS
+from blockviz.errors import UsageError
+from blockviz.scenario import Arrival, admit_arrivals
 from engine.events import Event
-
-DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 
 
 def one_line(exc: BaseException) -> str:
@@ -30,9 +31,10 @@ def one_line(exc: BaseException) -> str:
 
 @dataclass(slots=True)
 class EngineSpec:
-    """What to run: the engine options of `blockviz run` / `blockviz record`."""
+    """What to run: the engine options of `blockviz run` / `blockviz record`, and the requests:
+    `prompts` at once, `arrivals` as the engine steps (blockviz/scenario.py)."""
 
-    model: str = "tiny-shakespeare"
+    model: str = DEFAULT_MODEL
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
     n: int = 1
     max_tokens: int = 32
@@ -44,18 +46,68 @@ class EngineSpec:
     temperature: float = 0.0
     seed: int = 0
     device: str | None = None
+    arrivals: tuple[Arrival, ...] = ()
 
     @classmethod
-    def from_args(cls, args: Any) -> "EngineSpec":
-        from blockviz.cli import DEFAULT_PROMPTS as cli_prompts
-
+    def from_args(cls, args: Any, default_arrivals: tuple[Arrival, ...] = ()) -> "EngineSpec":
+        """The spec of the parsed CLI options; with no --prompt, `default_arrivals` when given (the
+        scenario `blockviz run` plays), else the default prompts."""
+        if args.prompts:
+            prompts, arrivals = tuple(args.prompts), ()
+        else:
+            prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
         return cls(
-            model=args.model, prompts=tuple(args.prompts or cli_prompts), n=args.n,
+            model=args.model, prompts=prompts, arrivals=arrivals, n=args.n,
             max_tokens=args.max_tokens, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
             num_cpu_blocks=args.num_cpu_blocks, prefix_caching=args.prefix_caching,
             preemption_mode=args.preemption_mode, temperature=args.temperature, seed=args.seed,
             device=args.device,
         )
+
+    def check(self) -> None:
+        """Raise UsageError (one line) for what can be known wrong before the engine starts:
+        an empty prompt, a CUDA device this machine does not have."""
+        for prompt in (*self.prompts, *(a.prompt for a in self.arrivals)):
+            if not prompt:
+                raise UsageError("--prompt is empty: give at least one character")
+        if self.device is not None and self.device.startswith("cuda"):
+            import torch
+
+            index = int(self.device.partition(":")[2] or 0)
+            if not torch.cuda.is_available():
+                raise UsageError(f"--device {self.device}: this machine has no CUDA device (torch "
+                                 f"{torch.__version__}); omit --device to run on the CPU")
+            if index >= torch.cuda.device_count():
+                raise UsageError(f"--device {self.device}: there are {torch.cuda.device_count()} CUDA devices")
+
+    def check_prompt_lengths(self, source) -> None:
+        """Raise UsageError when a prompt is as long as the model's context, before the engine
+        starts: the checkpoint's tokenizer.json and config.json alone (the tokenizers library,
+        no torch). `source` is what engine.model_source.check_model returned. Skipped when those
+        files are not on this machine; the engine checks again when the request is added."""
+        import json
+
+        config_path, tokenizer_path = _checkpoint_file(source, "config.json"), _checkpoint_file(source, "tokenizer.json")
+        if config_path is None or tokenizer_path is None:
+            return
+        try:
+            from tokenizers import Tokenizer
+
+            context = json.loads(config_path.read_text()).get("n_positions")
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        except Exception:  # noqa: BLE001 - a file this cannot read: the engine checks again
+            return
+        if not isinstance(context, int):
+            return
+        for prompt in (*self.prompts, *(a.prompt for a in self.arrivals)):
+            length = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+            if length >= context:
+                raise UsageError(f"a prompt has {length} tokens but the model's context is {context}: "
+                                 f"shorten it to at most {context - 1}")
+
+    def admit_arrivals(self, engine, pending: list[Arrival], steps_done: int) -> list[str]:
+        """Queue the arrivals due after `steps_done` steps (blockviz.scenario.admit_arrivals)."""
+        return admit_arrivals(engine, pending, steps_done, self.sampling_params)
 
     def sampling_params(self, n: int | None = None):
         from engine.sequence import SamplingParams
@@ -78,25 +130,45 @@ class EngineSpec:
 
     def run_header(self) -> dict[str, Any]:
         """The run's settings for a trace header."""
-        return {"prompts": list(self.prompts), "n": self.n, "max_tokens": self.max_tokens, "seed": self.seed,
-                "temperature": self.temperature, "preemption_mode": self.preemption_mode}
+        header = {"prompts": list(self.prompts), "n": self.n, "max_tokens": self.max_tokens, "seed": self.seed,
+                  "temperature": self.temperature, "preemption_mode": self.preemption_mode}
+        if self.arrivals:
+            header["arrivals"] = [{"step": a.step, "prompt": a.prompt, "n": a.n} for a in self.arrivals]
+        return header
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def check_model(name: str) -> None:
+def _checkpoint_file(source, filename: str):
+    """`filename` of a checkpoint directory (a Path) or of a hub name in the local cache, or None."""
+    from pathlib import Path
+
+    if isinstance(source, Path):
+        path = source / filename
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(str(source), filename)
+    except Exception:  # noqa: BLE001 - not a cached repo
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def check_model(name: str):
     """Raise engine.model_source.ModelNotFoundError (one line) now, before any UI opens, when
     `name` cannot be loaded: engine.model_source.check_model resolves a bundled name or a local
     directory on disk and a hub name in the local cache (or with one quick probe of the hub).
     Imports neither torch nor transformers: the UI process never loads them."""
     from engine.model_source import check_model as check
 
-    check(name)
+    return check(name)
 
 
 def quiet_model_loading() -> None:
-    """No progress bars from Hugging Face libraries while a TUI owns the terminal."""
+    """No progress bars or hub chatter from Hugging Face libraries on the user's terminal (the CLI
+    prints its own one-line progress; a TUI owns the terminal)."""
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -105,6 +177,7 @@ def quiet_model_loading() -> None:
     except ImportError:
         return
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def leave_a_core_for_the_ui(device: str | None) -> None:
@@ -276,9 +349,16 @@ class EngineBridge:
             listener.events(batch)
 
         served = 0
+        pending = list(spec.arrivals)
         try:
             for prompt in spec.prompts:
                 engine.add_request(prompt, spec.sampling_params())
+            spec.admit_arrivals(engine, pending, 0)
+        except ValueError as exc:  # a prompt the engine refuses: the run cannot be what was asked
+            unsubscribe()
+            listener.failed(one_line(exc))
+            return
+        try:
             flush()
             while True:
                 with self._cond:
@@ -308,6 +388,7 @@ class EngineBridge:
                         if engine.has_unfinished_requests():
                             engine.step()
                             self.num_steps += 1
+                        spec.admit_arrivals(engine, pending, self.num_steps)
                     finally:
                         with self._cond:
                             self._stepping = False

@@ -41,15 +41,17 @@ class _Recorder:
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineSpec, check_model, one_line
+    from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
 
     spec = EngineSpec.from_args(args)
+    spec.check()
     try:
-        check_model(spec.model)
+        source = check_model(spec.model)
         params = spec.sampling_params()
     except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
         raise UsageError(one_line(exc)) from None
-    _quiet_transformers()
+    spec.check_prompt_lengths(source)
+    quiet_model_loading()
     if sys.stderr.isatty() and not args.json:
         print(f"loading {spec.model} ...", file=sys.stderr, flush=True)
     try:
@@ -134,14 +136,3 @@ def _print_text(requests: list[dict], summary: dict) -> None:
     console.print(f"  device blocks now: {g['used']} used, {g['free']} free ({g['cached']} of them cached); "
                   f"swap blocks: {c['used']} used, {c['free']} free")
     console.print("  events: " + ", ".join(f"{kind} {count}" for kind, count in s["events"].items()))
-
-
-def _quiet_transformers() -> None:
-    """No weight-loading progress bars or hub chatter on the user's terminal."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except Exception:  # pragma: no cover - transformers always has these
-        pass

@@ -46,6 +46,9 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     params = spec.sampling_params()
     for prompt in spec.prompts:
         engine.check_request(prompt, params)
+    for arrival in spec.arrivals:
+        engine.check_request(arrival.prompt, spec.sampling_params(arrival.n))
+    pending = list(spec.arrivals)
     out = Path(out)
     partial = out.with_name(out.name + ".part")
     steps = 0
@@ -56,11 +59,13 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         try:
             for prompt in spec.prompts:
                 engine.add_request(prompt, params)
+            spec.admit_arrivals(engine, pending, steps)
             while engine.has_unfinished_requests() and steps < max_steps:
                 if between_steps is not None:
                     between_steps(engine, steps)
                 engine.step()
                 steps += 1
+                spec.admit_arrivals(engine, pending, steps)
                 if progress is not None:
                     progress(f"step {steps}: {writer.num_events} events")
         finally:
@@ -85,11 +90,15 @@ def add_parser(subparsers) -> None:
         description="Run the engine to completion with no UI and write every event to a JSON-lines "
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
-    add_engine_options(parser)
+    from blockviz.scenario import DEFAULT_SCENARIO_OPTIONS
+
+    # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
+    pools = {k: DEFAULT_SCENARIO_OPTIONS[k] for k in ("num_gpu_blocks", "num_cpu_blocks")}
+    add_engine_options(parser, **pools)
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineSpec, check_model, one_line
+    from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
 
     out = Path(args.out)
     if out.is_dir():
@@ -97,16 +106,19 @@ def execute(args) -> int:
     if not out.parent.exists():
         raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
     spec = EngineSpec.from_args(args)
+    spec.check()
     try:
-        check_model(spec.model)
+        source = check_model(spec.model)
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
+    spec.check_prompt_lengths(source)
     tty = sys.stderr.isatty()
 
     def progress(text: str) -> None:
         if tty:
             print(f"\rrecording: {text}", end="", file=sys.stderr, flush=True)
 
+    quiet_model_loading()
     print(f"loading {spec.model!r}…", file=sys.stderr, flush=True)
     try:
         engine = spec.make_engine()

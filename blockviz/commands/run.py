@@ -9,8 +9,10 @@ from __future__ import annotations
 from blockviz.cli import UsageError, add_engine_options
 
 
-TUI_GPU_BLOCKS = 64
-TUI_CPU_BLOCKS = 32
+from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+
+RUN_DEFAULTS = {**DEFAULT_SCENARIO_OPTIONS,
+                "prompts_help": "a built-in scenario of four requests arriving over time"}
 
 
 def add_parser(subparsers) -> None:
@@ -18,9 +20,9 @@ def add_parser(subparsers) -> None:
         "run", help="open the live TUI on the engine",
         description="Run the engine live in a TUI: step it, play it, fork and swap out sequences, "
                     "and travel back through its events.")
-    # A pool a learner can take in at a glance (the engine really has this many blocks); generate
-    # and record size the pool from the memory budget, as vLLM does.
-    add_engine_options(parser, num_gpu_blocks=TUI_GPU_BLOCKS, num_cpu_blocks=TUI_CPU_BLOCKS)
+    # A pool a learner can take in at a glance (the engine really has this many blocks) and the
+    # default scenario's settings; generate sizes the pool from the memory budget, as vLLM does.
+    add_engine_options(parser, **RUN_DEFAULTS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
@@ -31,11 +33,13 @@ def execute(args) -> int:
     from blockviz.engine_process import ProcessBridge
     from blockviz.live import EngineSpec, check_model, one_line
 
-    spec = EngineSpec.from_args(args)
+    spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
+    spec.check()
     try:
-        check_model(spec.model)
+        source = check_model(spec.model)
     except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
         raise UsageError(one_line(exc)) from None
+    spec.check_prompt_lengths(source)
     from blockviz.app import BlockvizApp
 
     # The engine process loads the model while the app draws its loading screen; once the engine

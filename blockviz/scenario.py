@@ -1,0 +1,53 @@
+"""Requests that arrive while the engine runs, and the story `blockviz run` tells by default.
+
+An `Arrival` is a prompt queued once the engine has taken `step` steps (or at once, when the engine
+has nothing left to do before then): a live run and a recording play them the same way
+(`admit_arrivals`). `DEFAULT_SCENARIO` is what `blockviz run` plays with no `--prompt`: in about a
+minute it shows every idea on the bundled model, on a pool small enough to see whole.
+- ROMEO's line starts alone: prefill fills a block table, decode appends slot after slot.
+- JULIET's arrives with n=2: prefill, then a fork (both samples share every block, ref 2) and a
+  copy-on-write when the shared, partly filled last block is first written.
+- A second JULIET line with the same opening arrives: with prefix caching it hits her blocks.
+- The pool runs out while five sequences grow: the newest request is preempted (swapped out to the
+  CPU pool) and swapped back in when blocks free up.
+No torch, no textual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request (`prompt`, `n` samples) queued once the engine has taken `step` steps."""
+
+    step: int
+    prompt: str
+    n: int = 1
+
+
+DEFAULT_SCENARIO: tuple[Arrival, ...] = (
+    Arrival(0, "ROMEO: But soft, what light through yonder window breaks?"),
+    Arrival(3, "JULIET: O Romeo, Romeo, wherefore art thou Romeo?", n=2),
+    Arrival(10, "JULIET: O Romeo, Romeo, wherefore art thou gone?"),
+    Arrival(16, "HAMLET: To be, or not to be, that is the question."),
+)
+# `blockviz run`'s engine settings for it (each flag overrides its own): small blocks, so a short
+# line spans several and an opening can be shared; a pool that fits on an 80x24 screen and runs
+# out once; sampled text that reads as Shakespeare and differs between samples.
+DEFAULT_SCENARIO_OPTIONS = {
+    "block_size": 4, "num_gpu_blocks": 48, "num_cpu_blocks": 32, "max_tokens": 40, "temperature": 0.8,
+    "prefix_caching": True, "preemption_mode": "swap",
+}
+
+
+def admit_arrivals(engine, pending: list[Arrival], steps_done: int, params_for) -> list[str]:
+    """Queue the pending arrivals that are due (their step reached, or the engine idle before it):
+    `params_for(n)` gives each its SamplingParams. Returns the request ids added; `pending` loses
+    them."""
+    added = []
+    while pending and (pending[0].step <= steps_done or not engine.has_unfinished_requests()):
+        arrival = pending.pop(0)
+        added.append(engine.add_request(arrival.prompt, params_for(arrival.n)))
+    return added
