@@ -54,3 +54,25 @@ def test_bad_arguments_are_one_line_exit_2(tiny_gpt2_dir):
         assert "Traceback" not in result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(("blockviz: error:", "blockviz generate: error:"))
+
+
+def test_generate_peak_is_the_most_blocks_in_use_at_any_event(tiny_gpt2_dir, tmp_path, capsys):
+    """Blocks freed inside a step (a sequence finishing) must not hide the peak reached earlier in it."""
+    from blockviz.trace import read_trace
+    from engine.reducer import ReducerState
+
+    options = ["--model", str(tiny_gpt2_dir), "--prompt", "To be, or not to be", "--prompt", "KV",
+               "--n", "2", "--max-tokens", "5", "--block-size", "2", "--num-gpu-blocks", "40"]
+    assert main(["record", "--out", str(tmp_path / "t.jsonl"), *options]) == 0
+    assert main(["generate", *options, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    trace = read_trace(tmp_path / "t.jsonl")
+    state = ReducerState(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks)
+    peak = at_step_ends = 0
+    for event in trace.events:
+        state.apply(event)
+        peak = max(peak, state.num_used("gpu"))
+        if event.type == "step_finished":
+            at_step_ends = max(at_step_ends, state.num_used("gpu"))
+    assert summary["gpu_blocks"]["peak_used"] == peak
+    assert peak > at_step_ends  # the case the old step-end sampling got wrong
