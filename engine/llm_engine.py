@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import torch
 
-from engine.attention import AttentionMetadata
 from engine.block_manager import BlockSpaceManager
 from engine.cache_engine import DEFAULT_SWAP_SPACE_BYTES, BlockBudget, CacheEngine, determine_num_blocks
 from engine.events import (
@@ -31,9 +28,11 @@ from engine.events import (
 )
 from engine.model_loader import DEFAULT_MODEL, LoadedModel, load_model
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampler import make_generator, sample
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from engine.model_runner import ModelRunner
+from engine.output_processor import Detokenizer, StopChecker
+from engine.sampler import make_generator
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
 
 logger = logging.getLogger("engine")
 
@@ -76,29 +75,6 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
 
 
-def _token_ids(values: Any) -> list[int]:
-    """A prompt's token ids as ints; anything else (a float, a string) is a ValueError."""
-    if isinstance(values, (str, bytes)):
-        raise ValueError(f"prompt token ids must be a list of integers, got {values!r}")
-    token_ids = []
-    for value in values:
-        if isinstance(value, bool):
-            raise ValueError(f"prompt token ids must be integers, got {value!r}")
-        try:
-            token_ids.append(operator.index(value))
-        except TypeError:
-            raise ValueError(f"prompt token ids must be integers, got {value!r}") from None
-    return token_ids
-
-
-def _decoder(tokenizer: Any) -> Callable[..., str]:
-    """The tokenizer's decode without its public wrapper: `decode` first walks every id through
-    `to_py_obj` (a generator and an `all()` per call), which was a fifth of a tiny model's decode
-    step; `_decode` is the same decoding and clean-up that `decode` then calls."""
-    inner = getattr(tokenizer, "_decode", None)
-    return inner if callable(inner) else tokenizer.decode
-
-
 class LLMEngine:
     """A paged-KV engine over one GPT-2 model: add_request, step, has_unfinished_requests."""
 
@@ -109,7 +85,7 @@ class LLMEngine:
         self.loaded = loaded if loaded is not None else load_model(config.model, config.device, dtype)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
-        self._decode = _decoder(self.tokenizer)
+        self.detokenizer = Detokenizer(self.tokenizer)
         self.device = self.loaded.device
         model_config = self.loaded.config
         self.max_model_len = model_config.max_model_len
@@ -132,13 +108,13 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len, config.preemption_mode),
             self.block_manager,
         )
+        self.model_runner = ModelRunner(self.model, self.cache_engine, self.block_manager, config.block_size,
+                                        self.device)
         self.eos_token_id = self._eos_token_id()
+        self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()
         self._request_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}  # unfinished requests
-        self._group_by_seq: dict[int, SequenceGroup] = {}
-        self._generators: dict[int, torch.Generator | None] = {}
-        self._branch_of: dict[int, int] = {}
         self.num_steps = 0
         # K/V digests of the device blocks a step wrote go out at the end of that step; with this
         # False they wait, gathered, for emit_kv_digests() (a live UI free-running at full speed
@@ -173,11 +149,11 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt:
                 raise ValueError("a dict prompt needs 'prompt_token_ids'")
-            token_ids, text = _token_ids(prompt["prompt_token_ids"]), prompt.get("prompt")
+            token_ids, text = as_token_ids(prompt["prompt_token_ids"]), prompt.get("prompt")
         elif isinstance(prompt, str):
             token_ids, text = self.encode(prompt), prompt
         else:
-            token_ids, text = _token_ids(prompt), None
+            token_ids, text = as_token_ids(prompt), None
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         vocab = self.loaded.config.vocab_size
@@ -208,11 +184,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(next(self._seq_counter), token_ids, self.config.block_size)
         seed = params.seed if params.seed is not None else self.config.seed + int(seq.seq_id)
+        seq.generator = None if params.greedy else make_generator(seed, 0)
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
-        self._generators[seq.seq_id] = None if params.greedy else make_generator(seed, 0)
-        self._branch_of[seq.seq_id] = 0
         self._groups[request_id] = group
-        self._group_by_seq[seq.seq_id] = group
         self.scheduler.add_seq_group(group)
         if self.events.active:
             pieces = tuple(self.tokenizer.batch_decode([[t] for t in token_ids]))
@@ -234,7 +208,7 @@ class LLMEngine:
             raise KeyError(f"request {request_id!r} is not unfinished")
         for seq in self.scheduler.abort_seq_group(group):
             self._emit_finished(group, seq, reason)
-        self._forget(group)
+        del self._groups[request_id]
 
     # ------------------------------------------------------------------ user-driven operations
 
@@ -255,25 +229,40 @@ class LLMEngine:
     def _fork(self, group: SequenceGroup, parent: Sequence) -> Sequence:
         child = parent.fork(next(self._seq_counter))
         group.add(child)
-        self._group_by_seq[child.seq_id] = group
         self.block_manager.fork(parent, child)
-        branch = len(group.seqs) - 1
-        self._branch_of[child.seq_id] = branch
+        child.branch = len(group.seqs) - 1
         params = group.sampling_params
-        self._generators[child.seq_id] = None if params.greedy else make_generator(group.seed, branch)
+        child.generator = None if params.greedy else make_generator(group.seed, child.branch)
         return child
 
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
-        """One engine step: schedule, move blocks, run the model, sample, postprocess."""
+        """One engine step (vLLM v0 / nano-vllm LLMEngine.step): schedule, move blocks between
+        and within the pools, run the model over the scheduled sequences, process their tokens."""
         start = time.perf_counter()
         sched = self.scheduler.schedule()
-        finished_groups: list[SequenceGroup] = []
-        for group, reason, seqs in sched.ignored_seq_groups:
+        finished = self._finish_ignored(sched.ignored_seq_groups)
+        self._move_blocks(sched)
+        running = [(group, seq) for group in sched.scheduled_seq_groups
+                   for seq in group.get_seqs(SequenceStatus.RUNNING)]
+        if running:
+            seqs = [seq for _, seq in running]
+            self._start_step(sched, seqs)
+            logits = self.model_runner.execute_model(seqs, sched.is_prefill)
+            finished += self._process_outputs(running, logits, sched.is_prefill)
+            self._end_step(sched, start)
+        return self._outputs(sched.scheduled_seq_groups, finished)
+
+    def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
+        """Requests the scheduler refused for good end now, with its reason."""
+        for group, reason, seqs in ignored:
             for seq in seqs:
                 self._emit_finished(group, seq, reason)
-            finished_groups.append(group)
+        return [group for group, _, _ in ignored]
+
+    def _move_blocks(self, sched: SchedulerOutputs) -> None:
+        """The scheduler's swaps and copy-on-write copies, done on the cache before the forward."""
         cache = self.cache_engine
         if sched.blocks_to_swap_out:
             cache.swap_out(sched.blocks_to_swap_out)
@@ -284,107 +273,68 @@ class LLMEngine:
         if sched.blocks_to_copy:
             cache.copy(sched.blocks_to_copy)
             self._emit_digests("gpu", [dst for _, dst in sched.blocks_to_copy])
-        groups = sched.scheduled_seq_groups
-        if not groups:
-            outputs = [self._output(g) for g in finished_groups]
-            for group in finished_groups:
-                self._forget(group)
-            return outputs
 
+    def _start_step(self, sched: SchedulerOutputs, seqs: list[Sequence]) -> None:
         self.num_steps += 1
-        seqs = [seq for group in groups for seq in group.get_seqs(SequenceStatus.RUNNING)]
-        kind = "prefill" if sched.is_prefill else "decode"
         if self.events.active:
-            self.events.emit(StepStarted, step=self.num_steps, kind=kind,
+            self.events.emit(StepStarted, step=self.num_steps, kind=sched.kind,
                              seq_ids=tuple(s.seq_id for s in seqs), num_tokens=sched.num_batched_tokens)
-        logits = self._run_model(seqs, sched.is_prefill)
-        seq_groups = [self._group_of(seq) for seq in seqs]
-        params = [group.sampling_params for group in seq_groups]
-        generators = [self._generators.get(seq.seq_id) for seq in seqs]
-        next_tokens = sample(logits, params, generators)
-        track_written = self.events.active and self.config.kv_digests
-        written = self._written  # blocks this step wrote, for their K/V digests
-        for row, (seq, group, token) in enumerate(zip(seqs, seq_groups, next_tokens)):
-            self.block_manager.mark_blocks_as_computed(seq)
-            if track_written:
-                table = self.block_manager.block_tables[seq.seq_id]
-                first = seq.num_cached_tokens // self.config.block_size if sched.is_prefill else len(table) - 1
-                written.update(dict.fromkeys(b.block_number for b in table[first:]))
-            seq.num_computed_tokens = seq.get_len()
-            branches = [seq]
-            if group.sampling_params.n > 1 and len(group.seqs) == 1 and seq.get_output_len() == 0:
-                branches += [self._fork(group, seq) for _ in range(group.sampling_params.n - 1)]
-            for i, branch in enumerate(branches):
-                if i == 0:
-                    token_id = token
-                else:
-                    token_id = sample(logits[row : row + 1], [group.sampling_params],
-                                      [self._generators[branch.seq_id]])[0]
-                self._append_token(group, branch, token_id)
-            if group.is_finished() and group not in finished_groups:
-                finished_groups.append(group)
+
+    def _end_step(self, sched: SchedulerOutputs, start: float) -> None:
+        if self.events.active:
+            self.events.emit(StepFinished, step=self.num_steps, kind=sched.kind,
+                             num_tokens=sched.num_batched_tokens, duration_s=time.perf_counter() - start)
+
+    def _process_outputs(self, running: list[tuple[SequenceGroup, Sequence]], logits: torch.Tensor,
+                         is_prefill: bool) -> list[SequenceGroup]:
+        """Append each sequence's sampled token; a request with n > 1 forks its other branches
+        after its prefill, each sampling its own first token from the same logits. Returns the
+        requests that finished."""
+        token_ids = self.model_runner.sample(logits, [seq for _, seq in running],
+                                             [group.sampling_params for group, _ in running])
+        finished: list[SequenceGroup] = []
+        for row, ((group, seq), token_id) in enumerate(zip(running, token_ids)):
+            self._mark_computed(seq, is_prefill)
+            children = self._fork_branches(group, seq)
+            self._append_token(group, seq, token_id)
+            for child in children:
+                (child_token_id,) = self.model_runner.sample(logits[row : row + 1], [child], [group.sampling_params])
+                self._append_token(group, child, child_token_id)
+            if group.is_finished() and group not in finished:
+                finished.append(group)
         if self.kv_digests_per_step:
             self.emit_kv_digests()
         self.scheduler.free_finished_seq_groups()
-        if self.events.active:
-            self.events.emit(StepFinished, step=self.num_steps, kind=kind,
-                             num_tokens=sched.num_batched_tokens, duration_s=time.perf_counter() - start)
-        outputs = [self._output(g) for g in groups if g not in finished_groups]
-        outputs += [self._output(g) for g in finished_groups]
-        for group in finished_groups:
-            self._forget(group)
-        return outputs
+        return finished
 
-    def _run_model(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
-        """Flatten the step's new tokens, build the attention metadata, return (num_seqs, vocab) logits."""
-        tables = [self.block_manager.get_block_table(seq) for seq in seqs]
-        input_ids: list[int] = []
-        query_lens: list[int] = []
-        context_lens: list[int] = []
-        for seq in seqs:
-            length = seq.get_len()
-            if is_prefill:
-                start = min(seq.num_cached_tokens, length - 1)
-                input_ids.extend(seq.get_token_ids()[start:])
-                query_lens.append(length - start)
-            else:
-                input_ids.append(seq.get_last_token_id())
-                query_lens.append(1)
-            context_lens.append(length)
-        meta = AttentionMetadata.build(tables, query_lens, context_lens, self.config.block_size, self.device)
-        tokens = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # (num_tokens,)
-        hidden = self.model(tokens, meta.positions, self.cache_engine.gpu_cache, meta)  # (num_tokens, n_embd)
-        return self.model.compute_logits(hidden[meta.last_token_indices])  # (num_seqs, vocab)
+    def _mark_computed(self, seq: Sequence, is_prefill: bool) -> None:
+        """The forward wrote the sequence's K/V: its blocks may serve prefix-cache hits, and the
+        blocks written wait for their K/V digests."""
+        self.block_manager.mark_blocks_as_computed(seq)
+        if self.events.active and self.config.kv_digests:
+            table = self.block_manager.block_tables[seq.seq_id]
+            first = seq.num_cached_tokens // self.config.block_size if is_prefill else len(table) - 1
+            self._written.update(dict.fromkeys(b.block_number for b in table[first:]))
+        seq.num_computed_tokens = seq.get_len()
+
+    def _fork_branches(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
+        """A request with n > 1 forks its other n - 1 branches once its prompt is computed."""
+        n = group.sampling_params.n
+        if n > 1 and len(group.seqs) == 1 and seq.get_output_len() == 0:
+            return [self._fork(group, seq) for _ in range(n - 1)]
+        return []
 
     def _append_token(self, group: SequenceGroup, seq: Sequence, token_id: int) -> None:
-        old_text = seq.output_text
+        """Append a sampled token, detokenize it, and finish the sequence if it should stop."""
         seq.append_token_id(token_id)
-        stop = self._stop_reason(group.sampling_params, seq, token_id)
-        new_text = self._decode(seq.output_token_ids, skip_special_tokens=True)
-        if new_text.endswith("\ufffd") and stop is None:
-            piece = ""  # a multi-byte character split across tokens: wait for the rest
-        else:
-            piece = new_text[len(old_text):] if new_text.startswith(old_text) else new_text
-            seq.output_text = new_text
-        if self.events.active:
-            # per token: field values in order (seq_id, token_id, text, position), no by-name call
+        stop = self.stop_checker.stop_reason(seq, group.sampling_params)
+        piece = self.detokenizer.decode_sequence_inplace(seq, final=stop is not None)
+        if self.events.active:  # fields in order: seq_id, token_id, text, position
             self.events.emit(TokenGenerated, seq.seq_id, token_id, piece, seq.get_len() - 1)
         if stop is not None:
             seq.status, detail = stop
             self.block_manager.free(seq)
             self._emit_finished(group, seq, detail)
-
-    def _stop_reason(self, params: SamplingParams, seq: Sequence, token_id: int):
-        """vLLM's stop checks: EOS (unless ignore_eos), a stop token, max_tokens, the model's context."""
-        if not params.ignore_eos and token_id == self.eos_token_id:
-            return SequenceStatus.FINISHED_STOPPED, "end of text"
-        if token_id in params.stop_token_ids:
-            return SequenceStatus.FINISHED_STOPPED, f"stop token {token_id}"
-        if seq.get_output_len() >= params.max_tokens:
-            return SequenceStatus.FINISHED_LENGTH_CAPPED, f"max_tokens {params.max_tokens}"
-        if seq.get_len() >= self.max_model_len:
-            return SequenceStatus.FINISHED_LENGTH_CAPPED, f"model context {self.max_model_len}"
-        return None
 
     def _emit_finished(self, group: SequenceGroup, seq: Sequence, detail: str) -> None:
         if seq.finish_detail:
@@ -412,18 +362,16 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ outputs
 
-    def _group_of(self, seq: Sequence) -> SequenceGroup:
-        return self._group_by_seq[seq.seq_id]
-
-    def _forget(self, group: SequenceGroup) -> None:
-        self._groups.pop(group.request_id, None)
-        for seq_id in group.seqs_dict:
-            self._group_by_seq.pop(seq_id, None)
-            self._generators.pop(seq_id, None)
-            self._branch_of.pop(seq_id, None)
+    def _outputs(self, scheduled: list[SequenceGroup], finished: list[SequenceGroup]) -> list[RequestOutput]:
+        """The step's outputs: requests still running, then those that finished (now forgotten)."""
+        outputs = [self._output(g) for g in scheduled if g not in finished]
+        outputs += [self._output(g) for g in finished]
+        for group in finished:
+            self._groups.pop(group.request_id, None)
+        return outputs
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
-        seqs = sorted(group.get_seqs(), key=lambda s: self._branch_of.get(s.seq_id, 0))
+        seqs = sorted(group.get_seqs(), key=lambda s: s.branch)
         completions = [
             CompletionOutput(i, seq.output_text, list(seq.output_token_ids), seq.status.finish_reason,
                              seq.finish_detail)

@@ -51,6 +51,10 @@ class SchedulerOutputs:
     def is_empty(self) -> bool:
         return not self.scheduled_seq_groups and not self.blocks_to_swap_out
 
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.is_prefill else "decode"
+
 
 class Scheduler:
     """FCFS scheduling over waiting / running / swapped queues (vLLM v0 Scheduler)."""

@@ -183,7 +183,7 @@ def test_a_failing_step_aborts_the_requests_and_frees_their_blocks(tiny_gpt2_dir
     events = []
     engine.events.subscribe(reducer.apply)
     engine.events.subscribe(events.append)
-    real_run_model = engine._run_model
+    real_run_model = engine.model_runner.execute_model
     calls = []
 
     def failing(seqs, is_prefill):
@@ -192,7 +192,7 @@ def test_a_failing_step_aborts_the_requests_and_frees_their_blocks(tiny_gpt2_dir
             raise RuntimeError("boom in the forward")
         return real_run_model(seqs, is_prefill)
 
-    engine._run_model = failing
+    engine.model_runner.execute_model = failing
     with pytest.raises(RuntimeError, match="boom"):
         llm.generate(["To be, or not", "The quick"], SamplingParams(max_tokens=8, n=2))
     manager = engine.block_manager
@@ -203,7 +203,7 @@ def test_a_failing_step_aborts_the_requests_and_frees_their_blocks(tiny_gpt2_dir
     aborted = [e for e in events if e.type == "sequence_finished"]
     assert len(aborted) == 4 and {e.reason for e in aborted} == {"abort"}
     # the engine works again, with nothing left over from the failed call
-    engine._run_model = real_run_model
+    engine.model_runner.execute_model = real_run_model
     events.clear()
     (output,) = llm.generate(["KV"], SamplingParams(max_tokens=3))
     assert len(output.outputs[0].token_ids) == 3
