@@ -7,9 +7,7 @@ nano-vllm there is no module-global context: every forward receives an `Attentio
 
 The KV cache of one layer is a pair of tensors shaped (num_blocks, block_size, num_kv_heads,
 head_dim). A token at position `pos` of a sequence lives in physical slot
-`block_table[pos // block_size] * block_size + pos % block_size`. The code reads the caches
-through a (num_kv_heads, num_blocks, block_size, head_dim) permuted view; CacheEngine stores
-them in that order (fastest), plain contiguous caches work too.
+`block_table[pos // block_size] * block_size + pos % block_size`.
 
 A sequence in a step contributes `query_len` new tokens whose positions are the LAST `query_len`
 positions of a context of `context_len` tokens. That one rule covers
@@ -17,9 +15,14 @@ positions of a context of `context_len` tokens. That one rule covers
 - prefill of an uncached suffix after prefix-cache hits (query_len < context_len, the first
   context_len - query_len tokens are already in the cache),
 - decode (query_len == 1).
-Sequences with query_len == 1 are batched: sorted by length and cut into a few groups of similar
-length (`DecodeGroup`), each one gather + one SDPA call, so short sequences are not padded to the
-longest one's blocks. The others loop.
+
+`reference_paged_attention` is the definition: write the new K/V into their slots, then for each
+sequence gather its keys and values through its block table and attend with SDPA. The model
+calls `paged_attention`, which computes the same thing with CPU fast paths, each named below and
+tested against the reference (tests/test_attention.py): a prefill from scratch attends over its
+fresh K/V without a gather, and decodes are batched in groups of similar length, each group one
+gather and one SDPA call (`decode_attention_by_length`), K and V gathered together when the cache
+engine stores them in one tensor (`stacked_kv`).
 """
 
 from __future__ import annotations
@@ -123,62 +126,27 @@ class AttentionMetadata:
         and may use `meta.positions` as the positions argument, and
         `hidden[meta.last_token_indices]` to pick each sequence's last token for sampling.
         """
-        num_seqs = len(block_tables)
-        if not (num_seqs == len(query_lens) == len(context_lens)):
-            raise ValueError(
-                f"block_tables, query_lens and context_lens differ in length: "
-                f"{num_seqs}, {len(query_lens)}, {len(context_lens)}"
-            )
-        if num_seqs == 0:
-            raise ValueError("AttentionMetadata needs at least one sequence")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-
+        _check_step(block_tables, query_lens, context_lens, block_size)
         slot_mapping: list[int] = []
         positions: list[int] = []
-        for i, (table, q, ctx) in enumerate(zip(block_tables, query_lens, context_lens)):
-            if not 1 <= q <= ctx:
-                raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q}, {ctx}")
-            if len(table) * block_size < ctx:
-                raise ValueError(
-                    f"sequence {i}: block table of {len(table)} blocks x {block_size} "
-                    f"cannot hold {ctx} tokens"
-                )
-            start = ctx - q
-            positions.extend(range(start, ctx))
-            slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(start, ctx))
+        for table, q, ctx in zip(block_tables, query_lens, context_lens):
+            positions.extend(range(ctx - q, ctx))
+            slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(ctx - q, ctx))
+        query_start_loc = [0]
+        for q in query_lens:
+            query_start_loc.append(query_start_loc[-1] + q)
+        decode_seq_ids = [i for i, q in enumerate(query_lens) if q == 1]
+        prefill_seq_ids = tuple(i for i, q in enumerate(query_lens) if q > 1)
+        decode_tables = [block_tables[i] for i in decode_seq_ids]
+        decode_lens = [context_lens[i] for i in decode_seq_ids]
 
         def as_tensor(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        def padded(tables: list[Sequence[int]], lens: list[int]) -> list[list[int]]:
-            width = max(-(-n // block_size) for n in lens)
-            return [list(t[:width]) + [0] * (width - min(len(t), width)) for t in tables]
-
-        query_start_loc = [0]
-        for q in query_lens:
-            query_start_loc.append(query_start_loc[-1] + q)
-
-        decode_seq_ids = [i for i, q in enumerate(query_lens) if q == 1]
-        prefill_seq_ids = tuple(i for i, q in enumerate(query_lens) if q > 1)
-        decode_groups = []
-        if decode_seq_ids:
-            decode_lens = [context_lens[i] for i in decode_seq_ids]
-            groups = length_groups(
-                [-(-n // block_size) for n in decode_lens], MAX_DECODE_GROUPS, MIN_BLOCKS_SAVED_PER_GROUP
-            )
-            for rows in groups:
-                lens = [decode_lens[r] for r in rows]
-                tables = as_tensor(padded([block_tables[decode_seq_ids[r]] for r in rows], lens))
-                num_keys = tables.shape[1] * block_size
-                # (n, 1, 1, num_keys): True where key position < context_len
-                key_mask = (torch.arange(num_keys, device=device)[None, :] < as_tensor(lens)[:, None])[:, None, None, :]
-                decode_groups.append(DecodeGroup(None if len(groups) == 1 else as_tensor(rows), tables, key_mask))
-
         return cls(
             slot_mapping=as_tensor(slot_mapping),
             positions=as_tensor(positions),
-            block_tables=as_tensor(padded(list(block_tables), list(context_lens))),
+            block_tables=as_tensor(_padded(block_tables, context_lens, block_size)),
             context_lens_tensor=as_tensor(list(context_lens)),
             query_start_loc=as_tensor(query_start_loc),
             query_starts=tuple(query_start_loc),
@@ -188,7 +156,7 @@ class AttentionMetadata:
             block_size=block_size,
             prefill_seq_ids=prefill_seq_ids,
             decode_token_ids=as_tensor([query_start_loc[i] for i in decode_seq_ids]),
-            decode_groups=tuple(decode_groups),
+            decode_groups=_decode_groups(decode_tables, decode_lens, block_size, device),
             decode_only=not prefill_seq_ids,
         )
 
@@ -214,6 +182,55 @@ class AttentionMetadata:
         return bool(self.prefill_seq_ids)
 
 
+def _check_step(
+    block_tables: Sequence[Sequence[int]], query_lens: Sequence[int], context_lens: Sequence[int], block_size: int
+) -> None:
+    """ValueError unless the lists agree in length and every block table can hold its context."""
+    num_seqs = len(block_tables)
+    if not (num_seqs == len(query_lens) == len(context_lens)):
+        raise ValueError(
+            f"block_tables, query_lens and context_lens differ in length: "
+            f"{num_seqs}, {len(query_lens)}, {len(context_lens)}"
+        )
+    if num_seqs == 0:
+        raise ValueError("AttentionMetadata needs at least one sequence")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    for i, (table, q, ctx) in enumerate(zip(block_tables, query_lens, context_lens)):
+        if not 1 <= q <= ctx:
+            raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q}, {ctx}")
+        if len(table) * block_size < ctx:
+            raise ValueError(
+                f"sequence {i}: block table of {len(table)} blocks x {block_size} cannot hold {ctx} tokens"
+            )
+
+
+def _padded(tables: Sequence[Sequence[int]], lens: Sequence[int], block_size: int) -> list[list[int]]:
+    """The tables cut or padded with block 0 to the blocks the longest of `lens` needs."""
+    width = max(-(-n // block_size) for n in lens)
+    return [list(t[:width]) + [0] * (width - min(len(t), width)) for t in tables]
+
+
+def _decode_groups(
+    tables: list[Sequence[int]], lens: list[int], block_size: int, device: torch.device | str
+) -> tuple[DecodeGroup, ...]:
+    """The decodes (their block tables and context lengths) cut into groups of similar length."""
+    if not tables:
+        return ()
+    groups = length_groups([-(-n // block_size) for n in lens], MAX_DECODE_GROUPS, MIN_BLOCKS_SAVED_PER_GROUP)
+    decode_groups = []
+    for rows in groups:
+        group_lens = torch.tensor([lens[r] for r in rows], dtype=torch.int64, device=device)
+        group_tables = _padded([tables[r] for r in rows], [lens[r] for r in rows], block_size)
+        block_tables = torch.tensor(group_tables, dtype=torch.int64, device=device)
+        num_keys = block_tables.shape[1] * block_size
+        # (n, 1, 1, num_keys): True where key position < context_len
+        key_mask = (torch.arange(num_keys, device=device)[None, :] < group_lens[:, None])[:, None, None, :]
+        rows_tensor = None if len(groups) == 1 else torch.tensor(rows, dtype=torch.int64, device=device)
+        decode_groups.append(DecodeGroup(rows_tensor, block_tables, key_mask))
+    return tuple(decode_groups)
+
+
 def write_to_cache(
     key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -228,8 +245,59 @@ def write_to_cache(
 def head_major(cache: torch.Tensor) -> torch.Tensor:
     """(num_blocks, block_size, num_kv_heads, head_dim) -> a (num_kv_heads, num_blocks,
     block_size, head_dim) view. CacheEngine stores its pools in this order, so gathering blocks
-    from it yields per-head contiguous (keys, head_dim) rows, which SDPA reads faster on CPU."""
+    from it yields per-head contiguous (keys, head_dim) rows, which SDPA reads faster on CPU;
+    plain block-major caches work too."""
     return cache.permute(2, 0, 1, 3)
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def reference_paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Paged attention as defined: write the new K/V to the cache, then attend each sequence's new
+    tokens over its keys and values gathered through its block table.
+
+    query, key, value: (num_tokens, num_heads, head_dim); caches (num_blocks, block_size,
+    num_kv_heads, head_dim). Returns (num_tokens, num_heads, head_dim).
+    """
+    write_to_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+    output = torch.empty_like(query)  # (num_tokens, num_heads, head_dim)
+    for i in range(meta.num_seqs):
+        start, end = meta.query_starts[i], meta.query_starts[i + 1]
+        q = query[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
+        k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], meta.context_lens[i])
+        mask = causal_mask(meta.query_lens[i], meta.context_lens[i], query.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        output[start:end] = out[0].transpose(0, 1)
+    return output
+
+
+def gather_sequence(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first `ctx` keys and values, each (1, num_heads, ctx, head_dim)."""
+    block_size, num_heads, head_dim = k_cache.shape[1:]
+    blocks = block_table[: -(-ctx // block_size)]
+    k = head_major(k_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]  # (num_heads, ctx, head_dim)
+    v = head_major(v_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]
+    return k.unsqueeze(0), v.unsqueeze(0)
+
+
+def causal_mask(q_len: int, ctx: int, device: torch.device) -> torch.Tensor:
+    """(q_len, ctx) bool: query j sits at position ctx - q_len + j and sees the keys up to it
+    (bottom-right causal; SDPA's is_causal is top-left aligned when q_len != ctx)."""
+    return torch.ones(q_len, ctx, dtype=torch.bool, device=device).tril(ctx - q_len)
+
+
+# ---------------------------------------------------------------- the engine's path (CPU fast paths)
 
 
 def paged_attention(
@@ -241,19 +309,18 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Reference paged attention: write new K/V to the cache, attend over each sequence's blocks.
+    """What the model calls: the reference's result, by faster routes (vLLM v0
+    `TorchSDPABackendImpl.forward` for prefills + `PagedAttention.forward_decode`).
 
-    query, key, value: (num_tokens, num_heads, head_dim). Caches: (num_blocks, block_size,
-    num_kv_heads, head_dim), or None for a cache-less profiling run (then every sequence must be
-    a prefill from scratch). Returns (num_tokens, num_heads, head_dim).
-    Mirrors vLLM v0 `TorchSDPABackendImpl.forward` (prefill) + `PagedAttention.forward_decode`.
+    Prefills go one sequence at a time; one from scratch attends over its fresh K/V, skipping the
+    gather. Decodes go through `decode_attention_by_length`. Caches may be None for a cache-less
+    profiling run (then every sequence must be a prefill from scratch).
     """
     has_cache = k_cache is not None and v_cache is not None and k_cache.numel() > 0
     if has_cache:
         write_to_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-
     if meta.decode_only and has_cache:
-        return _decode_attention(query, k_cache, v_cache, meta, scale)
+        return decode_attention_by_length(query, k_cache, v_cache, meta, scale)
 
     output = torch.empty_like(query)  # (num_tokens, num_heads, head_dim)
     for i in meta.prefill_seq_ids:
@@ -261,43 +328,30 @@ def paged_attention(
         q_len, ctx = meta.query_lens[i], meta.context_lens[i]
         # 4-D (1, num_heads, len, head_dim): SDPA's fused CPU kernel skips 3-D inputs
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
-        if q_len == ctx:  # nothing cached before: attend over the fresh K/V
+        if q_len == ctx:  # fast path: nothing cached before, attend over the fresh K/V
             k = key[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, ctx, head_dim)
             v = value[start:end].transpose(0, 1).unsqueeze(0)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         else:
             if not has_cache:
                 raise ValueError("a prefill over cached blocks needs a KV cache")
-            k, v = _gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx)
-            # (q_len, ctx): query j sits at position ctx - q_len + j and sees keys <= it
-            # (bottom-right causal; SDPA's is_causal is top-left aligned when q_len != ctx)
-            mask = torch.ones(q_len, ctx, dtype=torch.bool, device=q.device).tril(ctx - q_len)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_len, ctx, q.device), scale=scale)
         output[start:end] = out[0].transpose(0, 1)
     if meta.num_decodes:
         if not has_cache:
             raise ValueError("decode steps need a KV cache")
-        output[meta.decode_token_ids] = _decode_attention(
+        output[meta.decode_token_ids] = decode_attention_by_length(
             query[meta.decode_token_ids], k_cache, v_cache, meta, scale
         )
     return output
 
 
-def _gather_sequence(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's first `ctx` keys and values, each (1, num_heads, ctx, head_dim)."""
-    block_size, num_heads, head_dim = k_cache.shape[1:]
-    blocks = block_table[: -(-ctx // block_size)]
-    k = head_major(k_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]  # (num_heads, ctx, head_dim)
-    v = head_major(v_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]
-    return k.unsqueeze(0), v.unsqueeze(0)
-
-
-def _decode_attention(
+def decode_attention_by_length(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """All single-token queries: per length group, one gather by block table, one masked SDPA call.
+    """Fast path for single-token queries: per length group (`meta.decode_groups`), one gather by
+    block table and one masked SDPA call, so short sequences are not padded to the longest.
 
     query: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
     """
@@ -316,9 +370,9 @@ def _decode_group(
     """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim)."""
     n, num_heads, head_dim = query.shape
     blocks = group.block_tables.flatten()  # (n * num_blocks,)
-    # index_select, not k_cache[tables]: a row gather, several times faster on CPU
-    kv = _kv_pair(k_cache, v_cache)
-    if kv is not None:  # one gather for K and V, ~1.7x faster than two on CPU
+    # index_select along the block dimension, not k_cache[tables]: a row gather, faster on CPU
+    kv = stacked_kv(k_cache, v_cache)
+    if kv is not None:  # one gather for K and V together
         # (2, num_heads, n * num_blocks, block_size, head_dim) -> 2 x (n, num_heads, num_keys, head_dim)
         k, v = kv.index_select(2, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
     else:
@@ -330,10 +384,11 @@ def _decode_group(
     return out.squeeze(2)
 
 
-def _kv_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:
-    """Both caches as one (2, num_kv_heads, num_blocks, block_size, head_dim) view, when V sits at
-    a fixed offset after K in the same storage with the same strides (CacheEngine's layer slices of
-    `_gpu_kv`); None otherwise (e.g. two separately allocated tensors)."""
+def stacked_kv(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:
+    """Fast path for the gather: both caches as one (2, num_kv_heads, num_blocks, block_size,
+    head_dim) view, made with `as_strided`, when V sits at a fixed offset after K in the same
+    storage with the same strides (CacheEngine's per-layer slices of one `_gpu_kv` tensor). None
+    for any other layout (two separately allocated tensors, say): the caller gathers each."""
     k, v = head_major(k_cache), head_major(v_cache)
     offset = v.storage_offset() - k.storage_offset()
     if offset <= 0 or k.stride() != v.stride() or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
