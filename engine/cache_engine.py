@@ -9,8 +9,8 @@ Layout: all layers share one tensor per pool shaped (num_layers, 2, num_kv_heads
 block_size, head_dim); `gpu_cache[layer]` is the (K, V) pair of views the model writes into,
 each shaped (num_blocks, block_size, num_kv_heads, head_dim) like vLLM's and nano-vllm's caches.
 Storing heads outermost makes a block-table gather yield contiguous (keys, head_dim) rows per
-head, which SDPA reads about a third faster on CPU than the block-major order (see
-engine/attention.py `head_major`). Moving a block moves it for every layer, K and V, in one
+head, which SDPA reads faster on CPU than the block-major order (see engine/attention.py
+`head_major`). Moving a block moves it for every layer, K and V, in one
 indexing operation.
 """
 
@@ -135,9 +135,8 @@ class CacheEngine:
         with every token written, enough to show a learner that the destination holds the
         source's data, and cheap enough to run every step. In the pool's
         layout a block's K for one head is one contiguous run (block_size x head_dim), so on the CPU
-        each block is hashed where it lies, with no copy and no torch op: right after a model step,
-        with the caches cold, this costs ~70 us for 16 blocks where gathering all heads of the layer
-        cost ~350 us (3.5% of a tiny model's step; benchmarks/tui.py).
+        each block is hashed where it lies, with no copy and no torch op (gathering the layer's
+        heads first would copy every head of every block).
         """
         pool = self._pool(device)
         if not blocks:
