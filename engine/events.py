@@ -302,6 +302,8 @@ class EventBus:
     each subscriber's errors.
     """
 
+    __slots__ = ("_subscribers", "seq_nos", "deliver", "active", "errors")
+
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
         self.seq_nos = itertools.count()  # next(seq_nos) is the next event's seq_no

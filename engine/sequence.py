@@ -125,6 +125,8 @@ class Sequence:
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if not prompt_token_ids:
+            raise ValueError(f"sequence {seq_id} needs at least one prompt token")
         self.seq_id = seq_id
         self.block_size = block_size
         self.prompt_token_ids = list(prompt_token_ids)
@@ -143,23 +145,27 @@ class Sequence:
         """Fill the last logical block, then open new ones (vLLM v0's _append_tokens_to_blocks)."""
         cursor = 0
         while cursor < len(token_ids):
-            last = self._last_block_with_room()
+            if not self.logical_token_blocks or self.logical_token_blocks[-1].is_full():
+                self._append_logical_block()
+            last = self.logical_token_blocks[-1]
             num_taken = min(last.get_num_empty_slots(), len(token_ids) - cursor)
             last.append_tokens(token_ids[cursor : cursor + num_taken])
             cursor += num_taken
 
-    def _last_block_with_room(self) -> LogicalTokenBlock:
-        blocks = self.logical_token_blocks
-        if not blocks or blocks[-1].is_full():
-            blocks.append(LogicalTokenBlock(len(blocks), self.block_size))
-        return blocks[-1]
+    def _append_logical_block(self) -> LogicalTokenBlock:
+        block = LogicalTokenBlock(len(self.logical_token_blocks), self.block_size)
+        self.logical_token_blocks.append(block)
+        return block
 
     def append_token_id(self, token_id: int) -> None:
         """Add one generated token (vLLM's append_token_id); finished sequences refuse."""
         if self.status.is_finished:
             raise ValueError(f"sequence {self.seq_id} is finished ({self.status.value}); cannot append")
         self.output_token_ids.append(token_id)
-        self._last_block_with_room().token_ids.append(token_id)
+        last = self.logical_token_blocks[-1]
+        if last.is_full():
+            last = self._append_logical_block()
+        last.token_ids.append(token_id)
 
     def get_len(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
