@@ -28,6 +28,7 @@ from blockviz.narration import narrate
 from blockviz.messages import (
     BlockSelected,
     EngineEvents,
+    EngineDied,
     EngineFailed,
     EngineIdle,
     EngineLoading,
@@ -100,6 +101,7 @@ class BlockvizApp(App[None]):
         self.selection: tuple[str, int] | None = None
         self.selected_seq: int | None = None
         self.error: str | None = None
+        self.engine_died = False  # the engine stopped mid-run: the app exits 1 with self.error
         self.note = ""
         self._last_tick = 0.0
         self._panels_drawn = 0.0
@@ -121,6 +123,7 @@ class BlockvizApp(App[None]):
                 yield GeneratedText(id="text", classes="view")
                 yield HashChains(id="hashes", classes="view")
                 yield EventLogPanel(id="log", classes="view")
+        yield Static("", id="engine-error")
         yield StatusBar(id="status")
         yield Footer(compact=True)
         yield Static(f"Enlarge the terminal to at least {MIN_SIZE[0]}x{MIN_SIZE[1]} "
@@ -193,16 +196,20 @@ class BlockvizApp(App[None]):
             loading=lambda text: post(EngineLoading(text)),
             ready=lambda header: post(EngineReady(header)),
             failed=lambda error: post(EngineFailed(error)),
+            died=lambda error: post(EngineDied(error)),
             events=lambda events: post(EngineEvents(events)),
             notice=lambda text: post(EngineNotice(text)),
             idle=lambda: post(EngineIdle()),
         ))
 
-    def exit(self, *args: Any, **kwargs: Any) -> None:
-        """Stop the engine worker first: the app's shutdown waits for its thread."""
+    def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
+        """Stop the engine worker first: the app's shutdown waits for its thread. After the engine
+        died mid-run the app ends with return code 1."""
         if self.bridge is not None:
             self.bridge.stop()
-        super().exit(*args, **kwargs)
+        if self.engine_died and return_code == 0:
+            return_code = 1
+        super().exit(result, return_code, message)
 
     def on_unmount(self) -> None:
         if self.bridge is not None:
@@ -223,6 +230,18 @@ class BlockvizApp(App[None]):
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.error = message.error
         self.exit(return_code=2)
+
+    def on_engine_died(self, message: EngineDied) -> None:
+        """Keep the picture (time travel still works), say why until the app quits, then exit 1."""
+        self.error = message.error
+        self.engine_died = True
+        if self.player is not None:
+            self.player.finished = True
+            self._set_playing(False)
+        self.query_one("#engine-error", Static).update(
+            f"{message.error} · the pools show the last events it sent · q quits")
+        self.screen.add_class("-engine-died")
+        self.render_views()
 
     def on_engine_events(self, message: EngineEvents) -> None:
         if self.player is None:

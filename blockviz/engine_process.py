@@ -210,7 +210,7 @@ class ProcessBridge:
         log_line = self._last_log_line() if crashed else ""
         if crashed:
             why = f"the engine process exited with code {self.exitcode}{log_line}"
-            (listener.notice if ready else listener.failed)(f"engine stopped: {why}" if ready else why)
+            (listener.died if ready else listener.failed)(f"engine stopped: {why}" if ready else why)
         if not log_line:  # the log is kept only when a crash message points at it
             self.log_path.unlink(missing_ok=True)
 
@@ -309,6 +309,7 @@ def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: i
         failed=lambda error: send("failed", error),
         events=lambda events: send("events", events),
         notice=lambda text: send("notice", text),
+        died=lambda error: send("died", error),
         idle=lambda: send("idle"),
         served=lambda steps: send("served", steps),
     ))

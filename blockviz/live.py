@@ -209,6 +209,7 @@ class Listener:
     failed: Callable[[str], None]
     events: Callable[[list[Event]], None]
     notice: Callable[[str], None] = lambda text: None
+    died: Callable[[str], None] = lambda error: None  # the engine stopped after it was ready
     idle: Callable[[], None] = lambda: None
     served: Callable[[int], None] = lambda steps_served: None  # after steps asked for finish or drop
 
@@ -407,6 +408,6 @@ class EngineBridge:
                     listener.served(served)
         except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
             flush()
-            listener.notice(f"engine stopped: {one_line(exc)}")
+            listener.died(f"engine stopped: {one_line(exc)}")
         finally:
             unsubscribe()

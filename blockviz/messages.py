@@ -37,6 +37,14 @@ class EngineFailed(Message):
 
 
 @dataclass
+class EngineDied(Message):
+    """The engine stopped mid-run (an exception in a step, its process gone): one line. The app
+    keeps what it has, says so until it quits, and then exits non-zero with this line."""
+
+    error: str
+
+
+@dataclass
 class EngineEvents(Message):
     """A batch of events from the engine, in emit order."""
 

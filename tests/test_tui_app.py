@@ -533,3 +533,29 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"checked": False, "app": False, "rc": 0}
+
+
+async def test_an_engine_that_dies_mid_run_leaves_an_error_panel_and_exits_1():
+    class DyingEngine(FakeEngine):
+        def step(self) -> None:
+            if self._step >= 2:
+                raise RuntimeError("CUDA error: an illegal memory access")
+            super().step()
+
+    spec = EngineSpec(model="fake", prompts=("ROMEO: hi",), max_tokens=12)
+    bridge = EngineBridge(spec, make_engine=lambda: DyingEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8))
+    app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", play=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.engine_died, timeout=30)
+        await pilot.pause()
+        text = " ".join(screen_text(app).split())
+        assert "engine stopped: CUDA error: an illegal memory access" in text
+        assert not app.player.playing
+        assert len(app.player.timeline.step_ends) == 2  # what the engine sent before it died
+        await pilot.press("G")
+        await pilot.press("b")  # time travel still works on it
+        await pilot.pause()
+        assert app.player.timeline.num_steps_done() == 1
+        assert "engine stopped" in " ".join(screen_text(app).split())  # still said
+        await pilot.press("q")
+    assert app.return_code == 1 and app.error.startswith("engine stopped: CUDA error")

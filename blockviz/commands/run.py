@@ -6,6 +6,8 @@ loading it happens in the app's engine worker, behind a loading screen.
 
 from __future__ import annotations
 
+import sys
+
 from blockviz.cli import UsageError, add_engine_options
 
 
@@ -48,6 +50,9 @@ def execute(args) -> int:
     bridge.start()
     app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model)
     app.run()
+    if app.engine_died:  # printed now that the terminal is back
+        print(f"blockviz: error: {app.error}", file=sys.stderr)
+        return 1
     if app.error:
         raise UsageError(app.error)
     return app.return_code or 0

@@ -1,6 +1,6 @@
 """The event log: every event up to the cursor, one line each, filterable by kind.
 
-`describe(event)` words each event the way the seeds do (allocate, append_slot, copy-on-write,
+`describe(event)` words each event the way vLLM's code names it (allocate, append_slot, copy-on-write,
 fork, swap_out / swap_in, free, prefix-cache hit). The log is a Line API widget, so a trace of
 100,000 events renders only the lines on screen.
 """

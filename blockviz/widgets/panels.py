@@ -94,7 +94,7 @@ class StatePanel(VerticalScroll):
 
 class BlockTables(StatePanel):
     """Per sequence: its block table, logical block -> physical block, with each slot's token
-    (vLLM v0 BlockSpaceManager.block_tables; seed 001: logical blocks are contiguous, physical
+    (vLLM v0 BlockSpaceManager.block_tables; logical blocks are contiguous, physical
     ones need not be)."""
 
     TITLE = "Block tables (logical → physical)"
@@ -179,7 +179,7 @@ class GeneratedText(StatePanel):
 
 
 class HashChains(StatePanel):
-    """The prefix cache: each full GPU block's chained hash (seed 002 compute_hash: xxh64 of the
+    """The prefix cache: each full GPU block's chained hash (nano-vllm compute_hash: xxh64 of the
     parent's hash then the tokens), its parent's, its tokens; blocks that served a hit are lit."""
 
     TITLE = "Hash chains (prefix cache)"

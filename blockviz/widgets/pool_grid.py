@@ -1,9 +1,9 @@
 """A device's block pool as a grid of cells, drawn line by line (Textual's Line API).
 
-One cell per physical block (vLLM's PhysicalTokenBlock, seed 000): its block number; its colour is
+One cell per physical block (vLLM v0's PhysicalTokenBlock): its block number; its colour is
 the owning sequence's (a shared block shows the first owner's colour on the number and the second's
 on the rest, with the ref count as a superscript); the glyph at the right is the fill, slots holding tokens
-over block_size (▁ … █); a free block is grey, a free-but-cached block (seed 002: still in the hash
+over block_size (▁ … █); a free block is grey, a free-but-cached block (nano-vllm's cache: still in the hash
 map, a prefix-cache hit can revive it) is slate with a 'c'. The block the last event touched is
 underlined; the selected block is reversed.
 

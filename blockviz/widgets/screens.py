@@ -16,26 +16,26 @@ LEGEND = (
     ("colour", "the owning sequence; a shared block shows its first owner on the number and its "
                "second on the rest"),
     ("grey", "free block (on the free list)"),
-    ("slate c", "free but cached: still in the prefix-cache hash map, a hit revives it (seed 002)"),
+    ("slate c", "free but cached: still in the prefix-cache hash map, a hit revives it (nano-vllm BlockManager.hash_to_block_id)"),
     ("underline", "the block the last event touched"),
     ("reverse", "the selected block (see the inspector)"),
 )
 
 GLOSSARY = (
-    ("allocate", "prefill: one block table per request, shared by its n sequences (seed 000 allocate)"),
+    ("allocate", "prefill: one block table per request, shared by its n sequences (vLLM v0 BlockSpaceManager.allocate)"),
     ("append_slot", "decode: the new token gets a slot; a fresh block when the last one is full"),
-    ("copy-on-write", "the last block was shared (ref > 1): copy it before writing (seed 000)"),
+    ("copy-on-write", "the last block was shared (ref > 1): copy it before writing (vLLM v0 append_slots)"),
     ("fork", "n > 1: the child shares every block of its parent, ref count +1"),
-    ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (seed 000)"),
+    ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (vLLM v0 swap_out / swap_in)"),
     ("recompute", "preemption by recompute: blocks freed, the K/V is computed again later"),
-    ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (seed 002)"),
+    ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (nano-vllm compute_hash)"),
     ("KV util", "slots holding tokens / slots in used GPU blocks"),
-    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × heads × head_dim × dtype) (seed 001)"),
+    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × heads × head_dim × dtype) (vLLM determine_num_available_blocks)"),
 )
 
 
 class HelpScreen(ModalScreen[None]):
-    """Keys (from the app's bindings), the grid legend and a glossary keyed to the seeds."""
+    """Keys (from the app's bindings), the grid legend and a glossary keyed to vLLM and nano-vllm functions."""
 
     DEFAULT_CSS = """
     HelpScreen {
