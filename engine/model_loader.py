@@ -11,6 +11,7 @@ same `GPT2LMHeadModel.from_pretrained` + `GPT2.from_hf` path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -76,7 +77,8 @@ def load_model(
     hf_config = _from_pretrained(AutoConfig, source, kwargs)
     config = GPT2Config.from_hf(hf_config)  # ValueError for any other model_type
     tokenizer = _from_pretrained(AutoTokenizer, source, kwargs)
-    hf_model = _from_pretrained(GPT2LMHeadModel, source, {**kwargs, "dtype": dtype})
+    with _no_progress_bars():  # transformers' weight-loading bar: not for a library to print
+        hf_model = _from_pretrained(GPT2LMHeadModel, source, {**kwargs, "dtype": dtype})
     model = GPT2.from_hf(hf_model, device=device)
     del hf_model
     logger.info(
@@ -84,6 +86,20 @@ def load_model(
         name, source, config.n_layer, config.n_head, config.n_embd, config.vocab_size, device, dtype,
     )
     return LoadedModel(model, tokenizer, config, device, dtype, name, source, hf_config)
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """transformers' progress bars off for the block, as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _from_pretrained(cls, source: str | Path, kwargs: dict):

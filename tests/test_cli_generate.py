@@ -76,3 +76,14 @@ def test_generate_peak_is_the_most_blocks_in_use_at_any_event(tiny_gpt2_dir, tmp
             at_step_ends = max(at_step_ends, state.num_used("gpu"))
     assert summary["gpu_blocks"]["peak_used"] == peak
     assert peak > at_step_ends  # the case the old step-end sampling got wrong
+
+
+def test_no_library_progress_bars_from_the_api_or_record(tiny_gpt2_dir, tmp_path, capfd):
+    from engine import LLM
+
+    LLM(str(tiny_gpt2_dir), num_gpu_blocks=8)
+    assert main(["record", "--out", str(tmp_path / "t.jsonl"), "--model", str(tiny_gpt2_dir),
+                 "--prompt", "KV", "--max-tokens", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err and "%|" not in err
+    assert "recorded" in err
