@@ -12,49 +12,8 @@ No torch, no textual: blockviz/trace.py calls it on every event it reads.
 
 from __future__ import annotations
 
-import types
-import typing
-from functools import lru_cache
-
 from engine import events as ev
 from engine.reducer import CACHED, FREE, USED, ReducerState
-
-
-@lru_cache(maxsize=None)
-def _field_types(cls: type) -> tuple[tuple[str, object], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((name, hint) for name, hint in hints.items()
-                 if typing.get_origin(hint) is not typing.ClassVar and name != "type")
-
-
-def _is(value: object, hint: object) -> bool:
-    """Whether a decoded JSON value has the declared type (int, str, bool, float, None, unions and
-    homogeneous or fixed tuples of those)."""
-    origin = typing.get_origin(hint)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if hint is type(None):
-        return value is None
-    if origin in (typing.Union, types.UnionType):
-        return any(_is(value, arm) for arm in typing.get_args(hint))
-    if origin is tuple:
-        if not isinstance(value, (tuple, list)):
-            return False
-        args = typing.get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_is(item, args[0]) for item in value)
-        return len(value) == len(args) and all(_is(item, arm) for item, arm in zip(value, args))
-    return True  # a type this checker does not know: accepted as declared
-
-
-def _name(hint: object) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 class TraceChecker:
@@ -65,11 +24,8 @@ class TraceChecker:
         self.last_seq_no: int | None = None
 
     def check(self, event: ev.Event) -> None:
-        """Raise ValueError saying what is wrong with `event` here; else apply it."""
-        for name, hint in _field_types(type(event)):
-            value = getattr(event, name)
-            if not _is(value, hint):
-                raise ValueError(f"field {name!r} is {value!r}, not {_name(hint)}")
+        """Raise ValueError saying what is wrong with `event` here; else apply it. (Field types are
+        checked when the event is decoded: engine.events.event_from_dict.)"""
         if self.last_seq_no is not None and event.seq_no != self.last_seq_no + 1:
             raise ValueError(f"event number {event.seq_no} does not follow {self.last_seq_no} "
                              f"(events are numbered 0, 1, 2, ...: a line is missing, repeated or moved)")
