@@ -346,3 +346,13 @@ def test_live_play_free_runs_to_the_end(tiny_gpt2_dir):
     viz._play_thread.join(timeout=120)
     assert not viz.playing and viz.finished and len(viz.outputs) == 2
     viz.close()
+
+
+def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
+    from blockviz.narration import narrate
+
+    viz = Visualizer.from_trace("fork-cow")
+    event = viz.run_until("fork")
+    frame = viz.frame()
+    assert frame["cursor"]["current"] == narrate(event, viz.state)
+    assert frame["cursor"]["current"].startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from blockviz.narration import narrate
 from blockviz.widgets.palette import (
     FILTERS,
     block_token_texts,
@@ -212,8 +213,9 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
 
 
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
-    """What the controls show: position, length, step, playing, speed, the last event in words,
-    and an engine error (one line) if there was one. `timeline` / `player` are history's."""
+    """What the controls show: position, length, step, playing, speed, what the last event did (one
+    sentence, blockviz.narration, as the TUI's status bar says it), and an engine error (one line)
+    if there was one. `timeline` / `player` are history's."""
     current = timeline.current_event
     return {
         "title": title,
@@ -226,7 +228,7 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
         "finished": finished,
         "speed_index": player.speed_index,
         "speed": player.speed_label,
-        "current": describe(current, timeline.token_texts) if current is not None else "",
+        "current": narrate(current, timeline.state),
         "current_type": current.type if current is not None else "",
         "error": error,
     }

@@ -34,6 +34,9 @@ from engine.reducer import ReducerState
 
 MAX_FPS = 20
 PLAY_TICK_S = 1 / MAX_FPS
+# Live at "max" the engine free-runs this long between frames: every frame (the reducer catching
+# up, a snapshot, the views' sync) takes the GIL from the engine's thread.
+THROUGHPUT_TICK_S = 0.25
 
 
 class FrameThrottle:
@@ -409,7 +412,7 @@ class Visualizer:
                 # as playback needs (the Player's lookahead).
                 free_run = self.player.throughput_mode
                 try:
-                    deadline = started + PLAY_TICK_S
+                    deadline = started + (THROUGHPUT_TICK_S if free_run else PLAY_TICK_S)
                     self._digest_per_step(not free_run)
                     while (free_run or self.player.engine_steps_wanted() > 0) and time.monotonic() < deadline:
                         if not self._engine_step():

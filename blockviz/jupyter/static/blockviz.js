@@ -25,7 +25,25 @@ function h(tag, attrs = {}, ...children) {
 
 function seqColour(palette, seqId) {
   const colours = (palette && palette.seq) || ["#61afef"];
-  return colours[((seqId % colours.length) + colours.length) % colours.length];
+  return colours[colourIndex(palette, seqId)];
+}
+
+function colourIndex(palette, seqId) {
+  const count = ((palette && palette.seq) || [0]).length;
+  return ((seqId % count) + count) % count;
+}
+
+// A cell's fill bar in sixteenths of its width (exact for block sizes that divide 16).
+const FILL_STEPS = 16;
+
+// One rule per sequence colour (background: the first owner; inset shadow: the second) and per
+// fill step, added once per page.
+function ownerRules(palette) {
+  const colours = (palette && palette.seq) || ["#61afef"];
+  const rules = colours.map((c, k) =>
+    `.bv-cell.bv-o-${k}{background-color:${c}}.bv-cell.bv-p-${k}{box-shadow:inset -1.3em 0 0 0 ${c}}`);
+  for (let f = 0; f <= FILL_STEPS; f++) rules.push(`.bv-cell.bv-f-${f}{background-size:${(100 * f) / FILL_STEPS}% 4px}`);
+  return rules.join("\n");
 }
 
 function superscript(n) {
@@ -95,9 +113,13 @@ function renderPool(model, el) {
     return pool;
   }
 
+  const rules = h("style");
+  el.append(rules);
   return (frame) => {
     const palette = model.get("palette");
     drawLegend(palette);
+    const css = ownerRules(palette);
+    if (rules.textContent !== css) rules.textContent = css;
     const blockSize = frame.block_size || 1;
     blockSizeShown = blockSize;
     for (const device of ["gpu", "cpu"]) {
@@ -117,14 +139,17 @@ function renderPool(model, el) {
         const name = STATE_NAMES[code] || "free";
         if (!last || last.state[i] !== code) cell.dataset.state = name;
         if (!last || last.ref[i] !== ref) cell.dataset.ref = String(ref);
-        let style = `--fill:${Math.round((100 * fill) / blockSize)}%`;
+        // Classes only, shared rules (no inline style): a frame that changes thousands of cells
+        // restyles them from a few rules instead of parsing a style attribute per cell.
+        let cls = `bv-cell bv-s-${code} bv-f-${Math.round((FILL_STEPS * fill) / blockSize)}`;
         if (name === "used" && owner >= 0) {
-          style += `;background-color:${seqColour(palette, owner)}`;
-          if (owner2 >= 0) style += `;box-shadow:inset -1.3em 0 0 0 ${seqColour(palette, owner2)}`;
+          cls += ` bv-o-${colourIndex(palette, owner)}`;
+          if (owner2 >= 0) cls += ` bv-p-${colourIndex(palette, owner2)}`;
         }
-        cell.className = `bv-cell bv-s-${code}`;
-        cell.style.cssText = style;
-        cell.dataset.sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
+        cell.className = cls;
+        const sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
+        if (sup) cell.dataset.sup = sup;  // no attribute, no ::after box (most cells have none)
+        else if (cell.dataset.sup !== undefined) delete cell.dataset.sup;
       }
       pool.last = data;
     }
