@@ -282,8 +282,8 @@ PROMPTS = ("ROMEO:", "JULIET:", "First Citizen:", "KING RICHARD III:", "HAMLET:"
 
 
 def _spec(model: str, max_tokens: int):
-    return EngineSpec(model=model, prompts=PROMPTS, n=1, max_tokens=max_tokens, block_size=16,
-                      num_gpu_blocks=512, num_cpu_blocks=64, device="cpu", seed=0)
+    return EngineSpec.of(model=model, prompts=PROMPTS, n=1, max_tokens=max_tokens, block_size=16,
+                         num_gpu_blocks=512, num_cpu_blocks=64, device="cpu", seed=0)
 
 
 FLUSH_INTERVAL = engine_process.FLUSH_INTERVAL  # a free-running engine sends a batch of events this often
@@ -620,7 +620,7 @@ def observed_step_by_step(model: str, max_tokens: int, runs: int = 6) -> float:
     from engine import LLMEngine
 
     spec = _spec(model, max_tokens)
-    engine = LLMEngine(spec.engine_config())
+    engine = LLMEngine(spec.config)
     totals = {False: 0.0, True: 0.0}
     counts = {False: 0, True: 0}
     pacer = DigestPacer(engine)  # (digests once per interval's worth of observed steps)

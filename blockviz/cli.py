@@ -10,11 +10,10 @@ import argparse
 import math
 import sys
 
-DEFAULT_MODEL = "tiny-shakespeare"  # the checkpoint bundled inside the package
+from blockviz.errors import UsageError  # noqa: F401  (re-exported: commands import it from here)
+from engine.model_source import DEFAULT_MODEL  # the bundled checkpoint
+
 DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
-
-
-from blockviz.errors import UsageError  # noqa: E402  (re-exported: commands import it from here)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,17 +46,33 @@ def _non_negative(name: str):
     return _int_at_least(name, 0)
 
 
-ENGINE_OPTION_DEFAULTS = {
-    "n": 1, "max_tokens": 32, "block_size": 16, "num_gpu_blocks": None, "num_cpu_blocks": None,
-    "prefix_caching": False, "preemption_mode": None, "temperature": 0.0, "seed": 0,
-}
+# The EngineConfig fields (engine/config.py) the CLI sets, each an option named after it
+# (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
+ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
+                         "preemption_mode", "device", "seed")
+CLI_MAX_TOKENS = 32  # longer completions than SamplingParams' default: there is more to watch
+
+
+def engine_option_defaults() -> dict:
+    """Defaults of the engine options: EngineConfig's and SamplingParams', not restated here."""
+    from dataclasses import fields
+
+    from engine.config import EngineConfig
+    from engine.sequence import SamplingParams
+
+    config = EngineConfig.defaults()
+    sampling = {f.name: f.default for f in fields(SamplingParams)}
+    return {**{name: config[name] for name in ENGINE_CONFIG_OPTIONS}, "n": sampling["n"],
+            "temperature": sampling["temperature"], "max_tokens": CLI_MAX_TOKENS}
 
 
 def add_engine_options(parser: argparse.ArgumentParser, **overrides) -> None:
     """The options shared by generate, run and record; `overrides` change their defaults (pool sizes
     default to the memory budget, as vLLM sizes them)."""
-    d = {**ENGINE_OPTION_DEFAULTS, **overrides}
-    parser.add_argument("--model", default=DEFAULT_MODEL,
+    from engine.config import PreemptionMode
+
+    d = {**engine_option_defaults(), **overrides}
+    parser.add_argument("--model", default=d["model"],
                         help=f"bundled '{DEFAULT_MODEL}' (default, offline), a local GPT-2 checkpoint "
                              "directory, or a Hugging Face name such as gpt2 (from its cache)")
     prompts = d.get("prompts_help") or " / ".join(DEFAULT_PROMPTS)
@@ -75,18 +90,19 @@ def add_engine_options(parser: argparse.ArgumentParser, **overrides) -> None:
     cpu = d["num_cpu_blocks"]
     parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=cpu,
                         help=f"size of the CPU swap pool (default: {cpu if cpu is not None else 'from the swap space'})")
-    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=d["prefix_caching"],
-                        help="share identical prompt prefixes through the chained-hash cache "
-                             f"(default {'on' if d['prefix_caching'] else 'off'})")
+    caching = d["enable_prefix_caching"]
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=caching,
+                        dest="enable_prefix_caching",
+                        help=f"share identical prompt prefixes through the chained-hash cache (default {'on' if caching else 'off'})")
     mode = d["preemption_mode"]
-    parser.add_argument("--preemption-mode", choices=("swap", "recompute"), default=mode,
+    parser.add_argument("--preemption-mode", choices=[m.value for m in PreemptionMode], default=mode,
                         help="how to preempt when blocks run out (default: "
                              f"{mode or 'recompute a lone sequence, swap a group, as vLLM'})")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=_int_at_least("--seed", 0), default=d["seed"],
                         help=f"sampling seed (default {d['seed']})")
-    parser.add_argument("--device", type=_device, default=None,
+    parser.add_argument("--device", type=_device, default=d["device"],
                         help="cuda, cuda:N or cpu (default: cuda when available)")
 
 

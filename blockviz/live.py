@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from blockviz.cli import DEFAULT_MODEL, DEFAULT_PROMPTS
+from blockviz.cli import DEFAULT_PROMPTS
 from blockviz.errors import UsageError
 from blockviz.scenario import Arrival, admit_arrivals
+from engine.config import EngineConfig
 from engine.events import Event
 
 
@@ -31,38 +32,41 @@ def one_line(exc: BaseException) -> str:
 
 @dataclass(slots=True)
 class EngineSpec:
-    """What to run: the engine options of `blockviz run` / `blockviz record`, and the requests:
-    `prompts` at once, `arrivals` as the engine steps (blockviz/scenario.py)."""
+    """What to run: an EngineConfig (engine/config.py: model, block size, pools, prefix caching,
+    preemption mode, device, seed...) and the requests: `prompts` at once, `arrivals` as the engine
+    steps (blockviz/scenario.py), each sampled with `n`, `max_tokens` and `temperature`."""
 
-    model: str = DEFAULT_MODEL
+    config: EngineConfig = field(default_factory=EngineConfig)
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
     n: int = 1
     max_tokens: int = 32
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    num_cpu_blocks: int | None = None
-    prefix_caching: bool = False
-    preemption_mode: str | None = None
     temperature: float = 0.0
-    seed: int = 0
-    device: str | None = None
     arrivals: tuple[Arrival, ...] = ()
+
+    @classmethod
+    def of(cls, **options: Any) -> "EngineSpec":
+        """A spec from keyword options: EngineConfig's by their names, the rest the spec's own."""
+        names = EngineConfig.option_names()
+        config = EngineConfig(**{k: v for k, v in options.items() if k in names})
+        return cls(config, **{k: v for k, v in options.items() if k not in names})
 
     @classmethod
     def from_args(cls, args: Any, default_arrivals: tuple[Arrival, ...] = ()) -> "EngineSpec":
         """The spec of the parsed CLI options; with no --prompt, `default_arrivals` when given (the
         scenario `blockviz run` plays), else the default prompts."""
+        from blockviz.cli import ENGINE_CONFIG_OPTIONS
+
         if args.prompts:
             prompts, arrivals = tuple(args.prompts), ()
         else:
             prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
-        return cls(
-            model=args.model, prompts=prompts, arrivals=arrivals, n=args.n,
-            max_tokens=args.max_tokens, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks,
-            num_cpu_blocks=args.num_cpu_blocks, prefix_caching=args.prefix_caching,
-            preemption_mode=args.preemption_mode, temperature=args.temperature, seed=args.seed,
-            device=args.device,
-        )
+        config = EngineConfig(**{name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS})
+        return cls(config, prompts=prompts, arrivals=arrivals, n=args.n, max_tokens=args.max_tokens,
+                   temperature=args.temperature)
+
+    @property
+    def model(self) -> str:
+        return self.config.model
 
     def check(self) -> None:
         """Raise UsageError (one line) for what can be known wrong before the engine starts:
@@ -70,15 +74,16 @@ class EngineSpec:
         for prompt in (*self.prompts, *(a.prompt for a in self.arrivals)):
             if not prompt:
                 raise UsageError("--prompt is empty: give at least one character")
-        if self.device is not None and self.device.startswith("cuda"):
+        device = self.config.device
+        if device is not None and device.startswith("cuda"):
             import torch
 
-            index = int(self.device.partition(":")[2] or 0)
+            index = int(device.partition(":")[2] or 0)
             if not torch.cuda.is_available():
-                raise UsageError(f"--device {self.device}: this machine has no CUDA device (torch "
+                raise UsageError(f"--device {device}: this machine has no CUDA device (torch "
                                  f"{torch.__version__}); omit --device to run on the CPU")
             if index >= torch.cuda.device_count():
-                raise UsageError(f"--device {self.device}: there are {torch.cuda.device_count()} CUDA devices")
+                raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
 
     def check_prompt_lengths(self, source) -> None:
         """Raise UsageError when a prompt is as long as the model's context, before the engine
@@ -113,31 +118,27 @@ class EngineSpec:
         from engine.sequence import SamplingParams
 
         return SamplingParams(n=self.n if n is None else n, temperature=self.temperature,
-                              max_tokens=self.max_tokens, seed=self.seed)
-
-    def engine_config(self):
-        from engine import EngineConfig
-
-        return EngineConfig(model=self.model, block_size=self.block_size, num_gpu_blocks=self.num_gpu_blocks,
-                            num_cpu_blocks=self.num_cpu_blocks, enable_prefix_caching=self.prefix_caching,
-                            preemption_mode=self.preemption_mode, device=self.device, seed=self.seed)
+                              max_tokens=self.max_tokens, seed=self.config.seed)
 
     def make_engine(self):
         """Build the engine (loads the model: seconds). Imports torch."""
         from engine import LLMEngine
 
-        return LLMEngine(self.engine_config())
+        return LLMEngine(self.config)
 
     def run_header(self) -> dict[str, Any]:
         """The run's settings for a trace header."""
-        header = {"prompts": list(self.prompts), "n": self.n, "max_tokens": self.max_tokens, "seed": self.seed,
-                  "temperature": self.temperature, "preemption_mode": self.preemption_mode}
+        mode = self.config.preemption_mode
+        header = {"prompts": list(self.prompts), "n": self.n, "max_tokens": self.max_tokens,
+                  "seed": self.config.seed, "temperature": self.temperature,
+                  "preemption_mode": mode.value if mode is not None else None}
         if self.arrivals:
             header["arrivals"] = [{"step": a.step, "prompt": a.prompt, "n": a.n} for a in self.arrivals]
         return header
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec's fields by name (the config stays an EngineConfig): `type(spec)(**spec.as_dict())`."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _checkpoint_file(source, filename: str):
@@ -310,12 +311,12 @@ class EngineBridge:
     def run(self, listener: Listener) -> None:
         """The worker's body: load, add the initial requests, then serve steps and commands."""
         spec = self.spec
-        profiling = ", then profiling its memory to size the KV cache" if spec.num_gpu_blocks is None else ""
+        profiling = ", then profiling its memory to size the KV cache" if spec.config.num_gpu_blocks is None else ""
         listener.loading(f"loading the model {spec.model!r}{profiling}…")
         try:
             quiet_model_loading()
             if self.share_cores:
-                leave_a_core_for_the_ui(spec.device)
+                leave_a_core_for_the_ui(spec.config.device)
             engine = self._make_engine()
             header = dict(engine.trace_header())
         except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line

@@ -37,8 +37,8 @@ DEFAULT_SCENARIO: tuple[Arrival, ...] = (
 # line spans several and an opening can be shared; a pool that fits on an 80x24 screen and runs
 # out once; sampled text that reads as Shakespeare and differs between samples.
 DEFAULT_SCENARIO_OPTIONS = {
-    "block_size": 4, "num_gpu_blocks": 48, "num_cpu_blocks": 32, "max_tokens": 40, "temperature": 0.8,
-    "prefix_caching": True, "preemption_mode": "swap",
+    "block_size": 4, "num_gpu_blocks": 48, "num_cpu_blocks": 32, "max_tokens": 32, "temperature": 0.8,
+    "enable_prefix_caching": True, "preemption_mode": "swap",
 }
 
 

@@ -7,6 +7,7 @@ imported lazily so that `import engine` never pulls in torch or any UI library.
 
 from engine.block import Device, LogicalTokenBlock, PhysicalTokenBlock
 from engine.block_manager import AllocStatus, BlockSpaceManager
+from engine.config import EngineConfig, PreemptionMode
 from engine.events import EventBus
 from engine.invariants import check_invariants
 from engine.reducer import ReducerState
@@ -15,7 +16,6 @@ from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceSta
 _LAZY = {  # torch-backed names, imported on first use so `import engine` stays light
     "LLM": "engine.llm",
     "LLMEngine": "engine.llm_engine",
-    "EngineConfig": "engine.llm_engine",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
     "CacheEngine": "engine.cache_engine",
@@ -36,6 +36,8 @@ __all__ = [
     *_LAZY,
     "AllocStatus",
     "BlockSpaceManager",
+    "EngineConfig",
+    "PreemptionMode",
     "Device",
     "EventBus",
     "LogicalTokenBlock",

@@ -24,11 +24,11 @@ from typing import Literal
 import torch
 import xxhash
 
+from engine.config import DEFAULT_SWAP_SPACE_BYTES, MiB
+
 logger = logging.getLogger(__name__)
 
-MiB = 1 << 20
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * MiB  # device pool size on CPU when nothing else is given
-DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks is given
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 BlockPairs = Sequence[tuple[int, int]]

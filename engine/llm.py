@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from engine.events import EventBus
-from engine.llm_engine import EngineConfig, LLMEngine
-from engine.model_loader import DEFAULT_MODEL
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_source import DEFAULT_MODEL
 from engine.outputs import RequestOutput
 from engine.sequence import SamplingParams
 
@@ -17,25 +18,14 @@ class LLM:
     Every block operation of the run is on `llm.events`; `llm.engine` is the LLMEngine underneath.
     """
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        block_size: int = 16,
-        num_gpu_blocks: int | None = None,
-        num_cpu_blocks: int | None = None,
-        enable_prefix_caching: bool = False,
-        preemption_mode: str | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        seed: int = 0,
-        **engine_options,
-    ) -> None:
-        config = EngineConfig(
-            model=model, block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-            enable_prefix_caching=enable_prefix_caching, preemption_mode=preemption_mode, device=device,
-            dtype=dtype, seed=seed, **engine_options,
-        )
-        self.engine = LLMEngine(config)
+    def __init__(self, model: str = DEFAULT_MODEL, **options) -> None:
+        """`options` are EngineConfig's (engine/config.py): block_size, num_gpu_blocks,
+        num_cpu_blocks, enable_prefix_caching, preemption_mode, device, dtype, seed, ..."""
+        unknown = sorted(set(options) - set(EngineConfig.option_names()))
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
+                             f"{', '.join(EngineConfig.option_names())}")
+        self.engine = LLMEngine(EngineConfig(model=model, **options))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":

@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
 from engine.block_manager import BlockSpaceManager
-from engine.cache_engine import DEFAULT_SWAP_SPACE_BYTES, BlockBudget, CacheEngine, determine_num_blocks
+from engine.cache_engine import BlockBudget, CacheEngine, determine_num_blocks
+from engine.config import EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
 from engine.events import (
     EventBus,
     KVDigest,
@@ -26,7 +26,7 @@ from engine.events import (
     StepStarted,
     TokenGenerated,
 )
-from engine.model_loader import DEFAULT_MODEL, LoadedModel, load_model
+from engine.model_loader import LoadedModel, load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.model_runner import ModelRunner
 from engine.output_processor import Detokenizer, StopChecker
@@ -37,42 +37,6 @@ from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceSta
 logger = logging.getLogger("engine")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """Everything needed to build an engine; validated on construction."""
-
-    model: str = DEFAULT_MODEL
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    num_cpu_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = False
-    preemption_mode: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    seed: int = 0
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    watermark: float = 0.01
-    kv_digests: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
-        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
-        if self.preemption_mode not in (None, "swap", "recompute"):
-            raise ValueError(f"preemption_mode must be 'swap' or 'recompute', got {self.preemption_mode!r}")
-        if self.dtype is not None and self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
 
 
 class LLMEngine:
@@ -221,7 +185,7 @@ class LLMEngine:
 
     def preempt_request(self, request_id: str) -> list[tuple[int, int]]:
         """Swap a running request out now (between steps); returns the (gpu, cpu) pairs moved."""
-        pairs = self.scheduler.preempt_now(request_id, mode="swap")
+        pairs = self.scheduler.preempt_now(request_id, PreemptionMode.SWAP)
         self.cache_engine.swap_out(pairs)
         self._emit_digests("cpu", [dst for _, dst in pairs])
         return pairs
@@ -388,10 +352,14 @@ class LLMEngine:
             "model": self.config.model, "block_size": self.config.block_size,
             "num_gpu_blocks": b.num_gpu_blocks, "num_cpu_blocks": b.num_cpu_blocks,
             "enable_prefix_caching": self.config.enable_prefix_caching,
-            "preemption_mode": self.config.preemption_mode, "device": str(self.device),
+            "preemption_mode": _mode_name(self.config.preemption_mode), "device": str(self.device),
             "dtype": str(self.loaded.dtype).removeprefix("torch."), "block_bytes": b.block_bytes,
             "budget_source": b.source, "total_bytes": b.total_bytes, "peak_bytes": b.peak_bytes,
             "gpu_memory_utilization": b.utilization, "max_model_len": self.max_model_len,
             "num_layers": self.loaded.config.num_layers, "num_kv_heads": self.loaded.config.num_kv_heads,
             "head_dim": self.loaded.config.head_dim,
         }
+
+
+def _mode_name(mode: PreemptionMode | None) -> str | None:
+    return mode.value if mode is not None else None

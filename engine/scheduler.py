@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import AllocStatus, BlockSpaceManager
+from engine.config import PreemptionMode
 from engine.events import Preempted
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -23,15 +24,15 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 4096
     max_model_len: int = 1024
-    preemption_mode: str | None = None  # None (vLLM's rule), "swap" or "recompute"
+    preemption_mode: PreemptionMode | None = None  # None: vLLM's rule
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.preemption_mode not in (None, "swap", "recompute"):
-            raise ValueError(f"preemption_mode must be 'swap', 'recompute' or None, got {self.preemption_mode!r}")
+        if self.preemption_mode is not None:
+            self.preemption_mode = PreemptionMode(self.preemption_mode)
 
 
 @dataclass(slots=True)
@@ -244,20 +245,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------ preemption
 
-    def preemption_mode_for(self, group: SequenceGroup) -> str:
+    def preemption_mode_for(self, group: SequenceGroup) -> PreemptionMode:
         """vLLM's rule: recompute a lone sequence, swap a group; fall back when the swap pool is full."""
         mode = self.config.preemption_mode
         if mode is None:
-            mode = "recompute" if group.get_max_num_running_seqs() == 1 else "swap"
-        if mode == "swap" and not self.block_manager.can_swap_out(group):
-            mode = "recompute"
+            mode = PreemptionMode.RECOMPUTE if group.get_max_num_running_seqs() == 1 else PreemptionMode.SWAP
+        if mode is PreemptionMode.SWAP and not self.block_manager.can_swap_out(group):
+            mode = PreemptionMode.RECOMPUTE
         return mode
 
-    def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str, mode: str | None = None) -> str:
+    def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str,
+                 mode: PreemptionMode | None = None) -> PreemptionMode:
         mode = mode or self.preemption_mode_for(group)
         seqs = group.get_seqs(SequenceStatus.RUNNING)
         outputs.num_preempted += 1
-        if mode == "swap":
+        if mode is PreemptionMode.SWAP:
             outputs.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in seqs:
                 seq.status = SequenceStatus.SWAPPED
@@ -272,17 +274,18 @@ class Scheduler:
             self.waiting.appendleft(group)
         if self.events.active:
             self.events.emit(Preempted, request_id=group.request_id, seq_ids=tuple(s.seq_id for s in seqs),
-                             mode=mode, reason=reason, num_tokens_lost=lost)
+                             mode=mode.value, reason=reason, num_tokens_lost=lost)
         return mode
 
-    def preempt_now(self, request_id: str, mode: str = "swap") -> list[tuple[int, int]]:
+    def preempt_now(self, request_id: str, mode: PreemptionMode = PreemptionMode.SWAP) -> list[tuple[int, int]]:
         """User-driven preemption of a running request between steps; returns swap-out pairs."""
         for group in self.running:
             if group.request_id == request_id:
                 break
         else:
             raise ValueError(f"request {request_id!r} is not running")
-        if mode == "swap" and not self.block_manager.can_swap_out(group):
+        mode = PreemptionMode(mode)
+        if mode is PreemptionMode.SWAP and not self.block_manager.can_swap_out(group):
             raise ValueError(f"the CPU swap pool has no room for request {request_id!r}")
         self.running.remove(group)
         outputs = SchedulerOutputs([], False, 0)

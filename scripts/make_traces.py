@@ -68,7 +68,7 @@ SCENARIOS = [
         "prefix-hit", "prefix caching: a second request with the same opening reuses the first one's "
                       "hashed blocks (cache hits), and only computes its own suffix",
         dict(prompts=("ROMEO: But soft, what light through yonder window breaks? It is the east",),
-             max_tokens=8, block_size=4, num_gpu_blocks=48, num_cpu_blocks=16, prefix_caching=True),
+             max_tokens=8, block_size=4, num_gpu_blocks=48, num_cpu_blocks=16, enable_prefix_caching=True),
         _kinds("prefix_cache_hit", "block_hashed"), "a prefix-cache hit",
         later_prompts={2: "ROMEO: But soft, what light through yonder window breaks? It is my lady"}),
     Scenario(
@@ -88,16 +88,14 @@ SCENARIOS = [
 
 def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Path:
     from blockviz.trace import read_trace
-    from engine.sequence import SamplingParams
 
-    spec = EngineSpec(model=model, device=device, seed=0, **scenario.spec)
+    spec = EngineSpec.of(model=model, device=device, seed=0, **scenario.spec)
     out = out_dir / f"{scenario.name}.jsonl"
 
     def between_steps(engine, steps_done: int) -> None:
         prompt = scenario.later_prompts.get(steps_done)
         if prompt is not None:
-            engine.add_request(prompt, SamplingParams(n=spec.n, temperature=spec.temperature,
-                                                      max_tokens=spec.max_tokens, seed=spec.seed))
+            engine.add_request(prompt, spec.sampling_params())
 
     extra = {"scenario": scenario.name, "description": scenario.description}
     if scenario.later_prompts:

@@ -140,7 +140,7 @@ def test_record_refuses_an_unfinished_run_and_leaves_no_file(tiny_gpt2_dir, tmp_
     from blockviz.commands.record import record_trace
     from blockviz.live import EngineSpec
 
-    spec = EngineSpec(model=str(tiny_gpt2_dir), prompts=("To be",), max_tokens=20, block_size=4, num_gpu_blocks=16)
+    spec = EngineSpec.of(model=str(tiny_gpt2_dir), prompts=("To be",), max_tokens=20, block_size=4, num_gpu_blocks=16)
     out = tmp_path / "cut.jsonl"
     with pytest.raises(RuntimeError, match="not finished after 3 steps"):
         record_trace(spec, out, max_steps=3)

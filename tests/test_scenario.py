@@ -21,10 +21,10 @@ def _run_spec(*argv: str) -> EngineSpec:
 def test_run_defaults_play_the_scenario_and_every_flag_overrides():
     spec = _run_spec()
     assert spec.arrivals == DEFAULT_SCENARIO and spec.prompts == ()
-    assert spec.prefix_caching and spec.temperature == 0.8 and spec.block_size == 4
+    assert spec.config.enable_prefix_caching and spec.temperature == 0.8 and spec.config.block_size == 4
     spec = _run_spec("--prompt", "KV", "--no-prefix-caching", "--temperature", "0", "--block-size", "16")
     assert spec.arrivals == () and spec.prompts == ("KV",)
-    assert not spec.prefix_caching and spec.temperature == 0.0 and spec.block_size == 16
+    assert not spec.config.enable_prefix_caching and spec.temperature == 0.0 and spec.config.block_size == 16
 
 
 def test_the_default_scenario_shows_every_idea_and_ends_clean(tmp_path):
@@ -34,6 +34,7 @@ def test_the_default_scenario_shows_every_idea_and_ends_clean(tmp_path):
     kinds = [e.type for e in trace.events]
     for kind in ("fork", "copy_on_write", "prefix_cache_hit", "preempted", "swap_out", "swap_in"):
         assert kind in kinds, kind
+    assert kinds.count("preempted") == 1  # the pool runs out once
     added = [e for e in trace.events if e.type == "request_added"]
     assert [e.prompt for e in added] == [a.prompt for a in DEFAULT_SCENARIO]
     # requests really arrive over time: the later ones after the first steps

@@ -16,7 +16,7 @@ from test_tui_fake_engine import FakeEngine, run_scenario
 
 
 def fake_recording(tmp_path: Path, **engine_kwargs):
-    spec = EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), n=2, max_tokens=6, seed=7)
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi", "JULIET:"), n=2, max_tokens=6, seed=7)
     out = tmp_path / "run.jsonl"
     recording = record_trace(spec, out, engine=FakeEngine(**engine_kwargs))
     return out, recording

@@ -358,7 +358,7 @@ async def _until(pilot, predicate, timeout: float = 5.0) -> None:
 
 def live_app(play: bool = False, **engine_kwargs) -> BlockvizApp:
     """A live app on a FakeEngine; paused once ready unless `play` (as `blockviz run` plays)."""
-    spec = EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), max_tokens=12)
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi", "JULIET:"), max_tokens=12)
     bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24,
                                                                 num_cpu_blocks=16, **engine_kwargs))
     return BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", play=play)
@@ -542,7 +542,7 @@ async def test_an_engine_that_dies_mid_run_leaves_an_error_panel_and_exits_1():
                 raise RuntimeError("CUDA error: an illegal memory access")
             super().step()
 
-    spec = EngineSpec(model="fake", prompts=("ROMEO: hi",), max_tokens=12)
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), max_tokens=12)
     bridge = EngineBridge(spec, make_engine=lambda: DyingEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8))
     app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", play=True)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -35,7 +35,7 @@ def _spec(model, **kwargs) -> EngineSpec:
     settings = dict(prompts=("To be, or not to be", "The quick brown fox"), n=2, max_tokens=6, block_size=4,
                     num_gpu_blocks=32, num_cpu_blocks=16, device="cpu")
     settings.update(kwargs)
-    return EngineSpec(model=str(model), **settings)
+    return EngineSpec.of(model=str(model), **settings)
 
 
 def _picture(state) -> dict:
@@ -113,7 +113,7 @@ class Recorder:
             return call
 
         return Listener(**{name: record(name) for name in
-                           ("loading", "ready", "failed", "events", "notice", "idle", "served")})
+                           ("loading", "ready", "failed", "events", "notice", "died", "idle", "served")})
 
     def named(self, name: str) -> list[tuple]:
         return [args for called, args in self.calls if called == name]
@@ -143,7 +143,7 @@ def test_a_killed_engine_process_is_reported_not_hung(tiny_gpt2_dir):
     os.kill(bridge._process.pid, signal.SIGKILL)
     thread.join(timeout=30)
     assert not thread.is_alive() and bridge.exitcode == -signal.SIGKILL
-    (note,), = recorder.named("notice")
+    (note,), = recorder.named("died")  # the app keeps the picture, says so, and exits 1
     assert note.startswith("engine stopped: the engine process exited with code -9")
     assert ("(log: " in note) == bridge.log_path.exists()  # kept only when it has something to say
 

@@ -243,7 +243,7 @@ def bridge_run():
 
 
 def _spec(**kwargs) -> EngineSpec:
-    return EngineSpec(model="fake", prompts=("ROMEO: hi", "JULIET:"), **kwargs)
+    return EngineSpec.of(model="fake", prompts=("ROMEO: hi", "JULIET:"), **kwargs)
 
 
 def test_bridge_steps_only_on_demand(bridge_run):

@@ -37,11 +37,11 @@ def _spec(model, **kwargs) -> EngineSpec:
     settings = dict(prompts=("To be, or not to be", "The quick brown fox"), n=2, max_tokens=6, block_size=4,
                     num_gpu_blocks=32, num_cpu_blocks=16, device="cpu")
     settings.update(kwargs)
-    return EngineSpec(model=str(model), **settings)
+    return EngineSpec.of(model=str(model), **settings)
 
 
 def _engine(spec: EngineSpec, loaded):
-    return engine_module.LLMEngine(spec.engine_config(), loaded=loaded)
+    return engine_module.LLMEngine(spec.config, loaded=loaded)
 
 
 def test_a_recorded_trace_replays_to_the_engines_own_final_state(tmp_path, tiny_gpt2_dir, loaded):
@@ -112,7 +112,7 @@ def test_held_back_kv_digests_go_out_once_per_block_and_equal_the_per_step_ones(
     assert set(blocks) == set(latest)  # every block written, once
     assert {e.block: e.digest for e in sent} == latest  # each hashed as it is now, as per-step left it
     assert [e.digest for e in sent] == held.cache_engine.kv_digests("gpu", blocks)
-    states = {engine: ReducerState(spec.block_size, 32, 16).apply_all(events) for engine, events in streams.items()}
+    states = {engine: ReducerState(spec.config.block_size, 32, 16).apply_all(events) for engine, events in streams.items()}
     for state in states.values():
         for block in state.pools["gpu"]:
             assert block.digest is None or block.digest_slots == len(block.token_ids)
@@ -150,7 +150,7 @@ def test_a_free_running_bridge_digests_once_per_batch_and_ends_with_every_blocks
     assert steps > 10 and 0 < len(digests) == len({e.block for e in digests})
     last_step = max(i for i, e in enumerate(received) if e.type == "step_finished")
     assert all(i > last_step for i, e in enumerate(received) if e.type == "kv_digest")
-    state = ReducerState(spec.block_size, 32, 16).apply_all(received)
+    state = ReducerState(spec.config.block_size, 32, 16).apply_all(received)
     engine = bridge.engine
     hashed = [b.number for b in state.pools["gpu"] if b.digest is not None]
     assert [state.pools["gpu"][n].digest for n in hashed] == engine.cache_engine.kv_digests("gpu", hashed)
