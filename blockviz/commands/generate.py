@@ -41,13 +41,36 @@ class _Recorder:
 
 
 def execute(args) -> int:
+    from blockviz.live import one_line
+    from engine.llm import LLM
+
+    spec, engine = _load(args)
+    header = engine.trace_header()
+    recorder = _Recorder(header)
+    engine.events.subscribe(recorder)
+    start = time.perf_counter()
+    try:  # LLM.generate checks every prompt before queueing any
+        outputs = LLM.from_engine(engine).generate(list(spec.prompts), spec.sampling_params())
+    except ValueError as exc:
+        raise UsageError(one_line(exc)) from None
+    summary = _summary(spec, header, engine.num_steps, recorder, time.perf_counter() - start)
+    requests = [_request(output, recorder) for output in outputs]
+    if args.json:
+        print(json.dumps({"requests": requests, "summary": summary}, indent=2))
+    else:
+        _print_text(requests, summary)
+    return 0
+
+
+def _load(args):
+    """The spec of the options and its engine, or UsageError (one line) before or while loading."""
     from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
 
     spec = EngineSpec.from_args(args)
     spec.check()
     try:
         source = check_model(spec.model)
-        params = spec.sampling_params()
+        spec.sampling_params()
     except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
         raise UsageError(one_line(exc)) from None
     spec.check_prompt_lengths(source)
@@ -55,33 +78,19 @@ def execute(args) -> int:
     if sys.stderr.isatty() and not args.json:
         print(f"loading {spec.model} ...", file=sys.stderr, flush=True)
     try:
-        engine = spec.make_engine()
+        return spec, spec.make_engine()
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
-    header = engine.trace_header()
-    recorder = _Recorder(header)
-    engine.events.subscribe(recorder)
-    start = time.perf_counter()
-    try:
-        for prompt in spec.prompts:  # all checked before any is queued
-            engine.check_request(prompt, params)
-    except ValueError as exc:
-        raise UsageError(one_line(exc)) from None
-    request_ids = [engine.add_request(prompt, params) for prompt in spec.prompts]
-    finished = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                finished[output.request_id] = output
-    elapsed = time.perf_counter() - start
-    outputs = [finished[request_id] for request_id in request_ids]
+
+
+def _summary(spec, header: dict, num_steps: int, recorder: _Recorder, elapsed: float) -> dict:
     state = recorder.state
-    summary = {
+    return {
         "model": spec.model, "device": header["device"], "dtype": header["dtype"],
         "block_size": header["block_size"], "num_gpu_blocks": header["num_gpu_blocks"],
         "num_cpu_blocks": header["num_cpu_blocks"], "block_bytes": header["block_bytes"],
         "budget_source": header["budget_source"], "prefix_caching": header["enable_prefix_caching"],
-        "steps": engine.num_steps, "tokens_generated": state.num_tokens_generated,
+        "steps": num_steps, "tokens_generated": state.num_tokens_generated,
         "seconds": round(elapsed, 3),
         "events": dict(sorted(state.counts.items())),
         "gpu_blocks": {"used": state.num_used("gpu"), "free": state.num_free("gpu"),
@@ -91,24 +100,20 @@ def execute(args) -> int:
         "preemptions": state.num_preemptions,
         "prefix_hit_rate": round(state.prefix_hit_rate(), 4),
     }
-    requests = []
-    for output in outputs:
-        seq_ids = state.requests.get(output.request_id, ())
-        requests.append({
-            "request_id": output.request_id, "prompt": output.prompt,
-            "num_prompt_tokens": len(output.prompt_token_ids), "num_cached_tokens": output.num_cached_tokens,
-            "completions": [
-                {"index": c.index, "text": c.text, "token_ids": c.token_ids,
-                 "finish_reason": c.finish_reason, "finish_detail": c.finish_detail,
-                 "block_table": [b for _, b in recorder.final_tables.get(seq_id, [])]}
-                for c, seq_id in zip(output.outputs, seq_ids)
-            ],
-        })
-    if args.json:
-        print(json.dumps({"requests": requests, "summary": summary}, indent=2))
-    else:
-        _print_text(requests, summary)
-    return 0
+
+
+def _request(output, recorder: _Recorder) -> dict:
+    seq_ids = recorder.state.requests.get(output.request_id, ())
+    return {
+        "request_id": output.request_id, "prompt": output.prompt,
+        "num_prompt_tokens": len(output.prompt_token_ids), "num_cached_tokens": output.num_cached_tokens,
+        "completions": [
+            {"index": c.index, "text": c.text, "token_ids": c.token_ids,
+             "finish_reason": c.finish_reason, "finish_detail": c.finish_detail,
+             "block_table": [b for _, b in recorder.final_tables.get(seq_id, [])]}
+            for c, seq_id in zip(output.outputs, seq_ids)
+        ],
+    }
 
 
 def _print_text(requests: list[dict], summary: dict) -> None:
