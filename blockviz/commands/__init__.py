@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay")
+COMMANDS = ("generate", "run", "record", "replay", "explain")
 
 
 def _module(name: str):

@@ -1,0 +1,139 @@
+"""Why did a prefix lookup hit or miss? The prefix-cache explainer, from the event stream alone.
+
+For each request, at the moment its prompt was allocated: its chain of blocks (nano-vllm's
+compute_hash over the parent's hash and the block's tokens) against the cache as it was then, the
+hit length in blocks and tokens, and for the first block that missed, the reason:
+- "partial block": the prompt ends inside it, so it has no hash yet;
+- "last prompt block": a full block the cache holds, but the prompt's last one, which is always
+  computed so that the step has a token to sample from (the one-block floor);
+- "evicted": an equal block was cached but evicted before this request came (the event is named);
+- "different parent": the cache holds a block with these tokens, after a different prefix;
+- "different tokens": nothing cached holds these tokens here.
+Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does).
+Pure functions over events: no torch, no textual; `blockviz explain` prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine import events as ev
+from engine.block_allocator import compute_block_hash
+from engine.reducer import ReducerState
+
+HIT = "hit"
+PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
+DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
+AFTER_A_MISS, CACHING_OFF = "not looked up: after the first miss", "not looked up: prefix caching is off"
+
+
+@dataclass(slots=True)
+class BlockVerdict:
+    """One logical block of a prompt: its tokens, hash, and hit (with the physical block) or why not."""
+
+    index: int
+    token_ids: tuple[int, ...]
+    block_hash: int | None
+    verdict: str  # HIT or one of the reasons above
+    block: int | None = None  # the cached physical block it hit
+    evicted_by: int | None = None  # seq_no of the block_evicted event, for EVICTED
+
+
+@dataclass(slots=True)
+class Explanation:
+    """A request's prefix lookup, block by block, as it happened."""
+
+    request_id: str
+    seq_id: int
+    num_prompt_tokens: int
+    block_size: int
+    blocks: list[BlockVerdict] = field(default_factory=list)
+
+    @property
+    def num_hit_blocks(self) -> int:
+        return sum(b.verdict == HIT for b in self.blocks)
+
+    @property
+    def num_hit_tokens(self) -> int:
+        return self.num_hit_blocks * self.block_size
+
+    @property
+    def first_miss(self) -> BlockVerdict | None:
+        return next((b for b in self.blocks if b.verdict != HIT), None)
+
+    def lines(self) -> list[str]:
+        """The explanation as text, one line per block and a summary line."""
+        out = [f"request {self.request_id} (seq {self.seq_id}): {self.num_prompt_tokens} prompt tokens, "
+               f"{len(self.blocks)} blocks of {self.block_size}"]
+        for b in self.blocks:
+            digest = f"#{b.block_hash & 0xFFFFFF:06x}" if b.block_hash is not None else "(no hash)"
+            what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
+            if b.evicted_by is not None:
+                what += f" (block_evicted, event {b.evicted_by})"
+            out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
+        miss = self.first_miss
+        reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""
+        out.append(f"  prefix hit: {self.num_hit_blocks} blocks, {self.num_hit_tokens} tokens{reason}")
+        return out
+
+
+def explain_requests(events, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
+                     enable_prefix_caching: bool = True) -> list[Explanation]:
+    """An Explanation per request, at its prompt's first allocation, in order of arrival."""
+    state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+    pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
+    evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
+    explained: list[Explanation] = []
+    for event in events:
+        if event.type == "request_added":
+            pending[event.seq_ids[0]] = event
+        elif event.type in ("block_allocated", "prefix_cache_hit") and event.logical_index == 0:
+            for seq_id in event.seq_ids:
+                request = pending.pop(seq_id, None)
+                if request is not None:
+                    explained.append(_explain(request, seq_id, state, evicted_at, enable_prefix_caching))
+        elif event.type == "block_evicted":
+            evicted_at[event.block_hash] = event.seq_no
+        state.apply(event)
+    return explained
+
+
+def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted_at: dict[int, int],
+             caching: bool) -> Explanation:
+    """The lookup as the engine makes it (BlockSpaceManager.allocate), against the cache now."""
+    size = state.block_size
+    tokens = request.prompt_token_ids
+    chunks = [tuple(tokens[i:i + size]) for i in range(0, len(tokens), size)]
+    explanation = Explanation(request.request_id, seq_id, len(tokens), size)
+    parent: int | None = None
+    looking = caching
+    for index, chunk in enumerate(chunks):
+        full = len(chunk) == size
+        block_hash = compute_block_hash(chunk, parent) if full else None
+        verdict, block, evicted_by = HIT, None, None
+        if not looking:
+            verdict = AFTER_A_MISS if caching else CACHING_OFF
+        elif not full:
+            verdict = PARTIAL
+        else:
+            block = state.hash_map.get(block_hash)
+            if block is not None and state.pools["gpu"][block].token_ids != chunk:
+                block = None  # a hash collision is a miss
+            if block is None or index == len(chunks) - 1:
+                verdict, evicted_by = _why_missed(chunk, block_hash, block, state, evicted_at)
+                block = None
+        if verdict != HIT:
+            looking = False
+        explanation.blocks.append(BlockVerdict(index, chunk, block_hash, verdict, block, evicted_by))
+        parent = block_hash
+    return explanation
+
+
+def _why_missed(chunk, block_hash: int, cached: int | None, state: ReducerState, evicted_at: dict[int, int]):
+    if cached is not None:
+        return LAST_BLOCK, None
+    if block_hash in evicted_at:
+        return EVICTED, evicted_at[block_hash]
+    if any(state.pools["gpu"][number].token_ids == chunk for number in state.hash_map.values()):
+        return DIFFERENT_PARENT, None
+    return DIFFERENT_TOKENS, None

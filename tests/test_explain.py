@@ -1,0 +1,80 @@
+"""The prefix-hit explainer, each reason reproduced on the real engine (a tiny GPT-2) and read back
+from the explainer's output; its hits must be the engine's own prefix_cache_hit events."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockviz.cli import main
+from blockviz.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, PARTIAL,
+                              explain_requests)
+from engine import LLM, SamplingParams
+
+P = [11, 12, 13, 14, 21, 22, 23, 24]  # two full blocks of 4 in common
+PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
+
+
+def _run(llm: LLM, *prompts: list[int]):
+    """Each prompt to completion in turn; the explanations of their requests."""
+    events = []
+    llm.events.subscribe(events.append)
+    for prompt in prompts:
+        llm.generate([{"prompt_token_ids": prompt}], PARAMS)
+    engine = llm.engine
+    explanations = explain_requests(events, engine.config.block_size, engine.budget.num_gpu_blocks,
+                                    engine.budget.num_cpu_blocks, engine.config.enable_prefix_caching)
+    hits = {}
+    for e in events:
+        if e.type == "prefix_cache_hit":
+            hits.setdefault(e.seq_ids[0], []).append(e.logical_index)
+    for x in explanations:  # the explainer's hits are exactly the engine's
+        assert [b.index for b in x.blocks if b.verdict == HIT] == hits.get(x.seq_id, [])
+    return explanations, events
+
+
+@pytest.fixture
+def llm(tiny_gpt2_dir):
+    return LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True)
+
+
+def test_a_shared_opening_hits_exactly_the_shared_blocks_then_misses_on_different_tokens(llm):
+    (first, second), _ = _run(llm, P + [31, 32, 33, 34, 5], P + [41, 42, 43, 44, 6])
+    assert first.num_hit_blocks == 0 and first.first_miss.verdict == DIFFERENT_TOKENS
+    assert [b.verdict for b in second.blocks] == [HIT, HIT, DIFFERENT_TOKENS, "not looked up: after the first miss"]
+    assert second.num_hit_tokens == 8
+    assert "prefix hit: 2 blocks, 8 tokens; first miss at L2: different tokens" in second.lines()[-1]
+
+
+def test_the_prompts_last_block_is_never_a_hit(llm):
+    (_, exact), _ = _run(llm, P + [31, 32, 33, 34, 5], P)
+    assert [b.verdict for b in exact.blocks] == [HIT, LAST_BLOCK]
+
+
+def test_a_partial_block_has_no_hash_to_look_up(llm):
+    (_, partial), _ = _run(llm, P + [31, 32, 33, 34, 5], P + [9])
+    assert [b.verdict for b in partial.blocks] == [HIT, HIT, PARTIAL]
+    assert partial.blocks[2].block_hash is None
+
+
+def test_the_same_tokens_after_a_different_opening_miss_on_the_parent(llm):
+    (_, moved), _ = _run(llm, P + [31, 32, 33, 34, 5], P[4:] + [51, 52])  # A's second block, first here
+    assert moved.blocks[0].verdict == DIFFERENT_PARENT
+
+
+def test_a_block_evicted_since_misses_and_names_the_eviction(tiny_gpt2_dir):
+    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, enable_prefix_caching=True, watermark=0.0)
+    filler = list(range(100, 128))  # 7 blocks: the cached ones are evicted to make room
+    (_, _, again), events = _run(llm, P + [5], filler, P + [6])
+    miss = again.blocks[0]
+    assert miss.verdict == EVICTED
+    evicted = next(e for e in events if e.seq_no == miss.evicted_by)
+    assert evicted.type == "block_evicted" and evicted.block_hash == miss.block_hash
+
+
+def test_blockviz_explain_prints_each_request(tiny_gpt2_dir, capsys):
+    opening = "To be, or not to be, that is the question:"
+    assert main(["explain", "--model", str(tiny_gpt2_dir), "--block-size", "4", "--num-gpu-blocks", "64",
+                 "--prompt", opening + " whether tis nobler", "--prompt", opening + " a quick fox"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("request ") == 2 and "hit: gpu block" in out
+    assert "first miss at" in out and "different tokens" in out
