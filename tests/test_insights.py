@@ -1,0 +1,58 @@
+"""The preemption ledger and the memory figures, checked over the shipped traces against the same
+facts derived another way: from reducer states at the preemption and the reducer's own counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockviz.history import Timeline
+from blockviz.insights import max_tokens_of, memory_truth, preemption_ledger
+from blockviz.trace import load_trace, shipped_traces
+
+
+@pytest.mark.parametrize("name", ["swap", "recompute"])
+def test_the_ledger_matches_the_victims_tables_at_each_preemption(name):
+    trace = load_trace(name)
+    events = trace.events
+    ledger = preemption_ledger(events)
+    preempted = [i for i, e in enumerate(events) if e.type == "preempted"]
+    assert len(ledger) == len(preempted) > 0
+    timeline = Timeline.for_trace(trace)
+    for entry, index in zip(ledger, preempted):
+        event = events[index]
+        assert (entry.request_id, entry.mode, entry.tokens_lost) == (event.request_id, event.mode, event.num_tokens_lost)
+        # the victims' GPU blocks as the last step left them
+        last_step_end = max(i for i, e in enumerate(events[:index]) if e.type == "step_finished") + 1
+        timeline.seek(last_step_end)
+        blocks = {number for seq in event.seq_ids for device, number in timeline.state.tables.get(seq, [])
+                  if device == "gpu"}
+        assert entry.blocks_freed == len(blocks)
+        assert entry.blocks_swapped == (len(blocks) if event.mode == "swap" else 0)
+        assert entry.mode != "recompute" or entry.tokens_lost > 0
+        resumed = next((e.step for e in events[index:] if e.type == "step_started"
+                        and set(event.seq_ids) & set(e.seq_ids)), None)
+        assert entry.resumed_step == resumed and entry.steps_until_resumed is not None
+        assert entry.steps_until_resumed > 0
+
+
+@pytest.mark.parametrize("name", shipped_traces())
+def test_memory_figures_agree_with_the_reducer_at_every_step(name):
+    trace = load_trace(name)
+    timeline = Timeline.for_trace(trace)
+    max_tokens = max_tokens_of(trace.events)
+    for end in timeline.step_ends:
+        timeline.seek(end)
+        state = timeline.state
+        truth = memory_truth(state, max_tokens)
+        gpu = truth.pools["gpu"]
+        assert gpu.used_blocks == state.num_used("gpu")
+        assert gpu.block_utilization == state.num_used("gpu") / trace.num_gpu_blocks
+        assert gpu.token_utilization == pytest.approx(state.kv_utilization())
+        for seq_id, table in state.tables.items():
+            seq = truth.seqs[seq_id]
+            last = state.pools[table[-1][0]][table[-1][1]]
+            assert seq.empty_in_last_block == trace.block_size - len(last.token_ids)
+            assert seq.reserved_slots == state.seqs[seq_id].num_prompt_tokens + max_tokens[seq_id]
+        # every block but a sequence's last is full, so paged waste is at most one block a sequence
+        assert gpu.slots_allocated - gpu.slots_used <= truth.internal_fragmentation
+        assert truth.reservation_waste() >= 0
