@@ -109,7 +109,7 @@ class ReplaySpec(EngineSpec):
 
 
 async def session(stream: Path, runs: int) -> tuple[list[float], int]:
-    from blockviz.app import BlockvizApp
+    from blockviz.tui.app import BlockvizApp
     from blockviz.engine_process import ProcessBridge
     from blockviz.history import SPEEDS
     from tui import PROMPTS, play_to_idle

@@ -179,8 +179,8 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
     from textual.geometry import Region
 
     from blockviz.history import Timeline
-    from blockviz.widgets.palette import touched_blocks
-    from blockviz.widgets.pool_grid import PoolGrid
+    from blockviz.palette import touched_blocks
+    from blockviz.tui.widgets.pool_grid import PoolGrid
 
     class PoolHost(App):
         def compose(self) -> ComposeResult:
@@ -212,7 +212,7 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
     """Play the whole app (every panel) at `speed` events/s for `seconds`; returns the frames it
     drew per second and the events/s it kept up with (its frame timer asks for 30 frames/s)."""
     from blockviz import history
-    from blockviz.app import BlockvizApp
+    from blockviz.tui.app import BlockvizApp
     from blockviz.trace import Trace
 
     header = {"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
@@ -494,7 +494,7 @@ class _AttachedSession:
         return self.runs
 
     async def _session(self, control: Path, results: Path) -> None:
-        from blockviz.app import BlockvizApp
+        from blockviz.tui.app import BlockvizApp
         from blockviz.history import SPEEDS
 
         idle = asyncio.Event()

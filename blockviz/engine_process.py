@@ -1,9 +1,9 @@
 """The live engine in a process of its own, for `blockviz run`.
 
 Why a process: on a CPU the engine is largely Python (scheduling, the block manager, its events)
-and the TUI is all Python; in one process they take turns holding the GIL, and the engine ran at
-0.6-0.75x of its speed with the TUI attached (benchmarks/tui.py). In its own process the engine
-keeps its interpreter to itself, and the UI process never imports torch.
+and the TUI is all Python; in one process they take turns holding the GIL, and the engine slows
+down with the TUI attached (benchmarks/README.md). In its own process the engine keeps its
+interpreter to itself, and the UI process never imports torch.
 
 `ProcessBridge` has the UI-side API of blockviz.live.EngineBridge (request_steps, set_free_run,
 acknowledge, add_request, fork, preempt, abort, stop, outstanding, in_flight) and the same
@@ -235,10 +235,9 @@ def leave_cores_to_engine() -> bool:
 
     Why: on a CPU the engine keeps the cores busy through its torch threads, which wait on one
     another at each parallel operation, so a UI thread taking a core from one stalls them all.
-    Scheduled normally, the app's wake-ups pre-empted the engine a median ~350-480 times in a
-    4,096-token run of the bundled model; scheduled idle ~16-55 times, as often as with no app at
-    all, while the app's event loop still answers within milliseconds (benchmarks/tui.py prints
-    how fast). The UI needs ~3% of a core, and gets it in the moments the engine's threads wait.
+    Scheduled idle, the app pre-empts the engine about as often as no app at all, while its event
+    loop still answers within milliseconds: it needs a few percent of a core, and gets it in the
+    moments the engine's threads wait (benchmarks/tui.py measures it; benchmarks/README.md).
     Nothing unprivileged can leave SCHED_IDLE again, hence a choice for the whole UI process;
     `blockviz run --ui-priority normal` skips it."""
     idle = getattr(os, "SCHED_IDLE", None)
@@ -268,10 +267,10 @@ def _child_main(spec: EngineSpec, commands, out, log_path: str, max_in_flight: i
 
     def make_engine():
         engine = spec.make_engine()
-        # The model, torch and transformers (~390,000 objects for the bundled model) live as long
-        # as this process: leave them out of garbage collections. A full collection over them took
-        # ~225 ms, a stall of every engine thread, each time enough events had outlived a young
-        # collection (they wait up to flush_interval in the bridge's buffer).
+        # The model, torch and transformers (hundreds of thousands of objects) live as long as
+        # this process: leave them out of garbage collections, each full one of which would stall
+        # every engine thread whenever enough events had outlived a young collection (they wait up
+        # to flush_interval in the bridge's buffer). Figures: benchmarks/README.md.
         gc.collect()
         gc.freeze()
         return engine

@@ -37,10 +37,9 @@ class Timeline:
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  snapshot_every: int | None = None) -> None:
         if snapshot_every is None:
-            # A snapshot freezes every block into a tuple (~0.5 us each); replaying an event costs
-            # ~1 us. One snapshot per four pools' worth of events makes snapshots cost ~0.1 us per
-            # event (a live run at max speed pays it as it goes) while a seek still replays only
-            # milliseconds' worth of events.
+            # A snapshot costs about a pool's worth of work and replaying an event far less: one
+            # snapshot per four pools' worth of events keeps snapshots cheap per event while a seek
+            # replays only a few thousand events (benchmarks/README.md has the figures).
             snapshot_every = max(SNAPSHOT_EVERY, 4 * (num_gpu_blocks + num_cpu_blocks))
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")

@@ -50,13 +50,13 @@ class Trace:
     def num_cpu_blocks(self) -> int:
         return int(self.header["num_cpu_blocks"])
 
-    @property
-    def title(self) -> str:
-        """A short description for the UI: model, block size and pools."""
-        h = self.header
-        caching = " · prefix caching" if h.get("enable_prefix_caching") else ""
-        return (f"{h.get('model', '?')} · block size {self.block_size} · "
-                f"{self.num_gpu_blocks} GPU / {self.num_cpu_blocks} CPU blocks{caching}")
+
+def engine_title(header: dict[str, Any]) -> str:
+    """A short description for the UI from a trace header or an engine's trace_header(): model,
+    block size, pools, and prefix caching when on."""
+    caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
+    return (f"{header.get('model', '?')} · block size {header['block_size']} · "
+            f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks{caching}")
 
 
 def make_header(engine_header: dict[str, Any], **run: Any) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, Callable
 
 from engine import events as ev
 
@@ -353,35 +355,43 @@ def _deepcopy(value):
     return value if isinstance(value, (int, float, str, bool, type(None))) else copy.deepcopy(value)
 
 
-def _freeze_block(b: BlockState) -> tuple:
-    return (b.device, b.number, b.ref_count, tuple(b.owners), b.block_hash, b.parent_hash, b.num_hashed_tokens,
-            b.token_ids, b.state, b.registered, b.digest, b.num_hits, b.digest_slots)
+class _Snapshot:
+    """Freeze a slots dataclass to the tuple of its fields' values and back, by the names
+    dataclasses.fields() gives (a reordered or added field is kept right); `mutable` names the
+    fields holding a container, with how to freeze it and how to thaw it."""
+
+    def __init__(self, cls: type, **mutable: tuple[Callable, Callable]) -> None:
+        names = [f.name for f in fields(cls)]
+        self._cls = cls
+        self._values = attrgetter(*names)
+        self._mutable = [(names.index(name), freeze, thaw) for name, (freeze, thaw) in mutable.items()]
+
+    def freeze(self, obj: Any) -> tuple:
+        values = list(self._values(obj))
+        for index, freeze, _ in self._mutable:
+            values[index] = freeze(values[index])
+        return tuple(values)
+
+    def thaw(self, frozen: tuple) -> Any:
+        values = list(frozen)
+        for index, _, thaw in self._mutable:
+            values[index] = thaw(values[index])
+        return self._cls(*values)
 
 
-def _thaw_block(v: tuple) -> BlockState:
-    return BlockState(v[0], v[1], v[2], set(v[3]), *v[4:])
-
-
-def _freeze_seq(q: SeqState) -> tuple:
-    return (q.seq_id, q.request_id, tuple(q.token_ids), tuple(q.token_texts), q.num_prompt_tokens, q.status,
-            q.finish_reason, q.num_cached_tokens, q.parent_seq_id)
-
-
-def _thaw_seq(v: tuple) -> SeqState:
-    return SeqState(v[0], v[1], list(v[2]), list(v[3]), *v[4:])
-
-
+_BLOCKS = _Snapshot(BlockState, owners=(tuple, set))
+_SEQS = _Snapshot(SeqState, token_ids=(tuple, list), token_texts=(tuple, list))
 _DICTS = ("hash_map", "parent_hashes", "requests", "counts")  # values immutable
 # How ReducerState.freeze / thaw turn each container attribute into tuples and back.
 _FREEZE = {
-    "pools": lambda pools: tuple((device, tuple(map(_freeze_block, blocks))) for device, blocks in pools.items()),
+    "pools": lambda pools: tuple((device, tuple(map(_BLOCKS.freeze, blocks))) for device, blocks in pools.items()),
     "tables": lambda tables: tuple((seq_id, tuple(table)) for seq_id, table in tables.items()),
-    "seqs": lambda seqs: tuple(map(_freeze_seq, seqs.values())),
+    "seqs": lambda seqs: tuple(map(_SEQS.freeze, seqs.values())),
     **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
 }
 _THAW = {
-    "pools": lambda pools: {device: list(map(_thaw_block, blocks)) for device, blocks in pools},
+    "pools": lambda pools: {device: list(map(_BLOCKS.thaw, blocks)) for device, blocks in pools},
     "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables},
-    "seqs": lambda seqs: {v[0]: _thaw_seq(v) for v in seqs},
+    "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
     **{name: dict for name in _DICTS},
 }

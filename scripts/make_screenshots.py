@@ -20,7 +20,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blockviz.app import BlockvizApp  # noqa: E402
+from blockviz.tui.app import BlockvizApp  # noqa: E402
 from blockviz.trace import Trace, read_trace  # noqa: E402
 
 TRACES_DIR = ROOT / "blockviz" / "traces"

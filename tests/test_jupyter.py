@@ -168,7 +168,7 @@ def test_event_log_filters():
 
 
 def wait_for_worker(viz: Visualizer) -> None:
-    viz._worker.submit(lambda: None).result(timeout=60)
+    viz._buttons.wait(timeout=60)
 
 
 def test_buttons_step_back_seek_select_in_background():

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from blockviz.app import BlockvizApp
+from blockviz.tui.app import BlockvizApp
 from blockviz.history import Timeline
-from blockviz.messages import BlockSelected
+from blockviz.tui.messages import BlockSelected
 from blockviz.live import EngineBridge, EngineSpec
 from blockviz.trace import Trace, write_trace
-from blockviz.widgets.event_log import EventLog
-from blockviz.widgets.palette import show_token
-from blockviz.widgets.pool_grid import PoolGrid
+from blockviz.tui.widgets.event_log import EventLog
+from blockviz.palette import show_token
+from blockviz.tui.widgets.pool_grid import PoolGrid
 from engine.sequence import SamplingParams
 from test_tui_fake_engine import FakeEngine, run_scenario
 
@@ -157,7 +157,7 @@ async def test_the_inspector_says_when_a_blocks_kv_digest_predates_its_newest_sl
 async def test_the_app_collects_young_garbage_less_often_while_it_runs_and_restores_the_threshold():
     import gc
 
-    from blockviz.app import YOUNG_GC_OBJECTS
+    from blockviz.tui.controller import YOUNG_GC_OBJECTS
 
     before = gc.get_threshold()
     assert before[0] != YOUNG_GC_OBJECTS
@@ -270,7 +270,7 @@ async def test_the_status_bar_says_what_just_happened_in_two_lines():
     line is blockviz.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
     from blockviz.narration import narrate
     from blockviz.trace import load_trace, resolve_trace_path
-    from blockviz.widgets.panels import StatusBar
+    from blockviz.tui.widgets.panels import StatusBar
 
     trace = load_trace(resolve_trace_path("fork-cow"))
     fork = first_index(trace, "fork")
@@ -431,11 +431,11 @@ class QuietBridge:
 
 
 async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_once(monkeypatch):
-    import blockviz.app as app_module
+    import blockviz.tui.controller as controller_module
     from blockviz.history import SPEEDS
-    from blockviz.messages import EngineEvents
+    from blockviz.tui.messages import EngineEvents
 
-    monkeypatch.setattr(app_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
+    monkeypatch.setattr(controller_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
     events = n2_trace().events
     first_step = next(i for i, e in enumerate(events) if e.type == "step_finished") + 1
     app = BlockvizApp(bridge=QuietBridge(), deterministic=True, play=False)
@@ -445,13 +445,13 @@ async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_onc
         app.player.speed_index = len(SPEEDS) - 1
         app.action_toggle_play()
         assert app.player.throughput_mode
-        app._last_tick = time.monotonic()  # a frame was just drawn: the next is not due
+        app.controller.last_tick = time.monotonic()  # a frame was just drawn: the next is not due
         app.post_message(EngineEvents(list(events[:first_step])))
         await pilot.pause()
         timeline = app.player.timeline
         assert len(timeline) == first_step and timeline.position == 0
         assert "GPU pool · 0/24 used" in screen_text(app)
-        app._last_tick -= 1 / app_module.THROUGHPUT_FPS  # now it is
+        app.controller.last_tick -= 1 / controller_module.THROUGHPUT_FPS  # now it is
         app.post_message(EngineEvents(list(events[first_step:first_step + 1])))
         await pilot.pause()
         assert timeline.position == len(timeline) == first_step + 1
@@ -487,7 +487,7 @@ def test_replay_reaches_its_first_frame_without_importing_torch(tmp_path):
     write_trace(path, {"format": "blockviz-trace", "version": 1, **trace.header}, trace.events)
     script = textwrap.dedent(f"""
         import asyncio, json, sys
-        from blockviz.app import BlockvizApp
+        from blockviz.tui.app import BlockvizApp
         from blockviz.cli import main
         seen = {{}}
         def headless_run(self, **kwargs):
@@ -519,7 +519,7 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
         check_model({str(tiny_gpt2_dir)!r})
         check_model("tiny-shakespeare")
         seen = {{"checked": "torch" in sys.modules}}
-        from blockviz.app import BlockvizApp
+        from blockviz.tui.app import BlockvizApp
         from blockviz.cli import main
         from blockviz.engine_process import ProcessBridge
         ProcessBridge.start = lambda self: None  # no engine process: this one is under test

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from blockviz.app import BlockvizApp
+from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
 from blockviz.engine_process import ProcessBridge
 from blockviz.history import SPEEDS

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from blockviz.history import Player, Timeline, state_equal
 from blockviz.live import EngineBridge, EngineSpec, Listener
-from blockviz.messages import EngineEvents
+from blockviz.tui.messages import EngineEvents
 from engine.reducer import ReducerState
 from test_tui_fake_engine import FakeEngine, run_scenario
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.app import BlockvizApp
+from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
 from blockviz.history import SPEEDS, Timeline, state_equal
 from blockviz.live import EngineBridge, EngineSpec

@@ -27,7 +27,7 @@ def execute(args) -> int:
         trace = load_trace(path)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    from blockviz.app import BlockvizApp
+    from blockviz.tui.app import BlockvizApp
 
     app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name)
     app.run()

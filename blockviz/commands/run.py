@@ -42,7 +42,7 @@ def execute(args) -> int:
     except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
         raise UsageError(one_line(exc)) from None
     spec.check_prompt_lengths(source)
-    from blockviz.app import BlockvizApp
+    from blockviz.tui.app import BlockvizApp
 
     # The engine process loads the model while the app draws its loading screen; once the engine
     # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from blockviz.narration import narrate
-from blockviz.widgets.palette import (
+from blockviz.palette import (
     FILTERS,
     block_token_texts,
     describe,

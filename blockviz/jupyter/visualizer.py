@@ -18,78 +18,20 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import ipywidgets
 
 from blockviz.history import Player, Timeline
+from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.snapshot import cursor_line, event_log, snapshot, summary_text
+from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
 from blockviz.live import one_line
-from blockviz.trace import Trace, load_trace
+from blockviz.trace import Trace, engine_title, load_trace
 from engine import events as ev
 from engine.reducer import ReducerState
-
-MAX_FPS = 20
-PLAY_TICK_S = 1 / MAX_FPS
-# Live at "max" the engine free-runs this long between frames: every frame (the reducer catching
-# up, a snapshot, the views' sync) takes the GIL from the engine's thread.
-THROUGHPUT_TICK_S = 0.25
-
-
-class FrameThrottle:
-    """Calls `send()` at most once per `min_interval` seconds: `request()` sends now if the last
-    send is old enough, else makes sure one send happens when the interval is up (coalescing every
-    request in between). `clock` and `schedule(delay, fn)` are injectable for tests."""
-
-    def __init__(self, send: Callable[[], None], min_interval: float = 1 / MAX_FPS,
-                 clock: Callable[[], float] = time.monotonic,
-                 schedule: Callable[[float, Callable[[], None]], Any] | None = None) -> None:
-        self._send = send
-        self.min_interval = min_interval
-        self._clock = clock
-        self._schedule = schedule or _start_timer
-        self._lock = threading.Lock()
-        self._last = -float("inf")
-        self._pending = False
-        self.num_sent = 0
-
-    def request(self) -> None:
-        with self._lock:
-            if self._pending:
-                return
-            wait = self._last + self.min_interval - self._clock()
-            if wait > 0:
-                self._pending = True
-                self._schedule(wait, self._fire)
-                return
-            self._last = self._clock()
-        self._do_send()
-
-    def flush(self) -> None:
-        """Send now (a pending timer still fires, sending the then-current frame)."""
-        with self._lock:
-            self._last = self._clock()
-        self._do_send()
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._pending = False
-            self._last = self._clock()
-        self._do_send()
-
-    def _do_send(self) -> None:
-        self.num_sent += 1
-        self._send()
-
-
-def _start_timer(delay: float, fn: Callable[[], None]) -> None:
-    timer = threading.Timer(delay, fn)
-    timer.daemon = True
-    timer.start()
-
 
 class Visualizer:
     """Pools, block tables, hash chains, event log, inspector and controls over one timeline.
@@ -109,13 +51,10 @@ class Visualizer:
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
-        self._buffer: list[ev.Event] = []
-        self._unsubscribe = self.engine.events.subscribe(self._buffer.append) if self.engine else None
+        self._driver = EngineDriver(self.engine, self.player, self._set_error) if self.engine else None
         self._request_ids: list[str] = []
-        self._finished: dict[str, Any] = {}
         self._play_thread: threading.Thread | None = None
         self._stop_play = threading.Event()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blockviz-widget")
 
         self.controls = Controls()
         self.pools = PoolView()
@@ -125,8 +64,9 @@ class Visualizer:
         self.log = EventLogView()
         # The controls go last in each frame: once they show a position, every view has its frame.
         self.views = (self.pools, self.inspector, self.tables, self.hashes, self.log, self.controls)
-        self.controls.on_action(self._on_controls)
-        self.pools.on_action(self._on_pools)
+        self._buttons = Buttons(self)
+        self.controls.on_action(self._buttons.on_controls)
+        self.pools.on_action(self._buttons.on_pools)
         self.log.observe(lambda change: self._changed(), names="filter")
         self.widget = ipywidgets.VBox([
             self.controls,
@@ -145,7 +85,7 @@ class Visualizer:
         """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...)."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Timeline.for_trace(trace), title=f"trace {name} · {trace.title}")
+        return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}")
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
@@ -163,10 +103,7 @@ class Visualizer:
                              "would be missing from the picture")
         header = engine.trace_header()
         timeline = Timeline(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-        caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
-        viz = cls(timeline, llm=llm, title=f"live {header.get('model', '?')} · block size "
-                  f"{header['block_size']} · {header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU "
-                  f"blocks{caching}")
+        viz = cls(timeline, llm=llm, title=f"live {engine_title(header)}")
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
             if isinstance(sampling_params, (list, tuple)):
@@ -182,10 +119,10 @@ class Visualizer:
     def close(self) -> None:
         """Stop playback, detach from the engine and close the widgets."""
         self.pause()
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        self._worker.shutdown(wait=False)
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+        self._buttons.close()
         for view in self.views:
             view.close()
         self.widget.close()
@@ -218,7 +155,8 @@ class Visualizer:
     @property
     def outputs(self) -> list[Any]:
         """Finished requests' RequestOutputs (live runs), in the order the requests were added."""
-        return [self._finished[r] for r in self._request_ids if r in self._finished]
+        finished = self._driver.finished if self._driver is not None else {}
+        return [finished[r] for r in self._request_ids if r in finished]
 
     @property
     def finished(self) -> bool:
@@ -264,7 +202,7 @@ class Visualizer:
                 self.error = f"{name}: {one_line(exc)}"
                 raise
             finally:
-                self._take_events()
+                self._driver.take_events()
             self.error = ""
             self.player.finished = False
             self.timeline.seek(len(self.timeline))  # the command acted on the engine's present
@@ -375,7 +313,8 @@ class Visualizer:
             self.player.playing = False
             self.player.toggle_play()
             self._stop_play.clear()
-            thread = threading.Thread(target=self._play_loop, name="blockviz-play", daemon=True)
+            thread = threading.Thread(target=play_loop, name="blockviz-play", daemon=True,
+                                      args=(self.player, self._lock, self._driver, self._stop_play, self._changed))
             self._play_thread = thread
         thread.start()
         self._changed()
@@ -400,125 +339,12 @@ class Visualizer:
         self.player.speed_index = SPEEDS.index(value)
         self._changed()
 
-    def _play_loop(self) -> None:
-        last = time.monotonic()
-        while not self._stop_play.is_set():
-            started = time.monotonic()
-            with self._lock:
-                if self._stop_play.is_set():
-                    break
-                # Live at "max" the engine free-runs for the whole tick (digesting the blocks it
-                # wrote once per tick, as the TUI's bridge does); otherwise it steps only as far
-                # as playback needs (the Player's lookahead).
-                free_run = self.player.throughput_mode
-                try:
-                    deadline = started + (THROUGHPUT_TICK_S if free_run else PLAY_TICK_S)
-                    self._digest_per_step(not free_run)
-                    while (free_run or self.player.engine_steps_wanted() > 0) and time.monotonic() < deadline:
-                        if not self._engine_step():
-                            break
-                except Exception:  # noqa: BLE001 - _engine_step has put the one line in self.error
-                    self.player.playing = False
-                finally:
-                    self._digest_per_step(True)
-                now = time.monotonic()
-                self.player.tick(now - last)
-                last = now
-                playing = self.player.playing
-            self._changed()
-            if not playing:
-                break
-            if not free_run:
-                self._stop_play.wait(max(0.0, PLAY_TICK_S - (time.monotonic() - started)))
-
-    # ------------------------------------------------------------------ the engine (lock held)
-
-    def _digest_per_step(self, per_step: bool) -> None:
-        """LLMEngine.kv_digests_per_step: when turned back on, digest what was held back."""
-        engine = self.engine
-        if engine is None or not hasattr(engine, "kv_digests_per_step"):
-            return
-        if per_step and not engine.kv_digests_per_step:
-            engine.emit_kv_digests()
-            self._take_events()
-        engine.kv_digests_per_step = per_step
-
-    def _take_events(self) -> None:
-        if self._buffer:
-            batch, self._buffer[:] = self._buffer[:], []
-            self.timeline.extend(batch)
-
     def _engine_step(self) -> bool:
-        """One LLMEngine.step() if any request is unfinished; its events join the timeline.
-        Returns whether a step ran. An engine error is kept as one line (self.error) and raised."""
-        engine = self.engine
-        if engine is None or not engine.has_unfinished_requests():
-            self.player.finished = True
-            return False
-        try:
-            for output in engine.step():
-                if output.finished:
-                    self._finished[output.request_id] = output
-        except Exception as exc:
-            self.error = f"engine stopped: {one_line(exc)}"
-            self.player.finished = True
-            self._take_events()
-            raise
-        self._take_events()
-        if not engine.has_unfinished_requests():
-            self.player.finished = True
-        return True
+        """One engine step, if a live engine has an unfinished request (lock held)."""
+        return self._driver is not None and self._driver.step()
 
-    # ------------------------------------------------------------------ buttons (kernel main thread)
-
-    def _on_controls(self, message: dict[str, Any]) -> None:
-        kind = message.get("event")
-        if kind == "action":
-            action = message.get("action")
-            if action == "pause" or (action == "play" and self.playing):
-                self.pause()
-            elif action == "play":
-                self._in_background(self.play)
-            else:
-                run = {"step_event": self.step_event, "step": self.step, "back": self.back,
-                       "back_step": self._back_step, "start": lambda: self.seek(0),
-                       "end": self._to_end}.get(action)
-                if run is not None:
-                    self._in_background(run)
-        elif kind == "seek":
-            self._in_background(lambda: self.seek(int(message.get("position", 0))))
-        elif kind == "speed":
-            self._in_background(lambda: self._set_speed_index(int(message.get("index", 0))))
-
-    def _on_pools(self, message: dict[str, Any]) -> None:
-        if message.get("event") == "select":
-            self._in_background(lambda: self.select(str(message.get("device")), int(message.get("number", 0))))
-
-    def _in_background(self, run: Callable[[], Any]) -> None:
-        def guarded() -> None:
-            try:
-                run()
-            except Exception as exc:  # noqa: BLE001 - shown in the widget as one line
-                if not self.error:
-                    self.error = one_line(exc)
-                self._changed()
-
-        self._worker.submit(guarded)
-
-    def _back_step(self) -> None:
-        self.pause()
-        with self._lock:
-            self.timeline.seek(self.timeline.previous_step_end())
-        self._changed()
-
-    def _to_end(self) -> None:
-        self.seek(len(self.timeline))
-
-    def _set_speed_index(self, index: int) -> None:
-        from blockviz.history import SPEEDS
-
-        self.player.speed_index = max(0, min(index, len(SPEEDS) - 1))
-        self._changed()
+    def _set_error(self, error: str) -> None:
+        self.error = error
 
     # ------------------------------------------------------------------ frames
 

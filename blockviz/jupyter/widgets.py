@@ -17,7 +17,7 @@ import anywidget
 import traitlets
 
 from blockviz.history import SPEEDS
-from blockviz.widgets.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
+from blockviz.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
 
 STATIC = Path(__file__).resolve().parent / "static"
 ESM = STATIC / "blockviz.js"

@@ -17,14 +17,13 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
-from blockviz.widgets.palette import (
+from blockviz.palette import (
     block_state_name,
     block_tint,
     block_token_texts,
     fill_glyph,
     is_cached_free,
     pool_counts,
-    seq_colour,
     seq_style,
     short_hash,
     show_token,
@@ -369,10 +368,3 @@ class StatusBar(Widget):
         what.append(self.narration or self.IDLE_HINT, "" if self.narration else "dim")
         what.truncate(width, overflow="ellipsis")
         return Group(line, what)
-
-
-def seq_legend(seq_ids: list[int], projector: bool = False) -> Text:
-    text = Text()
-    for seq_id in seq_ids:
-        text.append(f" {seq_id} ", Style(color="#000000", bgcolor=seq_colour(seq_id, projector)))
-    return text

@@ -34,6 +34,16 @@ GLOSSARY = (
 )
 
 
+def _table(title: str, rows) -> Table:
+    """Two columns, the first bold: a key or term, then what it means."""
+    table = Table(title=title, show_header=False, box=None, padding=(0, 2), title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 class HelpScreen(ModalScreen[None]):
     """Keys (from the app's bindings), the grid legend and a glossary keyed to vLLM and nano-vllm functions."""
 
@@ -61,28 +71,11 @@ class HelpScreen(ModalScreen[None]):
         self.key_rows = bindings
 
     def compose(self) -> ComposeResult:
-        keys = Table(title="Keys", show_header=False, box=None, padding=(0, 2), title_justify="left")
-        keys.add_column(style="bold", no_wrap=True)
-        keys.add_column()
-        for key, description in self.key_rows:
-            keys.add_row(key, description)
-        legend = Table(title="Pool grid legend", show_header=False, box=None, padding=(0, 2),
-                       title_justify="left")
-        legend.add_column(style="bold", no_wrap=True)
-        legend.add_column()
-        for row in LEGEND:
-            legend.add_row(*row)
-        glossary = Table(title="What you are looking at", show_header=False, box=None, padding=(0, 2),
-                         title_justify="left")
-        glossary.add_column(style="bold", no_wrap=True)
-        glossary.add_column()
-        for row in GLOSSARY:
-            glossary.add_row(*row)
         with VerticalScroll():
             yield Static(Text("blockviz — every picture is the engine's real block-manager state", "bold"))
-            yield Static(keys)
-            yield Static(legend)
-            yield Static(glossary)
+            yield Static(_table("Keys", self.key_rows))
+            yield Static(_table("Pool grid legend", LEGEND))
+            yield Static(_table("What you are looking at", GLOSSARY))
             yield Static(Text("escape closes this help", "dim"))
 
     def action_dismiss(self) -> None:

@@ -22,8 +22,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from blockviz.messages import BlockSelected
-from blockviz.widgets.palette import (
+from blockviz.tui.messages import BlockSelected
+from blockviz.palette import (
     CACHED_STYLE,
     FREE_STYLE,
     SELECTED_STYLE,

@@ -90,10 +90,6 @@ def fill_glyph(num_tokens: int, block_size: int) -> str:
     return FILL_GLYPHS[level]
 
 
-def sorted_owners(block: BlockState) -> list[int]:
-    return sorted(block.owners)
-
-
 def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, str] | None = None) -> list[str]:
     """The text piece of each token in `block`, read from an owner sequence when there is one
     (its position gives the exact piece), else from the id -> text map of the run."""
@@ -118,14 +114,6 @@ def tokens_text(texts: list[str], style_a: Style | str = "", style_b: Style | st
     for index, piece in enumerate(texts):
         text.append(show_token(piece), style_a if index % 2 == 0 else style_b)
     return text
-
-
-def seq_label(state: ReducerState, seq_id: int) -> Text:
-    seq = state.seqs.get(seq_id)
-    label = Text(f" seq {seq_id} ", style=seq_style(seq_id))
-    if seq is not None:
-        label.append(f" req {seq.request_id} · {seq.status}", style="bold" if seq.status == "running" else "dim")
-    return label
 
 
 def touched_blocks(event) -> dict[str, frozenset[int]]:

@@ -8,7 +8,7 @@ the newer one, so a burst costs one handler call and one frame instead of one pe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from textual.message import Message
 
@@ -78,15 +78,17 @@ class BlockSelected(Message):
     number: int
 
 
-@dataclass
-class SequenceSelected(Message):
-    """The user selected a sequence (in the block tables or the text view)."""
+def posting_listener(post: Callable[[Message], Any]):
+    """The engine worker's Listener (blockviz.live) whose every callback posts one of these
+    messages with `post` (App.post_message, safe from the worker thread)."""
+    from blockviz.live import Listener
 
-    seq_id: int
-
-
-@dataclass
-class PromptSubmitted(Message):
-    """The add-request dialog returned a prompt."""
-
-    prompt: str
+    return Listener(
+        loading=lambda text: post(EngineLoading(text)),
+        ready=lambda header: post(EngineReady(header)),
+        failed=lambda error: post(EngineFailed(error)),
+        died=lambda error: post(EngineDied(error)),
+        events=lambda events: post(EngineEvents(events)),
+        notice=lambda text: post(EngineNotice(text)),
+        idle=lambda: post(EngineIdle()),
+    )

@@ -1,0 +1,334 @@
+"""The blockviz TUI: a thin App over a Timeline (blockviz/history.py) and the views (widgets/).
+
+A live run (`blockviz run`) drives a Bridge (blockviz/tui/bridge.py) in a Textual thread worker; a
+replay (`blockviz replay`) reads a Trace (blockviz/trace.py) and never imports torch. Either way the
+views draw only the reducer's state at the timeline's cursor, so stepping, playing and time travel
+are the same code for both. Playback policy (frame timers, throughput mode, the garbage collector)
+lives in the PlaybackController (controller.py), which the App gets once the timeline exists.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterable
+
+from textual import events
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Label, LoadingIndicator, Static
+
+from blockviz.history import Player, Timeline
+from blockviz.narration import narrate
+from blockviz.trace import Trace, engine_title
+from blockviz.tui.bridge import Bridge
+from blockviz.tui.controller import GcPolicy, PlaybackController
+from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
+                                   EngineLoading, EngineNotice, EngineReady, posting_listener)
+from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
+from blockviz.tui.widgets.panels import StatusBar
+from blockviz.tui.widgets.pool_grid import PoolGrid
+from blockviz.tui.keys import KEYS, PLAYBACK_ACTIONS, key_rows
+from blockviz.tui.widgets.screens import AddRequestScreen, HelpScreen
+
+MIN_SIZE = (80, 24)
+WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
+LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
+
+
+class BlockvizApp(App[None]):
+    """Watch a paged-KV engine's blocks: live (`bridge`) or from a trace (`trace`)."""
+
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it
+    TITLE = "blockviz"
+    AUTO_FOCUS = "#gpu"
+    HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_SIZE[0], "-normal"), (WIDE, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_SIZE[1], "-tall")]
+
+    BINDINGS = KEYS
+
+    projector: reactive[bool] = reactive(False)
+    right_view: reactive[str] = reactive("tables")
+
+    def __init__(self, *, trace: Trace | None = None, bridge: Bridge | None = None, projector: bool = False,
+                 deterministic: bool = False, source_name: str = "", play: bool | None = None) -> None:
+        if (trace is None) == (bridge is None):
+            raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
+        super().__init__()
+        self.trace = trace
+        self.bridge = bridge
+        self.deterministic = deterministic
+        self.source_name = source_name
+        self.autoplay = bridge is not None if play is None else play  # live runs play once ready
+        self.controller: PlaybackController | None = None  # once the timeline exists
+        self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
+        self.selection: tuple[str, int] | None = None
+        self.selected_seq: int | None = None
+        self.error: str | None = None
+        self.engine_died = False  # the engine stopped mid-run: the app exits 1 with self.error
+        self.note = ""
+        self._gc = GcPolicy()
+        self.set_reactive(BlockvizApp.projector, projector)
+
+    @property
+    def player(self) -> Player | None:
+        """Playback over the timeline (None while a live engine loads)."""
+        return self.controller.player if self.controller is not None else None
+
+    def compose(self) -> ComposeResult:
+        yield Static("blockviz", id="title")
+        yield MainView(id="main")
+        yield Static("", id="engine-error")
+        yield StatusBar(id="status")
+        yield Footer(compact=True)
+        yield Static(f"Enlarge the terminal to at least {MIN_SIZE[0]}x{MIN_SIZE[1]} "
+                     f"(projector mode reads best at 100x30 or more).", id="too-small")
+        with Vertical(id="loading"):
+            yield LoadingIndicator()
+            yield Label(LOADING_FIRST, id="loading-text")
+            yield Label("the pools appear once the model is loaded · q quits", id="loading-hint")
+
+    def on_mount(self) -> None:
+        self._main, self._status = self.query_one(MainView), self.query_one(StatusBar)
+        self.watch_projector(self.projector)
+        self.watch_right_view(self.right_view)
+        if self.trace is not None:
+            self._start(Timeline.for_trace(self.trace), live=False)
+        else:
+            self.screen.add_class("-loading")
+            self.query_one("#title", Static).update(f"blockviz · live · {self.source_name or 'engine'} · loading")
+            self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
+
+    def _start(self, timeline: Timeline, live: bool) -> None:
+        self.controller = PlaybackController(Player(timeline, live=live), self.bridge,
+                                             set_interval=self.set_interval,
+                                             draw=lambda full: self.render_views(full))
+        self.screen.remove_class("-loading")
+        for loading in self.query("#loading"):  # its spinner would redraw 16 times a second, unseen
+            loading.remove()
+        self._gc.apply()
+        model = self.header.get("model", "?")
+        named = self.source_name and self.source_name != model  # a trace file; live runs name the model
+        source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
+        self.query_one("#title", Static).update(f"blockviz · {source} · {engine_title(self.header)}")
+        if self.autoplay:
+            self.controller.set_playing(True)
+        self.render_views()
+
+    # ------------------------------------------------------------------ the engine worker (live)
+
+    def _run_engine(self) -> None:
+        self.bridge.run(posting_listener(self.post_message))
+
+    def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
+        """Stop the engine worker first: the app's shutdown waits for its thread. After the engine
+        died mid-run the app ends with return code 1."""
+        if self.bridge is not None:
+            self.bridge.stop()
+        super().exit(result, 1 if self.engine_died and return_code == 0 else return_code, message)
+
+    def on_unmount(self) -> None:
+        if self.bridge is not None:
+            self.bridge.stop()
+        self._gc.restore()
+
+    def on_engine_loading(self, message: EngineLoading) -> None:
+        for label in self.query("#loading-text").results(Label):
+            label.update(message.text)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        h = self.header = dict(message.header)
+        self._start(Timeline(h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"]), live=True)
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.error = message.error
+        self.exit(return_code=2)
+
+    def on_engine_died(self, message: EngineDied) -> None:
+        """Keep the picture (time travel still works), say why until the app quits, then exit 1."""
+        self.error = message.error
+        self.engine_died = True
+        self.controller.engine_died()
+        self.query_one("#engine-error", Static).update(
+            f"{message.error} · the pools show the last events it sent · q quits")
+        self.screen.add_class("-engine-died")
+        self.render_views()
+
+    def on_engine_events(self, message: EngineEvents) -> None:
+        self.controller.on_events(message.events)
+
+    def on_engine_notice(self, message: EngineNotice) -> None:
+        self.notify(message.text, severity="warning")
+
+    def on_engine_idle(self, message: EngineIdle) -> None:
+        self.note = "all requests finished: a adds one"
+        self.controller.engine_idle()
+        self.render_views()
+
+    # ------------------------------------------------------------------ drawing
+
+    def render_views(self, full: bool = True) -> None:
+        """Push the state at the cursor down into the views: the pools and the status bar every
+        frame; the text panels too unless `full` is False and the controller says they wait."""
+        if self.controller is None:
+            return
+        player = self.controller.player
+        timeline = player.timeline
+        counts = self._main.show_pools(timeline)
+        if self.controller.frame_drawn(full):
+            self._main.show_panels(timeline, self.selection, self.selected_seq)
+        note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
+        self._status.show(
+            timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
+            speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
+            deterministic=self.deterministic, live=player.live, note=note, counts=counts,
+            narration=narrate(timeline.current_event, timeline.state))
+
+    def _moved(self) -> None:
+        self.note = ""
+        self.controller.feed_engine()
+        self.render_views()
+
+    # ------------------------------------------------------------------ messages from the views
+
+    def on_block_selected(self, message: BlockSelected) -> None:
+        self.selection = (message.device, message.number)
+        for grid in self._main.grids:
+            if grid.device != message.device:
+                grid.selected = None
+        owners = sorted(self.player.timeline.state.pools[message.device][message.number].owners)
+        if owners:
+            self.selected_seq = owners[0]
+        self.render_views()
+
+    # ------------------------------------------------------------------ actions (bindings)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Moving through the timeline waits for it (None: shown, disabled)."""
+        return None if action in PLAYBACK_ACTIONS and self.controller is None else True
+
+    def action_toggle_play(self) -> None:
+        self.controller.toggle_play()
+        self.render_views(full=not self.player.playing)  # playing: the next frames draw the rest
+
+    def _travel(self, move: str, pause: bool = False) -> None:
+        """Move the cursor with the Player's `move` (pausing first when `pause`), and redraw."""
+        if pause:
+            self.controller.set_playing(False)
+        getattr(self.player, move)()
+        self._moved()
+
+    def action_step(self) -> None:
+        self._travel("step_engine")
+
+    def action_step_event(self) -> None:
+        self._travel("step_event")
+
+    def action_back_event(self) -> None:
+        self._travel("back_event", pause=True)
+
+    def action_back_step(self) -> None:
+        self._travel("back_step", pause=True)
+
+    def action_to_start(self) -> None:
+        self._travel("to_start", pause=True)
+
+    def action_to_end(self) -> None:
+        self._travel("to_end")
+
+    def action_faster(self) -> None:
+        self._travel("faster")
+
+    def action_slower(self) -> None:
+        self._travel("slower")
+
+    def _live_engine(self, what: str) -> bool:
+        """True when an engine is attached (and the cursor is brought to the live edge)."""
+        if self.bridge is None:
+            self.notify(f"Replay: no engine here to {what}. Run `blockviz run` to {what}.",
+                        title="Replay", severity="warning")
+            return False
+        if self.controller is None:
+            self.notify("The engine is still loading.", severity="warning")
+            return False
+        if not self.player.timeline.at_end:
+            self.player.to_end()
+            self.notify("Jumped to the live edge: the engine acts on its present.")
+        self.player.follow()
+        return True
+
+    def action_add_request(self) -> None:
+        if not self._live_engine("add a request"):
+            return
+
+        def added(prompt: str | None) -> None:
+            if prompt:
+                self.player.finished = False
+                self.player.follow()
+                self.bridge.add_request(prompt)
+
+        self.push_screen(AddRequestScreen(), added)
+
+    def action_fork(self) -> None:
+        if (seq_id := self._selected_sequence()) is not None and self._live_engine("fork a sequence"):
+            self.bridge.fork(seq_id)
+
+    def action_preempt(self) -> None:
+        if (seq_id := self._selected_sequence()) is not None and self._live_engine("swap out a request"):
+            self.bridge.preempt(self.player.timeline.state.seqs[seq_id].request_id)
+
+    def _selected_sequence(self) -> int | None:
+        seqs = self.player.timeline.state.seqs
+        if self.selected_seq in seqs:
+            return self.selected_seq
+        running = [s for s, seq in sorted(seqs.items()) if seq.status == "running"]
+        if running:
+            self.selected_seq = running[0]
+            return running[0]
+        self.notify("No sequence selected: n picks one, or select a block it owns.", severity="warning")
+        return None
+
+    def action_next_sequence(self) -> None:
+        ids = sorted(self.player.timeline.state.seqs)
+        later = [s for s in ids if self.selected_seq is None or s > self.selected_seq]
+        if ids:
+            self.action_select_sequence(later[0] if later else ids[0])
+
+    def action_select_sequence(self, seq_id: int) -> None:
+        self.selected_seq = seq_id
+        self.render_views()
+
+    def action_next_view(self) -> None:
+        self.right_view = RIGHT_VIEWS[(RIGHT_VIEWS.index(self.right_view) + 1) % len(RIGHT_VIEWS)]
+
+    def watch_right_view(self, view: str) -> None:
+        self.query_one(MainView).show_view(view)
+        self.render_views()
+
+    def action_toggle_projector(self) -> None:
+        self.projector = not self.projector
+
+    def watch_projector(self, projector: bool) -> None:
+        self.screen.set_class(projector, "-projector")
+        for grid in self.query(PoolGrid):
+            grid.projector = projector
+        self.render_views()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Big cells from WIDE columns. The event's size, not self.size: App's own resize handler,
+        which records the new size, runs after this one."""
+        for grid in self.query(PoolGrid):
+            grid.big = event.size.width >= WIDE
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette offers every binding too, by its description."""
+        yield from super().get_system_commands(screen)
+        for binding, (keys, description) in zip(self.BINDINGS, key_rows(self.BINDINGS)):
+            yield SystemCommand(description, f"key {keys}", partial(self.run_action, binding.action))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(key_rows(self.BINDINGS) + [
+            ("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
+            ("ctrl+p", "command palette")]))

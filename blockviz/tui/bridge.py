@@ -1,0 +1,46 @@
+"""The one interface a live view drives an engine through (DESIGN.md: "one bridge interface").
+
+Two implementations: `blockviz.live.EngineBridge` (the engine on a thread of this process, as the
+tests run it) and `blockviz.engine_process.ProcessBridge` (the engine in a child process, as
+`blockviz run` runs it). The App is typed against `Bridge`, never a concrete class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from blockviz.live import Listener
+
+
+class Bridge(Protocol):
+    """A live engine as the UI sees it. `run` is the body of the UI's worker thread; every other
+    method is called from the UI thread."""
+
+    @property
+    def outstanding(self) -> int:
+        """Steps asked for and not finished yet."""
+
+    def run(self, listener: Listener) -> None:
+        """Load the engine, then report to `listener` until stopped."""
+
+    def request_steps(self, count: int = 1) -> None:
+        """Run `count` more engine steps (LLMEngine.step)."""
+
+    def set_free_run(self, free_run: bool) -> None:
+        """Step as fast as the backpressure allows ("max" playback speed)."""
+
+    def acknowledge(self, count: int) -> None:
+        """The UI took `count` events into its timeline (the backpressure)."""
+
+    def add_request(self, prompt: str, n: int | None = None) -> None:
+        """Queue a request (LLMEngine.add_request)."""
+
+    def fork(self, seq_id: int) -> None:
+        """Fork a running sequence (vLLM v0 BlockSpaceManager.fork)."""
+
+    def preempt(self, request_id: str) -> None:
+        """Swap a running request out to the CPU pool (vLLM v0 swap_out)."""
+
+    def stop(self) -> None:
+        """End the run; `run` returns soon after."""

@@ -1,0 +1,67 @@
+"""The main view: the pools on the left; on the right the selected block's inspector over one of
+four views (the app's `right_view`, v cycles). Draws the reducer state at a timeline's cursor."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+
+from blockviz.history import Timeline
+from blockviz.palette import pool_counts, touched_blocks
+from blockviz.tui.widgets.event_log import EventLogPanel
+from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains
+from blockviz.tui.widgets.pool_grid import PoolGrid
+
+RIGHT_VIEWS = ("tables", "text", "hashes", "log")
+
+
+class MainView(Horizontal):
+    """The pool grids and the panels beside them ("attributes down": the app calls `show_*`)."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="left"):
+            yield PoolGrid("gpu", id="gpu")
+            yield PoolGrid("cpu", id="cpu")
+        with Vertical(id="right"):
+            yield BlockInspector(id="inspector")
+            yield BlockTables(id="tables", classes="view")
+            yield GeneratedText(id="text", classes="view")
+            yield HashChains(id="hashes", classes="view")
+            yield EventLogPanel(id="log", classes="view")
+
+    @property
+    def grids(self) -> list[PoolGrid]:
+        return list(self.query(PoolGrid))
+
+    @cached_property
+    def _panels(self) -> tuple[BlockTables, GeneratedText, HashChains, BlockInspector, EventLogPanel]:
+        return (self.query_one(BlockTables), self.query_one(GeneratedText), self.query_one(HashChains),
+                self.query_one(BlockInspector), self.query_one(EventLogPanel))
+
+    def show_view(self, view: str) -> None:
+        """Show `view` (one of RIGHT_VIEWS) under the inspector; a wide terminal shows them all."""
+        for name in RIGHT_VIEWS:
+            self.query_one(f"#{name}").set_class(name == view, "-shown")
+
+    def show_pools(self, timeline: Timeline) -> dict[str, tuple[int, int, int]]:
+        """Both pools at the cursor, the blocks the last event touched marked; returns pool_counts."""
+        state = timeline.state
+        touched = touched_blocks(timeline.current_event)
+        counts = pool_counts(state)
+        for grid in self.grids:
+            used, cached, free = counts[grid.device]
+            grid.show(state, touched.get(grid.device, frozenset()),
+                      title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used")
+        return counts
+
+    def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None) -> None:
+        """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor."""
+        state, vocab = timeline.state, timeline.token_texts
+        tables, text, hashes, inspector, log = self._panels
+        tables.show(state, seq_id)
+        text.show(state, seq_id)
+        hashes.show(state, timeline.current_event, vocab)
+        inspector.show(state, selection, vocab)
+        log.show(timeline.events, timeline.position, vocab)
