@@ -66,9 +66,10 @@ def engine_option_defaults() -> dict:
             "temperature": sampling["temperature"], "max_tokens": CLI_MAX_TOKENS}
 
 
-def add_engine_options(parser: argparse.ArgumentParser, **overrides) -> None:
-    """The options shared by generate, run and record; `overrides` change their defaults (pool sizes
-    default to the memory budget, as vLLM sizes them)."""
+def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = (), **overrides) -> None:
+    """The options shared by the engine commands; `overrides` change their defaults (pool sizes
+    default to the memory budget, as vLLM sizes them); `skip` names options a command defines its
+    own way (compare takes lists)."""
     from engine.config import PreemptionMode
 
     d = {**engine_option_defaults(), **overrides}
@@ -82,18 +83,21 @@ def add_engine_options(parser: argparse.ArgumentParser, **overrides) -> None:
                         help="completions per prompt; n > 1 forks the sequence (copy-on-write)")
     parser.add_argument("--max-tokens", type=_positive("--max-tokens"), default=d["max_tokens"],
                         help=f"tokens to generate per completion (default {d['max_tokens']})")
-    parser.add_argument("--block-size", type=_positive("--block-size"), default=d["block_size"],
-                        help=f"tokens per KV-cache block (default {d['block_size']})")
-    parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=d["num_gpu_blocks"],
-                        help="size of the device block pool (default: "
-                             f"{d['num_gpu_blocks'] or 'from the memory budget'})")
+    if "block_size" not in skip:
+        parser.add_argument("--block-size", type=_positive("--block-size"), default=d["block_size"],
+                            help=f"tokens per KV-cache block (default {d['block_size']})")
+    if "num_gpu_blocks" not in skip:
+        parser.add_argument("--num-gpu-blocks", type=_positive("--num-gpu-blocks"), default=d["num_gpu_blocks"],
+                            help="size of the device block pool (default: "
+                                 f"{d['num_gpu_blocks'] or 'from the memory budget'})")
     cpu = d["num_cpu_blocks"]
     parser.add_argument("--num-cpu-blocks", type=_non_negative("--num-cpu-blocks"), default=cpu,
                         help=f"size of the CPU swap pool (default: {cpu if cpu is not None else 'from the swap space'})")
     caching = d["enable_prefix_caching"]
-    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=caching,
-                        dest="enable_prefix_caching",
-                        help=f"share identical prompt prefixes through the chained-hash cache (default {'on' if caching else 'off'})")
+    if "enable_prefix_caching" not in skip:
+        parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=caching,
+                            dest="enable_prefix_caching",
+                            help=f"share identical prompt prefixes through the chained-hash cache (default {'on' if caching else 'off'})")
     mode = d["preemption_mode"]
     parser.add_argument("--preemption-mode", choices=[m.value for m in PreemptionMode], default=mode,
                         help="how to preempt when blocks run out (default: "

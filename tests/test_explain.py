@@ -78,3 +78,4 @@ def test_blockviz_explain_prints_each_request(tiny_gpt2_dir, capsys):
     out = capsys.readouterr().out
     assert out.count("request ") == 2 and "hit: gpu block" in out
     assert "first miss at" in out and "different tokens" in out
+

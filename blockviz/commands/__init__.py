@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay", "explain")
+COMMANDS = ("generate", "run", "record", "replay", "explain", "compare")
 
 
 def _module(name: str):
