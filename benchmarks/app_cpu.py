@@ -110,7 +110,7 @@ class ReplaySpec(EngineSpec):
 
 async def session(stream: Path, runs: int) -> tuple[list[float], int]:
     from blockviz.tui.app import BlockvizApp
-    from blockviz.engine_process import ProcessBridge
+    from blockviz.tui.engine_process import ProcessBridge
     from blockviz.history import SPEEDS
     from tui import PROMPTS, play_to_idle
 

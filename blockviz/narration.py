@@ -62,10 +62,8 @@ def _hashed(e, state):
 
 
 def _slot(e, state):
-    filled = e.offset + 1
-    note = " (block now full)" if filled == state.block_size else ""
-    return (f"seq {e.seq_id}'s new token goes into slot {e.offset} of block {e.block}"
-            f" ({filled}/{state.block_size}){note}")
+    full = " (block now full)" if e.offset + 1 == state.block_size else ""
+    return f"seq {e.seq_id}'s new token goes into slot {e.offset} of block {e.block} ({e.offset + 1}/{state.block_size}){full}"
 
 
 def _cow(e, state):

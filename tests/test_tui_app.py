@@ -20,7 +20,8 @@ import pytest
 from blockviz.tui.app import BlockvizApp
 from blockviz.history import Timeline
 from blockviz.tui.messages import BlockSelected
-from blockviz.live import EngineBridge, EngineSpec
+from blockviz.live import EngineSpec
+from blockviz.tui.engine_bridge import EngineBridge
 from blockviz.trace import Trace, write_trace
 from blockviz.tui.widgets.event_log import EventLog
 from blockviz.palette import show_token
@@ -521,7 +522,7 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
         seen = {{"checked": "torch" in sys.modules}}
         from blockviz.tui.app import BlockvizApp
         from blockviz.cli import main
-        from blockviz.engine_process import ProcessBridge
+        from blockviz.tui.engine_process import ProcessBridge
         ProcessBridge.start = lambda self: None  # no engine process: this one is under test
         def opened(self, **kwargs):
             seen["app"] = "torch" in sys.modules or "transformers" in sys.modules

@@ -1,4 +1,4 @@
-"""Time travel (blockviz/history.py) and the engine bridge (blockviz/live.py): the model layer,
+"""Time travel (blockviz/history.py) and the engine bridge (blockviz/tui/engine_bridge.py): the model layer,
 tested without a terminal."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockviz.history import Player, Timeline, state_equal
-from blockviz.live import EngineBridge, EngineSpec, Listener
+from blockviz.live import EngineSpec
+from blockviz.tui.engine_bridge import EngineBridge, Listener
 from blockviz.tui.messages import EngineEvents
 from engine.reducer import ReducerState
 from test_tui_fake_engine import FakeEngine, run_scenario

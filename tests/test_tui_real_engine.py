@@ -9,7 +9,8 @@ import pytest
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
 from blockviz.history import SPEEDS, Timeline, state_equal
-from blockviz.live import EngineBridge, EngineSpec
+from blockviz.live import EngineSpec
+from blockviz.tui.engine_bridge import EngineBridge
 from blockviz.trace import read_trace
 from engine.reducer import ReducerState
 from test_tui_app import _until, screen_text
@@ -129,7 +130,7 @@ def test_a_free_running_bridge_digests_once_per_batch_and_ends_with_every_blocks
         tiny_gpt2_dir, loaded):
     import threading
 
-    from blockviz.live import Listener
+    from blockviz.tui.engine_bridge import Listener
 
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=24)
     bridge = EngineBridge(spec, make_engine=lambda: _engine(spec, loaded), flush_interval=10.0,

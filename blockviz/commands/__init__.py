@@ -16,13 +16,7 @@ def _module(name: str):
 
 def register(subparsers) -> None:
     for name in COMMANDS:
-        try:
-            module = _module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == f"blockviz.commands.{name}":
-                continue  # not built yet
-            raise
-        module.add_parser(subparsers)
+        _module(name).add_parser(subparsers)
 
 
 def dispatch(args) -> int:

@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.engine_process import ProcessBridge
+    from blockviz.tui.engine_process import ProcessBridge
     from blockviz.live import EngineSpec, check_model, one_line
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)

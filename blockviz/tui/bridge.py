@@ -1,7 +1,7 @@
 """The one interface a live view drives an engine through (DESIGN.md: "one bridge interface").
 
-Two implementations: `blockviz.live.EngineBridge` (the engine on a thread of this process, as the
-tests run it) and `blockviz.engine_process.ProcessBridge` (the engine in a child process, as
+Two implementations: `blockviz.tui.engine_bridge.EngineBridge` (the engine on a thread of this
+process, as the tests run it) and `blockviz.tui.engine_process.ProcessBridge` (the engine in a child process, as
 `blockviz run` runs it). The App is typed against `Bridge`, never a concrete class.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from blockviz.live import Listener
+    from blockviz.tui.engine_bridge import Listener
 
 
 class Bridge(Protocol):

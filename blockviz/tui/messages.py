@@ -81,7 +81,7 @@ class BlockSelected(Message):
 def posting_listener(post: Callable[[Message], Any]):
     """The engine worker's Listener (blockviz.live) whose every callback posts one of these
     messages with `post` (App.post_message, safe from the worker thread)."""
-    from blockviz.live import Listener
+    from blockviz.tui.engine_bridge import Listener
 
     return Listener(
         loading=lambda text: post(EngineLoading(text)),

@@ -73,6 +73,10 @@ class StatePanel(VerticalScroll):
     def set_body(self, renderable: RenderableType) -> None:
         self.body.update(renderable)
 
+    def set_rows(self, rows: list[RenderableType], empty: str = "no sequences yet") -> None:
+        """One row per sequence, or a dim line saying there is none yet."""
+        self.set_body(Group(*rows) if rows else Text(empty, style="dim"))
+
     def show(self, *args, **kwargs) -> None:
         """Render from the given state now if visible, else when the panel is next shown."""
         self._last = (args, kwargs)
@@ -133,9 +137,7 @@ class BlockTables(StatePanel):
                 if empty:
                     row.append(f" +{empty} empty", style="dim")
                 parts.append(row)
-        if not parts:
-            parts.append(Text("no sequences yet", style="dim"))
-        self.set_body(Group(*parts))
+        self.set_rows(parts)
 
 
 # ---------------------------------------------------------------------------- generated text
@@ -169,9 +171,7 @@ class GeneratedText(StatePanel):
             if seq.finish_reason:
                 line.append(f"  [{seq.finish_reason}]", style="dim")
             parts.append(line)
-        if not parts:
-            parts.append(Text("no sequences yet", style="dim"))
-        self.set_body(Group(*parts))
+        self.set_rows(parts)
 
 
 # ---------------------------------------------------------------------------- hash chains

@@ -5,8 +5,8 @@ and the TUI is all Python; in one process they take turns holding the GIL, and t
 down with the TUI attached (benchmarks/README.md). In its own process the engine keeps its
 interpreter to itself, and the UI process never imports torch.
 
-`ProcessBridge` has the UI-side API of blockviz.live.EngineBridge (request_steps, set_free_run,
-acknowledge, add_request, fork, preempt, abort, stop, outstanding, in_flight) and the same
+`ProcessBridge` has the UI-side API of engine_bridge.EngineBridge (request_steps, set_free_run,
+acknowledge, add_request, fork, preempt, stop, outstanding, in_flight) and the same
 `run(listener)`, which the app calls on a worker thread: it starts the child, then turns what the
 child sends into the listener's callbacks (the app posts them as messages). The child runs an
 ordinary EngineBridge over the engine and sends its listener calls back through a pipe; the UI's
@@ -27,11 +27,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from blockviz.live import EngineBridge, EngineSpec, Listener, one_line
+from blockviz.live import EngineSpec, one_line
+from blockviz.tui.engine_bridge import EngineBridge, Listener
 
 STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)
 # What the child may be asked to call on its EngineBridge.
-_CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt", "abort"})
+_CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request", "fork", "preempt"})
 # A free-running engine sends a batch of events (and digests the K/V blocks it wrote) this often:
 # the app draws a frame a second then (THROUGHPUT_FPS), and every batch wakes both processes.
 FLUSH_INTERVAL = 0.5
@@ -126,9 +127,6 @@ class ProcessBridge:
 
     def preempt(self, request_id: str) -> None:
         self._send("preempt", request_id)
-
-    def abort(self, request_id: str) -> None:
-        self._send("abort", request_id)
 
     def stop(self) -> None:
         with self._lock:

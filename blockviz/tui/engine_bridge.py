@@ -1,0 +1,277 @@
+"""EngineBridge: the engine on a worker thread, the UI fed batches of its events with backpressure.
+
+`EngineBridge.run()` is the worker thread's body: load the model, add the requests, then step the
+engine only when the UI asks for steps (or free-runs at "max" speed) and only while fewer than
+`max_in_flight` events wait unacknowledged in the UI: that is the backpressure. Between steps it runs
+the user's commands (add a request, fork a sequence, swap a request out), since the engine is not
+thread-safe and only this thread touches it. `blockviz run` runs one inside a child process
+(engine_process.py); the tests run it on a thread. No textual import: the app hands in callbacks
+that post messages.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from blockviz.live import EngineSpec, one_line, quiet_model_loading
+from engine.events import Event
+
+
+def leave_a_core_for_the_ui(device: str | None) -> None:
+    """On the CPU, give torch one intra-op thread fewer than cores, so the UI thread keeps a core.
+
+    For an engine sharing the UI's process (EngineBridge(share_cores=True), as the tests run it): the
+    UI thread and torch's spinning OpenMP workers otherwise pre-empt each other (the figures are in
+    benchmarks/README.md). `blockviz run`'s engine process keeps every torch thread."""
+    if device not in (None, "cpu"):
+        return
+    import torch
+
+    if device is None and torch.cuda.is_available():
+        return
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(threads - 1)
+
+
+@dataclass(slots=True)
+class Listener:
+    """Where the worker reports; every callback is called from the worker thread."""
+
+    loading: Callable[[str], None]
+    ready: Callable[[dict], None]
+    failed: Callable[[str], None]
+    events: Callable[[list[Event]], None]
+    notice: Callable[[str], None] = lambda text: None
+    died: Callable[[str], None] = lambda error: None  # the engine stopped after it was ready
+    idle: Callable[[], None] = lambda: None
+    served: Callable[[int], None] = lambda steps_served: None  # after steps asked for finish or drop
+
+
+@dataclass(slots=True)
+class _Command:
+    name: str
+    run: Callable[[Any], Any]
+
+
+class EngineBridge:
+    """Runs an engine on a worker thread, posting batches of events with backpressure.
+
+    UI-thread methods: request_steps, set_free_run, acknowledge, add_request, fork, preempt, stop.
+    Worker-thread method: run.
+    """
+
+    def __init__(self, spec: EngineSpec | None = None, *, make_engine: Callable[[], Any] | None = None,
+                 max_in_flight: int = 4096, flush_interval: float = 0.1, share_cores: bool = True) -> None:
+        self.spec = spec or EngineSpec()
+        self._make_engine = make_engine or self.spec.make_engine
+        self.max_in_flight = max_in_flight
+        self.flush_interval = flush_interval  # free-running: at most one batch per interval
+        self.share_cores = share_cores  # the UI runs in this process: leave it a core
+        self._cond = threading.Condition()
+        self._steps_wanted = 0
+        self._stepping = False
+        self._free_run = False
+        self._in_flight = 0
+        self._idle = False
+        self._stopped = False
+        self._commands: list[_Command] = []
+        self.num_steps = 0
+        self.steps_served = 0  # steps asked for by request_steps that finished or were dropped
+        self.header: dict[str, Any] | None = None
+        self.engine: Any = None
+
+    # ------------------------------------------------------------------ UI side
+
+    def request_steps(self, count: int = 1) -> None:
+        with self._cond:
+            self._steps_wanted += count
+            self._cond.notify_all()
+
+    @property
+    def outstanding(self) -> int:
+        """Steps asked for and not finished yet."""
+        with self._cond:
+            return self._steps_wanted + (1 if self._stepping else 0)
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    def set_free_run(self, free_run: bool) -> None:
+        """Step as fast as the backpressure allows ("max" playback speed)."""
+        with self._cond:
+            self._free_run = free_run
+            self._cond.notify_all()
+
+    def acknowledge(self, count: int) -> None:
+        """The UI took `count` events into its timeline."""
+        with self._cond:
+            self._in_flight = max(0, self._in_flight - count)
+            self._cond.notify_all()
+
+    def add_request(self, prompt: str, n: int | None = None) -> None:
+        params = self.spec.sampling_params(n)
+        self._submit(_Command("add request", lambda engine: engine.add_request(prompt, params)))
+
+    def fork(self, seq_id: int) -> None:
+        self._submit(_Command(f"fork sequence {seq_id}", lambda engine: engine.fork_sequence(seq_id)))
+
+    def preempt(self, request_id: str) -> None:
+        self._submit(_Command(f"swap out request {request_id}",
+                              lambda engine: engine.preempt_request(request_id)))
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _submit(self, command: _Command) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ worker side
+
+    def _may_step(self) -> bool:
+        return ((self._steps_wanted > 0 or self._free_run) and not self._idle
+                and self._in_flight < self.max_in_flight)
+
+    def run(self, listener: Listener) -> None:
+        """The worker's body: load, add the initial requests, then serve steps and commands."""
+        engine = self._load(listener)
+        if engine is None:
+            return
+        self._batches = _Batches(engine, listener, self)
+        unsubscribe = engine.events.subscribe(self._batches.buffer.append)
+        try:
+            pending = self._add_initial_requests(engine)
+        except ValueError as exc:  # a prompt the engine refuses: the run cannot be what was asked
+            unsubscribe()
+            listener.failed(one_line(exc))
+            return
+        try:
+            self._batches.flush()
+            self._serve(engine, listener, pending)
+        except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
+            self._batches.flush()
+            listener.died(f"engine stopped: {one_line(exc)}")
+        finally:
+            unsubscribe()
+
+    def _load(self, listener: Listener) -> Any:
+        spec = self.spec
+        profiling = ", then profiling its memory to size the KV cache" if spec.config.num_gpu_blocks is None else ""
+        listener.loading(f"loading the model {spec.model!r}{profiling}…")
+        try:
+            quiet_model_loading()
+            if self.share_cores:
+                leave_a_core_for_the_ui(spec.config.device)
+            engine = self._make_engine()
+            header = dict(engine.trace_header())
+        except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
+            listener.failed(one_line(exc))
+            return None
+        self.header = header
+        self.engine = engine  # for tests and benchmarks; only this thread calls into it
+        listener.ready(header)
+        return engine
+
+    def _add_initial_requests(self, engine) -> list:
+        pending = list(self.spec.arrivals)
+        for prompt in self.spec.prompts:
+            engine.add_request(prompt, self.spec.sampling_params())
+        self.spec.admit_arrivals(engine, pending, 0)
+        return pending
+
+    def _serve(self, engine, listener: Listener, pending: list) -> None:
+        """Until stopped: wait for something to do, run the user's commands, take a step."""
+        served = 0
+        while True:
+            with self._cond:
+                while not (self._stopped or self._commands or self._may_step() or self._batches.buffer):
+                    self._cond.wait(0.5)
+                if self._stopped:
+                    return
+                commands, self._commands = self._commands, []
+                step = self._may_step()
+                wanted = step and self._steps_wanted > 0
+                self._batches.digest_per_step(wanted or not self._free_run)
+                if step:
+                    self._stepping = True
+                    self._steps_wanted -= wanted
+            self._run_commands(engine, commands, listener)
+            free_running = step and self._step(engine, pending, wanted)
+            unfinished = engine.has_unfinished_requests()
+            self._batches.flush(force=not (free_running and unfinished))
+            if (step or commands) and not unfinished:
+                with self._cond:
+                    self._idle = True
+                    self.steps_served += self._steps_wanted
+                    self._steps_wanted = 0
+                listener.idle()
+            if self.steps_served != served:
+                served = self.steps_served
+                listener.served(served)
+
+    def _run_commands(self, engine, commands: list[_Command], listener: Listener) -> None:
+        for command in commands:
+            try:
+                command.run(engine)
+            except Exception as exc:  # noqa: BLE001 - a refused command is a notice, not a crash
+                listener.notice(f"{command.name}: {one_line(exc)}")
+            else:
+                with self._cond:
+                    self._idle = False
+
+    def _step(self, engine, pending: list, wanted: bool) -> bool:
+        """One engine step (and the arrivals it makes due); whether the engine is free-running."""
+        try:
+            if engine.has_unfinished_requests():
+                engine.step()
+                self.num_steps += 1
+            self.spec.admit_arrivals(engine, pending, self.num_steps)
+        finally:
+            with self._cond:
+                self._stepping = False
+                self.steps_served += wanted
+                free_running = self._free_run and not self._steps_wanted and not self._commands
+        return free_running
+
+
+class _Batches:
+    """The events the engine emitted since the last batch, sent to the listener as one batch: at
+    once for single steps, at most one per `flush_interval` while free-running. An engine that can
+    hold back its K/V digests (LLMEngine) digests the blocks a free run wrote once per batch, not
+    once a step."""
+
+    def __init__(self, engine, listener: Listener, bridge: EngineBridge) -> None:
+        self.buffer: list[Event] = []
+        self.engine = engine
+        self.listener = listener
+        self.bridge = bridge
+        self.last_flush = time.monotonic()
+        self._digest_later = getattr(engine, "emit_kv_digests", None)
+
+    def digest_per_step(self, per_step: bool) -> None:
+        if self._digest_later is not None:
+            self.engine.kv_digests_per_step = per_step
+
+    def flush(self, force: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_flush < self.bridge.flush_interval:
+            return  # free-running: gather more steps into one message
+        if self._digest_later is not None:
+            self._digest_later()
+        if not self.buffer:
+            return
+        self.last_flush = now
+        batch = self.buffer.copy()
+        self.buffer.clear()
+        with self.bridge._cond:
+            self.bridge._in_flight += len(batch)
+        self.listener.events(batch)
