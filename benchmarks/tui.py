@@ -581,7 +581,7 @@ async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict
         bridge.add_request(prompt)
     while sum(event.type == "request_added" for event in timeline.events[received:]) < len(prompts):
         await pilot.pause(0.05)
-    app.action_to_end()  # shown: not playing yet
+    app.action_travel("to_end")  # shown: not playing yet
     await pilot.pause(0.3)
     idle.clear()
     start, cpu = time.perf_counter(), time.process_time()

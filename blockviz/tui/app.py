@@ -30,15 +30,16 @@ from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, Engi
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
-from blockviz.tui.keys import KEYS, PLAYBACK_ACTIONS, key_rows
-from blockviz.tui.widgets.screens import AddRequestScreen, HelpScreen
+from blockviz.tui.keys import KEYS, PAUSING_MOVES, PLAYBACK_ACTIONS, key_rows
+from blockviz.tui.live_actions import LiveActions
+from blockviz.tui.widgets.screens import HelpScreen
 
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
 LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
 
 
-class BlockvizApp(App[None]):
+class BlockvizApp(LiveActions, App[None]):
     """Watch a paged-KV engine's blocks: live (`bridge`) or from a trace (`trace`)."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it
@@ -213,92 +214,13 @@ class BlockvizApp(App[None]):
         self.controller.toggle_play()
         self.render_views(full=not self.player.playing)  # playing: the next frames draw the rest
 
-    def _travel(self, move: str, pause: bool = False) -> None:
-        """Move the cursor with the Player's `move` (pausing first when `pause`), and redraw."""
-        if pause:
+    def action_travel(self, move: str) -> None:
+        """Move the cursor with the Player's `move` (step_engine, step_event, back_step, back_event,
+        to_start, to_end, faster, slower; going back pauses playback first), and redraw."""
+        if move in PAUSING_MOVES:
             self.controller.set_playing(False)
         getattr(self.player, move)()
         self._moved()
-
-    def action_step(self) -> None:
-        self._travel("step_engine")
-
-    def action_step_event(self) -> None:
-        self._travel("step_event")
-
-    def action_back_event(self) -> None:
-        self._travel("back_event", pause=True)
-
-    def action_back_step(self) -> None:
-        self._travel("back_step", pause=True)
-
-    def action_to_start(self) -> None:
-        self._travel("to_start", pause=True)
-
-    def action_to_end(self) -> None:
-        self._travel("to_end")
-
-    def action_faster(self) -> None:
-        self._travel("faster")
-
-    def action_slower(self) -> None:
-        self._travel("slower")
-
-    def _live_engine(self, what: str) -> bool:
-        """True when an engine is attached (and the cursor is brought to the live edge)."""
-        if self.bridge is None:
-            self.notify(f"Replay: no engine here to {what}. Run `blockviz run` to {what}.",
-                        title="Replay", severity="warning")
-            return False
-        if self.controller is None:
-            self.notify("The engine is still loading.", severity="warning")
-            return False
-        if not self.player.timeline.at_end:
-            self.player.to_end()
-            self.notify("Jumped to the live edge: the engine acts on its present.")
-        self.player.follow()
-        return True
-
-    def action_add_request(self) -> None:
-        if not self._live_engine("add a request"):
-            return
-
-        def added(prompt: str | None) -> None:
-            if prompt:
-                self.player.finished = False
-                self.player.follow()
-                self.bridge.add_request(prompt)
-
-        self.push_screen(AddRequestScreen(), added)
-
-    def action_fork(self) -> None:
-        if (seq_id := self._selected_sequence()) is not None and self._live_engine("fork a sequence"):
-            self.bridge.fork(seq_id)
-
-    def action_preempt(self) -> None:
-        if (seq_id := self._selected_sequence()) is not None and self._live_engine("swap out a request"):
-            self.bridge.preempt(self.player.timeline.state.seqs[seq_id].request_id)
-
-    def _selected_sequence(self) -> int | None:
-        seqs = self.player.timeline.state.seqs
-        if self.selected_seq in seqs:
-            return self.selected_seq
-        running = [s for s, seq in sorted(seqs.items()) if seq.status == "running"]
-        if running:
-            self.selected_seq = running[0]
-            return running[0]
-        self.notify("No sequence selected: n picks one, or select a block it owns.", severity="warning")
-        return None
-
-    def action_next_sequence(self) -> None:
-        ids = sorted(self.player.timeline.state.seqs)
-        later = [s for s in ids if self.selected_seq is None or s > self.selected_seq]
-        if ids:
-            self.action_select_sequence(later[0] if later else ids[0])
-
-    def action_select_sequence(self, seq_id: int) -> None:
-        self.selected_seq = seq_id
-        self.render_views()
 
     def action_next_view(self) -> None:
         self.right_view = RIGHT_VIEWS[(RIGHT_VIEWS.index(self.right_view) + 1) % len(RIGHT_VIEWS)]

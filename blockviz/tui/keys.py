@@ -7,19 +7,19 @@ from textual.binding import Binding
 
 KEYS = [
     Binding("space", "toggle_play", "Play", tooltip="Play/Pause"),
-    Binding("s", "step", "Step", tooltip="Step the engine (schedule → run → postprocess)"),
-    Binding("b", "back_step", "Back", tooltip="Step back (to the previous engine step)"),
-    Binding("full_stop", "step_event", "Event", key_display=".", tooltip="One event forward"),
-    Binding("comma", "back_event", "◂ Event", key_display=",", show=False, tooltip="One event back"),
+    Binding("s", "travel('step_engine')", "Step", tooltip="Step the engine (schedule → run → postprocess)"),
+    Binding("b", "travel('back_step')", "Back", tooltip="Step back (to the previous engine step)"),
+    Binding("full_stop", "travel('step_event')", "Event", key_display=".", tooltip="One event forward"),
+    Binding("comma", "travel('back_event')", "◂ Event", key_display=",", show=False, tooltip="One event back"),
     Binding("question_mark,f1", "help", "Help", key_display="?", tooltip="Help (keys, legend, glossary)"),
     Binding("a", "add_request", "Add", tooltip="Add a request (live)"),
     Binding("f", "fork", "Fork", tooltip="Fork the selected sequence (live)"),
     Binding("p", "preempt", "Swap", tooltip="Swap out the selected sequence's request (live)"),
     Binding("P", "toggle_projector", "Projector", show=False, tooltip="Projector mode"),
-    Binding("plus,equals_sign", "faster", "Faster", key_display="+", show=False, tooltip="Play faster"),
-    Binding("minus", "slower", "Slower", key_display="-", show=False, tooltip="Play slower"),
-    Binding("g", "to_start", "Go to start", show=False, tooltip="Go to the first event"),
-    Binding("G", "to_end", "Go to end", show=False, tooltip="Go to the last event"),
+    Binding("plus,equals_sign", "travel('faster')", "Faster", key_display="+", show=False, tooltip="Play faster"),
+    Binding("minus", "travel('slower')", "Slower", key_display="-", show=False, tooltip="Play slower"),
+    Binding("g", "travel('to_start')", "Go to start", show=False, tooltip="Go to the first event"),
+    Binding("G", "travel('to_end')", "Go to end", show=False, tooltip="Go to the last event"),
     Binding("n", "next_sequence", "Next sequence", show=False, tooltip="Select the next sequence"),
     Binding("v", "next_view", "Next view", show=False, tooltip="Next view on the right"),
     Binding("q", "quit", "Quit", tooltip="Quit (also while the engine loads)"),
@@ -27,8 +27,9 @@ KEYS = [
 ]
 
 # Actions that move through the timeline: refused until it exists (a live engine still loading).
-PLAYBACK_ACTIONS = frozenset({"toggle_play", "step", "back_step", "step_event", "back_event", "faster",
-                              "slower", "to_start", "to_end", "next_sequence", "fork", "preempt"})
+PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "next_sequence", "fork", "preempt"})
+# Moves of the Player (blockviz/history.py) that pause playback first: going back in time.
+PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start"})
 
 
 def key_rows(bindings: list[Binding]) -> list[tuple[str, str]]:
