@@ -356,3 +356,21 @@ def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
     assert frame["cursor"]["current"].startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}")
+
+
+def test_a_frame_timer_that_fires_after_close_sends_nothing():
+    from blockviz.jupyter.playback import FrameThrottle
+
+    now = [0.0]
+    timers = []
+    sent = []
+    throttle = FrameThrottle(lambda: sent.append(now[0]), min_interval=0.05, clock=lambda: now[0],
+                             schedule=lambda delay, fn: timers.append(fn))
+    throttle.request()  # sent at once
+    throttle.request()  # too soon: a timer will send it
+    assert sent == [0.0] and len(timers) == 1
+    throttle.close()
+    now[0] = 1.0
+    timers[0]()  # the timer fires after the views were closed
+    throttle.request()
+    assert sent == [0.0]

@@ -34,11 +34,17 @@ class FrameThrottle:
         self._lock = threading.Lock()
         self._last = -float("inf")
         self._pending = False
+        self._closed = False
         self.num_sent = 0
+
+    def close(self) -> None:
+        """No more frames: a timer still pending sends nothing (the views may be gone)."""
+        with self._lock:
+            self._closed = True
 
     def request(self) -> None:
         with self._lock:
-            if self._pending:
+            if self._pending or self._closed:
                 return
             wait = self._last + self.min_interval - self._clock()
             if wait > 0:
@@ -57,6 +63,8 @@ class FrameThrottle:
     def _fire(self) -> None:
         with self._lock:
             self._pending = False
+            if self._closed:
+                return
             self._last = self._clock()
         self._do_send()
 

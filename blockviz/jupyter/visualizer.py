@@ -118,6 +118,7 @@ class Visualizer:
 
     def close(self) -> None:
         """Stop playback, detach from the engine and close the widgets."""
+        self.frames.close()
         self.pause()
         if self._driver is not None:
             self._driver.close()
