@@ -110,6 +110,21 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help="cuda, cuda:N or cpu (default: cuda when available)")
 
 
+def add_break_on_option(parser: argparse.ArgumentParser) -> None:
+    """--break-on KINDS for the TUI commands: playback stops at each event of these kinds."""
+    def kinds(text: str) -> frozenset[str]:
+        from blockviz.history import parse_break_on
+
+        try:
+            return parse_break_on(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument("--break-on", type=kinds, default=frozenset(), metavar="KINDS",
+                        help="stop playback at each event of these kinds (comma-separated, e.g. "
+                             "copy_on_write,swap_out); in the app ] plays on to the next, [ goes back, B changes them")
+
+
 def _temperature(text: str) -> float:
     try:
         value = float(text)

@@ -26,6 +26,16 @@ SPEEDS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, math.inf)  # ev
 DEFAULT_SPEED_INDEX = 4  # 25 events/s
 
 
+def parse_break_on(text: str) -> frozenset[str]:
+    """Event kinds from a comma-separated list ("copy_on_write,swap_out"); a ValueError names an
+    unknown one and lists the kinds."""
+    kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(kinds - set(ev.EVENT_TYPES))
+    if unknown:
+        raise ValueError(f"unknown event kind {', '.join(unknown)}: the kinds are {', '.join(sorted(ev.EVENT_TYPES))}")
+    return kinds
+
+
 def state_equal(a: ReducerState, b: ReducerState) -> bool:
     """Two reducer states hold the same picture (every attribute equal)."""
     return vars(a) == vars(b)
@@ -132,6 +142,20 @@ class Timeline:
         """Engine steps finished at the cursor."""
         return bisect.bisect_right(self.step_ends, self.position)
 
+    def next_of(self, kinds: frozenset[str], start: int, stop: int) -> int | None:
+        """The position just after the first event of one of `kinds` among events[start:stop]."""
+        for index in range(start, min(stop, len(self.events))):
+            if self.events[index].type in kinds:
+                return index + 1
+        return None
+
+    def previous_of(self, kinds: frozenset[str]) -> int | None:
+        """The position just after the last event of one of `kinds` before the cursor's event."""
+        for index in range(self.position - 2, -1, -1):
+            if self.events[index].type in kinds:
+                return index + 1
+        return None
+
     def tokens_per_second(self, window: int = 8) -> float | None:
         """Generated tokens per second of engine time over the last `window` steps at the cursor."""
         done = self.num_steps_done()
@@ -166,6 +190,8 @@ class Player:
         self.lookahead = lookahead
         self.pending: Pending | None = None
         self.finished = False  # a live engine said it has nothing left to run
+        self.break_on: frozenset[str] = frozenset()  # event kinds playback stops at (breakpoints)
+        self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
         self._budget = 0.0
 
     # ------------------------------------------------------------------ speed and play
@@ -202,12 +228,18 @@ class Player:
             return False
         timeline = self.timeline
         if math.isinf(self.speed):
-            moved = timeline.seek(len(timeline))
+            target = len(timeline)
         else:
             self._budget += self.speed * dt
             count = int(self._budget)
             self._budget -= count
-            moved = timeline.forward(count) if count else False
+            target = min(timeline.position + count, len(timeline))
+        stop = timeline.next_of(self.break_on, timeline.position, target) if self.break_on else None
+        moved = timeline.seek(stop if stop is not None else target) if target != timeline.position else False
+        if stop is not None:
+            self.playing = False
+            self.stopped_at = timeline.current_event
+            return moved
         if timeline.at_end and not self.live:
             self.playing = False
         if timeline.at_end and self.live and self.finished:
@@ -245,6 +277,12 @@ class Player:
 
     def to_end(self) -> bool:
         return self.timeline.seek(len(self.timeline))
+
+    def back_to_break(self) -> bool:
+        """Back to just after the previous event of a `break_on` kind."""
+        self.playing = False
+        target = self.timeline.previous_of(self.break_on) if self.break_on else None
+        return self.timeline.seek(target) if target is not None else False
 
     def follow(self) -> None:
         """Move to the newest event once the next batch arrives (after a user command)."""

@@ -6,7 +6,7 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
-from blockviz.cli import UsageError
+from blockviz.cli import UsageError, add_break_on_option
 from blockviz.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 
@@ -17,6 +17,7 @@ def add_parser(subparsers) -> None:
                     + (", ".join(shipped_traces()) or "none"))
     parser.add_argument("trace", metavar="FILE.jsonl", help="a trace file, or the name of a shipped trace")
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
+    add_break_on_option(parser)
 
 
 def execute(args) -> int:
@@ -29,6 +30,6 @@ def execute(args) -> int:
         raise UsageError(str(exc)) from None
     from blockviz.tui.app import BlockvizApp
 
-    app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name)
+    app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name, break_on=args.break_on)
     app.run()
     return app.return_code or 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.cli import UsageError, add_break_on_option, add_engine_options
 
 
 from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
@@ -26,6 +26,7 @@ def add_parser(subparsers) -> None:
     # default scenario's settings; generate sizes the pool from the memory budget, as vLLM does.
     add_engine_options(parser, **RUN_DEFAULTS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
+    add_break_on_option(parser)
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
                              "it does not pre-empt the engine; normal: the UI is scheduled like any process")
@@ -48,7 +49,7 @@ def execute(args) -> int:
     # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).
     bridge = ProcessBridge(spec, leave_cores_once_ready=args.ui_priority == "idle")
     bridge.start()
-    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model)
+    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on)
     app.run()
     if app.engine_died:  # printed now that the terminal is back
         print(f"blockviz: error: {app.error}", file=sys.stderr)

@@ -31,7 +31,7 @@ from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
 from blockviz.tui.keys import KEYS, PAUSING_MOVES, PLAYBACK_ACTIONS, key_rows
-from blockviz.tui.live_actions import LiveActions
+from blockviz.tui.live_actions import BreakpointActions, LiveActions
 from blockviz.tui.widgets.screens import HelpScreen
 
 MIN_SIZE = (80, 24)
@@ -39,7 +39,7 @@ WIDE = 160  # columns from which every panel is shown at once, and pool cells ar
 LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
 
 
-class BlockvizApp(LiveActions, App[None]):
+class BlockvizApp(LiveActions, BreakpointActions, App[None]):
     """Watch a paged-KV engine's blocks: live (`bridge`) or from a trace (`trace`)."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it
@@ -54,7 +54,8 @@ class BlockvizApp(LiveActions, App[None]):
     right_view: reactive[str] = reactive("tables")
 
     def __init__(self, *, trace: Trace | None = None, bridge: Bridge | None = None, projector: bool = False,
-                 deterministic: bool = False, source_name: str = "", play: bool | None = None) -> None:
+                 deterministic: bool = False, source_name: str = "", play: bool | None = None,
+                 break_on: frozenset[str] = frozenset()) -> None:
         if (trace is None) == (bridge is None):
             raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
         super().__init__()
@@ -63,6 +64,7 @@ class BlockvizApp(LiveActions, App[None]):
         self.deterministic = deterministic
         self.source_name = source_name
         self.autoplay = bridge is not None if play is None else play  # live runs play once ready
+        self.break_on = break_on  # event kinds playback stops at
         self.controller: PlaybackController | None = None  # once the timeline exists
         self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
         self.selection: tuple[str, int] | None = None
@@ -103,7 +105,9 @@ class BlockvizApp(LiveActions, App[None]):
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
     def _start(self, timeline: Timeline, live: bool) -> None:
-        self.controller = PlaybackController(Player(timeline, live=live), self.bridge,
+        player = Player(timeline, live=live)
+        player.break_on = self.break_on
+        self.controller = PlaybackController(player, self.bridge,
                                              set_interval=self.set_interval,
                                              draw=lambda full: self.render_views(full))
         self.screen.remove_class("-loading")
@@ -181,6 +185,8 @@ class BlockvizApp(LiveActions, App[None]):
         if self.controller.frame_drawn(full):
             self._main.show_panels(timeline, self.selection, self.selected_seq)
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
+        if player.stopped_at is not None and timeline.current_event is player.stopped_at:
+            note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
         self._status.show(
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),

@@ -20,6 +20,11 @@ KEYS = [
     Binding("minus", "travel('slower')", "Slower", key_display="-", show=False, tooltip="Play slower"),
     Binding("g", "travel('to_start')", "Go to start", show=False, tooltip="Go to the first event"),
     Binding("G", "travel('to_end')", "Go to end", show=False, tooltip="Go to the last event"),
+    Binding("right_square_bracket", "run_to_break", "Break ▸", key_display="]", show=False,
+            tooltip="Play until the next breakpoint event (B sets the kinds)"),
+    Binding("left_square_bracket", "travel('back_to_break')", "◂ Break", key_display="[", show=False,
+            tooltip="Back to the previous breakpoint event"),
+    Binding("B", "set_breakpoints", "Breakpoints", show=False, tooltip="Set breakpoints: the event kinds to stop at"),
     Binding("n", "next_sequence", "Next sequence", show=False, tooltip="Select the next sequence"),
     Binding("v", "next_view", "Next view", show=False, tooltip="Next view on the right"),
     Binding("q", "quit", "Quit", tooltip="Quit (also while the engine loads)"),
@@ -27,9 +32,10 @@ KEYS = [
 ]
 
 # Actions that move through the timeline: refused until it exists (a live engine still loading).
-PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "next_sequence", "fork", "preempt"})
+PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "run_to_break", "set_breakpoints", "next_sequence",
+                              "fork", "preempt"})
 # Moves of the Player (blockviz/history.py) that pause playback first: going back in time.
-PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start"})
+PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start", "back_to_break"})
 
 
 def key_rows(bindings: list[Binding]) -> list[tuple[str, str]]:

@@ -1,10 +1,11 @@
 """What the keys a, f, p and n do: act on the live engine's present (add a request, fork a
-sequence, swap a request out) and pick the sequence they act on. A mixin of the App, kept apart so
-the App reads as layout, messages and playback."""
+sequence, swap a request out) and pick the sequence they act on; and ], [ and B: breakpoints.
+Mixins of the App, kept apart so the App reads as layout, messages and playback."""
 
 from __future__ import annotations
 
-from blockviz.tui.widgets.screens import AddRequestScreen
+from blockviz.history import parse_break_on
+from blockviz.tui.widgets.screens import AskScreen
 
 
 class LiveActions:
@@ -36,7 +37,8 @@ class LiveActions:
                 self.player.follow()
                 self.bridge.add_request(prompt)
 
-        self.push_screen(AddRequestScreen(), added)
+        self.push_screen(AskScreen("New request: type a prompt, enter to add it, escape to cancel",
+                                   "e.g. ROMEO:"), added)
 
     def action_fork(self) -> None:
         if (seq_id := self._selected_sequence()) is not None and self._live_engine("fork a sequence"):
@@ -67,3 +69,30 @@ class LiveActions:
         self.selected_seq = seq_id
         self.render_views()
 
+
+class BreakpointActions:
+    """Play to the next event of a chosen kind, back to the previous one, choose the kinds; they
+    expect the App's `player`, `controller`, `break_on`, `notify`, `push_screen`, `render_views`."""
+
+    def action_run_to_break(self) -> None:
+        """Play until the next event of a breakpoint kind (a live engine steps as needed)."""
+        if not self.player.break_on:
+            self.notify("No breakpoints: B sets the event kinds to stop at.", severity="warning")
+            return
+        self.player.stopped_at = None
+        self.controller.set_playing(True)
+        self.render_views(full=False)
+
+    def action_set_breakpoints(self) -> None:
+        def chosen(answer: str | None) -> None:
+            if answer is None:
+                return
+            try:
+                self.player.break_on = self.break_on = parse_break_on(answer)
+            except ValueError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.notify(f"Breakpoints: {', '.join(sorted(self.break_on)) or 'none'}. ] plays to the next one.")
+
+        self.push_screen(AskScreen("Stop at which events? Kinds, comma-separated (empty: none)",
+                                   "copy_on_write,swap_out", ",".join(sorted(self.break_on))), chosen)

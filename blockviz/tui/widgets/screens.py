@@ -82,14 +82,14 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class AddRequestScreen(ModalScreen[str | None]):
-    """Ask for a prompt; dismisses with the prompt, or None on escape."""
+class AskScreen(ModalScreen[str | None]):
+    """Ask for one line (a prompt, the breakpoint kinds); dismisses with it, or None on escape."""
 
     DEFAULT_CSS = """
-    AddRequestScreen {
+    AskScreen {
         align: center middle;
     }
-    AddRequestScreen > Vertical {
+    AskScreen > Vertical {
         width: 70;
         height: auto;
         border: thick $accent;
@@ -101,10 +101,14 @@ class AddRequestScreen(ModalScreen[str | None]):
     AUTO_FOCUS = "Input"
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
+    def __init__(self, question: str, placeholder: str = "", value: str = "") -> None:
+        super().__init__()
+        self.question, self.placeholder, self.value = question, placeholder, value
+
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("New request: type a prompt, enter to add it, escape to cancel")
-            yield Input(placeholder="e.g. ROMEO:", id="prompt")
+            yield Label(self.question)
+            yield Input(value=self.value, placeholder=self.placeholder, id="answer")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
