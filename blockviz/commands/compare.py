@@ -113,36 +113,24 @@ def _configs(args, base):
 
 
 def _run(engine, prompts: list[str], params) -> dict:
-    """One run of the workload: its figures (the reducer over its events) and its texts."""
+    """One run of the workload: its figures (generate's Recorder over its events) and its texts."""
+    from blockviz.commands.generate import Recorder
     from engine.llm import LLM
-    from engine.reducer import ReducerState
 
     header = engine.trace_header()
-    state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-    peak = {"used": 0, "token_utilization": 0.0}
-    used_by_step: dict[int, int] = {}
-
-    def watch(event) -> None:
-        state.apply(event)
-        if event.type in ("block_allocated", "copy_on_write", "swap_in", "prefix_cache_hit"):
-            used = state.num_used("gpu")
-            if used > peak["used"]:
-                peak.update(used=used, token_utilization=state.kv_utilization())
-        elif event.type == "step_finished":
-            used_by_step[event.step] = state.num_used("gpu")
-
-    engine.events.subscribe(watch)
+    recorder = Recorder(header)
+    engine.events.subscribe(recorder)
     start = time.perf_counter()
     outputs = LLM.from_engine(engine).generate(prompts, params)
     seconds = time.perf_counter() - start
-    config = engine.config
+    state, config = recorder.state, engine.config
     return {
         "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
         "prefix_caching": config.enable_prefix_caching, "steps": engine.num_steps,
-        "peak_blocks": peak["used"], "token_utilization_at_peak": round(peak["token_utilization"], 4),
+        "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
         "prefix_hit_rate": round(state.prefix_hit_rate(), 4), "preemptions": state.num_preemptions,
         "tokens": state.num_tokens_generated, "tokens_per_s": round(state.num_tokens_generated / seconds, 1),
-        "texts": [[c.text for c in output.outputs] for output in outputs], "_used_by_step": used_by_step,
+        "texts": [[c.text for c in output.outputs] for output in outputs], "_used_by_step": recorder.used_by_step,
     }
 
 

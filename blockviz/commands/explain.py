@@ -26,13 +26,13 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.commands.generate import _load
+    from blockviz.commands.generate import load_engine
     from blockviz.explain import explain_requests
     from blockviz.live import one_line
 
     if not args.prompts:
         raise UsageError("give the prompts to compare: --prompt A --prompt B ...")
-    spec, engine = _load(args)
+    spec, engine = load_engine(args)
     events: list = []
     engine.events.subscribe(events.append)
     params = spec.sampling_params()

@@ -22,8 +22,10 @@ def add_parser(subparsers) -> None:
 _TAKES_A_BLOCK = frozenset({"block_allocated", "prefix_cache_hit", "copy_on_write", "swap_in"})
 
 
-class _Recorder:
-    """Subscriber: the reducer's view of the run plus each sequence's last block table."""
+class Recorder:
+    """Subscriber: the reducer's view of the run, each sequence's last block table, the peak of
+    device blocks in use (with the token utilization then) and the blocks in use after each step
+    (generate's summary, compare's columns)."""
 
     def __init__(self, header: dict) -> None:
         from engine.reducer import ReducerState
@@ -31,22 +33,28 @@ class _Recorder:
         self.state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
         self.final_tables: dict[int, list[tuple[str, int]]] = {}
         self.peak_used = 0
+        self.token_utilization_at_peak = 0.0
+        self.used_by_step: dict[int, int] = {}
 
     def __call__(self, event) -> None:
         if event.type == "sequence_freed":
             self.final_tables[event.seq_id] = list(self.state.tables.get(event.seq_id, []))
         self.state.apply(event)
         if event.type in _TAKES_A_BLOCK:
-            self.peak_used = max(self.peak_used, self.state.num_used("gpu"))
+            used = self.state.num_used("gpu")
+            if used > self.peak_used:
+                self.peak_used, self.token_utilization_at_peak = used, self.state.kv_utilization()
+        elif event.type == "step_finished":
+            self.used_by_step[event.step] = self.state.num_used("gpu")
 
 
 def execute(args) -> int:
     from blockviz.live import one_line
     from engine.llm import LLM
 
-    spec, engine = _load(args)
+    spec, engine = load_engine(args)
     header = engine.trace_header()
-    recorder = _Recorder(header)
+    recorder = Recorder(header)
     engine.events.subscribe(recorder)
     start = time.perf_counter()
     try:  # LLM.generate checks every prompt before queueing any
@@ -62,7 +70,7 @@ def execute(args) -> int:
     return 0
 
 
-def _load(args):
+def load_engine(args):
     """The spec of the options and its engine, or UsageError (one line) before or while loading."""
     from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
 
@@ -83,7 +91,7 @@ def _load(args):
         raise UsageError(one_line(exc)) from None
 
 
-def _summary(spec, header: dict, num_steps: int, recorder: _Recorder, elapsed: float) -> dict:
+def _summary(spec, header: dict, num_steps: int, recorder: Recorder, elapsed: float) -> dict:
     state = recorder.state
     return {
         "model": spec.model, "device": header["device"], "dtype": header["dtype"],
@@ -102,7 +110,7 @@ def _summary(spec, header: dict, num_steps: int, recorder: _Recorder, elapsed: f
     }
 
 
-def _request(output, recorder: _Recorder) -> dict:
+def _request(output, recorder: Recorder) -> dict:
     seq_ids = recorder.state.requests.get(output.request_id, ())
     return {
         "request_id": output.request_id, "prompt": output.prompt,
