@@ -48,6 +48,7 @@ class Explanation:
     num_prompt_tokens: int
     block_size: int
     blocks: list[BlockVerdict] = field(default_factory=list)
+    position: int = 0  # events up to and including its first allocation (Explainer)
 
     @property
     def num_hit_blocks(self) -> int:
@@ -77,25 +78,43 @@ class Explanation:
         return out
 
 
+class Explainer:
+    """Explains each request as its events arrive: `feed(event, state)` with the reducer state
+    BEFORE the event is applied (the cache as the lookup saw it); `explained` grows in order of
+    arrival, each with `position`, the number of events fed up to its allocation."""
+
+    def __init__(self, enable_prefix_caching: bool = True) -> None:
+        self.caching = enable_prefix_caching
+        self.explained: list[Explanation] = []
+        self._pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
+        self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
+        self._fed = 0
+
+    def feed(self, event: ev.Event, state: ReducerState) -> None:
+        self._fed += 1
+        kind = event.type
+        if kind == "request_added":
+            self._pending[event.seq_ids[0]] = event
+        elif kind in ("block_allocated", "prefix_cache_hit") and event.logical_index == 0:
+            for seq_id in event.seq_ids:
+                request = self._pending.pop(seq_id, None)
+                if request is not None:
+                    explanation = _explain(request, seq_id, state, self._evicted_at, self.caching)
+                    explanation.position = self._fed
+                    self.explained.append(explanation)
+        elif kind == "block_evicted":
+            self._evicted_at[event.block_hash] = event.seq_no
+
+
 def explain_requests(events, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                      enable_prefix_caching: bool = True) -> list[Explanation]:
     """An Explanation per request, at its prompt's first allocation, in order of arrival."""
     state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
-    pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
-    evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
-    explained: list[Explanation] = []
+    explainer = Explainer(enable_prefix_caching)
     for event in events:
-        if event.type == "request_added":
-            pending[event.seq_ids[0]] = event
-        elif event.type in ("block_allocated", "prefix_cache_hit") and event.logical_index == 0:
-            for seq_id in event.seq_ids:
-                request = pending.pop(seq_id, None)
-                if request is not None:
-                    explained.append(_explain(request, seq_id, state, evicted_at, enable_prefix_caching))
-        elif event.type == "block_evicted":
-            evicted_at[event.block_hash] = event.seq_no
+        explainer.feed(event, state)
         state.apply(event)
-    return explained
+    return explainer.explained
 
 
 def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted_at: dict[int, int],

@@ -13,7 +13,8 @@ No torch, no textual: the TUI, the widgets and the CLI can all show them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, replace
 
 from engine.reducer import USED, ReducerState
 
@@ -32,38 +33,56 @@ class Preemption:
     blocks_freed: int  # GPU blocks the victim let go of (ref count dropped)
     tokens_lost: int  # computed tokens to compute again (recompute)
     resumed_step: int | None = None  # the step at which it ran again
+    position: int = 0  # events fed up to and including the preempted event (Ledger)
+    resumed_position: int | None = None  # events fed up to its resuming step_started
 
     @property
     def steps_until_resumed(self) -> int | None:
         return None if self.resumed_step is None else self.resumed_step - self.step
 
 
-def preemption_ledger(events) -> list[Preemption]:
-    """Every preemption in `events`, in order, with its cost and when it resumed."""
-    ledger: list[Preemption] = []
-    step = 0
-    window: list = []  # events since the last step ended: where a preemption's moves are
-    waiting: dict[int, Preemption] = {}  # seq_id -> its open preemption
-    for event in events:
+class Ledger:
+    """The preemption ledger, built as events arrive (`feed(event)`); `entries` in order."""
+
+    def __init__(self) -> None:
+        self.entries: list[Preemption] = []
+        self._step = 0
+        self._fed = 0
+        self._window: list = []  # events since the last step ended: where a preemption's moves are
+        self._waiting: dict[int, Preemption] = {}  # seq_id -> its open preemption
+
+    def feed(self, event) -> None:
+        self._fed += 1
         kind = event.type
         if kind == "step_started":
-            step = event.step
+            self._step = event.step
             for seq_id in event.seq_ids:
-                entry = waiting.pop(seq_id, None)
+                entry = self._waiting.pop(seq_id, None)
                 if entry is not None and entry.resumed_step is None:
-                    entry.resumed_step = step
+                    entry.resumed_step, entry.resumed_position = self._step, self._fed
         elif kind == "preempted":
-            seqs = set(event.seq_ids)
-            swapped = [e for e in window if e.type == "swap_out" and e.request_id == event.request_id]
-            freed = {e.block for e in window if e.type == "block_freed" and e.device == "gpu" and e.seq_id in seqs}
-            entry = Preemption(event.seq_no, step, event.request_id, event.seq_ids, event.mode, event.reason,
-                               len(swapped[-1].mapping) if swapped else 0, len(freed), event.num_tokens_lost)
-            ledger.append(entry)
-            waiting.update(dict.fromkeys(event.seq_ids, entry))
-        window.append(event)
+            self._preempted(event)
+        self._window.append(event)
         if kind == "step_finished":
-            window = []
-    return ledger
+            self._window = []
+
+    def _preempted(self, event) -> None:
+        seqs, window = set(event.seq_ids), self._window
+        swapped = [e for e in window if e.type == "swap_out" and e.request_id == event.request_id]
+        freed = {e.block for e in window if e.type == "block_freed" and e.device == "gpu" and e.seq_id in seqs}
+        entry = Preemption(event.seq_no, self._step, event.request_id, event.seq_ids, event.mode, event.reason,
+                           len(swapped[-1].mapping) if swapped else 0, len(freed), event.num_tokens_lost,
+                           position=self._fed)
+        self.entries.append(entry)
+        self._waiting.update(dict.fromkeys(event.seq_ids, entry))
+
+
+def preemption_ledger(events) -> list[Preemption]:
+    """Every preemption in `events`, in order, with its cost and when it resumed."""
+    ledger = Ledger()
+    for event in events:
+        ledger.feed(event)
+    return ledger.entries
 
 
 @dataclass(slots=True)
@@ -135,8 +154,96 @@ def max_tokens_of(events) -> dict[int, int]:
     """Each sequence's max_tokens from the request_added events (a forked child gets its parent's)."""
     out: dict[int, int] = {}
     for event in events:
-        if event.type == "request_added":
-            out.update(dict.fromkeys(event.seq_ids, event.max_tokens))
-        elif event.type == "fork" and event.parent_seq_id in out:
-            out[event.child_seq_id] = out[event.parent_seq_id]
+        note_max_tokens(out, event)
     return out
+
+
+def note_max_tokens(out: dict[int, int], event) -> None:
+    """Keep `out` (seq_id -> max_tokens) up to date with one event."""
+    if event.type == "request_added":
+        out.update(dict.fromkeys(event.seq_ids, event.max_tokens))
+    elif event.type == "fork" and event.parent_seq_id in out:
+        out[event.child_seq_id] = out[event.parent_seq_id]
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryPoint:
+    """The GPU's memory figures at the end of one engine step (one point of the sparklines)."""
+
+    step: int
+    position: int  # events up to and including the step_finished
+    block_utilization: float
+    token_utilization: float
+    internal_fragmentation: int
+    reservation_waste: float
+
+
+class Insights:
+    """The prefix-hit explainer, the preemption ledger and the memory series over one growing event
+    list (a Timeline's), fed lazily: `sync(events)` feeds what it has not seen yet. Queries take a
+    cursor `position` (events applied) and answer as of then, so time travel shows the past."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
+                 enable_prefix_caching: bool = True) -> None:
+        from blockviz.explain import Explainer
+
+        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+        self.explainer = Explainer(enable_prefix_caching)
+        self.ledger_ = Ledger()
+        self.max_tokens: dict[int, int] = {}
+        self.series: list[MemoryPoint] = []
+        self._series_ends: list[int] = []  # each point's position, for bisect
+        self.fed = 0
+
+    @classmethod
+    def for_header(cls, header: dict) -> "Insights":
+        """For a trace header (or a live engine's): pool sizes and whether prefix caching is on."""
+        return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                   bool(header.get("enable_prefix_caching", True)))
+
+    def sync(self, events: list) -> None:
+        """Feed events[self.fed:] (the list only ever grows)."""
+        state, explainer, ledger = self.state, self.explainer, self.ledger_
+        for event in events[self.fed:]:
+            explainer.feed(event, state)
+            state.apply(event)
+            ledger.feed(event)
+            self.fed += 1
+            note_max_tokens(self.max_tokens, event)
+            if event.type == "step_finished":
+                truth = memory_truth(state, self.max_tokens)
+                gpu = truth.pools["gpu"]
+                self.series.append(MemoryPoint(event.step, self.fed, gpu.block_utilization, gpu.token_utilization,
+                                               truth.internal_fragmentation, truth.reservation_waste()))
+                self._series_ends.append(self.fed)
+
+    def explanations(self, position: int) -> list:
+        """The requests explained by `position` (allocated by then), in order of arrival."""
+        return [e for e in self.explainer.explained if e.position <= position]
+
+    def explanation_of(self, request_id: str, position: int):
+        """The explanation of `request_id`'s prefix lookup, if it was allocated by `position`."""
+        return next((e for e in self.explanations(position) if e.request_id == request_id), None)
+
+    def ledger(self, position: int) -> list[Preemption]:
+        """The preemptions by `position`; one that resumed later shows as not resumed yet."""
+        return [e if e.resumed_position is None or e.resumed_position <= position
+                else replace(e, resumed_step=None, resumed_position=None)
+                for e in self.ledger_.entries if e.position <= position]
+
+    def memory_series(self, position: int) -> list[MemoryPoint]:
+        """The memory figures at each step end by `position`."""
+        return self.series[:bisect.bisect_right(self._series_ends, position)]
+
+
+def ledger_totals(entries: list[Preemption]) -> str:
+    """The ledger in one line: how many, by mode, blocks swapped or freed, tokens lost, waiting."""
+    if not entries:
+        return "no preemptions"
+    swaps = [e for e in entries if e.mode == "swap"]
+    text = f"preemptions {len(entries)}: {len(swaps)} swap ({sum(e.blocks_swapped for e in swaps)} blocks out)"
+    recomputes = [e for e in entries if e.mode != "swap"]
+    if recomputes:
+        text += f", {len(recomputes)} recompute ({sum(e.tokens_lost for e in recomputes)} tokens lost)"
+    waiting = sum(e.resumed_step is None for e in entries)
+    return text + (f", {waiting} waiting" if waiting else "")

@@ -56,3 +56,38 @@ def test_memory_figures_agree_with_the_reducer_at_every_step(name):
         # every block but a sequence's last is full, so paged waste is at most one block a sequence
         assert gpu.slots_allocated - gpu.slots_used <= truth.internal_fragmentation
         assert truth.reservation_waste() >= 0
+
+
+@pytest.mark.parametrize("name", shipped_traces())
+def test_insights_fed_in_pieces_answer_as_of_any_cursor(name):
+    """The lazy tracker the views use: fed in uneven pieces, at each position it equals the batch
+    functions over the events up to there (explanations, the ledger, the memory series)."""
+    from blockviz.explain import explain_requests
+    from blockviz.insights import Insights
+
+    trace = load_trace(name)
+    events, h = trace.events, trace.header
+    insights = Insights.for_header(h)
+    for stop in range(0, len(events) + 7, 7):
+        insights.sync(events[:stop])
+    assert insights.fed == len(events)
+    timeline = Timeline.for_trace(trace)
+    for position in sorted({0, 1, len(events) // 3, len(events) // 2, len(events)}
+                           | {i + 1 for i, e in enumerate(events) if e.type in ("preempted", "step_started")}):
+        upto = events[:position]
+        batch = explain_requests(upto, h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"],
+                                 h["enable_prefix_caching"])
+        assert [x.lines() for x in insights.explanations(position)] == [x.lines() for x in batch]
+        got = [(p.seq_no, p.blocks_freed, p.blocks_swapped, p.tokens_lost, p.resumed_step)
+               for p in insights.ledger(position)]
+        assert got == [(p.seq_no, p.blocks_freed, p.blocks_swapped, p.tokens_lost, p.resumed_step)
+                       for p in preemption_ledger(upto)]
+        series = insights.memory_series(position)
+        ends = [i + 1 for i, e in enumerate(upto) if e.type == "step_finished"]
+        assert [p.position for p in series] == ends
+        if ends:  # the last point is the memory truth at that step's end
+            timeline.seek(ends[-1])
+            truth = memory_truth(timeline.state, max_tokens_of(upto))
+            assert series[-1].block_utilization == truth.pools["gpu"].block_utilization
+            assert series[-1].internal_fragmentation == truth.internal_fragmentation
+            assert series[-1].reservation_waste == truth.reservation_waste()

@@ -9,14 +9,13 @@ first configuration's.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import time
+import sys
 from pathlib import Path
 
 from blockviz.cli import DEFAULT_PROMPTS, UsageError, _int_at_least, add_engine_options
 
-SWEPT = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+from blockviz.compare import SWEPT
 
 
 def _ints(name: str):
@@ -49,9 +48,13 @@ def add_parser(subparsers) -> None:
                         help="on, off or on,off")
     parser.add_argument("--workload", type=Path, metavar="FILE", help="a text file, one prompt a line")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--tui", action="store_true",
+                        help="show the runs side by side in the terminal, their pools at the same engine step")
+    parser.add_argument("--projector", action="store_true", help="with --tui: big cells, high contrast")
 
 
 def execute(args) -> int:
+    from blockviz.compare import configurations, run_all, same_step
     from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
 
     prompts = _prompts(args)
@@ -64,25 +67,33 @@ def execute(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
     quiet_model_loading()
-    from engine.llm_engine import LLMEngine
-    from engine.model_loader import load_model
-
+    configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
     try:
-        loaded = load_model(spec.model, spec.config.device)
-        runs = [_run(LLMEngine(config, loaded=loaded), prompts, spec.sampling_params())
-                for config in _configs(args, spec.config)]
+        runs = run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
-    at_step = min(run["steps"] for run in runs) // 2 or 1
-    first_texts = runs[0]["texts"]
-    for run in runs:
-        run["same_text_as_first"] = run.pop("texts") == first_texts
-        run["gpu_used_at_step"] = run.pop("_used_by_step").get(at_step)
+    if args.tui:
+        from blockviz.tui.compare_app import CompareApp
+
+        CompareApp(runs, projector=args.projector).run()
+        return 0
+    at_step = same_step(runs)
+    rows = [dict(run.figures, gpu_used_at_step=run.used_by_step.get(at_step)) for run in runs]
     if args.json:
-        print(json.dumps({"at_step": at_step, "runs": runs}, indent=2))
+        print(json.dumps({"at_step": at_step, "runs": rows}, indent=2))
     else:
-        _print_table(runs, at_step)
+        _print_table(rows, at_step)
     return 0
+
+
+def _progress(args, total: int):
+    """A line on stderr per configuration while they run (a terminal only, and never with --json)."""
+    if args.json or not sys.stderr.isatty():
+        return None
+    return lambda index, config: print(
+        f"run {index + 1}/{total}: block size {config.block_size}, "
+        f"{config.num_gpu_blocks or 'budgeted'} GPU blocks, prefix caching "
+        f"{'on' if config.enable_prefix_caching else 'off'} ...", file=sys.stderr, flush=True)
 
 
 def _prompts(args) -> list[str]:
@@ -103,35 +114,6 @@ def _first(args) -> argparse.Namespace:
     for name in SWEPT:
         setattr(first, name, getattr(args, name)[0])
     return first
-
-
-def _configs(args, base):
-    from dataclasses import replace
-
-    for values in itertools.product(*(getattr(args, name) for name in SWEPT)):
-        yield replace(base, **dict(zip(SWEPT, values)))
-
-
-def _run(engine, prompts: list[str], params) -> dict:
-    """One run of the workload: its figures (generate's Recorder over its events) and its texts."""
-    from blockviz.commands.generate import Recorder
-    from engine.llm import LLM
-
-    header = engine.trace_header()
-    recorder = Recorder(header)
-    engine.events.subscribe(recorder)
-    start = time.perf_counter()
-    outputs = LLM.from_engine(engine).generate(prompts, params)
-    seconds = time.perf_counter() - start
-    state, config = recorder.state, engine.config
-    return {
-        "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
-        "prefix_caching": config.enable_prefix_caching, "steps": engine.num_steps,
-        "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
-        "prefix_hit_rate": round(state.prefix_hit_rate(), 4), "preemptions": state.num_preemptions,
-        "tokens": state.num_tokens_generated, "tokens_per_s": round(state.num_tokens_generated / seconds, 1),
-        "texts": [[c.text for c in output.outputs] for output in outputs], "_used_by_step": recorder.used_by_step,
-    }
 
 
 def _print_table(runs: list[dict], at_step: int) -> None:

@@ -1,0 +1,102 @@
+"""What a setting changes: one workload through the real engine once per configuration.
+
+`configurations(base, block_size=[4, 16], num_gpu_blocks=[32, 64], enable_prefix_caching=[True,
+False])` is every combination of the values given over a base EngineConfig; `run_all(prompts,
+configs, params)` loads the model once and runs the prompts through a fresh engine per
+configuration, in turn, keeping each run's header, events, figures and texts. The CLI prints the
+figures (`blockviz compare`), the TUI shows the runs' pools side by side at the same engine step
+(`blockviz compare --tui`), and the notebook a grid of pool widgets (`blockviz.jupyter.compare`).
+Torch is imported only when the runs start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+SWEPT = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+
+
+@dataclass(slots=True)
+class CompareRun:
+    """One configuration's run of the workload."""
+
+    config: Any  # engine.config.EngineConfig
+    header: dict[str, Any]
+    events: list = field(repr=False)
+    texts: list[list[str]]
+    figures: dict[str, Any]  # steps, peak blocks, token utilization at the peak, hit rate, ...
+    used_by_step: dict[int, int] = field(repr=False, default_factory=dict)  # GPU blocks in use after each step
+
+    @property
+    def label(self) -> str:
+        """The swept settings, short: "block 4 · 32 blocks · cache on"."""
+        return (f"block {self.config.block_size} · {self.header['num_gpu_blocks']} blocks · "
+                f"cache {'on' if self.config.enable_prefix_caching else 'off'}")
+
+    def step_end(self, step: int) -> int:
+        """The number of events up to the end of engine step `step` (all of them past the last)."""
+        done = 0
+        for index, event in enumerate(self.events):
+            if event.type == "step_finished":
+                done += 1
+                if done == step:
+                    return index + 1
+        return len(self.events)
+
+
+def configurations(base, **swept: list) -> list:
+    """Every combination of the swept values (keys from SWEPT; a missing one keeps base's)."""
+    names = [name for name in SWEPT if swept.get(name)]
+    return [replace(base, **dict(zip(names, values))) for values in itertools.product(*(swept[n] for n in names))]
+
+
+def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
+            progress: Callable[[int, Any], None] | None = None) -> list[CompareRun]:
+    """Run `prompts` through a fresh engine per configuration, the model loaded once (or `loaded`)."""
+    from engine.llm_engine import LLMEngine
+    from engine.model_loader import load_model
+
+    if loaded is None:
+        loaded = load_model(configs[0].model, configs[0].device)
+    runs = []
+    for index, config in enumerate(configs):
+        if progress is not None:
+            progress(index, config)
+        runs.append(run_one(LLMEngine(config, loaded=loaded), prompts, params))
+    compared = runs[0].texts
+    for run in runs:
+        run.figures["same_text_as_first"] = run.texts == compared
+    return runs
+
+
+def run_one(engine, prompts: list[str], params) -> CompareRun:
+    """One run of the workload: generate's Recorder over its events, and the events themselves."""
+    from blockviz.commands.generate import Recorder
+    from engine.llm import LLM
+
+    header = engine.trace_header()
+    recorder = Recorder(header)
+    events: list = []
+    engine.events.subscribe(recorder)
+    engine.events.subscribe(events.append)
+    start = time.perf_counter()
+    outputs = LLM.from_engine(engine).generate(prompts, params)
+    seconds = time.perf_counter() - start
+    state, config = recorder.state, engine.config
+    figures = {
+        "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
+        "prefix_caching": config.enable_prefix_caching, "steps": engine.num_steps,
+        "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
+        "prefix_hit_rate": round(state.prefix_hit_rate(), 4), "preemptions": state.num_preemptions,
+        "tokens": state.num_tokens_generated, "tokens_per_s": round(state.num_tokens_generated / seconds, 1),
+    }
+    texts = [[c.text for c in output.outputs] for output in outputs]
+    return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))
+
+
+def same_step(runs: list[CompareRun]) -> int:
+    """A step every run reached, half way through the shortest: where the pools are compared."""
+    return min(run.figures["steps"] for run in runs) // 2 or 1
