@@ -32,8 +32,8 @@ class CompareRun:
 
     @property
     def label(self) -> str:
-        """The swept settings, short: "block 4 · 32 blocks · cache on"."""
-        return (f"block {self.config.block_size} · {self.header['num_gpu_blocks']} blocks · "
+        """The swept settings, short: "block 4 · pool 32 · cache on"."""
+        return (f"block {self.config.block_size} · pool {self.header['num_gpu_blocks']} · "
                 f"cache {'on' if self.config.enable_prefix_caching else 'off'}")
 
     def step_end(self, step: int) -> int:

@@ -266,8 +266,8 @@ async def test_clicking_a_cell_selects_that_block():
         assert app.selected_seq == 1
 
 
-async def test_the_status_bar_says_what_just_happened_in_two_lines():
-    """Stepped event by event to the fork of the shipped fork-cow trace, the status area's second
+async def test_the_status_bar_says_what_just_happened_on_its_third_line():
+    """Stepped event by event to the fork of the shipped fork-cow trace, the status area's third
     line is blockviz.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
     from blockviz.narration import narrate
     from blockviz.trace import load_trace, resolve_trace_path
@@ -284,19 +284,19 @@ async def test_the_status_bar_says_what_just_happened_in_two_lines():
         event = timeline.current_event
         assert sentence.startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}: ")
         status = app.query_one(StatusBar)
-        assert status.size.height == 2
-        assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 1]
+        assert status.size.height == 3
+        assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 2]
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
-        assert status.size.height == 2
-        assert screen_text(app).splitlines()[status.region.y + 1].strip() == f"▸ {sentence}"
+        assert status.size.height == 3
+        assert screen_text(app).splitlines()[status.region.y + 2].strip() == f"▸ {sentence}"
         cow = first_index(trace, "copy_on_write")
         await pilot.press(*["full_stop"] * (cow - fork))
         assert timeline.current_event.type == "copy_on_write"
         sentence = narrate(timeline.current_event, timeline.state)
-        line = screen_text(app).splitlines()[status.region.y + 1].strip()
+        line = screen_text(app).splitlines()[status.region.y + 2].strip()
         assert len(sentence) > 78 and len(line) == 78  # too long for one line: cut
-        assert line == f"▸ {sentence[:75]}…" and status.size.height == 2
+        assert line == f"▸ {sentence[:75]}…" and status.size.height == 3
 
 
 async def test_at_80x24_the_default_pool_fits_and_the_inspector_shows_the_selected_block():

@@ -21,12 +21,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
 from blockviz.history import Player, Timeline
+from blockviz.insights import Insights, ledger_totals, memory_truth
 from blockviz.narration import narrate
 from blockviz.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
                                    EngineLoading, EngineNotice, EngineReady, posting_listener)
+from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
@@ -66,6 +68,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.autoplay = bridge is not None if play is None else play  # live runs play once ready
         self.break_on = break_on  # event kinds playback stops at
         self.controller: PlaybackController | None = None  # once the timeline exists
+        self.insights: Insights | None = None  # the explainer, ledger and memory series, with it
         self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
         self.selection: tuple[str, int] | None = None
         self.selected_seq: int | None = None
@@ -106,6 +109,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def _start(self, timeline: Timeline, live: bool) -> None:
         player = Player(timeline, live=live)
+        self.insights = Insights.for_header(self.header)
         player.break_on = self.break_on
         self.controller = PlaybackController(player, self.bridge,
                                              set_interval=self.set_interval,
@@ -180,10 +184,12 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         if self.controller is None:
             return
         player = self.controller.player
-        timeline = player.timeline
+        timeline, insights = player.timeline, self.insights
         counts = self._main.show_pools(timeline)
+        insights.sync(timeline.events)
+        truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
-            self._main.show_panels(timeline, self.selection, self.selected_seq)
+            self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth)
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
         if player.stopped_at is not None and timeline.current_event is player.stopped_at:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
@@ -191,7 +197,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
-            narration=narrate(timeline.current_event, timeline.state))
+            narration=narrate(timeline.current_event, timeline.state), memory=memory_fields(truth),
+            ledger=ledger_totals(insights.ledger(timeline.position)))
 
     def _moved(self) -> None:
         self.note = ""

@@ -1,5 +1,5 @@
 """The main view: the pools on the left; on the right the selected block's inspector over one of
-four views (the app's `right_view`, v cycles). Draws the reducer state at a timeline's cursor."""
+seven views (the app's `right_view`, v cycles). Draws the reducer state at a timeline's cursor."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from textual.containers import Horizontal, Vertical
 
 from blockviz.history import Timeline
 from blockviz.palette import pool_counts, touched_blocks
+from blockviz.insights import Insights, MemoryTruth
 from blockviz.tui.widgets.event_log import EventLogPanel
+from blockviz.tui.widgets.insight_panels import ExplainPanel, LedgerPanel, MemoryPanel
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains
 from blockviz.tui.widgets.pool_grid import PoolGrid
 
-RIGHT_VIEWS = ("tables", "text", "hashes", "log")
+RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory")
 
 
 class MainView(Horizontal):
@@ -30,6 +32,9 @@ class MainView(Horizontal):
             yield GeneratedText(id="text", classes="view")
             yield HashChains(id="hashes", classes="view")
             yield EventLogPanel(id="log", classes="view")
+            yield ExplainPanel(id="explain", classes="view")
+            yield LedgerPanel(id="ledger", classes="view")
+            yield MemoryPanel(id="memory", classes="view")
 
     @property
     def grids(self) -> list[PoolGrid]:
@@ -56,12 +61,17 @@ class MainView(Horizontal):
                       title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used")
         return counts
 
-    def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None) -> None:
-        """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor."""
-        state, vocab = timeline.state, timeline.token_texts
+    def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None,
+                    insights: Insights, truth: MemoryTruth) -> None:
+        """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor;
+        `insights` synced with the timeline, `truth` the memory figures at the cursor."""
+        state, vocab, position = timeline.state, timeline.token_texts, timeline.position
         tables, text, hashes, inspector, log = self._panels
         tables.show(state, seq_id)
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)
-        log.show(timeline.events, timeline.position, vocab)
+        log.show(timeline.events, position, vocab)
+        self.query_one(ExplainPanel).show(insights, state, position, seq_id, vocab)
+        self.query_one(LedgerPanel).show(insights, position)
+        self.query_one(MemoryPanel).show(insights, truth, position)

@@ -302,15 +302,17 @@ class BlockInspector(StatePanel):
 
 
 class StatusBar(Widget):
-    """Two lines. The first: play state, the engine step, the cursor's event, KV utilization,
-    prefix-cache hit rate, preemptions, blocks used per device, tokens/s and a note, leaving out
-    the least needed fields that do not fit the width (the pool titles repeat the block counts).
-    The second: what just happened (blockviz.narration), cut with an ellipsis. `deterministic`
-    hides tokens/s (snapshots never show a clock)."""
+    """Three lines. The first: play state, the engine step, the cursor's event, prefix-cache hit
+    rate, blocks used per device, tokens/s and a note. The second: memory truth (GPU blocks in use
+    beside slots holding tokens, empty slots in last blocks, what a max-length reservation would
+    use) and the preemption ledger's totals. A narrow bar leaves out the least needed fields of
+    each (the pool titles repeat the block counts). The third: what just happened
+    (blockviz.narration), cut with an ellipsis. `deterministic` hides tokens/s (snapshots never
+    show a clock)."""
 
     DEFAULT_CSS = """
     StatusBar {
-        height: 2;
+        height: 3;
         background: $boost;
         color: $text;
         padding: 0 1;
@@ -322,22 +324,20 @@ class StatusBar(Widget):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._fields: list[tuple[int, Text]] = []  # (rank: lower stays longer, text) in display order
+        self._memory: list[tuple[int, Text]] = []  # the second line's, the same way
         self.narration = ""
 
     def show(self, state: ReducerState, *, position: int, total: int, playing: bool, speed: str,
              tokens_per_s: float | None, deterministic: bool, live: bool, note: str = "",
-             counts: dict[str, tuple[int, int, int]] | None = None, narration: str = "") -> None:
+             counts: dict[str, tuple[int, int, int]] | None = None, narration: str = "",
+             memory: list[tuple[int, str]] = (), ledger: str = "") -> None:
         play = Text("▶ playing" if playing else "‖ paused", "bold green" if playing else "bold")
         play.append(f" {speed}")
         fields = [(0, play), (2, Text(f"step {state.step} {state.step_kind}".rstrip())),
                   (1, Text(f"event {position}/{total}" + (" live" if live else "")))]
         if note:
             fields.append((1, Text(note, "italic")))
-        fields.append((3, Text(f"KV util {state.kv_utilization():.0%}")))
         fields.append((4, Text(f"prefix hits {state.prefix_hit_rate():.0%}")))
-        preempted = state.num_preemptions
-        fields.append((2 if preempted else 5,
-                       Text(f"preemptions {preempted}", "bold red" if preempted else "")))
         for device, (used, cached, free) in (counts or pool_counts(state)).items():
             text = Text(f"{device.upper()} ", "bold")
             text.append(f"{used} used/{cached + free} free")
@@ -347,24 +347,32 @@ class StatusBar(Widget):
         if not deterministic:
             fields.append((7, Text(f"{tokens_per_s:.1f} tok/s" if tokens_per_s is not None else "— tok/s")))
         self._fields = fields
+        self._memory = [(rank, Text(text)) for rank, text in memory]
+        if ledger:
+            preempted = state.num_preemptions
+            self._memory.append((1 if preempted else 3, Text(ledger, "bold red" if preempted else "dim")))
         self.narration = narration
         self.refresh()
 
     def render(self) -> RenderableType:
         width = max(1, self.content_size.width)
-        fields = self._fields
-        separator = Text(" │ ", "dim")
-        while True:
-            line = separator.join(text for _, text in fields)
-            if cell_len(line.plain) <= width or len(fields) <= 1:
-                break
-            worst = max(rank for rank, _ in fields)
-            if worst == 0:
-                break
-            drop = max(i for i, (rank, _) in enumerate(fields) if rank == worst)
-            fields = fields[:drop] + fields[drop + 1:]
-        line.truncate(width, overflow="ellipsis")
         what = Text("▸ ", "bold")
         what.append(self.narration or self.IDLE_HINT, "" if self.narration else "dim")
         what.truncate(width, overflow="ellipsis")
-        return Group(line, what)
+        return Group(_fit(self._fields, width, " │ "), _fit(self._memory, width, " · "), what)
+
+
+def _fit(fields: list[tuple[int, Text]], width: int, between: str) -> Text:
+    """The fields joined in one line, leaving out the highest ranks (the last first) until it fits."""
+    separator = Text(between, "dim")
+    while True:
+        line = separator.join(text for _, text in fields)
+        if cell_len(line.plain) <= width or len(fields) <= 1:
+            break
+        worst = max(rank for rank, _ in fields)
+        if worst == 0:
+            break
+        drop = max(i for i, (rank, _) in enumerate(fields) if rank == worst)
+        fields = fields[:drop] + fields[drop + 1:]
+    line.truncate(width, overflow="ellipsis")
+    return line
