@@ -61,6 +61,7 @@ def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
 
     if loaded is None:
         loaded = load_model(configs[0].model, configs[0].device)
+    _warm_up(LLMEngine(configs[0], loaded=loaded), prompts[0], params)
     runs = []
     for index, config in enumerate(configs):
         if progress is not None:
@@ -70,6 +71,14 @@ def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
     for run in runs:
         run.figures["same_text_as_first"] = run.texts == compared
     return runs
+
+
+def _warm_up(engine, prompt: str, params) -> None:
+    """A short untimed generation first: the first forward pass in a process pays one-time setup
+    that would otherwise count against the first configuration's tokens/s."""
+    from engine.llm import LLM
+
+    LLM.from_engine(engine).generate([prompt], replace(params, n=1, max_tokens=2))
 
 
 def run_one(engine, prompts: list[str], params) -> CompareRun:
