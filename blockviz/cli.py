@@ -23,8 +23,8 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _int_at_least(name: str, minimum: int):
-    """An argparse type: an integer >= minimum, with a message naming the option."""
+def _int_at_least(name: str, minimum: int, maximum: int | None = None):
+    """An argparse type: an integer >= minimum (and <= maximum), with a message naming the option."""
 
     def parse(text: str) -> int:
         try:
@@ -33,6 +33,8 @@ def _int_at_least(name: str, minimum: int):
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{name} must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {maximum}, got {value}")
         return value
 
     return parse

@@ -61,22 +61,15 @@ class EngineSpec:
     def model(self) -> str:
         return self.config.model
 
-    def check(self) -> None:
+    def check(self, *, device: bool = True) -> None:
         """Raise UsageError (one line) for what can be known wrong before the engine starts:
-        an empty prompt, a CUDA device this machine does not have."""
+        an empty prompt, a CUDA device this machine does not have (device=False leaves that
+        check, the one that imports torch, to the caller)."""
         for prompt in (*self.prompts, *(a.prompt for a in self.arrivals)):
             if not prompt:
                 raise UsageError("--prompt is empty: give at least one character")
-        device = self.config.device
-        if device is not None and device.startswith("cuda"):
-            import torch
-
-            index = int(device.partition(":")[2] or 0)
-            if not torch.cuda.is_available():
-                raise UsageError(f"--device {device}: this machine has no CUDA device (torch "
-                                 f"{torch.__version__}); omit --device to run on the CPU")
-            if index >= torch.cuda.device_count():
-                raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
+        if device and self.config.device is not None:
+            check_device(self.config.device)
 
     def check_prompt_lengths(self, source) -> None:
         """Raise UsageError when a prompt is as long as the model's context, before the engine
@@ -148,6 +141,20 @@ def _checkpoint_file(source, filename: str):
     except Exception:  # noqa: BLE001 - not a cached repo
         return None
     return Path(found) if isinstance(found, str) else None
+
+
+def check_device(device: str) -> None:
+    """Raise UsageError when `device` (cpu, cuda, cuda:N) names a CUDA device this machine lacks."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    index = int(device.partition(":")[2] or 0)
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: this machine has no CUDA device (torch "
+                         f"{torch.__version__}); omit --device to run on the CPU")
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
 
 
 def check_model(name: str):

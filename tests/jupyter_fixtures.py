@@ -152,18 +152,25 @@ def start_jupyter_server(root_dir: str | Path | None = None) -> Iterator[Jupyter
 
 
 def _wait_until_up(server: JupyterServer) -> None:
-    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    wait_until_answering(f"{server.url}/api/status", server.process, server.log, "JupyterLab")
+
+
+def wait_until_answering(url: str, process: subprocess.Popen, log, name: str,
+                         limit_s: float = SERVER_START_LIMIT_S) -> None:
+    """Wait until GET `url` answers 200; raise with the end of `log()` if `process` exits first
+    or `limit_s` passes."""
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited ({server.process.returncode}): {server.log()[-2000:]}")
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited ({process.returncode}): {log()[-2000:]}")
         try:
-            with urllib.request.urlopen(f"{server.url}/api/status", timeout=5) as response:
+            with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
                     return
         except OSError:
             pass
         time.sleep(0.25)
-    raise RuntimeError(f"JupyterLab did not answer within {SERVER_START_LIMIT_S} s: {server.log()[-2000:]}")
+    raise RuntimeError(f"{name} did not answer within {limit_s} s: {log()[-2000:]}")
 
 
 def only_local(page) -> None:

@@ -20,14 +20,20 @@ def add_parser(subparsers) -> None:
     add_break_on_option(parser)
 
 
-def execute(args) -> int:
+def check(args):
+    """The trace, read and checked before the app opens (a bad one is a one-line UsageError);
+    returns (path, trace). `blockviz serve replay` calls it too."""
     from blockviz.trace import TraceError, load_trace
 
     path = resolve_trace_path(args.trace)
     try:
-        trace = load_trace(path)
+        return path, load_trace(path)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
+
+
+def execute(args) -> int:
+    path, trace = check(args)
     from blockviz.tui.app import BlockvizApp
 
     app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name, break_on=args.break_on)

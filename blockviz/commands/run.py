@@ -32,17 +32,26 @@ def add_parser(subparsers) -> None:
                              "it does not pre-empt the engine; normal: the UI is scheduled like any process")
 
 
-def execute(args) -> int:
-    from blockviz.tui.engine_process import ProcessBridge
+def check(args, *, device: bool = True):
+    """Everything that can be known wrong before the app opens, raised as a one-line UsageError:
+    the prompts, the device (unless device=False: that check imports torch), the model and the
+    prompt lengths. Returns the EngineSpec. `blockviz serve run` calls it too."""
     from blockviz.live import EngineSpec, check_model, one_line
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
-    spec.check()
+    spec.check(device=device)
     try:
         source = check_model(spec.model)
     except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
         raise UsageError(one_line(exc)) from None
     spec.check_prompt_lengths(source)
+    return spec
+
+
+def execute(args) -> int:
+    from blockviz.tui.engine_process import ProcessBridge
+
+    spec = check(args)
     from blockviz.tui.app import BlockvizApp
 
     # The engine process loads the model while the app draws its loading screen; once the engine
