@@ -1,7 +1,7 @@
 """The Jupyter insight views without a browser: each frame part (explainer, ledger, memory and its
 sparkline) equals what the model layer says, recomputed independently from the events up to the
 cursor; the parts are computed only for views someone can see; breakpoints go forward and back, in
-a replay and live, from Python and from the breakpoints bar's buttons."""
+a replay and live, from Python and from the breakpoints bar's buttons; the compare grid."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from blockviz.history import Timeline
 from blockviz.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
 from blockviz.jupyter import Visualizer
 from blockviz.jupyter.insight_parts import sparkline_points
+from blockviz.jupyter.snapshot import snapshot
 from blockviz.palette import short_hash, show_token
 from blockviz.trace import load_trace
 
@@ -238,3 +239,34 @@ def test_a_live_explanation_names_the_eviction_that_made_it_miss(tiny_gpt2_dir):
     assert evicting.type == "block_evicted" and evicting.seq_no == explanation.blocks[0].evicted_by
     assert evicting.block_hash == explanation.blocks[0].block_hash
     viz.close()
+
+
+# ---------------------------------------------------------------------------- the compare grid
+
+
+def test_a_compare_grid_of_two_block_sizes_moves_every_cell_to_the_steps_end(tiny_gpt2_dir):
+    from blockviz.jupyter import compare
+
+    grid = compare(["To be, or not to be, that is the question:", "The quick brown fox jumps over the lazy dog."],
+                   block_size=[4, 8], num_gpu_blocks=[48], prefix_caching=[False], max_tokens=8,
+                   model=str(tiny_gpt2_dir), num_cpu_blocks=8)
+    first, second = grid.runs
+    assert first.config.block_size == 4 and second.config.block_size == 8
+    assert first.figures["same_text_as_first"] and second.figures["same_text_as_first"]
+    assert first.texts == second.texts and first.figures["peak_blocks"] != second.figures["peak_blocks"]
+    for step in (1, 3, grid.num_steps, grid.num_steps + 5):
+        grid.seek_step(step)
+        shown = min(step, grid.num_steps)
+        assert grid.step == shown
+        for run, timeline, pool, cell in zip(grid.runs, grid.timelines, grid.pools, grid.cell_figures):
+            assert timeline.position == run.step_end(shown)
+            reference = Timeline(run.header["block_size"], run.header["num_gpu_blocks"], run.header["num_cpu_blocks"])
+            reference.extend(run.events)
+            reference.seek(run.step_end(shown))
+            assert pool.frame == pool.part(snapshot(reference.state))
+            assert f"data-used='{reference.state.num_used('gpu')}'" in cell.value
+    grid.slider.value = 2  # the slider itself moves every cell too
+    assert [t.position for t in grid.timelines] == [run.step_end(2) for run in grid.runs]
+    assert "block 4" in repr(grid) and "same text yes" in repr(grid)
+    assert [row["label"] for row in grid.figures()] == [run.label for run in grid.runs]
+    grid.close()
