@@ -90,6 +90,7 @@ def test_every_insight_part_equals_the_model_layer_at_each_cursor(name):
         parts = viz.insight.parts()
         check_explain(parts["explain"], viz, position)
         check_ledger(parts["ledger"], trace.events, position)
+        assert [e.seq_no for e in viz.insight.ledger()] == [r["seq_no"] for r in parts["ledger"]["rows"]]
         check_memory(parts["memory"], trace, position)
     viz.close()
 

@@ -113,6 +113,13 @@ class InsightPanel:
         viz._changed()
         return found
 
+    def ledger(self) -> list:
+        """The preemptions by the cursor (blockviz.insights.Preemption: victim, mode, blocks,
+        tokens lost, steps until resumed), what the ledger view draws."""
+        with self.viz._lock:
+            self.insights.sync(self.viz.timeline.events)
+            return self.insights.ledger(self.viz.position)
+
     def go_to_break(self, direction: str) -> ev.Event | None:
         """The breakpoints bar's buttons: back to the previous, or on to the next, event of a ticked
         kind; says where it stopped (or that there is none) in the bar."""
