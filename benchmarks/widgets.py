@@ -5,9 +5,10 @@
     python benchmarks/widgets.py --runs 5 --max-tokens 96
 
 1. Kernel-side cost of one frame on a 4,096-block GPU pool (and 512 CPU blocks), in this process:
-   snapshot() alone, the whole frame (snapshot, event log, cursor line), its JSON encoding, and
-   the frame handed to the six views (`Visualizer._send_frame`, traitlets and ipywidgets' state
-   sync with no frontend). Target: <= 20 ms for snapshot + sync.
+   snapshot() alone, the whole frame (snapshot, event log, cursor line), its JSON encoding, the
+   frame handed to the views (`Visualizer._send_frame`, traitlets and ipywidgets' state sync with
+   no frontend; the insight sections closed, as they start), and the insight views' parts (the
+   explainer, ledger and memory, sent when their section is open). Target: <= 20 ms for snapshot + sync.
 2. The same pool in JupyterLab and Debian's chromium (tests/jupyter_fixtures.py): in the kernel,
    `_send_frame()` with a real comm; in the page, the pool view's draw of that frame with the
    layout it causes (its data-render-ms), for frames that change every cell (the cursor flips
@@ -96,8 +97,9 @@ def part_frame(repeats: int = 30) -> None:
     used = state.num_used("gpu")
     print(f"1. one frame, {NUM_GPU_BLOCKS} GPU + {NUM_CPU_BLOCKS} CPU blocks ({used} used, "
           f"{len(state.tables)} block tables), kernel side, no frontend ({repeats} frames each)")
+    sync_name = f"_send_frame (frame + sync of {len(viz.views)} views)"
     timings: dict[str, list[float]] = {"snapshot()": [], "frame (+ log, cursor)": [], "json.dumps(frame)": [],
-                                       "_send_frame (frame + sync of 6 views)": []}
+                                       sync_name: [], "insight parts (explain, ledger, memory)": []}
     positions = (len(viz), len(viz) // 2)
     for i in range(repeats):
         viz.timeline.seek(positions[i % 2])
@@ -110,10 +112,13 @@ def part_frame(repeats: int = 30) -> None:
         t3 = time.perf_counter()
         viz._send_frame()
         t4 = time.perf_counter()
+        viz.insight.parts()
+        t5 = time.perf_counter()
         timings["snapshot()"].append(t1 - t0)
         timings["frame (+ log, cursor)"].append(t2 - t1)
         timings["json.dumps(frame)"].append(t3 - t2)
-        timings["_send_frame (frame + sync of 6 views)"].append(t4 - t3)
+        timings[sync_name].append(t4 - t3)
+        timings["insight parts (explain, ledger, memory)"].append(t5 - t4)
     for name, samples in timings.items():
         print(f"   {name:40s} {median_ms(samples)}")
     print(f"   frame size: {len(encoded) / 1024:.0f} KiB of JSON")

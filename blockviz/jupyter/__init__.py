@@ -5,13 +5,28 @@
     viz = Visualizer.live({"block_size": 4, "num_gpu_blocks": 16}, prompts=["ROMEO:"])
     viz                                                          # the widget (or a text summary)
     viz.step(); viz.state.num_used("gpu")                        # one engine step, then assert
+    viz.run_until("copy_on_write"); viz.back_to("fork")          # breakpoints, both ways
+    viz.ledger_view                                              # also explain_view, memory_view
+    compare(["ROMEO:"], block_size=[4, 16])                      # one workload, several settings
 
 Never imports textual: the views draw `snapshot()`, a pure function of the reducer state.
 """
 
+from blockviz.jupyter.compare_grid import CompareGrid, compare
 from blockviz.jupyter.snapshot import snapshot
 from blockviz.jupyter.visualizer import Visualizer
-from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
+from blockviz.jupyter.widgets import (
+    BlockTableView,
+    BreakpointsView,
+    Controls,
+    EventLogView,
+    ExplainView,
+    HashChainView,
+    Inspector,
+    LedgerView,
+    MemoryView,
+    PoolView,
+)
 
 __all__ = ["Visualizer", "PoolView", "BlockTableView", "HashChainView", "EventLogView", "Inspector", "Controls",
-           "snapshot"]
+           "ExplainView", "LedgerView", "MemoryView", "BreakpointsView", "CompareGrid", "compare", "snapshot"]

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 
 class Buttons:
-    """The Controls' and the PoolView's messages, run as the Visualizer's own methods."""
+    """The Controls', the PoolView's, the explainer's and the breakpoints bar's messages, run as the
+    Visualizer's own methods."""
 
     def __init__(self, viz: Visualizer) -> None:
         self.viz = viz
@@ -52,6 +53,15 @@ class Buttons:
     def on_pools(self, message: dict[str, Any]) -> None:
         if message.get("event") == "select":
             self._in_background(lambda: self.viz.select(str(message.get("device")), int(message.get("number", 0))))
+
+    def on_explain(self, message: dict[str, Any]) -> None:
+        if message.get("event") == "pick":
+            self._in_background(lambda: self.viz.insight.explain(str(message.get("request"))))
+
+    def on_breaks(self, message: dict[str, Any]) -> None:
+        direction = message.get("direction")
+        if message.get("event") == "break" and direction in ("previous", "next"):
+            self._in_background(lambda: self.viz.insight.go_to_break(direction))
 
     def _in_background(self, run: Callable[[], Any]) -> None:
         def guarded() -> None:

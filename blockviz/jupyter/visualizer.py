@@ -15,34 +15,38 @@ a change inside that window is sent by a timer at its end, with the state as it 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterable
 
 import ipywidgets
 
 from blockviz.history import Player, Timeline
 from blockviz.jupyter.buttons import Buttons
+from blockviz.jupyter.insight_views import InsightPanel, event_kinds
+from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.snapshot import cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
-from blockviz.live import one_line
 from blockviz.trace import Trace, engine_title, load_trace
 from engine import events as ev
 from engine.reducer import ReducerState
 
-class Visualizer:
-    """Pools, block tables, hash chains, event log, inspector and controls over one timeline.
+class Visualizer(LiveCommands):
+    """Pools, block tables, hash chains, event log, inspector, controls and breakpoints over one
+    timeline, and under them the explainer, the preemption ledger and memory truth (insight_views).
 
     Build one with `Visualizer.from_trace(name_or_path)` (no model needed) or
     `Visualizer.live(llm_or_options, prompts=..., sampling_params=...)` (a real engine). Display it
     as the last expression of a cell; without a widget frontend its repr is a text summary.
     """
 
-    def __init__(self, timeline: Timeline, *, llm: Any = None, title: str = "") -> None:
+    def __init__(self, timeline: Timeline, *, llm: Any = None, title: str = "",
+                 header: dict[str, Any] | None = None) -> None:
         self.timeline = timeline
+        self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
+                                 "num_cpu_blocks": timeline.num_cpu_blocks}
         self.llm = llm
         self.engine = llm.engine if llm is not None else None
         self.player = Player(timeline, live=self.engine is not None)
@@ -62,17 +66,25 @@ class Visualizer:
         self.tables = BlockTableView()
         self.hashes = HashChainView()
         self.log = EventLogView()
+        self.insight = InsightPanel(self)
+        self.explain_view, self.ledger_view, self.memory_view = self.insight.sections
+        self.breakpoints_view = self.insight.breakpoints_view
         # The controls go last in each frame: once they show a position, every view has its frame.
-        self.views = (self.pools, self.inspector, self.tables, self.hashes, self.log, self.controls)
+        self.views = (self.pools, self.inspector, self.tables, self.hashes, self.log, *self.insight.views,
+                      self.controls)
         self._buttons = Buttons(self)
         self.controls.on_action(self._buttons.on_controls)
         self.pools.on_action(self._buttons.on_pools)
+        self.explain_view.on_action(self._buttons.on_explain)
+        self.breakpoints_view.on_action(self._buttons.on_breaks)
         self.log.observe(lambda change: self._changed(), names="filter")
         self.widget = ipywidgets.VBox([
             self.controls,
+            self.breakpoints_view,
             ipywidgets.HBox([self.pools, self.inspector], layout=ipywidgets.Layout(width="100%")),
             ipywidgets.HBox([self.tables, self.hashes], layout=ipywidgets.Layout(width="100%")),
             self.log,
+            self.insight.accordion,
         ], layout=ipywidgets.Layout(width="100%"))
         self.widget.add_class("blockviz")
         self.frames = FrameThrottle(self._send_frame)
@@ -85,7 +97,8 @@ class Visualizer:
         """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...)."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}")
+        return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}",
+                   header=trace.header)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
@@ -103,7 +116,7 @@ class Visualizer:
                              "would be missing from the picture")
         header = engine.trace_header()
         timeline = Timeline(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-        viz = cls(timeline, llm=llm, title=f"live {engine_title(header)}")
+        viz = cls(timeline, llm=llm, title=f"live {engine_title(header)}", header=header)
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
             if isinstance(sampling_params, (list, tuple)):
@@ -166,50 +179,6 @@ class Visualizer:
             return False
         return self.engine is None or not self.engine.has_unfinished_requests()
 
-    # ------------------------------------------------------------------ the live engine's commands
-    # A command acts on the engine as it is now, the end of the timeline: the cursor moves there,
-    # past the command's events, so `state` shows what it did.
-
-    def add_request(self, prompt: Any, sampling_params: Any = None, n: int | None = None) -> str:
-        """Queue a request on the live engine (LLMEngine.add_request, vLLM's add_request); returns
-        its request id. `n` overrides the sampling params' n."""
-        if n is not None:
-            from engine.sequence import SamplingParams
-
-            sampling_params = dataclasses.replace(sampling_params or SamplingParams(), n=n)
-        request_id = self._command("add a request", lambda engine: engine.add_request(prompt, sampling_params))
-        self._request_ids.append(request_id)
-        return request_id
-
-    def fork(self, seq_id: int) -> int:
-        """Fork a running sequence now (vLLM v0 BlockSpaceManager.fork): the child shares every
-        block; returns the child's seq id."""
-        return self._command(f"fork sequence {seq_id}", lambda engine: engine.fork_sequence(seq_id))
-
-    def swap_out(self, request_id: str) -> list[tuple[int, int]]:
-        """Swap a running request out to the CPU pool now (vLLM v0 swap_out); returns the
-        (gpu block, cpu block) pairs moved."""
-        return self._command(f"swap out request {request_id}",
-                             lambda engine: engine.preempt_request(str(request_id)))
-
-    def _command(self, name: str, run: Callable[[Any], Any]) -> Any:
-        if self.engine is None:
-            raise RuntimeError(f"cannot {name}: this Visualizer replays a trace (use Visualizer.live)")
-        self.pause()
-        with self._lock:
-            try:
-                result = run(self.engine)
-            except Exception as exc:
-                self.error = f"{name}: {one_line(exc)}"
-                raise
-            finally:
-                self._driver.take_events()
-            self.error = ""
-            self.player.finished = False
-            self.timeline.seek(len(self.timeline))  # the command acted on the engine's present
-        self._changed()
-        return result
-
     # ------------------------------------------------------------------ moving the cursor
 
     def step_event(self) -> ev.Event | None:
@@ -252,29 +221,37 @@ class Visualizer:
         self._changed()
         return event
 
-    def run_until(self, event_type: str) -> ev.Event | None:
-        """Move to just after the next event of `event_type` ("copy_on_write", "prefix_cache_hit",
-        "swap_out", "block_evicted", ...), stepping a live engine as needed. Returns that event, or
-        None (cursor at the end) when the run finishes without one."""
-        if event_type not in ev.EVENT_TYPES:
-            raise ValueError(f"unknown event type {event_type!r}: one of {', '.join(sorted(ev.EVENT_TYPES))}")
+    def run_until(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
+        """Move to just after the next event of `kinds` (one kind, "copy_on_write", or several:
+        "swap_out,block_evicted" or a list; None: the kinds ticked in the breakpoints bar), stepping a
+        live engine as needed. Returns that event, or None (cursor at the end) when the run
+        finishes without one."""
+        kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
         with self._lock:
-            found = None
             start = self.position
-            while True:
-                events = self.timeline.events
-                for index in range(start, len(events)):
-                    if events[index].type == event_type:
-                        found = index
-                        break
-                if found is not None:
+            found = self.timeline.next_of(kinds, start, len(self.timeline))
+            while found is None and self.engine is not None:
+                start = len(self.timeline)
+                if not self._engine_step():
                     break
-                start = len(events)
-                if self.engine is None or not self._engine_step():
-                    break
-            self.timeline.seek(found + 1 if found is not None else len(self.timeline))
+                found = self.timeline.next_of(kinds, start, len(self.timeline))
+            self.timeline.seek(found if found is not None else len(self.timeline))
             event = self.timeline.current_event if found is not None else None
+        self._changed()
+        return event
+
+    def back_to(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
+        """Back to just after the previous event of `kinds` (as run_until takes them) before the
+        one the cursor just passed (history.Timeline.previous_of: time travel, the engine is left
+        alone). Returns that event, or None (the cursor stays) when there is none."""
+        kinds = event_kinds(self.player.break_on if kinds is None else kinds)
+        self.pause()
+        with self._lock:
+            target = self.timeline.previous_of(kinds)
+            if target is not None:
+                self.timeline.seek(target)
+            event = self.timeline.current_event if target is not None else None
         self._changed()
         return event
 
@@ -295,6 +272,7 @@ class Visualizer:
         if pool is None or not 0 <= int(number) < len(pool):
             raise ValueError(f"no block {number!r} in a {device!r} pool")
         self.selected = (device, int(number))
+        self.insight.picked = None  # the explainer follows the selected block's request again
         self._changed()
 
     # ------------------------------------------------------------------ playback
@@ -360,6 +338,7 @@ class Visualizer:
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
                                              timeline.token_texts)}
+            snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
         return snap

@@ -1,9 +1,9 @@
 """The anywidget views: each holds its part of a frame in one synced `frame` dict and draws it.
 
-Python holds the state, the JavaScript (static/blockviz.js, one module for every view, picked by
-`_kind`) only renders it; clicks come back as custom messages (`select`, `action`, `seek`,
-`speed`, `filter`) that the Visualizer turns into calls of its own Python API. No CDN import, no
-build step: the module and its CSS are package data.
+Python holds the state, the JavaScript (static/blockviz.js with static/insights.js appended: one
+module for every view, picked by `_kind`) only renders it; clicks come back as custom messages
+(`select`, `action`, `seek`, `speed`, `filter`, `pick`, `break`) that the Visualizer turns into
+calls of its own Python API. No CDN import, no build step: the module and its CSS are package data.
 
 The views work on their own too: `PoolView().show(snapshot(state))` draws a reducer state.
 """
@@ -20,7 +20,8 @@ from blockviz.history import SPEEDS
 from blockviz.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
 
 STATIC = Path(__file__).resolve().parent / "static"
-ESM = STATIC / "blockviz.js"
+# One ES module: insights.js uses blockviz.js's helpers, and blockviz.js's RENDERERS its renderers.
+ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ("blockviz.js", "insights.js"))
 CSS = STATIC / "blockviz.css"
 
 PALETTE = {
@@ -113,3 +114,66 @@ class Controls(_View):
     _kind = traitlets.Unicode("controls").tag(sync=True)
     speeds = traitlets.List(["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS]).tag(sync=True)
     parts = ("cursor",)
+
+
+class _InsightView(_View):
+    """An insight view: its part is in a frame only while it is shown (the Visualizer computes
+    it then), so a frame without it leaves the view's last picture as it was. Displayed on its
+    own (a cell's last expression), it is shown from then on: `displayed_alone`, and
+    `on_display()` is called first so that the frame it shows is there."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.displayed_alone = False
+        self.on_display: Callable[[], None] | None = None
+
+    def show(self, snap: dict[str, Any]) -> None:
+        if any(key in snap for key in self.parts):
+            super().show(snap)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        self.displayed_alone = True
+        if self.on_display is not None:
+            self.on_display()
+        return super()._repr_mimebundle_(**kwargs)
+
+
+class ExplainView(_InsightView):
+    """Why a request's prefix lookup hit or missed (blockviz.explain), as the engine made it when
+    the request was allocated: per block its hash, tokens, and hit (physical block) or the first
+    miss's reason, and the hit length. The request is the selected block's first owner's, or the
+    one picked in its menu, which sends {"event": "pick", "request": id}."""
+
+    _kind = traitlets.Unicode("explain").tag(sync=True)
+    parts = ("explain",)
+
+
+class LedgerView(_InsightView):
+    """The preemption ledger (blockviz.insights): victim, mode, blocks swapped or freed, tokens
+    lost, steps until resumed, and the totals line."""
+
+    _kind = traitlets.Unicode("ledger").tag(sync=True)
+    parts = ("ledger",)
+
+
+class MemoryView(_InsightView):
+    """Memory truth at the cursor: block beside token utilization per pool and per sequence,
+    internal fragmentation, a contiguous max-length reservation's waste, and an SVG sparkline of
+    block and token utilization over the steps."""
+
+    _kind = traitlets.Unicode("memory").tag(sync=True)
+    parts = ("memory",)
+
+
+BREAK_KINDS = ("copy_on_write", "prefix_cache_hit", "fork", "swap_out", "swap_in", "preempted", "block_evicted",
+               "sequence_finished", "step_finished")
+
+
+class BreakpointsView(_View):
+    """Breakpoints: tick event kinds (`break_on`, synced both ways; playback stops at them too),
+    then "◂ previous" / "next ▸" send {"event": "break", "direction": "previous" | "next"}."""
+
+    _kind = traitlets.Unicode("breaks").tag(sync=True)
+    kinds = traitlets.List(list(BREAK_KINDS)).tag(sync=True)
+    break_on = traitlets.List(traitlets.Unicode(), []).tag(sync=True)
+    parts = ("breaks",)

@@ -1,5 +1,6 @@
 // blockviz widgets: draw the frame the kernel sends (blockviz/jupyter/snapshot.py), nothing more.
-// One module for every view, picked by the model's `_kind`. Plain ES module: no imports, no build.
+// One module for every view, picked by the model's `_kind` (widgets.py appends insights.js to this
+// file: still one plain ES module, no imports, no build).
 // Cells carry data-block / data-state / data-ref so a browser test can compare the page with the kernel.
 
 const STATE_NAMES = { u: "used", c: "cached", f: "free" };
@@ -350,7 +351,8 @@ function renderControls(model, el) {
 
 const RENDERERS = {
   pool: renderPool, tables: renderTables, hashes: renderHashes, log: renderLog, inspector: renderInspector,
-  controls: renderControls,
+  controls: renderControls, explain: renderExplain, ledger: renderLedger, memory: renderMemory,
+  breaks: renderBreaks,
 };
 
 function render({ model, el }) {

@@ -1,0 +1,165 @@
+"""What a setting changes, in a notebook: `compare(prompts, block_size=[4, 16], ...)` runs one
+workload through the real engine once per configuration (blockviz.compare.run_all: the model loaded
+once, a fresh engine per configuration, in turn) and returns a `CompareGrid`: one cell per
+configuration (its GPU and CPU pools at the same engine step, and its figures at that step), one
+step slider with ◂ / ▸ that moves every run together, and the figures table of `blockviz compare`.
+
+Each run's events go into a history.Timeline, so moving the step is a seek (to the run's end of that
+step, Timeline.step_ends) and the pools are snapshot()'s frame of the state there.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Iterable
+
+import ipywidgets
+
+from blockviz.compare import CompareRun, configurations, run_all, same_step
+from blockviz.history import Timeline
+from blockviz.jupyter.snapshot import snapshot
+from blockviz.jupyter.widgets import PoolView
+
+FIGURE_COLUMNS = (("steps", "steps"), ("peak_blocks", "peak blocks"), ("token_utilization_at_peak", "util at peak"),
+                  ("prefix_hit_rate", "hit rate"), ("preemptions", "preemptions"), ("tokens_per_s", "tok/s"),
+                  ("same_text_as_first", "same text"))
+
+
+def _listed(value: Any) -> list | None:
+    if value is None:
+        return None
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def compare(prompts: str | Iterable[str], block_size: Any = (4, 16), num_gpu_blocks: Any = (32, 64),
+            prefix_caching: Any = (True, False), max_tokens: int = 16, temperature: float = 0.0,
+            model: str | None = None, n: int = 1, loaded: Any = None, **engine_options: Any) -> "CompareGrid":
+    """Run `prompts` once per combination of the settings (each a value or a list; None keeps the
+    engine's default) and return the grid of the runs. `engine_options` are EngineConfig's others
+    (num_cpu_blocks, preemption_mode, seed, ...); `loaded` a model already loaded
+    (engine.model_loader.load_model) to skip loading it again. Greedy by default, so the texts
+    of configurations that only move memory around are the same (figures["same_text_as_first"])."""
+    from blockviz.live import EngineSpec, quiet_model_loading
+
+    quiet_model_loading()
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    options = dict(engine_options, **({"model": model} if model is not None else {}))
+    spec = EngineSpec.of(max_tokens=max_tokens, temperature=temperature, n=n, **options)
+    configs = configurations(spec.config, block_size=_listed(block_size), num_gpu_blocks=_listed(num_gpu_blocks),
+                             enable_prefix_caching=_listed(prefix_caching))
+    return CompareGrid(run_all(prompts, configs, spec.sampling_params(), loaded=loaded))
+
+
+class CompareGrid:
+    """The runs side by side at one engine step: `seek_step(step)` (or the slider, or ◂ / ▸) moves
+    every run's Timeline to the end of that step and redraws its pools; `figures()` is the table."""
+
+    def __init__(self, runs: list[CompareRun]) -> None:
+        if not runs:
+            raise ValueError("nothing to compare: no run")
+        self.runs = runs
+        self.timelines = []
+        for run in runs:
+            timeline = Timeline(run.header["block_size"], run.header["num_gpu_blocks"], run.header["num_cpu_blocks"])
+            timeline.extend(run.events)
+            self.timelines.append(timeline)
+        self.num_steps = max(len(t.step_ends) for t in self.timelines)
+        self.pools = [PoolView() for _ in runs]
+        self.cell_figures = [ipywidgets.HTML() for _ in runs]
+        self.slider = ipywidgets.IntSlider(value=same_step(runs), min=1, max=max(1, self.num_steps),
+                                           description="step", continuous_update=False,
+                                           layout=ipywidgets.Layout(width="60%"))
+        back, on = ipywidgets.Button(description="◂", layout={"width": "3em"}), ipywidgets.Button(
+            description="▸", layout={"width": "3em"})
+        back.on_click(lambda _: self.seek_step(self.step - 1))
+        on.on_click(lambda _: self.seek_step(self.step + 1))
+        cells = [ipywidgets.VBox([ipywidgets.HTML(f"<b>{html.escape(run.label)}</b>"), pool, figures],
+                                 layout=ipywidgets.Layout(border="1px solid #8886", padding="2px", min_width="0"))
+                 for run, pool, figures in zip(runs, self.pools, self.cell_figures)]
+        columns = min(len(runs), 2 if len(runs) == 4 else 3)
+        grid = ipywidgets.GridBox(cells, layout=ipywidgets.Layout(
+            grid_template_columns=f"repeat({columns}, minmax(0, 1fr))", grid_gap="6px", width="100%"))
+        self.table = ipywidgets.HTML(self.figures_html())
+        self.widget = ipywidgets.VBox([ipywidgets.HBox([back, self.slider, on]), grid, self.table],
+                                      layout=ipywidgets.Layout(width="100%"))
+        self.widget.add_class("blockviz")
+        self.slider.observe(lambda change: self._show(change["new"]), names="value")
+        self._show(self.slider.value)
+
+    @property
+    def step(self) -> int:
+        """The engine step every cell shows (its end)."""
+        return self.slider.value
+
+    def seek_step(self, step: int) -> None:
+        """Show every run at the end of engine `step` (clamped to 1 .. the longest run's steps; a
+        run that finished sooner shows its end)."""
+        step = max(self.slider.min, min(int(step), self.slider.max))
+        if step == self.slider.value:
+            self._show(step)
+        else:
+            self.slider.value = step  # the observer redraws
+
+    def position_at(self, index: int, step: int) -> int:
+        """Events of run `index` up to the end of `step` (CompareRun.step_end, from the step ends)."""
+        ends = self.timelines[index].step_ends
+        return ends[step - 1] if 1 <= step <= len(ends) else len(self.timelines[index])
+
+    def _show(self, step: int) -> None:
+        for index, (timeline, pool) in enumerate(zip(self.timelines, self.pools)):
+            timeline.seek(self.position_at(index, step))
+            pool.show(snapshot(timeline.state))
+            self.cell_figures[index].value = self._cell_html(index, step)
+
+    def _cell_html(self, index: int, step: int) -> str:
+        state, run = self.timelines[index].state, self.runs[index]
+        done = self.timelines[index].num_steps_done()
+        at = f"step {min(step, done)} of {run.figures['steps']}" + (" (finished)" if done < step else "")
+        return (f"<span class='bv-compare-cell' data-step='{step}' data-used='{state.num_used('gpu')}'>"
+                f"{html.escape(at)} · GPU blocks in use {state.num_used('gpu')}/{run.header['num_gpu_blocks']} · "
+                f"token utilization {state.kv_utilization():.0%} · peak {run.figures['peak_blocks']} · "
+                f"preemptions {state.num_preemptions}</span>")
+
+    def figures(self) -> list[dict[str, Any]]:
+        """Each run's figures (blockviz compare's), with its label."""
+        return [dict(run.figures, label=run.label) for run in self.runs]
+
+    def figures_html(self) -> str:
+        head = "".join(f"<th style='padding:0 8px'>{html.escape(name)}</th>" for _, name in FIGURE_COLUMNS)
+        rows = []
+        for run in self.runs:
+            values = "".join(f"<td style='padding:0 8px;text-align:right'>{html.escape(_shown(run.figures[key], key))}</td>"
+                             for key, _ in FIGURE_COLUMNS)
+            rows.append(f"<tr><td>{html.escape(run.label)}</td>{values}</tr>")
+        return f"<table class='bv-compare-figures'><tr><th></th>{head}</tr>{''.join(rows)}</table>"
+
+    def summary(self) -> str:
+        """The figures as plain text (a notebook without widgets)."""
+        lines = [f"{len(self.runs)} configurations, at step {self.step}:"]
+        for row in self.figures():
+            lines.append(f"  {row['label']}: " + ", ".join(f"{name} {_shown(row[key], key)}" for key, name in FIGURE_COLUMNS))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        bundle["text/plain"] = self.summary()
+        return bundle
+
+    def close(self) -> None:
+        self.widget.close()
+        for pool in self.pools:
+            pool.close()
+
+
+PERCENTS = {"token_utilization_at_peak", "prefix_hit_rate"}
+
+
+def _shown(value: Any, key: str = "") -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key in PERCENTS:
+        return f"{value:.0%}"
+    return f"{value:,}" if isinstance(value, (int, float)) else str(value)

@@ -1,0 +1,75 @@
+"""The insight views in a real browser: JupyterLab runs a notebook, chromium draws the preemption
+ledger, the memory view's SVG sparkline and the prefix-lookup explainer, and their data attributes
+must equal the kernel's frame parts; the breakpoints bar's "◂ previous" travels back and the ledger
+follows. Fixtures: tests/jupyter_fixtures.py (one server per session, a fresh page per test)."""
+
+from __future__ import annotations
+
+from jupyter_fixtures import kernel_json, open_notebook, run_all_cells, wait_for_position, wait_for_visualizer
+
+CELLS = [
+    "from blockviz.jupyter import Visualizer\nviz = Visualizer.from_trace('swap')\nviz.seek(len(viz));",
+    "viz",
+    "viz.ledger_view",
+    "viz.memory_view",
+    "hit = Visualizer.from_trace('prefix-hit')\nhit.run_to_completion()\nhit.explain_view",
+]
+
+KERNEL_LEDGER = ("[[r['seq_no'], r['mode'], r['blocks_swapped'], r['blocks_freed'], r['tokens_lost'], "
+                 "r['steps_until_resumed']] for r in viz.insight.parts(('ledger',))['ledger']['rows']]")
+PAGE_LEDGERS = """() => Array.from(document.querySelectorAll('.bv-view-ledger')).map((view) =>
+    Array.from(view.querySelectorAll('.bv-ledger-row')).map((r) => [Number(r.dataset.seqNo), r.dataset.mode,
+        Number(r.dataset.swapped), Number(r.dataset.freed), Number(r.dataset.lost),
+        r.dataset.resumed === '' ? null : Number(r.dataset.resumed)]))"""
+PAGE_SPARKS = """() => Array.from(document.querySelectorAll('.bv-view-memory svg.bv-spark')).map((chart) =>
+    ['block', 'token'].map((name) => Array.from(chart.querySelectorAll(`circle[data-series='${name}']`)).map(
+        (c) => [Number(c.dataset.step), Number(c.dataset.value)])))"""
+PAGE_EXPLAINS = """() => Array.from(document.querySelectorAll('.bv-view-explain .bv-explain[data-request]')).map((body) =>
+    [body.dataset.request, Number(body.dataset.hitBlocks), Array.from(body.querySelectorAll('.bv-verdict')).map(
+        (r) => [Number(r.dataset.index), r.dataset.hash, r.dataset.verdict, r.dataset.block === '' ? null
+                : Number(r.dataset.block)])])"""
+KERNEL_EXPLAIN = ("(lambda x: [x['request'], x['hit_blocks'], [[b['index'], b['hash'], b['verdict'], b['block']] "
+                  "for b in x['blocks']]])(hit.insight.parts(('explain',))['explain'])")
+
+
+def wait_until_equal(page, script: str, expected) -> None:
+    """Wait until every copy of a view on the page (one in the accordion, one on its own) draws
+    `expected`, and there is at least one."""
+    page.wait_for_function(f"(want) => {{ const got = ({script})(); return got.length > 0 && "
+                           "got.every((g) => JSON.stringify(g) === JSON.stringify(want)); }", arg=expected)
+
+
+def test_ledger_sparkline_and_explainer_draw_the_kernels_parts(jupyter_server, lab_page):
+    page = lab_page
+    path = jupyter_server.add_notebook("insights.ipynb", CELLS)
+    open_notebook(page, jupyter_server, path)
+    run_all_cells(page)
+    wait_for_visualizer(page, num_cells=32 + 16)
+    page.wait_for_selector(".bv-view-explain .bv-explain[data-request]")
+
+    ledger = kernel_json(page, KERNEL_LEDGER)
+    assert len(ledger) == 4 and all(row[5] is not None for row in ledger)  # at the end every victim resumed
+    wait_until_equal(page, PAGE_LEDGERS, ledger)
+    assert page.locator(".bv-view-ledger .bv-ledger-totals").first.text_content() == kernel_json(
+        page, "viz.insight.parts(('ledger',))['ledger']['totals']")
+
+    series = kernel_json(page, "viz.insight.parts(('memory',))['memory']['series']")
+    assert len(series) > 10
+    wait_until_equal(page, PAGE_SPARKS, [[[p[0], p[2]] for p in series], [[p[0], p[3]] for p in series]])
+
+    explain = kernel_json(page, KERNEL_EXPLAIN)
+    assert explain[1] == 4 and [row[2] for row in explain[2]][:5] == ["hit"] * 4 + ["different tokens"]
+    wait_until_equal(page, PAGE_EXPLAINS, explain)
+
+    # the breakpoints bar: tick "preempted", go back twice; the ledger shows the past each time
+    page.click(".bv-view-breaks input[data-kind='preempted']")
+    page.wait_for_function("() => document.querySelector('.bv-view-breaks').dataset.breakOn === 'preempted'")
+    preempted = kernel_json(page, "[i + 1 for i, e in enumerate(viz.events) if e.type == 'preempted']")
+    for target in (preempted[-1], preempted[-2]):
+        page.click(".bv-view-breaks button[data-direction='previous']")
+        wait_for_position(page, target)
+        assert kernel_json(page, "viz.position") == target
+        ledger = kernel_json(page, KERNEL_LEDGER)
+        assert ledger[-1][5] is None  # the victim just preempted has not resumed yet
+        wait_until_equal(page, PAGE_LEDGERS, ledger)
+    assert "stopped at event" in page.locator(".bv-view-breaks .bv-break-message").text_content()
