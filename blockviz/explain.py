@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockviz.palette import short_hash  # the hash's first digits, as every view shows them
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
 from engine.reducer import ReducerState
@@ -67,7 +68,7 @@ class Explanation:
         out = [f"request {self.request_id} (seq {self.seq_id}): {self.num_prompt_tokens} prompt tokens, "
                f"{len(self.blocks)} blocks of {self.block_size}"]
         for b in self.blocks:
-            digest = f"#{b.block_hash & 0xFFFFFF:06x}" if b.block_hash is not None else "(no hash)"
+            digest = f"#{short_hash(b.block_hash)}" if b.block_hash is not None else "(no hash)"
             what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
             if b.evicted_by is not None:
                 what += f" (block_evicted, event {b.evicted_by})"
