@@ -78,6 +78,19 @@ class EngineSpec:
             if index >= torch.cuda.device_count():
                 raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
 
+    def check_all(self):
+        """Every check made before an engine starts, as one line each (UsageError): `check()`, the
+        model (check_model), the sampling parameters, the prompts' lengths. Returns check_model's
+        result. Imports no torch unless a CUDA device was asked for."""
+        self.check()
+        try:
+            source = check_model(self.model)
+            self.sampling_params()
+        except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
+            raise UsageError(one_line(exc)) from None
+        self.check_prompt_lengths(source)
+        return source
+
     def check_prompt_lengths(self, source) -> None:
         """Raise UsageError when a prompt is as long as the model's context, before the engine
         starts: the checkpoint's tokenizer.json and config.json alone (the tokenizers library,

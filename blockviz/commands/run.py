@@ -34,15 +34,10 @@ def add_parser(subparsers) -> None:
 
 def execute(args) -> int:
     from blockviz.tui.engine_process import ProcessBridge
-    from blockviz.live import EngineSpec, check_model, one_line
+    from blockviz.live import EngineSpec
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
-    spec.check()
-    try:
-        source = check_model(spec.model)
-    except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
-        raise UsageError(one_line(exc)) from None
-    spec.check_prompt_lengths(source)
+    spec.check_all()
     from blockviz.tui.app import BlockvizApp
 
     # The engine process loads the model while the app draws its loading screen; once the engine
