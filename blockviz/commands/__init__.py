@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay", "explain", "compare")
+COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "publish")
 
 
 def _module(name: str):
