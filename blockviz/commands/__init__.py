@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "publish")
+COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "publish", "attach")
 
 
 def _module(name: str):
