@@ -128,6 +128,21 @@ class VllmBatch(msgspec.Struct):
     data_parallel_rank: int | None = None
 
 
+def test_the_array_shape_is_written_as_vllm_0_23_wrote_it():
+    events = [BlockStored((H1, H2), None, (10, 11, 12, 13, 14, 15, 16, 17), 4, medium="GPU"), BlockRemoved((H3,), "GPU"),
+              AllBlocksCleared()]
+    payload = encode_batch(events, ts=1750000000.5, data_parallel_rank=1, array_shape=True)
+    assert payload == ARRAY_SHAPE_INT_HASHES  # required fields always, trailing defaults omitted
+
+
+def test_the_engine_never_imports_zmq():
+    from pathlib import Path
+
+    engine_dir = Path(ev.__file__).resolve().parent
+    importing = [p.name for p in engine_dir.rglob("*.py") if "import zmq" in p.read_text() or "from zmq" in p.read_text()]
+    assert importing == []
+
+
 def test_a_consumer_declared_like_vllms_newer_records_reads_the_encoder():
     """What blockviz publishes decodes with vLLM's newer declarations."""
     payload = encode_batch([BlockStored((H1,), None, (1, 2), 2, medium="GPU"), BlockRemoved((H1,), "GPU")], ts=2.0)

@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
                         help=f"where to bind the PUB socket (default {DEFAULT_ENDPOINT}; tcp://*:5557 for every interface)")
     parser.add_argument("--replay", metavar="ENDPOINT", help="where to bind the replay ROUTER, e.g. tcp://127.0.0.1:5558")
     parser.add_argument("--topic", default="kv-events", help="the topic frame (default kv-events)")
+    parser.add_argument("--array-shape", action="store_true",
+                        help="write vLLM <= 0.23's tagged arrays instead of maps, for consumers written for them")
     parser.add_argument("--rate", type=non_negative_number("--rate"), default=10.0, metavar="BATCHES_PER_S",
                         help="at most this many batches a second, so a person can watch (default 10; 0: no limit)")
     parser.add_argument("--wait-for-subscribers", type=_non_negative("--wait-for-subscribers"), default=1, metavar="N",
@@ -91,7 +93,7 @@ def _bind(args):
     from blockviz.kvevents.publisher import KVEventPublisher
 
     try:
-        return KVEventPublisher(args.endpoint, args.replay, topic=args.topic)
+        return KVEventPublisher(args.endpoint, args.replay, topic=args.topic, array_shape=args.array_shape)
     except zmq.ZMQError as exc:
         raise UsageError(f"cannot bind {args.endpoint}{' or ' + args.replay if args.replay else ''}: {exc}") from None
 

@@ -156,11 +156,27 @@ _encoder = msgspec.msgpack.Encoder()
 
 
 def encode_batch(events: list[KVCacheEvent] | tuple[KVCacheEvent, ...], *, ts: float | None = None,
-                 data_parallel_rank: int = 0) -> bytes:
+                 data_parallel_rank: int = 0, array_shape: bool = False) -> bytes:
     """The payload of one publish, in the map shape: `{"ts", "events": [{"type": ...}, ...],
-    "data_parallel_rank"}` (vLLM's ZmqEventPublisher fills the rank in the same way)."""
+    "data_parallel_rank"}` (vLLM's ZmqEventPublisher fills the rank in the same way); with
+    `array_shape`, as vLLM <= 0.23 wrote it: `[ts, [["BlockStored", ...fields], ...], rank]`."""
     batch = EventBatch(time.time() if ts is None else ts, tuple(events), data_parallel_rank)
+    if array_shape:
+        return _encoder.encode([batch.ts, [_tagged_array(e) for e in batch.events], batch.data_parallel_rank])
     return _encoder.encode(batch)
+
+
+# Fields vLLM declares without a default (always written); later ones it omits while they are None.
+_REQUIRED_FIELDS = {"BlockStored": 7, "BlockRemoved": 2, "AllBlocksCleared": 0}
+
+
+def _tagged_array(event: KVCacheEvent) -> list[Any]:
+    """`["BlockStored", fields...]` as vLLM's array_like, omit_defaults records were written."""
+    name = type(event).__name__
+    values = list(msgspec.structs.astuple(event))
+    while len(values) > _REQUIRED_FIELDS[name] and values[-1] is None:
+        values.pop()
+    return [name, *values]
 
 
 def seq_bytes(seq: int) -> bytes:

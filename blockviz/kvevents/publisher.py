@@ -29,15 +29,17 @@ class KVEventPublisher:
     """Publishes EventBatches on `endpoint` (bound) and replays them on `replay_endpoint` (bound).
 
     `data_parallel_rank` is written in every batch; a data-parallel vLLM runs one publisher per
-    rank on the base port + rank (vLLM ZmqEventPublisher.offset_endpoint_port).
+    rank on the base port + rank (vLLM ZmqEventPublisher.offset_endpoint_port). Payloads are in
+    the map shape unless `array_shape` (for consumers written for vLLM <= 0.23).
     """
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "kv-events",
                  data_parallel_rank: int = 0, buffer_steps: int = DEFAULT_BUFFER_STEPS,
-                 context: zmq.Context | None = None) -> None:
+                 array_shape: bool = False, context: zmq.Context | None = None) -> None:
         self.context = context or zmq.Context.instance()
         self.topic = topic.encode("utf-8")
         self.data_parallel_rank = data_parallel_rank
+        self.array_shape = array_shape  # vLLM <= 0.23's tagged arrays instead of maps
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.next_seq = 0
         self.num_replay_requests = 0
@@ -57,7 +59,7 @@ class KVEventPublisher:
     def publish(self, events: Sequence[KVCacheEvent], *, ts: float | None = None) -> int:
         """Send one batch; returns its sequence number. It is kept for replay."""
         seq = self.next_seq
-        payload = encode_batch(events, ts=ts, data_parallel_rank=self.data_parallel_rank)
+        payload = encode_batch(events, ts=ts, data_parallel_rank=self.data_parallel_rank, array_shape=self.array_shape)
         self.pub.send_multipart((self.topic, seq_bytes(seq), payload), copy=False)
         self.buffer.append((seq, payload))
         self.next_seq += 1
