@@ -127,14 +127,22 @@ def add_break_on_option(parser: argparse.ArgumentParser) -> None:
                              "copy_on_write,swap_out); in the app ] plays on to the next, [ goes back, B changes them")
 
 
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--temperature must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"--temperature must be a finite number >= 0, got {text!r}")
-    return value
+def non_negative_number(name: str):
+    """An argparse type: a finite float >= 0, with a message naming the option."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number >= 0, got {text!r}")
+        return value
+
+    return parse
+
+
+_temperature = non_negative_number("--temperature")
 
 
 def _device(text: str) -> str:

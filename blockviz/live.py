@@ -71,6 +71,19 @@ class EngineSpec:
         if device and self.config.device is not None:
             check_device(self.config.device)
 
+    def check_all(self, *, device: bool = True):
+        """Every check made before an engine starts, as one line each (UsageError): `check()`, the
+        model (check_model), the sampling parameters, the prompts' lengths. Returns check_model's
+        result. Imports no torch unless a CUDA device was asked for (and `device` is True)."""
+        self.check(device=device)
+        try:
+            source = check_model(self.model)
+            self.sampling_params()
+        except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
+            raise UsageError(one_line(exc)) from None
+        self.check_prompt_lengths(source)
+        return source
+
     def check_prompt_lengths(self, source) -> None:
         """Raise UsageError when a prompt is as long as the model's context, before the engine
         starts: the checkpoint's tokenizer.json and config.json alone (the tokenizers library,

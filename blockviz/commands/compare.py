@@ -55,17 +55,13 @@ def add_parser(subparsers) -> None:
 
 def execute(args) -> int:
     from blockviz.compare import configurations, run_all, same_step
-    from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
+    from blockviz.live import EngineSpec, one_line, quiet_model_loading
 
     prompts = _prompts(args)
     if args.workload is not None:
         args.prompts = prompts
     spec = EngineSpec.from_args(_first(args))
-    spec.check()
-    try:
-        check_model(spec.model)
-    except (OSError, ValueError) as exc:
-        raise UsageError(one_line(exc)) from None
+    spec.check_all()
     quiet_model_loading()
     configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
     try:

@@ -72,16 +72,10 @@ def execute(args) -> int:
 
 def load_engine(args):
     """The spec of the options and its engine, or UsageError (one line) before or while loading."""
-    from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
+    from blockviz.live import EngineSpec, one_line, quiet_model_loading
 
     spec = EngineSpec.from_args(args)
-    spec.check()
-    try:
-        source = check_model(spec.model)
-        spec.sampling_params()
-    except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
-        raise UsageError(one_line(exc)) from None
-    spec.check_prompt_lengths(source)
+    spec.check_all()
     quiet_model_loading()
     if sys.stderr.isatty() and not args.json:
         print(f"loading {spec.model} ...", file=sys.stderr, flush=True)

@@ -98,7 +98,7 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineSpec, check_model, one_line, quiet_model_loading
+    from blockviz.live import EngineSpec, one_line, quiet_model_loading
 
     out = Path(args.out)
     if out.is_dir():
@@ -106,12 +106,7 @@ def execute(args) -> int:
     if not out.parent.exists():
         raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
     spec = EngineSpec.from_args(args)
-    spec.check()
-    try:
-        source = check_model(spec.model)
-    except (OSError, ValueError) as exc:
-        raise UsageError(one_line(exc)) from None
-    spec.check_prompt_lengths(source)
+    spec.check_all()
     tty = sys.stderr.isatty()
 
     def progress(text: str) -> None:

@@ -33,18 +33,13 @@ def add_parser(subparsers) -> None:
 
 
 def check(args, *, device: bool = True):
-    """Everything that can be known wrong before the app opens, raised as a one-line UsageError:
-    the prompts, the device (unless device=False: that check imports torch), the model and the
-    prompt lengths. Returns the EngineSpec. `blockviz serve run` calls it too."""
-    from blockviz.live import EngineSpec, check_model, one_line
+    """Everything that can be known wrong before the app opens, raised as a one-line UsageError
+    (EngineSpec.check_all; device=False leaves out the CUDA check, which imports torch). Returns
+    the EngineSpec. `blockviz serve run` calls it too."""
+    from blockviz.live import EngineSpec
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
-    spec.check(device=device)
-    try:
-        source = check_model(spec.model)
-    except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
-        raise UsageError(one_line(exc)) from None
-    spec.check_prompt_lengths(source)
+    spec.check_all(device=device)
     return spec
 
 

@@ -92,3 +92,11 @@ def posting_listener(post: Callable[[Message], Any]):
         notice=lambda text: post(EngineNotice(text)),
         idle=lambda: post(EngineIdle()),
     )
+
+
+@dataclass
+class KVEventsArrived(Message):
+    """`blockviz attach`: what one poll of the KV-event subscriber brought (a
+    blockviz.kvevents.subscriber.ClientUpdate: batches in order, gaps, notices)."""
+
+    update: Any

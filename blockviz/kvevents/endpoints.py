@@ -1,0 +1,44 @@
+"""ZMQ endpoints as vLLM's KV-events config writes them: `tcp://HOST:PORT`, `ipc://PATH`,
+`inproc://NAME`; checked up front so a typo is one line, and offset per data-parallel rank."""
+
+from __future__ import annotations
+
+import re
+
+_TCP = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]+)$")
+
+
+def check_endpoint(text: str, option: str, *, ranks: int = 1) -> str:
+    """`text` if it is an endpoint ZMQ can use (with room for `ranks` consecutive ports), else a
+    ValueError saying, in one line, what `option` should look like."""
+    if text.startswith(("ipc://", "inproc://")) and text.partition("://")[2]:
+        if ranks > 1 and text.startswith("ipc://"):
+            raise ValueError(f"{option}: several data-parallel ranks need a tcp:// endpoint (a port per rank)")
+        return text
+    match = _TCP.match(text)
+    if match is None:
+        raise ValueError(f"{option} must look like tcp://HOST:PORT (or ipc://PATH), got {text!r}")
+    port = int(match["port"])
+    if not 1 <= port <= 65535 - (ranks - 1):
+        top = 65535 - (ranks - 1)
+        raise ValueError(f"{option}: port {port} is not between 1 and {top}" + (
+            f" (ranks use port + 0 .. {ranks - 1})" if ranks > 1 else ""))
+    return text
+
+
+def offset_port(endpoint: str, rank: int) -> str:
+    """The endpoint of data-parallel rank `rank`: a tcp port + rank, an inproc name + `_dp<rank>`
+    (vLLM ZmqEventPublisher.offset_endpoint_port; an ipc path has no per-rank form there either)."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        return f"{base}:{int(port) + rank}"
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    raise ValueError(f"{endpoint}: no endpoint for data-parallel rank {rank} (use tcp://HOST:PORT)")
+
+
+def connect_address(endpoint: str) -> str:
+    """Where a client connects to reach a publisher bound on `endpoint` (`*` means this machine)."""
+    return endpoint.replace("tcp://*:", "tcp://127.0.0.1:", 1)

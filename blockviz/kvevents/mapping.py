@@ -1,0 +1,114 @@
+"""blockviz's engine events as vLLM KV-cache events: what a vLLM v1 engine would have published.
+
+vLLM publishes the life of its prefix cache only: which hashed blocks enter it and which leave it.
+blockviz's cached allocator (engine/block_allocator.py, nano-vllm's chained xxh64) has the same
+life, so each event maps as follows.
+
+| blockviz event (engine/events.py)              | vLLM event                                      |
+|------------------------------------------------|-------------------------------------------------|
+| block_hashed, registered, on the GPU           | BlockStored([hash], parent hash, tokens, size)  |
+| block_hashed, not registered (an equal block   | nothing: the hash is already stored once, and  |
+|   is in the hash map already)                  |   this copy never enters the map               |
+| block_hashed after swap_in (parent unknown)    | BlockStored, parent taken from an earlier store |
+| prefix_cache_hit (a hit, or a free-but-cached  | nothing: vLLM publishes no hits; the block     |
+|   block revived)                               |   was stored before and stays stored           |
+| block_freed to free-but-cached (ref 0, cached) | nothing: the block stays in the cache          |
+| block_evicted (LRU eviction of a cached block) | BlockRemoved([hash], "GPU")                    |
+| block_freed, ref 0, not cached, of a registered| BlockRemoved([hash], "GPU"): the block left    |
+|   block (freed before its K/V was computed)    |   the hash map without an eviction event       |
+| allocate, append, fork, copy-on-write, swap,   | nothing: physical blocks, tables and ref counts |
+|   preemption, tokens, steps                    |   are not part of vLLM's protocol              |
+
+Batches: vLLM publishes one EventBatch per engine step, and only when the step produced events.
+Within a step, a BlockStored whose parent is the previous BlockStored's last hash joins it (one
+event, several hashes, their tokens in order), as vLLM stores one request's new full blocks at once.
+blockviz never drops its whole cache, so it never sends AllBlocksCleared. Hashes are blockviz's
+xxh64 ints, masked to their low 64 bits as vLLM's int hashes are.
+
+No torch, no zmq: this reads engine events (it is an EventBus subscriber) and returns records.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from blockviz.kvevents.protocol import MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
+from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, StepFinished
+
+LOW_64_BITS = (1 << 64) - 1
+
+
+def external_hash(block_hash: int) -> int:
+    """A blockviz hash as vLLM's int ExternalBlockHash: its low 64 bits."""
+    return block_hash & LOW_64_BITS
+
+
+class KVEventMapper:
+    """Turns blockviz engine events into vLLM KV events; subscribe `feed` to an EventBus and call
+    `take_events()` once per step (vLLM's KVCacheManager.take_events)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.pending: list[KVCacheEvent] = []
+        self.registered: dict[int, int] = {}  # GPU block number -> the hash it holds in the hash map
+        self.parents: dict[int, int | None] = {}  # hash -> parent hash, from the stores seen
+
+    def __call__(self, event: Event) -> None:
+        self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        """Note one engine event; the vLLM events it means wait in `pending`."""
+        if isinstance(event, BlockHashed):
+            self._on_hashed(event)
+        elif isinstance(event, BlockEvicted):
+            self._remove(event.device, event.block)
+        elif isinstance(event, BlockFreed) and event.ref_count == 0 and not event.cached:
+            self._remove(event.device, event.block)
+
+    def _on_hashed(self, event: BlockHashed) -> None:
+        if event.device != "gpu" or not event.registered:
+            return
+        if event.parent_hash is not None or event.block_hash not in self.parents:
+            self.parents[event.block_hash] = event.parent_hash
+        parent = self.parents[event.block_hash]
+        self.registered[event.block] = event.block_hash
+        self.pending.append(BlockStored(
+            (external_hash(event.block_hash),), None if parent is None else external_hash(parent),
+            tuple(event.token_ids), self.block_size, medium=MEDIUM_GPU))
+
+    def _remove(self, device: str, block: int) -> None:
+        if device != "gpu" or block not in self.registered:
+            return
+        block_hash = self.registered.pop(block)
+        self.pending.append(BlockRemoved((external_hash(block_hash),), medium=MEDIUM_GPU))
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events since the last call, chained stores merged; empties `pending`."""
+        events, self.pending = merge_chained_stores(self.pending), []
+        return events
+
+
+def merge_chained_stores(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
+    """Consecutive BlockStored events where each continues the previous one's chain become one."""
+    out: list[KVCacheEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if (isinstance(event, BlockStored) and isinstance(last, BlockStored)
+                and event.parent_block_hash == last.block_hashes[-1] and event.block_size == last.block_size):
+            out[-1] = BlockStored(last.block_hashes + event.block_hashes, last.parent_block_hash,
+                                  last.token_ids + event.token_ids, last.block_size, medium=last.medium)
+        else:
+            out.append(event)
+    return out
+
+
+def step_batches(events: Iterable[Event], block_size: int) -> Iterator[list[KVCacheEvent]]:
+    """A recorded event stream (a trace) as vLLM's batches: one per engine step that stored or
+    removed blocks (events after the last step_finished form a last batch)."""
+    mapper = KVEventMapper(block_size)
+    for event in events:
+        mapper.feed(event)
+        if isinstance(event, StepFinished) and mapper.pending:
+            yield mapper.take_events()
+    if mapper.pending:
+        yield mapper.take_events()

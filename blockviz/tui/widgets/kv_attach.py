@@ -1,0 +1,152 @@
+"""The views of `blockviz attach`: vLLM's hash-chain forest, the cache over time, the gaps, and
+what vLLM does not send.
+
+Each is handed the model layer (blockviz/kvevents/state.py: KVEventState) from above and renders
+from it alone; none reads a socket.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from blockviz.kvevents.protocol import BlockHash
+from blockviz.kvevents.state import NOT_SENT, NOT_SENT_BY_VLLM, KVEventState
+from blockviz.kvevents.tokens import TokenText
+from blockviz.tui.widgets.panels import StatePanel
+
+SPARKS = "▁▂▃▄▅▆▇█"
+MAX_LABEL_TOKENS_CHARS = 48
+
+
+def hash_label(block_hash: BlockHash, digits: int = 8) -> str:
+    """A hash's first hex digits: an int as its 16-digit 64-bit form, bytes as they are."""
+    if isinstance(block_hash, bytes):
+        return block_hash.hex()[:digits]
+    return f"{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"[:digits]
+
+
+def sparkline(values: Sequence[int], width: int) -> str:
+    """The last `width` values as bars scaled to the largest of them (all zero: the lowest bar)."""
+    values = list(values)[-width:]
+    top = max(values, default=0)
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, v * (len(SPARKS) - 1) // top)] for v in values)
+
+
+class ForestTree(Tree):
+    """The hash-chain forest: each stored block under its parent, with its tokens' text. Cached
+    blocks are bold with the ranks holding them; removed ones dim, marked removed."""
+
+    DEFAULT_CSS = """
+    ForestTree {
+        border: round $secondary;
+        border-title-color: $text;
+        height: 1fr;
+    }
+    ForestTree:focus {
+        border: round $accent;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("hash-chain forest", id=id)
+        self.border_title = "hash-chain forest (what vLLM stored)"
+        self.show_root = True
+        self.guide_depth = 2
+        self._tree_nodes: dict[BlockHash, TreeNode] = {}
+        self._tree_labels: dict[BlockHash, str] = {}
+
+    def show(self, state: KVEventState, tokens: TokenText) -> None:
+        """Add the blocks not drawn yet under their parents and relabel those that changed."""
+        for block_hash, node in state.nodes.items():
+            if block_hash not in self._tree_nodes:
+                parent = self._tree_nodes.get(node.parent_hash) if node.parent_hash is not None else None
+                self._tree_nodes[block_hash] = (parent or self.root).add("", expand=True, data=block_hash)
+            label = self._label(state, block_hash, tokens)
+            if self._tree_labels.get(block_hash) != label.plain:
+                self._tree_labels[block_hash] = label.plain
+                self._tree_nodes[block_hash].set_label(label)
+        self.root.set_label(Text(f"{len(state.nodes)} blocks seen, {state.num_cached} cached now"))
+        self.root.expand()
+
+    @staticmethod
+    def _label(state: KVEventState, block_hash: BlockHash, tokens: TokenText) -> Text:
+        node = state.nodes[block_hash]
+        text = tokens.text(node.token_ids)
+        if len(text) > MAX_LABEL_TOKENS_CHARS:
+            text = text[: MAX_LABEL_TOKENS_CHARS - 1] + "…"
+        label = Text(hash_label(block_hash), style="bold" if node.cached else "dim")
+        label.append(f" {text!s}", style="" if node.cached else "dim")
+        if node.cached:
+            label.append("  rank " + ",".join(str(r) for r in sorted(node.ranks)), style="green")
+        else:
+            label.append("  removed", style="dim red")
+        if node.times_stored > 1:
+            label.append(f"  stored ×{node.times_stored}", style="dim")
+        return label
+
+
+class CachePanel(StatePanel):
+    """Per data-parallel rank: cache size, stores, removals, churn, and both over time."""
+
+    TITLE = "cache, per data-parallel rank"
+    SPARK_WIDTH = 32
+
+    def draw(self, state: KVEventState) -> None:  # type: ignore[override]
+        if not state.ranks:
+            self.set_body(Text("no batch yet", style="dim"))
+            return
+        table = Table.grid(padding=(0, 1))
+        for column in ("rank", "cached", "stored", "removed", "churn", "batches"):
+            table.add_column(column, justify="left" if column == "rank" else "right")
+        table.add_row(*(Text(c, style="bold") for c in ("rank", "cached", "stored", "removed", "churn", "batches")))
+        for rank, stats in sorted(state.ranks.items()):
+            table.add_row(str(rank), str(stats.num_cached), str(stats.num_stored), str(stats.num_removed),
+                          f"{stats.churn:.2f}", str(stats.num_batches))
+        rows: list = [table, Text("")]
+        for rank in sorted(state.ranks):
+            points = [p for p in state.timeline if p.rank == rank]
+            rows.append(Text.assemble((f"rank {rank} cached  ", "bold"),
+                                      sparkline([p.num_cached for p in points], self.SPARK_WIDTH)))
+            rows.append(Text.assemble(("       stored  ", "green"), sparkline([p.num_stored for p in points], self.SPARK_WIDTH)))
+            rows.append(Text.assemble(("       removed ", "red"), sparkline([p.num_removed for p in points], self.SPARK_WIDTH)))
+        if state.num_unknown_events:
+            rows.append(Text(f"{state.num_unknown_events} events of unknown types ignored", style="dim"))
+        if state.num_removed_unseen:
+            rows.append(Text(f"{state.num_removed_unseen} removals of blocks stored before we joined", style="dim"))
+        self.set_body(Group(*rows))
+
+
+class GapPanel(StatePanel):
+    """Sequence gaps (and whether replay filled them) and notices about the stream."""
+
+    TITLE = "gaps"
+
+    def draw(self, state: KVEventState) -> None:  # type: ignore[override]
+        lines = [Text(gap.describe(), style="yellow" if gap.num_lost else "") for gap in state.gaps]
+        lines += [Text(notice, style="dim") for notice in state.notices]
+        if not lines:
+            lines = [Text("none: every batch arrived in order" if state.num_batches else "none yet", style="dim")]
+        self.set_body(Group(*lines))
+
+
+class NotSentPanel(StatePanel):
+    """What the teaching engine shows and vLLM's events do not carry: said, never invented."""
+
+    TITLE = NOT_SENT_BY_VLLM
+
+    def on_mount(self) -> None:
+        table = Table.grid(padding=(0, 1))
+        table.add_column()
+        table.add_column()
+        for what, _ in NOT_SENT:
+            table.add_row(Text(what, style="bold"), Text(NOT_SENT_BY_VLLM, style="yellow"))
+        self.set_body(table)
+        self.tooltip = "\n".join(f"{what}: {why}" for what, why in NOT_SENT)

@@ -1,0 +1,272 @@
+"""vLLM's KV-cache event protocol (blockviz/kvevents/): decoding pinned on fixed msgpack bytes of
+both wire shapes, the encoder, blockviz events mapped to vLLM's, the model layer, and the
+subscriber's sequence following. Round trips over ZMQ are in test_kv_round_trip.py.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from blockviz.kvevents.endpoints import check_endpoint, offset_port
+from blockviz.kvevents.mapping import KVEventMapper, step_batches
+from blockviz.kvevents.protocol import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    ProtocolError,
+    UnknownEvent,
+    decode_batch,
+    encode_batch,
+)
+from blockviz.kvevents.state import NOT_SENT_BY_VLLM, KVEventState, NotSent
+from blockviz.kvevents.subscriber import Received
+from engine import events as ev
+
+H1, H2, H3 = 0xF0E1D2C3B4A59687, 0x0123456789ABCDEF, 42
+B1, B2 = bytes(range(32)), bytes(range(32, 64))
+
+# vLLM <= 0.23 (array_like records): [ts, [["BlockStored", [H1, H2], None, [10..17], 4, None, "GPU",
+# None], ["BlockRemoved", [42], "GPU"], ["AllBlocksCleared"]], 1]; H1 needs all 64 bits (uint64).
+ARRAY_SHAPE_INT_HASHES = bytes.fromhex(
+    "93cb41da13b8602000009398ab426c6f636b53746f72656492cff0e1d2c3b4a59687cf0123456789abcdefc0980a0b"
+    "0c0d0e0f101104c0a3475055c093ac426c6f636b52656d6f766564912aa347505591b0416c6c426c6f636b73436c65"
+    "6172656401")
+# Newer vLLM (maps, "type" tags, defaults omitted), bytes hashes B1 = bytes 0..31, B2 = 32..63:
+# {"ts", "events": [{BlockStored [B2] parent B1, tokens [7, 8], size 2, group_idx 0,
+# kv_cache_spec_kind "full_attention"}, {BlockRemoved [B1]}, {AllBlocksCleared}], "data_parallel_rank": 2}
+MAP_SHAPE_BYTES_HASHES = bytes.fromhex(
+    "83a27473cb41da13b860500000a66576656e7473938aa474797065ab426c6f636b53746f726564ac626c6f636b5f68"
+    "617368657391c420202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3fb1706172656e74"
+    "5f626c6f636b5f68617368c420000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fa974"
+    "6f6b656e5f696473920708aa626c6f636b5f73697a6502a76c6f72615f6964c0a66d656469756da3475055a96c6f72"
+    "615f6e616d65c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f61747465"
+    "6e74696f6e83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391c42000010203040506"
+    "0708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fa66d656469756da347505581a474797065b0416c6c42"
+    "6c6f636b73436c6561726564b2646174615f706172616c6c656c5f72616e6b02")
+# The oldest array shape: [3.0, [["BlockStored", [b"\xaa\xbb"], None, [1, 2], 2, None]]] (no rank,
+# no medium): a bytes hash in an array.
+OLDEST_ARRAY_SHAPE_BYTES_HASH = bytes.fromhex("92cb40080000000000009196ab426c6f636b53746f72656491c402aabbc092010202c0")
+# The map shape with int hashes and an event type this blockviz does not know:
+# {"ts": 4.0, "events": [{BlockRemoved [7, 8] "GPU" group_idx None}, {"type": "BlockOffloaded", ...}], rank 0}
+MAP_SHAPE_INT_HASHES_UNKNOWN_TYPE = bytes.fromhex(
+    "83a27473cb4010000000000000a66576656e74739284a474797065ac426c6f636b52656d6f766564ac626c6f636b5f"
+    "686173686573920708a66d656469756da3475055a967726f75705f696478c082a474797065ae426c6f636b4f66666c"
+    "6f61646564ac626c6f636b5f6861736865739107b2646174615f706172616c6c656c5f72616e6b00")
+
+
+def test_the_array_shape_with_int_hashes_decodes():
+    batch = decode_batch(ARRAY_SHAPE_INT_HASHES)
+    assert batch == EventBatch(1750000000.5, (
+        BlockStored((H1, H2), None, (10, 11, 12, 13, 14, 15, 16, 17), 4, None, "GPU", None),
+        BlockRemoved((H3,), "GPU"),
+        AllBlocksCleared(),
+    ), 1)
+    assert batch.events[0].blocks() == [(H1, None, (10, 11, 12, 13)), (H2, H1, (14, 15, 16, 17))]
+
+
+def test_the_map_shape_with_bytes_hashes_decodes():
+    batch = decode_batch(MAP_SHAPE_BYTES_HASHES)
+    assert batch == EventBatch(1750000001.25, (
+        BlockStored((B2,), B1, (7, 8), 2, medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention"),
+        BlockRemoved((B1,), "GPU"),
+        AllBlocksCleared(),
+    ), 2)
+
+
+def test_older_and_newer_variants_decode():
+    assert decode_batch(OLDEST_ARRAY_SHAPE_BYTES_HASH) == EventBatch(3.0, (BlockStored((b"\xaa\xbb",), None, (1, 2), 2),), None)
+    assert decode_batch(MAP_SHAPE_INT_HASHES_UNKNOWN_TYPE) == EventBatch(
+        4.0, (BlockRemoved((7, 8), "GPU"), UnknownEvent("BlockOffloaded")), 0)
+
+
+def test_the_encoder_writes_the_map_shape_every_field_present():
+    payload = encode_batch([BlockStored((H1,), H2, (1, 2), 2, medium="GPU"), BlockRemoved((B1,), "GPU"),
+                            AllBlocksCleared()], ts=1.5, data_parallel_rank=3)
+    assert payload == bytes.fromhex(
+        "83a27473cb3ff8000000000000a66576656e7473938ca474797065ab426c6f636b53746f726564ac626c6f636b5f"
+        "68617368657391cff0e1d2c3b4a59687b1706172656e745f626c6f636b5f68617368cf0123456789abcdefa9746f"
+        "6b656e5f696473920102aa626c6f636b5f73697a6502a76c6f72615f6964c0a66d656469756da3475055a96c6f72"
+        "615f6e616d65c0aa65787472615f6b657973c0a967726f75705f696478c0b26b765f63616368655f737065635f6b"
+        "696e64c0bc6b765f63616368655f737065635f736c6964696e675f77696e646f77c084a474797065ac426c6f636b"
+        "52656d6f766564ac626c6f636b5f68617368657391c420000102030405060708090a0b0c0d0e0f10111213141516"
+        "1718191a1b1c1d1e1fa66d656469756da3475055a967726f75705f696478c081a474797065b0416c6c426c6f636b"
+        "73436c6561726564b2646174615f706172616c6c656c5f72616e6b03")
+    raw = msgspec.msgpack.decode(payload)
+    assert [e["type"] for e in raw["events"]] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    assert decode_batch(payload).events[0].parent_block_hash == H2
+
+
+class VllmEvent(msgspec.Struct, tag=True):
+    """A consumer's records declared like vLLM's newer ones (maps, tag=True), from the field list."""
+
+
+class VllmStored(VllmEvent, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class VllmRemoved(VllmEvent, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class VllmBatch(msgspec.Struct):
+    ts: float
+    events: list[VllmStored | VllmRemoved]
+    data_parallel_rank: int | None = None
+
+
+def test_the_array_shape_is_written_as_vllm_0_23_wrote_it():
+    events = [BlockStored((H1, H2), None, (10, 11, 12, 13, 14, 15, 16, 17), 4, medium="GPU"), BlockRemoved((H3,), "GPU"),
+              AllBlocksCleared()]
+    payload = encode_batch(events, ts=1750000000.5, data_parallel_rank=1, array_shape=True)
+    assert payload == ARRAY_SHAPE_INT_HASHES  # required fields always, trailing defaults omitted
+
+
+def test_the_engine_never_imports_zmq():
+    from pathlib import Path
+
+    engine_dir = Path(ev.__file__).resolve().parent
+    importing = [p.name for p in engine_dir.rglob("*.py") if "import zmq" in p.read_text() or "from zmq" in p.read_text()]
+    assert importing == []
+
+
+def test_a_consumer_declared_like_vllms_newer_records_reads_the_encoder():
+    """What blockviz publishes decodes with vLLM's newer declarations."""
+    payload = encode_batch([BlockStored((H1,), None, (1, 2), 2, medium="GPU"), BlockRemoved((H1,), "GPU")], ts=2.0)
+    batch = msgspec.msgpack.decode(payload, type=VllmBatch)
+    assert batch.events[0].block_hashes == [H1] and batch.events[1].medium == "GPU"
+    assert batch.data_parallel_rank == 0
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    (b"\xc1", "not msgpack"),
+    (msgspec.msgpack.encode("hello"), "not an array or a map"),
+    (msgspec.msgpack.encode([1.0, 5]), "events must be an array"),
+    (msgspec.msgpack.encode(["x", []]), "ts must be a number"),
+    (msgspec.msgpack.encode([1.0, [[3, 4]]]), "tagged array or a map"),
+    (msgspec.msgpack.encode([1.0, [["BlockStored", ["x"], None, [], 4]]]), "bad BlockStored"),
+    (msgspec.msgpack.encode([1.0, [["BlockRemoved"]]]), "bad BlockRemoved"),
+])
+def test_malformed_payloads_are_protocol_errors(payload, message):
+    with pytest.raises(ProtocolError, match=message):
+        decode_batch(payload)
+
+
+# ------------------------------------------------------------------------- blockviz -> vLLM mapping
+
+
+def hashed(seq_no, block, block_hash, parent, registered=True, tokens=(1, 2)):
+    return ev.BlockHashed(seq_no, "gpu", block, block_hash, parent, tokens, len(tokens), registered)
+
+
+def test_the_mapper_publishes_the_caches_life_and_nothing_else():
+    mapper = KVEventMapper(block_size=2)
+    for event in (
+        ev.BlockAllocated(0, "gpu", 0, (0,), 0, 1, None, (1, 2)),
+        hashed(1, 0, 10, None),
+        hashed(2, 1, 11, 10, tokens=(3, 4)),         # continues the chain: merged into one event
+        hashed(3, 2, 10, None, registered=False),     # an equal block already stored: nothing
+        ev.PrefixCacheHit(4, "gpu", 0, (1,), 0, 2, 10, (1, 2)),  # hits are not published
+        ev.BlockFreed(5, "gpu", 1, 0, 0, True),       # free but cached: still stored
+        ev.BlockEvicted(6, "gpu", 1, 11),             # evicted: removed
+        hashed(7, 3, 12, 10, tokens=(5, 6)),
+        ev.BlockFreed(8, "gpu", 3, 0, 0, False),      # left the map unevicted (never computed): removed
+        ev.BlockFreed(9, "cpu", 3, 0, 0, False),      # the CPU pool is not a prefix cache
+    ):
+        mapper.feed(event)
+    assert mapper.take_events() == [
+        BlockStored((10, 11), None, (1, 2, 3, 4), 2, medium="GPU"),
+        BlockRemoved((11,), "GPU"),
+        BlockStored((12,), 10, (5, 6), 2, medium="GPU"),
+        BlockRemoved((12,), "GPU"),
+    ]
+    assert mapper.take_events() == []
+
+
+def test_a_block_stored_again_after_swap_in_keeps_its_parent():
+    """Swap-in re-registers a block with parent_hash None: the parent seen at its first store is used."""
+    mapper = KVEventMapper(block_size=2)
+    mapper.feed(hashed(0, 0, 10, None))
+    mapper.feed(hashed(1, 1, 11, 10))
+    mapper.feed(ev.BlockEvicted(2, "gpu", 1, 11))
+    mapper.feed(hashed(3, 5, 11, None))
+    assert mapper.take_events()[-1] == BlockStored((11,), 10, (1, 2), 2, medium="GPU")
+
+
+def test_hashes_are_sent_as_their_low_64_bits():
+    mapper = KVEventMapper(block_size=2)
+    mapper.feed(hashed(0, 0, (1 << 64) + 5, None))
+    assert mapper.take_events()[0].block_hashes == (5,)
+
+
+def test_step_batches_are_one_per_step_that_stored_or_removed():
+    events = [ev.StepStarted(0, 0, "prefill", (0,), 2), hashed(1, 0, 10, None), ev.StepFinished(2, 0, "prefill", 2, 0.0),
+              ev.StepStarted(3, 1, "decode", (0,), 1), ev.StepFinished(4, 1, "decode", 1, 0.0),
+              ev.BlockEvicted(5, "gpu", 0, 10)]
+    assert list(step_batches(events, 2)) == [[BlockStored((10,), None, (1, 2), 2, medium="GPU")],
+                                             [BlockRemoved((10,), "GPU")]]
+
+
+# ------------------------------------------------------------------------- the model layer
+
+
+def received(events, seq=0, rank=0, stream=0):
+    return Received(stream, seq, EventBatch(float(seq), tuple(events), rank))
+
+
+def test_the_state_builds_the_forest_and_counts_per_rank():
+    state = KVEventState()
+    state.apply(received([BlockStored((1, 2), None, (10, 11, 12, 13), 2), BlockStored((3,), 1, (14, 15), 2)]))
+    state.apply(received([BlockStored((1,), None, (10, 11), 2)], seq=0, rank=1, stream=1))
+    state.apply(received([BlockRemoved((2,))], seq=1))
+    assert state.roots() == [1]
+    assert state.children_of(1) == [2, 3]
+    assert state.chain_tokens(3) == (10, 11, 14, 15)
+    assert state.nodes[1].ranks == {0, 1} and not state.nodes[2].cached
+    assert (state.ranks[0].num_cached, state.ranks[0].num_stored, state.ranks[0].num_removed) == (2, 3, 1)
+    assert state.ranks[0].churn == pytest.approx(1 / 3)
+    assert [(p.num_stored, p.num_removed, p.num_cached) for p in state.timeline] == [(3, 0, 3), (1, 0, 1), (0, 1, 2)]
+    state.apply(received([AllBlocksCleared(), UnknownEvent("Later")], seq=2))
+    assert state.ranks[0].num_cached == 0 and state.ranks[0].num_cleared == 1 and state.num_unknown_events == 1
+    assert state.stored_hashes() == {1, 2, 3} and state.removed_hashes() == {1, 2, 3}
+
+
+def test_the_state_says_what_vllm_does_not_send():
+    state = KVEventState()
+    for value in (state.block_ids, state.block_tables, state.ref_counts, state.hits, state.preemptions):
+        assert isinstance(value, NotSent) and not value and NOT_SENT_BY_VLLM in repr(value)
+    assert not hasattr(state.nodes.get(1, object()), "block_number")
+
+
+def test_a_removal_of_a_block_never_seen_stored_is_counted_not_invented():
+    state = KVEventState()
+    state.apply(received([BlockRemoved((99,))]))
+    assert state.nodes == {} and state.num_removed_unseen == 1 and state.removed_hashes() == {99}
+
+
+# ------------------------------------------------------------------------- endpoints
+
+
+def test_endpoints_are_checked_and_offset_per_rank():
+    assert check_endpoint("tcp://127.0.0.1:5557", "E") == "tcp://127.0.0.1:5557"
+    assert check_endpoint("tcp://*:5557", "E") and check_endpoint("tcp://[::1]:5557", "E")
+    assert offset_port("tcp://10.0.0.1:5557", 2) == "tcp://10.0.0.1:5559"
+    assert offset_port("inproc://cache", 1) == "inproc://cache_dp1"
+    for bad in ("localhost:5557", "tcp://host", "tcp://host:99999", "http://host:80", "tcp://:5557"):
+        with pytest.raises(ValueError, match="E"):
+            check_endpoint(bad, "E")
+    with pytest.raises(ValueError, match="between 1 and 65534"):
+        check_endpoint("tcp://h:65535", "E", ranks=2)
