@@ -51,6 +51,17 @@ def _swap(counts: Counter, events: list) -> bool:
         e.type == "preempted" and e.mode == "swap" for e in events)
 
 
+def _eviction(counts: Counter, events: list) -> bool:
+    """Cached blocks evicted, and a later request with the first one's opening hits the blocks
+    still cached, then misses on one the eviction took (the explainer's "evicted")."""
+    from blockviz.explain import EVICTED, explain_requests
+
+    last = explain_requests(events, 4, 18, 8)[-1]
+    return counts["block_evicted"] > 0 and last.num_hit_blocks > 0 and last.first_miss.verdict == EVICTED
+
+
+ROMEO = "ROMEO: But soft, what light through yonder window breaks?"
+
 SCENARIOS = [
     Scenario(
         "prefill", "prefill allocation: four prompts get their block tables in one step, then decode "
@@ -71,6 +82,16 @@ SCENARIOS = [
              max_tokens=8, block_size=4, num_gpu_blocks=48, num_cpu_blocks=16, enable_prefix_caching=True),
         _kinds("prefix_cache_hit", "block_hashed"), "a prefix-cache hit",
         later_prompts={2: "ROMEO: But soft, what light through yonder window breaks? It is my lady"}),
+    Scenario(
+        "eviction", "prefix caching on a small pool: ROMEO's finished blocks stay cached-free, two new "
+                    "requests evict some of them, and ROMEO's line again hits the cached ones and misses "
+                    "on the first evicted one",
+        dict(prompts=(ROMEO,), max_tokens=8, block_size=4, num_gpu_blocks=18, num_cpu_blocks=8,
+             enable_prefix_caching=True),
+        _eviction, "a hit followed by a miss on an evicted block",
+        later_prompts={7: "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father",
+                       9: "HAMLET: To be, or not to be, that is the question: whether tis nobler",
+                       16: ROMEO + " It is the east"}),
     Scenario(
         "swap", "a small GPU pool: decode runs out of blocks, the newest request is swapped out to the "
                 "CPU pool and swapped back in when room frees up",

@@ -15,6 +15,7 @@ EXPECTED = {
     "prefix-hit": {"prefix_cache_hit", "block_hashed"},
     "swap": {"swap_out", "swap_in", "preempted"},
     "recompute": {"preempted"},
+    "eviction": {"block_evicted", "prefix_cache_hit", "block_hashed"},
 }
 
 
@@ -31,6 +32,14 @@ def test_shipped_trace_replays_to_the_end(name):
     assert EXPECTED[name] <= {e.type for e in trace.events}
     if name == "recompute":
         assert any(e.type == "preempted" and e.mode == "recompute" for e in trace.events)
+    if name == "eviction":  # ROMEO's line again: hits on what is still cached, then an evicted block
+        from blockviz.explain import EVICTED, explain_requests
+
+        last = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"],
+                                header["num_cpu_blocks"], header["enable_prefix_caching"])[-1]
+        assert last.num_hit_blocks > 0 and last.first_miss.verdict == EVICTED
+        evicted = next(e for e in trace.events if e.seq_no == last.first_miss.evicted_by)
+        assert evicted.type == "block_evicted" and evicted.block_hash == last.first_miss.block_hash
     timeline = Timeline.for_trace(trace)
     timeline.seek(len(timeline))
     state = timeline.state
