@@ -109,7 +109,7 @@ async def test_attach_shows_removals_gaps_and_token_ids_without_a_tokenizer():
     assert "ab000000 31 32  rank 0" in text  # no tokenizer: the ids
     assert "00000000 33 34  removed" in text
     assert "rank 0: missed #1-#2 (1 replayed, 1 lost)" in text and "not msgpack" in text
-    assert "1 batches lost" in text
+    assert "1 batch lost" in text
 
 
 # ------------------------------------------------------------------------- the command line

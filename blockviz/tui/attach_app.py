@@ -105,7 +105,8 @@ class AttachApp(App):
         if not state.num_batches:
             return f"waiting for events on {self.listening_on}"
         ranks = ", ".join(f"rank {r} #{s.last_seq}" for r, s in sorted(state.ranks.items()))
-        lost = f" · {state.num_lost_batches} batches lost" if state.num_lost_batches else ""
+        count = state.num_lost_batches
+        lost = f" · {count} batch{'es' if count != 1 else ''} lost" if count else ""
         return f"{state.num_batches} batches from {self.listening_on} · last {ranks}{lost}"
 
     def action_catch_up(self) -> None:
