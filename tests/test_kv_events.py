@@ -151,6 +151,51 @@ def test_a_consumer_declared_like_vllms_newer_records_reads_the_encoder():
     assert batch.data_parallel_rank == 0
 
 
+class OldBatch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list
+
+
+class OldEvent(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    """Records declared as vLLM's examples/online_serving/kv_events_subscriber.py declares them:
+    array_like, BlockStored with six fields (no lora_name and after), the batch without a rank."""
+
+
+class OldStored(OldEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class OldRemoved(OldEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class OldTypedBatch(OldBatch):
+    events: list[OldStored | OldRemoved]
+
+
+def test_vllms_example_subscriber_declarations_read_publish_array_shape():
+    """`blockviz publish --array-shape` is for consumers written against vLLM <= 0.23, such as its
+    example subscriber: every batch of the shipped eviction trace decodes with those records."""
+    from blockviz.kvevents.mapping import step_batches
+    from blockviz.trace import load_trace
+
+    trace = load_trace("eviction")
+    decoded = []
+    for events in step_batches(trace.events, trace.block_size):
+        batch = msgspec.msgpack.decode(encode_batch(events, array_shape=True), type=OldTypedBatch)
+        decoded += batch.events
+    stored = [h for e in decoded if isinstance(e, OldStored) for h in e.block_hashes]
+    removed = [h for e in decoded if isinstance(e, OldRemoved) for h in e.block_hashes]
+    assert stored and removed  # the trace stores and evicts
+    assert removed == [e.block_hash & (2**64 - 1) for e in trace.events if e.type == "block_evicted"]
+
+
 @pytest.mark.parametrize(("payload", "message"), [
     (b"\xc1", "not msgpack"),
     (msgspec.msgpack.encode("hello"), "not an array or a map"),
