@@ -83,8 +83,8 @@ def rejection_cell(wrong_answer: str, check_source: str):
     )
 
 
-def test_eight_lessons_and_their_index():
-    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 9)]
+def test_nine_lessons_and_their_index():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 10)]
     index = (LESSONS_DIR / "README.md").read_text()
     for path in LESSONS:
         assert f"({path.name})" in index, f"lessons/README.md does not list {path.name}"
