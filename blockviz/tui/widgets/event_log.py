@@ -94,7 +94,7 @@ class EventLog(ScrollView, can_focus=True):
 
     def _text(self, index: int) -> str:
         event = self.events[index]
-        return f"{event.seq_no:>6} {describe(event, self.vocab)}"
+        return f"{event.seq_no + 1:>6} {describe(event, self.vocab)}"  # 1-based, as "event N/total"
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width

@@ -62,7 +62,7 @@ def _verdict(block: ex.BlockVerdict) -> Text:
         return Text(f"hit → gpu {block.block}", VERDICT_STYLES[ex.HIT])
     text = Text(block.verdict, VERDICT_STYLES.get(block.verdict, "dim"))
     if block.evicted_by is not None:
-        text.append(f" (event {block.evicted_by})", "dim")
+        text.append(f" (event {block.evicted_by + 1})", "dim")  # the log's number for it
     return text
 
 
