@@ -4,6 +4,8 @@ figures derived from the raw events up to the cursor."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from blockviz.explain import explain_requests
@@ -71,11 +73,16 @@ async def test_the_ledger_panel_and_status_totals_follow_the_cursor():
             if not entries:
                 assert "no preemptions yet" in text
                 continue
-            rows = [line.split() for line in text.splitlines()[2:] if line.strip()]
-            assert [(int(r[0]), r[1], r[3], int(r[4]), int(r[5]), int(r[6])) for r in rows] == [
-                (e.step, e.request_id, e.mode, e.blocks_swapped, e.blocks_freed, e.tokens_lost) for e in entries]
-            assert [r[7] for r in rows] == ["waiting" if e.steps_until_resumed is None else f"+{e.steps_until_resumed}"
-                                            for e in entries]
+            row = re.compile(r"^\s*(\d+)\s+(\S+)\s+\S+\s+(\w+)\s+(\d+) (to CPU|freed)\s+(\d+)\s+(waiting|\+\d+ steps)$")
+            lines = [line.rstrip() for line in text.splitlines()[2:] if line.strip()]
+            assert all(row.match(line) for line in lines), text
+            rows = [row.match(line).groups() for line in lines]
+            assert rows == [(str(e.step), e.request_id, e.mode,
+                             str(e.blocks_swapped if e.mode == "swap" else e.blocks_freed),
+                             "to CPU" if e.mode == "swap" else "freed", str(e.tokens_lost),
+                             "waiting" if e.steps_until_resumed is None else f"+{e.steps_until_resumed} steps")
+                            for e in entries]
+            assert all(e.blocks_swapped == e.blocks_freed for e in entries if e.mode == "swap")
 
 
 async def test_the_memory_line_and_sparklines_are_the_figures_at_the_cursor():

@@ -45,7 +45,7 @@ function renderExplain(model, el) {
   };
 }
 
-const LEDGER_COLUMNS = ["event", "step", "victim", "mode", "swapped", "freed", "tokens lost", "resumed after"];
+const LEDGER_COLUMNS = ["event", "step", "victim", "mode", "GPU blocks", "tokens lost", "resumed after"];
 
 function renderLedger(model, el) {
   const totals = h("div", { class: "bv-ledger-totals" });
@@ -62,7 +62,8 @@ function renderLedger(model, el) {
       "data-lost": r.tokens_lost, "data-resumed": r.steps_until_resumed === null ? "" : r.steps_until_resumed },
       h("td", { text: String(r.seq_no + 1) }), h("td", { text: String(r.step) }),
       h("td", { text: `req ${r.request} (seq ${r.seqs.join(",")})` }), h("td", { text: r.mode, title: r.reason }),
-      h("td", { text: String(r.blocks_swapped) }), h("td", { text: String(r.blocks_freed) }),
+      // a swap copies its blocks out and then frees them: one count, said once
+      h("td", { text: r.mode === "swap" ? `${r.blocks_swapped} to CPU` : `${r.blocks_freed} freed` }),
       h("td", { text: String(r.tokens_lost) }),
       h("td", { text: r.steps_until_resumed === null ? "waiting" : `${r.steps_until_resumed} steps` })));
     body.replaceChildren(h("table", { class: "bv-table" },

@@ -79,13 +79,15 @@ class LedgerPanel(StatePanel):
                                "(try --num-gpu-blocks 16)", style="dim"))
             return
         table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-        for column in ("step", "request", "seqs", "mode", "swapped", "freed", "lost", "resumed"):
+        for column in ("step", "request", "seqs", "mode", "GPU blocks", "tokens lost", "resumed"):
             table.add_column(column, justify="left" if column in ("request", "mode", "seqs") else "right")
         for e in entries:
             resumed = "waiting" if e.steps_until_resumed is None else f"+{e.steps_until_resumed} steps"
             table.add_row(str(e.step), e.request_id, ",".join(map(str, e.seq_ids)),
-                          Text(e.mode, "bold red" if e.mode != "swap" else "yellow"), str(e.blocks_swapped),
-                          str(e.blocks_freed), str(e.tokens_lost), resumed)
+                          Text(e.mode, "bold red" if e.mode != "swap" else "yellow"),
+                          # a swap copies its blocks out, then frees them: one count, said once
+                          f"{e.blocks_swapped} to CPU" if e.mode == "swap" else f"{e.blocks_freed} freed",
+                          str(e.tokens_lost), resumed)
         self.set_body(Group(Text(ledger_totals(entries), "bold"), table))
 
 
