@@ -374,3 +374,25 @@ def test_a_frame_timer_that_fires_after_close_sends_nothing():
     timers[0]()  # the timer fires after the views were closed
     throttle.request()
     assert sent == [0.0]
+
+
+def test_a_visualizer_left_playing_is_stopped_at_interpreter_exit():
+    """A kernel that shuts down without viz.close(): the atexit hook stops the play thread and
+    closes the frame throttle first, so nothing is sent to comms being torn down."""
+    import time
+
+    from blockviz.jupyter import visualizer
+
+    viz = Visualizer.from_trace("swap")
+    viz.play(100)
+    deadline = time.monotonic() + 10
+    while viz.position < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert viz.playing and viz.position >= 5
+    visualizer._stop_all_at_exit()
+    assert not viz.playing and viz._play_thread is None
+    sent, position = viz.frames.num_sent, viz.position
+    viz.frames.request()
+    time.sleep(0.2)
+    assert viz.frames.num_sent == sent and viz.position == position  # stopped, and no frame goes out
+    viz.close()

@@ -15,8 +15,10 @@ a change inside that window is sent by a timer at its end, with the state as it 
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -48,6 +50,7 @@ class Visualizer(LiveCommands):
         self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
                                  "num_cpu_blocks": timeline.num_cpu_blocks}
         self.llm = llm
+        _OPEN.add(self)
         self.engine = llm.engine if llm is not None else None
         self.player = Player(timeline, live=self.engine is not None)
         self.title = title
@@ -369,3 +372,18 @@ class Visualizer(LiveCommands):
         bundle = dict(bundle)
         bundle["text/plain"] = self.summary()
         return bundle
+
+
+_OPEN: "weakref.WeakSet[Visualizer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """A kernel shutting down with a Visualizer still playing (never closed): stop its frames and
+    its play thread before the interpreter tears the widgets' comms down under them."""
+    for viz in list(_OPEN):
+        try:
+            viz.frames.close()
+            viz.pause()
+        except Exception:  # noqa: BLE001 - leaving anyway; nothing left to tell
+            pass
