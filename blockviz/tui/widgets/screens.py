@@ -29,7 +29,13 @@ GLOSSARY = (
     ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (vLLM v0 swap_out / swap_in)"),
     ("recompute", "preemption by recompute: blocks freed, the K/V is computed again later"),
     ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (nano-vllm compute_hash)"),
-    ("KV util", "slots holding tokens / slots in used GPU blocks"),
+    ("tokens fill", "token utilization: slots holding tokens / slots in used GPU blocks (the memory line)"),
+    ("empty in last", "internal fragmentation: the unfilled slots of each sequence's last block, the only waste paging leaves"),
+    ("max-length reservation", "what reserving prompt + max_tokens slots per sequence up front would hold: the vLLM paper's baseline"),
+    ("why hit or miss", "a prompt's lookup block by block: different tokens, different parent, evicted (by event N), "
+                        "last prompt block (always computed, to sample from), partial block (no hash yet)"),
+    ("ledger", "each preemption: the victim, swap (its blocks to CPU) or recompute (blocks freed, tokens lost), "
+               "steps until it ran again (vLLM v0 Scheduler._preempt)"),
     ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × heads × head_dim × dtype) (vLLM determine_num_available_blocks)"),
 )
 
