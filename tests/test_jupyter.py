@@ -374,3 +374,17 @@ def test_a_frame_timer_that_fires_after_close_sends_nothing():
     timers[0]()  # the timer fires after the views were closed
     throttle.request()
     assert sent == [0.0]
+
+
+def test_the_pool_view_draws_on_a_canvas_unless_told_cells():
+    import traitlets
+
+    from blockviz.jupyter.widgets import ESM, PoolView
+
+    view = PoolView()
+    assert view.renderer == "canvas"
+    view.renderer = "cells"
+    with pytest.raises(traitlets.TraitError):
+        view.renderer = "svg"
+    assert "function canvasGrid(" in ESM and "function cellGrid(" in ESM  # pool_canvas.js is in the module
+    view.close()
