@@ -3,6 +3,7 @@
     python benchmarks/widgets.py                    # all three parts (2 and 3 need chromium)
     python benchmarks/widgets.py --part frame       # 1 only: no browser, no torch
     python benchmarks/widgets.py --runs 5 --max-tokens 96
+    python benchmarks/widgets.py --part browser --runs 0 --renderer both   # 2 only: the two pool renderers
 
 1. Kernel-side cost of one frame on a 4,096-block GPU pool (and 512 CPU blocks), in this process:
    snapshot() alone, the whole frame (snapshot, event log, cursor line), its JSON encoding, the
@@ -11,8 +12,11 @@
    explainer, ledger and memory, sent when their section is open). Target: <= 20 ms for snapshot + sync.
 2. The same pool in JupyterLab and Debian's chromium (tests/jupyter_fixtures.py): in the kernel,
    `_send_frame()` with a real comm; in the page, the pool view's draw of that frame with the
-   layout it causes (its data-render-ms), for frames that change every cell (the cursor flips
-   between an empty and a full pool). Target: <= 50 ms.
+   layout it causes (its data-render-ms) and the time until the next frame is painted (its
+   data-paint-ms: a canvas rasterizes there, as cells paint), for frames that change every cell
+   (the cursor flips between an empty and a full pool) and for playback (one event a frame). Both
+   renderers (PoolView.renderer "cells" and "canvas", `--renderer`) are displayed in the page,
+   each scrolled into view for its frames, and measured alternately. Target: <= 50 ms.
 3. Tokens/s of the bundled model's engine with a live Visualizer attached (displayed in the page,
    playing at "max": the engine on the play thread, frames going out at up to 20/s and drawn by the
    browser) against the same workload with nothing attached (`LLM.generate`), in the same kernel, each run
@@ -164,9 +168,33 @@ SETUP_CELLS = [
 ]
 
 
-def part_browser(runs: int, max_tokens: int, repeats: int = 20) -> None:
-    from jupyter_fixtures import (chromium_path, kernel_json, launch_args, open_notebook, run_all_cells,
-                                  start_jupyter_server, wait_for_position)
+POOL_VIEW_JS = ("[...document.querySelectorAll('.bv-view-pool')].find((e) => "
+                "e.querySelector(r === 'cells' ? '.bv-cell' : 'canvas'))")
+
+
+def draw_frame(page, renderer: str, position: int) -> tuple[float, float]:
+    """Seek the Visualizer whose pool view draws with `renderer` to `position` and send the frame to
+    that pool view alone (the other views keep theirs, so nothing else draws), its pool view
+    scrolled into view; return the draw + layout and the time until the next frame was painted (ms)."""
+    from jupyter_fixtures import kernel_json
+
+    before = page.evaluate(f"""(r) => {{
+        const view = {POOL_VIEW_JS};
+        view.scrollIntoView({{ block: "start" }});
+        return Number(view.dataset.renders || 0);
+    }}""", renderer)
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => setTimeout(done)))")
+    kernel_json(page, f"[_bv[{renderer!r}].timeline.seek({position}), _bv[{renderer!r}].pools.show(_bv[{renderer!r}]"
+                      f".frame()), 0][-1]")
+    page.wait_for_function(f"([r, before]) => Number(({POOL_VIEW_JS}).dataset.renders || 0) > before",
+                           arg=[renderer, before], timeout=60_000)
+    return tuple(page.evaluate(f"(r) => {{ const d = ({POOL_VIEW_JS}).dataset; "
+                               f"return [Number(d.renderMs), Number(d.paintMs)]; }}", renderer))
+
+
+def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats: int = 20) -> None:
+    from jupyter_fixtures import (DRAWN_BLOCKS_JS, chromium_path, kernel_json, launch_args, open_notebook,
+                                  run_all_cells, start_jupyter_server)
     from playwright.sync_api import sync_playwright
 
     try:
@@ -184,23 +212,46 @@ def part_browser(runs: int, max_tokens: int, repeats: int = 20) -> None:
         while not kernel_json(page, "'run_attached' in globals()"):  # run-all-cells was fired, not awaited
             page.wait_for_timeout(250)
 
-        # 2. a 4,096-block frame: kernel side with a real comm, and the browser's draw
-        kernel_json(page, "[(_bv := Visualizer.from_trace('synthetic.jsonl')), "
-                          "setattr(box, 'children', [_bv.widget]), 0][-1]")
-        page.wait_for_function(f"() => document.querySelectorAll('.bv-view-pool .bv-cell').length === "
-                               f"{NUM_GPU_BLOCKS + NUM_CPU_BLOCKS}", timeout=120_000)
-        kernel_costs = kernel_json(page, f"frame_costs(_bv, {repeats})")
-        renders = []
-        length = kernel_json(page, "len(_bv)")
-        for i in range(repeats):
-            position = 0 if i % 2 == 0 else length
-            kernel_json(page, f"[_bv.timeline.seek({position}), _bv._send_frame(), 0][-1]")
-            wait_for_position(page, position)
-            renders.append(float(page.get_attribute(".bv-view-pool", "data-render-ms")) / 1e3)
-        print(f"2. the {NUM_GPU_BLOCKS}-block frame in JupyterLab + chromium ({repeats} frames)")
+        # 2. a 4,096-block frame: kernel side with a real comm, and the browser's draw by each renderer
+        kernel_json(page, "[(_bv := {r: Visualizer.from_trace('synthetic.jsonl') for r in %r}), "
+                          "[setattr(v.pools, 'renderer', r) for r, v in _bv.items()], "
+                          "setattr(box, 'children', [v.widget for v in _bv.values()]), 0][-1]" % (renderers,))
+        total = NUM_GPU_BLOCKS + NUM_CPU_BLOCKS
+        page.wait_for_function(f"() => ({DRAWN_BLOCKS_JS})().length === {total * len(renderers)}", timeout=120_000)
+        kernel_costs = kernel_json(page, f"frame_costs(_bv[{renderers[0]!r}], {repeats})")
+        length = kernel_json(page, f"len(_bv[{renderers[0]!r}])")
+        print(f"2. the {NUM_GPU_BLOCKS}-block frame in JupyterLab + chromium ({repeats} frames a case, "
+              f"the renderers alternating)")
         print(f"   kernel: _send_frame() with a real comm   {median_ms(kernel_costs)}")
-        print(f"   browser: pool view draw + layout, every cell changing  {median_ms(renders)}")
-        kernel_json(page, "[setattr(box, 'children', []), _bv.close(), 0][-1]")
+        # worst case: the cursor flips between an empty and a full pool; playback: one event a frame
+        # (a block allocated: one cell and the touched outlines change)
+        cases = {"every cell changing": [length if i % 2 == 0 else 0 for i in range(repeats + 1)],
+                 "playback, one event a frame": [length // 4 + i for i in range(repeats + 1)]}
+        idle = [page.evaluate("() => { const t = performance.now(); return new Promise((done) => "
+                              "requestAnimationFrame(() => setTimeout(() => done(performance.now() - t)))); }") / 1e3
+                for _ in range(repeats)]
+        print(f"   browser, until the next frame is painted when nothing is drawn  {median_ms(idle)}")
+        shown = kernel_json(page, "{r: v.position for r, v in _bv.items()}")  # what each pool view shows
+        for case, positions in cases.items():
+            draws: dict[str, list[float]] = {r: [] for r in renderers}
+            paints: dict[str, list[float]] = {r: [] for r in renderers}
+            for i, position in enumerate(positions):
+                order = renderers if i % 2 == 0 else renderers[::-1]
+                for renderer in order:
+                    if shown[renderer] == position:
+                        continue  # the same frame again: nothing to draw
+                    draw, paint = draw_frame(page, renderer, position)
+                    shown[renderer] = position
+                    if i > 0:  # the first frame of a case (from another case's position) is not timed
+                        draws[renderer].append(draw / 1e3)
+                        paints[renderer].append(paint / 1e3)
+            for renderer in renderers:
+                print(f"   browser, {renderer:6s} {case}: draw + layout {median_ms(draws[renderer])}")
+                print(f"   {'':16s} until the next frame is painted {median_ms(paints[renderer])}")
+            if len(renderers) == 2:
+                ratio = statistics.median(draws[renderers[1]]) / statistics.median(draws[renderers[0]])
+                print(f"   {renderers[1]} / {renderers[0]} draw + layout: {ratio:.2f}x")
+        kernel_json(page, "[setattr(box, 'children', []), [v.close() for v in _bv.values()], 0][-1]")
 
         # 3. tokens/s attached against alone, alternating
         kernel_json(page, f"run_alone({max_tokens})")  # warm-up
@@ -213,7 +264,9 @@ def part_browser(runs: int, max_tokens: int, repeats: int = 20) -> None:
         print(f"3. engine tokens/s, 4 requests x {max_tokens} tokens, bundled model, {runs} attached runs")
         print(f"   alone:    {', '.join(f'{v:.0f}' for v in alone)}")
         print(f"   attached: {', '.join(f'{v:.0f}' for v in attached)}  (Visualizer displayed, playing at max)")
-        print(f"   ratio to neighbours: {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}x")
+        if ratios:
+            print(f"   ratio to neighbours: {', '.join(f'{r:.3f}' for r in ratios)}; "
+                  f"median {statistics.median(ratios):.3f}x")
         browser.close()
 
 
@@ -222,11 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("all", "frame", "browser"), default="all")
     parser.add_argument("--runs", type=int, default=4, help="attached runs in part 3")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request in part 3 (runs under ~0.5 s read mostly noise)")
+    parser.add_argument("--renderer", choices=("both", "cells", "canvas"), default="both",
+                        help="the pool view's renderer(s) in part 2, side by side (PoolView.renderer)")
     args = parser.parse_args(argv)
     if args.part in ("all", "frame"):
         part_frame()
     if args.part in ("all", "browser"):
-        part_browser(args.runs, args.max_tokens)
+        renderers = ("cells", "canvas") if args.renderer == "both" else (args.renderer,)
+        part_browser(args.runs, args.max_tokens, renderers)
     return 0
 
 

@@ -210,12 +210,70 @@ def run_all_cells(page) -> None:
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
+# Every pool block drawn on the page as [device, block, state, ref]: from each canvas's data-states
+# and data-refs (written by the paint that drew them), or from each cell of the "cells" renderer.
+DRAWN_BLOCKS_JS = """() => {
+    const names = { u: "used", c: "cached", f: "free" };
+    const out = [];
+    for (const pool of document.querySelectorAll('.bv-view-pool .bv-pool')) {
+        const canvas = pool.querySelector('canvas.bv-pool-canvas[data-states]');
+        if (canvas) {
+            const refs = canvas.dataset.refs.split(',');
+            Array.from(canvas.dataset.states).forEach((code, i) =>
+                out.push([canvas.dataset.device, i, names[code] || code, Number(refs[i])]));
+        }
+        for (const c of pool.querySelectorAll('.bv-cell')) {
+            out.push([c.dataset.device, Number(c.dataset.block), c.dataset.state, Number(c.dataset.ref)]);
+        }
+    }
+    return out;
+}"""
+
+
 def wait_for_visualizer(page, num_cells: int | None = None) -> None:
-    """Wait until a Visualizer's controls and pools are drawn (and, given, `num_cells` pool cells)."""
+    """Wait until a Visualizer's controls and pools are drawn (and, given, `num_cells` pool blocks)."""
     page.wait_for_selector(".bv-view-controls[data-position]", timeout=UI_LIMIT_MS)
     if num_cells is not None:
-        page.wait_for_function("(n) => document.querySelectorAll('.bv-view-pool .bv-cell').length === n",
-                               arg=num_cells, timeout=UI_LIMIT_MS)
+        page.wait_for_function(f"(n) => ({DRAWN_BLOCKS_JS})().length === n", arg=num_cells, timeout=UI_LIMIT_MS)
+
+
+# Block `number`'s cell on its pool canvas as {x, y, w, h} in CSS pixels from the canvas's top-left
+# (from the layout the canvas carries), after scrolling its row into view.
+CELL_BOX_JS = """([device, number]) => {
+    const canvas = document.querySelector(`.bv-view-pool canvas.bv-pool-canvas[data-device='${device}']`);
+    const d = canvas.dataset, grid = canvas.closest('.bv-grid');
+    const [w, h, gap, pad] = [d.cellWidth, d.cellHeight, d.gap, d.pad].map(Number);
+    const col = number % Number(d.cols), row = Math.floor(number / Number(d.cols));
+    const top = pad + row * (h + gap);
+    if (top < grid.scrollTop || top + h > grid.scrollTop + grid.clientHeight) grid.scrollTop = top - pad;
+    return { x: pad + col * (w + gap), y: top - grid.scrollTop, w, h };
+}"""
+
+
+def pool_canvas(device: str) -> str:
+    return f".bv-view-pool canvas.bv-pool-canvas[data-device='{device}']"
+
+
+def click_block(page, device: str, number: int) -> None:
+    """Click the middle of block `number`'s cell on its pool canvas, as a person would."""
+    box = page.evaluate(CELL_BOX_JS, [device, number])
+    page.click(pool_canvas(device), position={"x": box["x"] + box["w"] / 2, "y": box["y"] + box["h"] / 2})
+
+
+def hover_block(page, device: str, number: int) -> None:
+    """Move the mouse over the middle of block `number`'s cell on its pool canvas."""
+    box = page.evaluate(CELL_BOX_JS, [device, number])
+    page.hover(pool_canvas(device), position={"x": box["x"] + box["w"] / 2, "y": box["y"] + box["h"] / 2})
+
+
+def block_pixel(page, device: str, number: int, dx: float, dy: float) -> list[int]:
+    """The RGBA painted on the pool canvas at (dx, dy) CSS pixels from block `number`'s cell's corner."""
+    return page.evaluate("""([box, device, dx, dy]) => {
+        const canvas = document.querySelector(`.bv-view-pool canvas.bv-pool-canvas[data-device='${device}']`);
+        const scale = canvas.width / canvas.getBoundingClientRect().width;
+        const x = Math.round((box.x + dx) * scale), y = Math.round((box.y + dy) * scale);
+        return Array.from(canvas.getContext('2d').getImageData(x, y, 1, 1).data);
+    }""", [page.evaluate(CELL_BOX_JS, [device, number]), device, dx, dy])
 
 
 def cursor_position(page) -> int:
@@ -253,9 +311,8 @@ def kernel_json(page, expression: str) -> Any:
 
 
 def page_cells(page) -> list[list]:
-    """Every pool cell on the page as [device, block, state, ref]."""
-    return page.evaluate("""() => Array.from(document.querySelectorAll('.bv-view-pool .bv-cell')).map(
-        (c) => [c.dataset.device, Number(c.dataset.block), c.dataset.state, Number(c.dataset.ref)])""")
+    """Every pool block drawn on the page as [device, block, state, ref] (DRAWN_BLOCKS_JS)."""
+    return page.evaluate(DRAWN_BLOCKS_JS)
 
 
 KERNEL_CELLS = ("[[b.device, b.number, __import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b), "

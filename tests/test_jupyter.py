@@ -396,3 +396,17 @@ def test_a_visualizer_left_playing_is_stopped_at_interpreter_exit():
     time.sleep(0.2)
     assert viz.frames.num_sent == sent and viz.position == position  # stopped, and no frame goes out
     viz.close()
+
+
+def test_the_pool_view_draws_on_a_canvas_unless_told_cells():
+    import traitlets
+
+    from blockviz.jupyter.widgets import ESM, PoolView
+
+    view = PoolView()
+    assert view.renderer == "canvas"
+    view.renderer = "cells"
+    with pytest.raises(traitlets.TraitError):
+        view.renderer = "svg"
+    assert "function canvasGrid(" in ESM and "function cellGrid(" in ESM  # pool_canvas.js is in the module
+    view.close()

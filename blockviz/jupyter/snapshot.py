@@ -6,7 +6,7 @@ two owners per block, so a 4,096-block pool is a few tens of kilobytes), the blo
 token text of each slot, the hash chains, the inspected block, and the counts. `event_log()` and
 `cursor()` add the log and the playback line. The JavaScript only draws what these return, so a
 test can compare them with the reducer without a browser, and a browser test can compare the page
-(its cells' data-block / data-state / data-ref) with the kernel.
+(each pool canvas's data-states / data-refs, written as it paints) with the kernel.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The anywidget views: each holds its part of a frame in one synced `frame` dict and draws it.
 
-Python holds the state, the JavaScript (static/blockviz.js with static/insights.js appended: one
-module for every view, picked by `_kind`) only renders it; clicks come back as custom messages
-(`select`, `action`, `seek`, `speed`, `filter`, `pick`, `break`) that the Visualizer turns into
-calls of its own Python API. No CDN import, no build step: the module and its CSS are package data.
+Python holds the state, the JavaScript (static/blockviz.js with static/insights.js and
+static/pool_canvas.js appended: one module for every view, picked by `_kind`) only renders it;
+clicks come back as custom messages (`select`, `action`, `seek`, `speed`, `filter`, `pick`, `break`)
+that the Visualizer turns into calls of its own Python API. No CDN import, no build step: the module
+and its CSS are package data.
 
 The views work on their own too: `PoolView().show(snapshot(state))` draws a reducer state.
 """
@@ -20,8 +21,9 @@ from blockviz.history import SPEEDS
 from blockviz.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
 
 STATIC = Path(__file__).resolve().parent / "static"
-# One ES module: insights.js uses blockviz.js's helpers, and blockviz.js's RENDERERS its renderers.
-ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ("blockviz.js", "insights.js"))
+# One ES module: insights.js and pool_canvas.js use blockviz.js's helpers, blockviz.js their renderers.
+ESM_FILES = ("blockviz.js", "insights.js", "pool_canvas.js")
+ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ESM_FILES)
 CSS = STATIC / "blockviz.css"
 
 PALETTE = {
@@ -68,10 +70,15 @@ class _View(anywidget.AnyWidget):
 class PoolView(_View):
     """The GPU and CPU pools: one cell per block (number, ref count when shared, fill, owner colour,
     free / used / free-but-cached, last touched, selected) and the TUI's legend. A click on a cell
-    sends {"event": "select", "device", "number"}."""
+    sends {"event": "select", "device", "number"}.
+
+    `renderer` picks how a pool is drawn: "canvas" (one canvas per pool, painting the rows in
+    view; what it drew is in its data-states / data-refs) or "cells" (one element per block
+    carrying data-block / data-state / data-ref), kept to compare the two (benchmarks/widgets.py)."""
 
     _kind = traitlets.Unicode("pool").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
+    renderer = traitlets.Enum(("canvas", "cells"), "canvas").tag(sync=True)
     parts = ("block_size", "pools", "touched", "selected")
 
 

@@ -1,7 +1,9 @@
 // blockviz widgets: draw the frame the kernel sends (blockviz/jupyter/snapshot.py), nothing more.
-// One module for every view, picked by the model's `_kind` (widgets.py appends insights.js to this
-// file: still one plain ES module, no imports, no build).
-// Cells carry data-block / data-state / data-ref so a browser test can compare the page with the kernel.
+// One module for every view, picked by the model's `_kind` (widgets.py appends insights.js and
+// pool_canvas.js to this file: still one plain ES module, no imports, no build).
+// What a pool view drew is in data attributes (pool_canvas.js: data-states / data-refs on each
+// canvas; cellGrid: data-block / data-state / data-ref per cell) so a browser test can compare the
+// page with the kernel.
 
 const STATE_NAMES = { u: "used", c: "cached", f: "free" };
 const SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹";
@@ -57,16 +59,76 @@ function seqChip(palette, seqId) {
 
 // ------------------------------------------------------------------ pools
 
+// What a block's tooltip says, for either way of drawing a pool.
+function blockTitle(device, i, data, blockSize) {
+  const owners = [data.owner[i], data.owner2[i]].filter((s) => s >= 0);
+  return `${device} block ${i} · ${STATE_NAMES[data.state[i]] || "free"} · ref ${data.ref[i]} · ` +
+    `${data.fill[i]}/${blockSize} slots` + (owners.length ? ` · seq ${owners.join(",")}` : "");
+}
+
+// A pool as one DOM element per cell (PoolView.renderer "cells"), restyled through shared class
+// rules; each cell carries data-block / data-state / data-ref.
+function cellGrid(model, device, n) {
+  const grid = h("div", { class: "bv-grid", "data-device": device });
+  const cells = [];
+  for (let i = 0; i < n; i++) {
+    cells.push(h("div", { class: "bv-cell bv-s-f", "data-device": device, "data-block": i, "data-state": "free",
+      "data-ref": 0, text: String(i) }));
+  }
+  grid.append(...cells);
+  let last = null, blockSizeShown = 1, marked = [];
+  grid.addEventListener("mouseover", (event) => {  // a tooltip made on demand, not on every frame
+    const cell = event.target.closest(".bv-cell");
+    if (cell && last) cell.title = blockTitle(device, Number(cell.dataset.block), last, blockSizeShown);
+  });
+  grid.addEventListener("click", (event) => {
+    const cell = event.target.closest(".bv-cell");
+    if (cell) model.send({ event: "select", device, number: Number(cell.dataset.block) });
+  });
+  function draw(data, palette, blockSize, touched, selected) {
+    blockSizeShown = blockSize;
+    for (let i = 0; i < n; i++) {
+      const code = data.state[i], ref = data.ref[i], fill = data.fill[i];
+      const owner = data.owner[i], owner2 = data.owner2[i];
+      if (last && last.state[i] === code && last.ref[i] === ref && last.fill[i] === fill &&
+          last.owner[i] === owner && last.owner2[i] === owner2) continue;
+      const cell = cells[i];
+      const name = STATE_NAMES[code] || "free";
+      if (!last || last.state[i] !== code) cell.dataset.state = name;
+      if (!last || last.ref[i] !== ref) cell.dataset.ref = String(ref);
+      // Classes only, shared rules (no inline style): a frame that changes thousands of cells
+      // restyles them from a few rules instead of parsing a style attribute per cell.
+      let cls = `bv-cell bv-s-${code} bv-f-${Math.round((FILL_STEPS * fill) / blockSize)}`;
+      if (name === "used" && owner >= 0) {
+        cls += ` bv-o-${colourIndex(palette, owner)}`;
+        if (owner2 >= 0) cls += ` bv-p-${colourIndex(palette, owner2)}`;
+      }
+      cell.className = cls;
+      const sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
+      if (sup) cell.dataset.sup = sup;  // no attribute, no ::after box (most cells have none)
+      else if (cell.dataset.sup !== undefined) delete cell.dataset.sup;
+    }
+    last = data;
+    for (const cell of marked) cell.classList.remove("bv-touched", "bv-selected");
+    marked = touched.filter((i) => cells[i]).map((i) => cells[i]);
+    for (const cell of marked) cell.classList.add("bv-touched");
+    if (cells[selected]) { cells[selected].classList.add("bv-selected"); marked.push(cells[selected]); }
+  }
+  return { element: grid, n, draw, dispose() {} };
+}
+
+// The GPU and CPU pools under the legend; each pool drawn by canvasGrid (pool_canvas.js, the
+// default) or cellGrid, as PoolView.renderer says.
 function renderPool(model, el) {
   const legend = h("div", { class: "bv-legend" });
   const body = h("div", { class: "bv-pools" });
   el.append(legend, body);
-  const pools = {}; // device -> { section, header, grid, cells, last }
-  let touched = [];
-  let selected = null;
-  let blockSizeShown = 1;
+  const pools = {}; // device -> { section, header, grid, renderer }
+  let legendPalette = null;
 
   function drawLegend(palette) {
+    if (palette === legendPalette) return;
+    legendPalette = palette;
     legend.replaceChildren(
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-free-swatch" }), "free"),
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch", style: { background: seqColour(palette, 0) } }),
@@ -81,48 +143,24 @@ function renderPool(model, el) {
   }
 
   function ensurePool(device, n) {
+    const renderer = model.get("renderer") === "cells" ? "cells" : "canvas";
     let pool = pools[device];
-    if (pool && pool.cells.length === n) return pool;
-    if (pool) pool.section.remove();
+    if (pool && pool.grid.n === n && pool.renderer === renderer) return pool;
+    if (pool) { pool.grid.dispose(); pool.section.remove(); }
     const header = h("div", { class: "bv-pool-title" });
-    const grid = h("div", { class: "bv-grid", "data-device": device });
-    const cells = [];
-    for (let i = 0; i < n; i++) {
-      // One element per cell (number as text, ref count and fill drawn by CSS from data-sup and
-      // --fill): a 4,096-block pool restyles in a fraction of the time three elements a cell take.
-      const cell = h("div", { class: "bv-cell bv-s-f", "data-device": device, "data-block": i, "data-state": "free",
-        "data-ref": 0, text: String(i) });
-      cells.push(cell);
-    }
-    grid.append(...cells);
-    grid.addEventListener("mouseover", (event) => {  // a tooltip made on demand, not on every frame
-      const cell = event.target.closest(".bv-cell");
-      if (!cell || !pool.last) return;
-      const i = Number(cell.dataset.block), data = pool.last;
-      const owners = [data.owner[i], data.owner2[i]].filter((s) => s >= 0);
-      cell.title = `${device} block ${i} · ${cell.dataset.state} · ref ${data.ref[i]} · ` +
-        `${data.fill[i]}/${blockSizeShown} slots` + (owners.length ? ` · seq ${owners.join(",")}` : "");
-    });
-    grid.addEventListener("click", (event) => {
-      const cell = event.target.closest(".bv-cell");
-      if (!cell) return;
-      model.send({ event: "select", device, number: Number(cell.dataset.block) });
-    });
-    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid);
+    const grid = (renderer === "cells" ? cellGrid : canvasGrid)(model, device, n);
+    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element);
     body.append(section);
-    pool = pools[device] = { section, header, grid, cells, last: null };
-    return pool;
+    return (pools[device] = { section, header, grid, renderer });
   }
 
   const rules = h("style");
   el.append(rules);
-  return (frame) => {
+  const draw = (frame) => {
     const palette = model.get("palette");
     drawLegend(palette);
     const css = ownerRules(palette);
     if (rules.textContent !== css) rules.textContent = css;
-    const blockSize = frame.block_size || 1;
-    blockSizeShown = blockSize;
     for (const device of ["gpu", "cpu"]) {
       const data = frame.pools && frame.pools[device];
       if (!data) continue;
@@ -130,47 +168,12 @@ function renderPool(model, el) {
       pool.section.hidden = data.n === 0;
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
         `${data.cached} cached · ${data.free} free`;
-      const last = pool.last;
-      for (let i = 0; i < data.n; i++) {
-        const code = data.state[i], ref = data.ref[i], fill = data.fill[i];
-        const owner = data.owner[i], owner2 = data.owner2[i];
-        if (last && last.state[i] === code && last.ref[i] === ref && last.fill[i] === fill &&
-            last.owner[i] === owner && last.owner2[i] === owner2) continue;
-        const cell = pool.cells[i];
-        const name = STATE_NAMES[code] || "free";
-        if (!last || last.state[i] !== code) cell.dataset.state = name;
-        if (!last || last.ref[i] !== ref) cell.dataset.ref = String(ref);
-        // Classes only, shared rules (no inline style): a frame that changes thousands of cells
-        // restyles them from a few rules instead of parsing a style attribute per cell.
-        let cls = `bv-cell bv-s-${code} bv-f-${Math.round((FILL_STEPS * fill) / blockSize)}`;
-        if (name === "used" && owner >= 0) {
-          cls += ` bv-o-${colourIndex(palette, owner)}`;
-          if (owner2 >= 0) cls += ` bv-p-${colourIndex(palette, owner2)}`;
-        }
-        cell.className = cls;
-        const sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
-        if (sup) cell.dataset.sup = sup;  // no attribute, no ::after box (most cells have none)
-        else if (cell.dataset.sup !== undefined) delete cell.dataset.sup;
-      }
-      pool.last = data;
-    }
-    for (const cell of touched) cell.classList.remove("bv-touched");
-    touched = [];
-    for (const [device, numbers] of Object.entries(frame.touched || {})) {
-      const pool = pools[device];
-      if (!pool) continue;
-      for (const n of numbers) {
-        if (pool.cells[n]) { pool.cells[n].classList.add("bv-touched"); touched.push(pool.cells[n]); }
-      }
-    }
-    if (selected) selected.classList.remove("bv-selected");
-    selected = null;
-    if (frame.selected) {
-      const [device, n] = frame.selected;
-      const cell = pools[device] && pools[device].cells[n];
-      if (cell) { cell.classList.add("bv-selected"); selected = cell; }
+      const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
+      pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected);
     }
   };
+  draw.dispose = () => { for (const pool of Object.values(pools)) pool.grid.dispose(); };
+  return draw;
 }
 
 // ------------------------------------------------------------------ block tables
@@ -359,19 +362,29 @@ function render({ model, el }) {
   const kind = model.get("_kind");
   el.classList.add("bv-root", `bv-view-${kind}`);
   const draw = (RENDERERS[kind] || (() => () => {}))(model, el);
-  // The pool view times its draw with the layout it causes (data-render-ms: benchmarks/widgets.py reads it).
+  // The pool view times its draw with the layout it causes (data-render-ms), and until the frame
+  // after it is painted (data-paint-ms); data-renders counts draws. benchmarks/widgets.py reads them.
   const timed = kind === "pool";
+  let renders = 0;
   const update = () => {
     const start = timed ? performance.now() : 0;
     draw(model.get("frame") || {});
-    if (timed) {
-      void el.offsetHeight;
-      el.dataset.renderMs = (performance.now() - start).toFixed(2);
-    }
+    if (!timed) return;
+    void el.offsetHeight;
+    el.dataset.renderMs = (performance.now() - start).toFixed(2);
+    requestAnimationFrame(() => setTimeout(() => {
+      el.dataset.paintMs = (performance.now() - start).toFixed(2);
+      el.dataset.renders = String(++renders);
+    }));
   };
   model.on("change:frame", update);
+  if (timed) model.on("change:renderer", update);
   update();
-  return () => model.off("change:frame", update);
+  return () => {
+    model.off("change:frame", update);
+    if (timed) model.off("change:renderer", update);
+    if (draw.dispose) draw.dispose();
+  };
 }
 
 export default { render };

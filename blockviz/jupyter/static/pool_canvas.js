@@ -1,0 +1,180 @@
+// ------------------------------------------------------------------ pools on a canvas
+// (widgets.py appends this file to blockviz.js: it uses h, STATE_NAMES, seqColour, superscript,
+// FILL_STEPS and blockTitle from there.)
+//
+// A pool drawn on one <canvas> with the look of blockviz.css's .bv-cell rules: per block its number,
+// the ref count (or "c" when cached), the fill bar, the first owner's colour as background and the
+// second owner's as a strip on the right, a dashed border when free, and the touched / selected
+// outlines. The canvas covers only the visible part of the scrolling grid (a sizer gives the grid
+// its full height), so a frame paints the rows in view whatever the pool's size.
+//
+// What it drew is on the canvas as data attributes, written from the same frame data as the
+// picture: data-n, data-states (one character a block: u used, c cached, f free), data-refs
+// (comma-separated), data-touched, data-selected, and the layout (data-cols, data-cell-width,
+// data-cell-height, data-gap, data-pad, in CSS pixels) to find a block's cell.
+
+const CELL_EM = { width: 2.9, height: 2.2, strip: 1.3 };  // as .bv-grid's columns and rows, .bv-p-* shadow
+const GRID_GAP = 3, GRID_PAD = 2, CELL_RADIUS = 3, BAR_HEIGHT = 4;
+const LOOK = {
+  border: "#6b6b6b", cached: "#3c4a5a",
+  text: { u: "#000", c: "#e8e8e8", f: "#6b6b6b" },
+  bar: { u: "#101010", c: "#e8e8e8", f: "#101010" },
+  touched: { colour: "#ffd400", width: 2 }, selected: { colour: "#ff3b3b", width: 3 },
+};
+
+function canvasGrid(model, device, n) {
+  const canvas = h("canvas", { class: "bv-pool-canvas", "data-device": device, "data-n": n, role: "img",
+    "aria-label": `${device} pool, ${n} blocks` });
+  const sizer = h("div", { class: "bv-canvas-sizer" }, canvas);
+  const grid = h("div", { class: "bv-grid bv-canvas-grid", "data-device": device }, sizer);
+  const ctx = canvas.getContext("2d");
+  let shown = null;     // the frame to paint: { data, palette, blockSize, touched: Set, selected }
+  let painted = null;   // the last paint: { shown, layout, top }
+  let layout = null;    // measured on demand, dropped on a resize
+  let hovered = -1;
+
+  function measure() {
+    const style = getComputedStyle(grid);
+    const em = parseFloat(style.fontSize) || 12;
+    const width = grid.clientWidth;
+    const cw = Math.round(CELL_EM.width * em), ch = Math.round(CELL_EM.height * em);  // whole pixels: crisp edges
+    const cols = Math.max(1, Math.floor((width - 2 * GRID_PAD + GRID_GAP) / (cw + GRID_GAP)));
+    const rows = Math.ceil(n / cols);
+    const contentHeight = 2 * GRID_PAD + rows * (ch + GRID_GAP) - GRID_GAP;
+    sizer.style.height = `${contentHeight}px`;
+    const height = Math.min(contentHeight, grid.clientHeight || contentHeight);
+    const dpr = window.devicePixelRatio || 1;
+    canvas.style.width = `${width}px`;
+    canvas.style.height = `${height}px`;
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(height * dpr);
+    Object.assign(canvas.dataset, { cols, cellWidth: cw, cellHeight: ch, gap: GRID_GAP, pad: GRID_PAD });
+    return { cols, cw, ch, em, width, height, dpr, font: `bold ${em}px ${style.fontFamily}` };
+  }
+
+  function cellPath(x, y, w, hgt, inset) {
+    ctx.beginPath();
+    ctx.roundRect(x + inset, y + inset, w - 2 * inset, hgt - 2 * inset, Math.max(0, CELL_RADIUS - inset));
+  }
+
+  function drawCell(i, x, y) {
+    const { data, palette, blockSize, touched, selected } = shown;
+    const { cw, ch, em } = layout;
+    const code = data.state[i] in STATE_NAMES ? data.state[i] : "f";
+    const ref = data.ref[i], owner = data.owner[i], owner2 = data.owner2[i];
+    ctx.save();
+    cellPath(x, y, cw, ch, 0);
+    ctx.clip();
+    const background = code === "c" ? LOOK.cached : (code === "u" && owner >= 0 ? seqColour(palette, owner) : null);
+    if (background) { ctx.fillStyle = background; ctx.fillRect(x, y, cw, ch); }
+    const steps = Math.round((FILL_STEPS * data.fill[i]) / blockSize);
+    if (steps > 0) {  // the fill bar along the bottom, inside the border
+      ctx.fillStyle = LOOK.bar[code];
+      ctx.fillRect(x + 1, y + ch - 1 - BAR_HEIGHT, ((cw - 2) * steps) / FILL_STEPS, BAR_HEIGHT);
+    }
+    if (code === "u" && owner >= 0 && owner2 >= 0) {  // the second owner: a strip on the right
+      ctx.fillStyle = seqColour(palette, owner2);
+      ctx.fillRect(x + cw - 1 - CELL_EM.strip * em, y + 1, CELL_EM.strip * em, ch - 2);
+    }
+    ctx.restore();
+    cellPath(x, y, cw, ch, 0.5);
+    ctx.setLineDash(code === "f" ? [3, 3] : []);
+    ctx.strokeStyle = LOOK.border;
+    ctx.lineWidth = 1;
+    ctx.stroke();
+    ctx.setLineDash([]);
+    ctx.fillStyle = LOOK.text[code];
+    ctx.textAlign = "left";
+    ctx.fillText(String(i), x + 4, y + 3);
+    const sup = ref > 1 ? superscript(ref) : (code === "c" ? "c" : "");
+    if (sup) { ctx.textAlign = "right"; ctx.fillText(sup, x + cw - 4, y + 2); }
+    const mark = i === selected ? LOOK.selected : (touched.has(i) ? LOOK.touched : null);
+    if (mark) {  // an outline inside the cell, as outline-offset: -width
+      cellPath(x, y, cw, ch, mark.width / 2);
+      ctx.strokeStyle = mark.colour;
+      ctx.lineWidth = mark.width;
+      ctx.stroke();
+    }
+  }
+
+  // Whether cell i looks the same in two frames (`shown` objects).
+  function sameCell(a, b, i) {
+    const x = a.data, y = b.data;
+    return x.state[i] === y.state[i] && x.ref[i] === y.ref[i] && x.fill[i] === y.fill[i] &&
+      x.owner[i] === y.owner[i] && x.owner2[i] === y.owner2[i] &&
+      (a.selected === i) === (b.selected === i) && a.touched.has(i) === b.touched.has(i);
+  }
+
+  // Paint the rows in view from `shown`: every cell in view after a scroll, a resize or a new
+  // palette, else only the cells that look different from the last paint. Then write what was
+  // painted from onto the canvas.
+  function paint() {
+    if (!shown || !grid.isConnected || grid.clientWidth === 0) return;
+    if (!layout || layout.dpr !== (window.devicePixelRatio || 1)) layout = measure();
+    const { cols, cw, ch, dpr, height, font } = layout;
+    const top = grid.scrollTop;
+    const pitchX = cw + GRID_GAP, pitchY = ch + GRID_GAP;
+    const last = painted && painted.layout === layout && painted.top === top &&
+      painted.shown.palette === shown.palette && painted.shown.blockSize === shown.blockSize ? painted.shown : null;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, -top * dpr);  // content coordinates: the canvas sits at scrollTop
+    if (!last) ctx.clearRect(0, top, layout.width, height);
+    ctx.font = font;
+    ctx.textBaseline = "top";
+    const firstRow = Math.max(0, Math.floor((top - GRID_PAD) / pitchY));
+    const lastRow = Math.floor((top + height - GRID_PAD) / pitchY);
+    for (let row = firstRow; row <= lastRow; row++) {
+      for (let col = 0; col < cols; col++) {
+        const i = row * cols + col;
+        if (i >= n) break;
+        if (last && sameCell(last, shown, i)) continue;
+        const x = GRID_PAD + col * pitchX, y = GRID_PAD + row * pitchY;
+        if (last) ctx.clearRect(x, y, cw, ch);
+        drawCell(i, x, y);
+      }
+    }
+    if (!painted || painted.shown !== shown) {
+      const { data, touched, selected } = shown;
+      const before = painted && painted.shown.data;
+      if (!before || before.state !== data.state) canvas.dataset.states = data.state;
+      if (!before || data.ref.some((ref, i) => ref !== before.ref[i])) canvas.dataset.refs = data.ref.join(",");
+      canvas.dataset.touched = [...touched].join(",");
+      canvas.dataset.selected = selected >= 0 ? String(selected) : "";
+    }
+    painted = { shown, layout, top };
+  }
+
+  // The block under a pointer event, or -1 (a gap, the padding, past the last block).
+  function blockAt(event) {
+    if (!layout) return -1;
+    const box = canvas.getBoundingClientRect();
+    const x = event.clientX - box.left - GRID_PAD, y = event.clientY - box.top + grid.scrollTop - GRID_PAD;
+    const pitchX = layout.cw + GRID_GAP, pitchY = layout.ch + GRID_GAP;
+    const col = Math.floor(x / pitchX), row = Math.floor(y / pitchY);
+    if (x < 0 || y < 0 || col >= layout.cols || x - col * pitchX > layout.cw || y - row * pitchY > layout.ch) return -1;
+    const i = row * layout.cols + col;
+    return i < n ? i : -1;
+  }
+
+  grid.addEventListener("scroll", paint, { passive: true });
+  const resized = new ResizeObserver(() => { layout = null; paint(); });
+  resized.observe(grid);
+  canvas.addEventListener("mousemove", (event) => {  // the tooltip: made when the block under it changes
+    const i = blockAt(event);
+    if (i === hovered) return;
+    hovered = i;
+    canvas.title = i >= 0 && shown ? blockTitle(device, i, shown.data, shown.blockSize) : "";
+    canvas.style.cursor = i >= 0 ? "pointer" : "default";
+  });
+  canvas.addEventListener("mouseleave", () => { hovered = -1; });
+  canvas.addEventListener("click", (event) => {
+    const i = blockAt(event);
+    if (i >= 0) model.send({ event: "select", device, number: i });
+  });
+
+  function draw(data, palette, blockSize, touched, selected) {
+    shown = { data, palette, blockSize, touched: new Set(touched), selected };
+    if (hovered >= 0) canvas.title = blockTitle(device, hovered, data, blockSize);
+    paint();
+  }
+  return { element: grid, n, draw, dispose: () => resized.disconnect() };
+}
