@@ -73,3 +73,35 @@ def test_ledger_sparkline_and_explainer_draw_the_kernels_parts(jupyter_server, l
         assert ledger[-1][5] is None  # the victim just preempted has not resumed yet
         wait_until_equal(page, PAGE_LEDGERS, ledger)
     assert "stopped at event" in page.locator(".bv-view-breaks .bv-break-message").text_content()
+
+
+COMPARE_CELLS = [
+    "from blockviz.jupyter import compare\n"
+    "grid = compare(['ROMEO: But soft, what light'], block_size=[4, 16], num_gpu_blocks=32, prefix_caching=False,"
+    " max_tokens=8)",
+    "grid",
+]
+# Per pool view on the page: its GPU canvas's drawn states, and the step its figures say.
+PAGE_COMPARE = """() => Array.from(document.querySelectorAll('.bv-view-pool')).map((view) => {
+    const canvas = view.querySelector("canvas.bv-pool-canvas[data-device='gpu'][data-states]");
+    return canvas ? canvas.dataset.states : null; })"""
+KERNEL_COMPARE = ("[''.join(__import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b)[0] "
+                  "for b in t.state.pools['gpu']) for t in grid.timelines]")
+
+
+def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_together(jupyter_server, lab_page):
+    page = lab_page
+    path = jupyter_server.add_notebook("compare.ipynb", COMPARE_CELLS)
+    open_notebook(page, jupyter_server, path)
+    run_all_cells(page)
+    page.wait_for_selector(".bv-compare-cell[data-step]")
+    for _ in range(2):
+        step = kernel_json(page, "grid.step")
+        expected = kernel_json(page, KERNEL_COMPARE)
+        assert len(expected) == 2 and expected[0] != expected[1]  # block size 4 holds the tokens in more blocks
+        wait_until_equal(page, f"() => [({PAGE_COMPARE})()]", expected)
+        assert page.locator(f".bv-compare-cell[data-step='{step}']").count() == 2
+        page.get_by_role("button", name="▸").click()
+        page.wait_for_function("(s) => document.querySelectorAll(`.bv-compare-cell[data-step='${s}']`).length === 2",
+                               arg=step + 1)
+        assert kernel_json(page, "grid.step") == step + 1
