@@ -11,6 +11,7 @@ websocket's address from the Host the browser asked for. Nothing here imports to
 from __future__ import annotations
 
 import html
+import logging
 import socket
 from typing import Callable
 
@@ -70,6 +71,12 @@ class BlockvizServer(Server):
                            websocket_url=html.escape(f"{scheme}://{request.host}/ws"),
                            font_size=to_int(request.query.get("fontsize", "16"), 16))
         return web.Response(text=page, content_type="text/html")
+
+    def initialize_logging(self) -> None:
+        """textual-serve's logging without aiohttp's line per request: a classroom loading the page
+        and its assets would push the URLs printed at the start off the speaker's screen."""
+        super().initialize_logging()
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     async def on_startup(self, app: web.Application) -> None:
         self.on_ready(urls(self.host, self.port))

@@ -106,3 +106,18 @@ def test_a_wildcard_host_prints_this_machine_and_its_lan_address(monkeypatch):
     assert web.urls("0.0.0.0", 8000) == ["http://127.0.0.1:8000", "http://192.168.1.20:8000"]
     assert web.urls("127.0.0.1", 8080) == ["http://127.0.0.1:8080"]
     assert web.urls("::1", 8080) == ["http://[::1]:8080"]
+
+
+def test_the_servers_terminal_keeps_its_urls_not_a_line_per_request(tmp_path):
+    """Loading the page and its script writes no access-log line under the printed URL."""
+    import urllib.request
+
+    from serve_fixtures import serve
+
+    with serve("replay", "fork-cow", log_dir=tmp_path) as served:
+        for path in ("/", "/static/js/textual.js", "/static/css/xterm.css"):
+            with urllib.request.urlopen(served.url + path, timeout=30) as response:
+                assert response.status == 200
+        log = served.log()
+    assert f"open {served.url}" in log
+    assert "GET /" not in log
