@@ -36,16 +36,6 @@ class CompareRun:
         return (f"block {self.config.block_size} · pool {self.header['num_gpu_blocks']} · "
                 f"cache {'on' if self.config.enable_prefix_caching else 'off'}")
 
-    def step_end(self, step: int) -> int:
-        """The number of events up to the end of engine step `step` (all of them past the last)."""
-        done = 0
-        for index, event in enumerate(self.events):
-            if event.type == "step_finished":
-                done += 1
-                if done == step:
-                    return index + 1
-        return len(self.events)
-
 
 def configurations(base, **swept: list) -> list:
     """Every combination of the swept values (keys from SWEPT; a missing one keeps base's)."""

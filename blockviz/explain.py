@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockviz.palette import short_hash  # the hash's first digits, as every view shows them
+from blockviz.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
 from engine.reducer import ReducerState
@@ -71,7 +71,7 @@ class Explanation:
             digest = f"#{short_hash(b.block_hash)}" if b.block_hash is not None else "(no hash)"
             what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
             if b.evicted_by is not None:
-                what += f" (block_evicted, event {b.evicted_by + 1})"  # numbered from 1, as the views do
+                what += f" (block_evicted, event {event_number(b.evicted_by)})"
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
         miss = self.first_miss
         reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""

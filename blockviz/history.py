@@ -133,6 +133,10 @@ class Timeline:
         index = bisect.bisect_right(self.step_ends, self.position)
         return self.step_ends[index] if index < len(self.step_ends) else None
 
+    def step_end(self, step: int) -> int:
+        """Position just after engine step `step` finished (1-based); all events past the last step."""
+        return self.step_ends[step - 1] if 1 <= step <= len(self.step_ends) else len(self.events)
+
     def previous_step_end(self) -> int:
         """Position just after the last step_finished before the cursor (0 if none)."""
         index = bisect.bisect_left(self.step_ends, self.position) - 1

@@ -189,7 +189,7 @@ class Insights:
 
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
         self.explainer = Explainer(enable_prefix_caching)
-        self.ledger_ = Ledger()
+        self._ledger = Ledger()
         self.max_tokens: dict[int, int] = {}
         self.series: list[MemoryPoint] = []
         self._series_ends: list[int] = []  # each point's position, for bisect
@@ -203,7 +203,7 @@ class Insights:
 
     def sync(self, events: list) -> None:
         """Feed events[self.fed:] (the list only ever grows)."""
-        state, explainer, ledger = self.state, self.explainer, self.ledger_
+        state, explainer, ledger = self.state, self.explainer, self._ledger
         for event in events[self.fed:]:
             explainer.feed(event, state)
             state.apply(event)
@@ -229,7 +229,7 @@ class Insights:
         """The preemptions by `position`; one that resumed later shows as not resumed yet."""
         return [e if e.resumed_position is None or e.resumed_position <= position
                 else replace(e, resumed_step=None, resumed_position=None)
-                for e in self.ledger_.entries if e.position <= position]
+                for e in self._ledger.entries if e.position <= position]
 
     def memory_series(self, position: int) -> list[MemoryPoint]:
         """The memory figures at each step end by `position`."""

@@ -91,7 +91,9 @@ class EngineSpec:
         files are not on this machine; the engine checks again when the request is added."""
         import json
 
-        config_path, tokenizer_path = _checkpoint_file(source, "config.json"), _checkpoint_file(source, "tokenizer.json")
+        from engine.model_source import checkpoint_file
+
+        config_path, tokenizer_path = checkpoint_file(source, "config.json"), checkpoint_file(source, "tokenizer.json")
         if config_path is None or tokenizer_path is None:
             return
         try:
@@ -138,22 +140,6 @@ class EngineSpec:
     def as_dict(self) -> dict[str, Any]:
         """The spec's fields by name (the config stays an EngineConfig): `type(spec)(**spec.as_dict())`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def _checkpoint_file(source, filename: str):
-    """`filename` of a checkpoint directory (a Path) or of a hub name in the local cache, or None."""
-    from pathlib import Path
-
-    if isinstance(source, Path):
-        path = source / filename
-        return path if path.is_file() else None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(str(source), filename)
-    except Exception:  # noqa: BLE001 - not a cached repo
-        return None
-    return Path(found) if isinstance(found, str) else None
 
 
 def check_device(device: str) -> None:

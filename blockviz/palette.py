@@ -90,6 +90,20 @@ def fill_glyph(num_tokens: int, block_size: int) -> str:
     return FILL_GLYPHS[level]
 
 
+def event_number(seq_no: int) -> int:
+    """The number every view shows for the event `seq_no`: counted from 1, as the status bar's
+    "event N/total" and Visualizer.seek(N), which land just after it."""
+    return seq_no + 1
+
+
+def sparkline(values, top: float) -> str:
+    """One glyph per value, its height value / top (a zero or less: the lowest bar, so a point is
+    always drawn). The TUI's memory sparklines (top 1.0) and attach's counts (top their largest)."""
+    if top <= 0:
+        return FILL_GLYPHS[1] * len(values)
+    return "".join(FILL_GLYPHS[max(1, min(8, round(8 * v / top)))] for v in values)
+
+
 def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, str] | None = None) -> list[str]:
     """The text piece of each token in `block`, read from an owner sequence when there is one
     (its position gives the exact piece), else from the id -> text map of the run."""

@@ -156,3 +156,18 @@ def _probe_hub(name: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> str:
     thread.start()
     thread.join(timeout + 0.5)
     return result[0]
+
+
+def checkpoint_file(source: str | Path, filename: str) -> Path | None:
+    """`filename` of a checkpoint directory (a Path) or of a hub name in the local cache, or None.
+    Reads the disk only: no torch, no network."""
+    if isinstance(source, Path):
+        path = source / filename
+        return path if path.is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(str(source), filename)
+    except Exception:  # noqa: BLE001 - not a cached repo
+        return None
+    return Path(found) if isinstance(found, str) else None

@@ -141,14 +141,19 @@ def start_jupyter_server(root_dir: str | Path | None = None) -> Iterator[Jupyter
         _wait_until_up(server)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 30)
         log.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def stop_process(process: subprocess.Popen, limit_s: float) -> None:
+    """SIGTERM `process`, SIGKILL it if it is still there after `limit_s`, and reap it."""
+    process.terminate()
+    try:
+        process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=limit_s)
 
 
 def _wait_until_up(server: JupyterServer) -> None:

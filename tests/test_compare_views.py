@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from blockviz.history import Timeline
+
 from tests.test_tui_app import anyio_backend  # noqa: F401  (the anyio backend for these tests)
 
 
@@ -25,8 +27,10 @@ def test_the_runs_keep_their_events_and_the_same_step_ends(two_runs):
     for run in two_runs:
         ends = [i + 1 for i, e in enumerate(run.events) if e.type == "step_finished"]
         assert len(ends) == run.figures["steps"]
-        assert [run.step_end(k) for k in range(1, len(ends) + 1)] == ends
-        assert run.step_end(len(ends) + 5) == len(run.events)
+        timeline = Timeline(run.header["block_size"], run.header["num_gpu_blocks"], run.header["num_cpu_blocks"])
+        timeline.extend(run.events)
+        assert [timeline.step_end(k) for k in range(1, len(ends) + 1)] == ends
+        assert timeline.step_end(len(ends) + 5) == len(run.events)
     assert small.label.startswith("block 2 ·") and big.label.startswith("block 8 ·")
 
 

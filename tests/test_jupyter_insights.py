@@ -245,6 +245,12 @@ def test_a_live_explanation_names_the_eviction_that_made_it_miss(tiny_gpt2_dir):
 # ---------------------------------------------------------------------------- the compare grid
 
 
+def events_through_step(events, step: int) -> int:
+    """How many of `events` come up to the end of engine step `step` (all of them past the last)."""
+    ends = [i + 1 for i, e in enumerate(events) if e.type == "step_finished"]
+    return ends[step - 1] if step <= len(ends) else len(events)
+
+
 def test_a_compare_grid_of_two_block_sizes_moves_every_cell_to_the_steps_end(tiny_gpt2_dir):
     from blockviz.jupyter import compare
 
@@ -260,14 +266,14 @@ def test_a_compare_grid_of_two_block_sizes_moves_every_cell_to_the_steps_end(tin
         shown = min(step, grid.num_steps)
         assert grid.step == shown
         for run, timeline, pool, cell in zip(grid.runs, grid.timelines, grid.pools, grid.cell_figures):
-            assert timeline.position == run.step_end(shown)
+            assert timeline.position == events_through_step(run.events, shown)
             reference = Timeline(run.header["block_size"], run.header["num_gpu_blocks"], run.header["num_cpu_blocks"])
             reference.extend(run.events)
-            reference.seek(run.step_end(shown))
+            reference.seek(events_through_step(run.events, shown))
             assert pool.frame == pool.part(snapshot(reference.state))
             assert f"data-used='{reference.state.num_used('gpu')}'" in cell.value
     grid.slider.value = 2  # the slider itself moves every cell too
-    assert [t.position for t in grid.timelines] == [run.step_end(2) for run in grid.runs]
+    assert [t.position for t in grid.timelines] == [events_through_step(run.events, 2) for run in grid.runs]
     assert "block 4" in repr(grid) and "same text yes" in repr(grid)
     assert [row["label"] for row in grid.figures()] == [run.label for run in grid.runs]
     grid.close()

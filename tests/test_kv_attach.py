@@ -22,18 +22,12 @@ from blockviz.kvevents.tokens import load_tokenizer
 from blockviz.trace import load_trace
 from blockviz.tui.attach_app import AttachApp
 from test_kv_round_trip import WAIT_S, free_ports
+from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-def screen_text(app) -> str:
-    return "\n".join("".join(segment.text for segment in strip) for strip in app.screen._compositor.render_strips())
 
 
 async def wait_until(pilot, condition) -> None:

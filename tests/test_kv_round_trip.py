@@ -26,6 +26,7 @@ from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import Gap, KVEventClient
 from blockviz.trace import TRACES_DIR, read_trace, shipped_traces
 from engine import events as ev
+from jupyter_fixtures import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 60  # the most any wait below lasts before the test fails
@@ -74,12 +75,7 @@ def publishing(trace: Path | str, log_path: Path, *args: str):
         try:
             yield endpoint, replay, log_path
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            stop_process(process, 10)
 
 
 def wait_for_line(log_path: Path, text: str) -> str:

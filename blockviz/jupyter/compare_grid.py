@@ -100,14 +100,9 @@ class CompareGrid:
         else:
             self.slider.value = step  # the observer redraws
 
-    def position_at(self, index: int, step: int) -> int:
-        """Events of run `index` up to the end of `step` (CompareRun.step_end, from the step ends)."""
-        ends = self.timelines[index].step_ends
-        return ends[step - 1] if 1 <= step <= len(ends) else len(self.timelines[index])
-
     def _show(self, step: int) -> None:
         for index, (timeline, pool) in enumerate(zip(self.timelines, self.pools)):
-            timeline.seek(self.position_at(index, step))
+            timeline.seek(timeline.step_end(step))
             pool.show(snapshot(timeline.state))
             self.cell_figures[index].value = self._cell_html(index, step)
 

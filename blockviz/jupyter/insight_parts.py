@@ -16,7 +16,7 @@ from typing import Any
 
 from blockviz.explain import EVICTED
 from blockviz.insights import Insights, ledger_totals, memory_truth
-from blockviz.palette import describe, short_hash, show_token
+from blockviz.palette import describe, event_number, short_hash, show_token
 from engine.reducer import ReducerState
 
 MAX_LEDGER_ROWS = 200  # preemptions listed (the newest; the totals count them all)
@@ -59,7 +59,7 @@ def _event_reference(events: list, seq_no: int) -> dict[str, Any]:
         index = next((i for i, e in enumerate(events) if e.seq_no == seq_no), None)
     if index is None:
         return {"seq_no": seq_no, "number": None, "text": f"event seq_no {seq_no}"}
-    return {"seq_no": seq_no, "number": index + 1, "text": describe(events[index])}
+    return {"seq_no": seq_no, "number": event_number(seq_no), "text": describe(events[index])}
 
 
 def ledger_part(insights: Insights, position: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from blockviz.palette import (
     FILTERS,
     block_token_texts,
     describe,
+    event_number,
     pool_counts,
     short_hash,
     show_token,
@@ -174,14 +175,14 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
 def event_log(events: list[ev.Event], position: int, filter_name: str = "all events",
               vocab: dict[int, str] | None = None, limit: int = MAX_LOG_ROWS) -> list[list[Any]]:
     """The last `limit` events up to the cursor whose kind the filter (a palette.FILTERS name)
-    keeps, oldest first, as [event number (1-based), kind, words]."""
+    keeps, oldest first, as [event number (palette.event_number), kind, words]."""
     kinds = FILTERS.get(filter_name)
     rows = []
     stop = max(0, position - MAX_LOG_SCAN)
     for index in range(position - 1, stop - 1, -1):
         event = events[index]
         if kinds is None or event.type in kinds:
-            rows.append([index + 1, event.type, describe(event, vocab)])
+            rows.append([event_number(event.seq_no), event.type, describe(event, vocab)])
             if len(rows) >= limit:
                 break
     rows.reverse()

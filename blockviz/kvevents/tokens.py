@@ -55,7 +55,7 @@ def load_tokenizer(name_or_path: str) -> TokenText:
 
 def _tokenizer_json(name_or_path: str) -> Path | None:
     """The tokenizer.json to read with `tokenizers`, when there is one without asking the hub."""
-    from engine.model_source import BUNDLED_MODELS_DIR
+    from engine.model_source import BUNDLED_MODELS_DIR, checkpoint_file
 
     bundled = BUNDLED_MODELS_DIR / name_or_path / "tokenizer.json"
     if "/" not in name_or_path and bundled.is_file():
@@ -63,13 +63,4 @@ def _tokenizer_json(name_or_path: str) -> Path | None:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    if path.is_dir():
-        inside = path / "tokenizer.json"
-        return inside if inside.is_file() else None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(name_or_path, "tokenizer.json")
-    except Exception:  # noqa: BLE001 - not a valid repo id: AutoTokenizer says why
-        return None
-    return Path(found) if isinstance(found, str) else None
+    return checkpoint_file(path if path.is_dir() else name_or_path, "tokenizer.json")

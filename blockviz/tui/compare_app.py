@@ -16,7 +16,7 @@ from textual.widgets import Footer, Static
 
 from blockviz.compare import CompareRun, same_step
 from blockviz.history import Timeline
-from blockviz.insights import Insights, memory_truth
+from blockviz.insights import max_tokens_of, memory_truth
 from blockviz.palette import pool_counts
 from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.pool_grid import PoolGrid
@@ -56,10 +56,9 @@ class CompareApp(App[None]):
         self.projector = projector
         self.timelines = [Timeline(r.header["block_size"], r.header["num_gpu_blocks"], r.header["num_cpu_blocks"])
                           for r in runs]
-        self.insights = [Insights.for_header(r.header) for r in runs]
-        for timeline, insights, run in zip(self.timelines, self.insights, runs):
+        self.max_tokens = [max_tokens_of(r.events) for r in runs]
+        for timeline, run in zip(self.timelines, runs):
             timeline.extend(run.events)
-            insights.sync(run.events)
         self.last_step = max(run.figures["steps"] for run in runs)
         self.step = same_step(runs) if step is None else step
         self._timer = None
@@ -94,8 +93,8 @@ class CompareApp(App[None]):
 
     def show_step(self) -> None:
         """Every run's pool, figures and memory line as engine step `self.step` left it."""
-        for index, (run, timeline, insights) in enumerate(zip(self.runs, self.timelines, self.insights)):
-            timeline.seek(run.step_end(self.step))
+        for index, (run, timeline, max_tokens) in enumerate(zip(self.runs, self.timelines, self.max_tokens)):
+            timeline.seek(timeline.step_end(self.step))
             state = timeline.state
             used, cached, free = pool_counts(state)["gpu"]
             grid = self.query_one(f"#gpu-{index}", PoolGrid)
@@ -107,7 +106,7 @@ class CompareApp(App[None]):
                         f"text {'same as' if f.get('same_text_as_first', True) else 'differs from'} the first\n")
             done = " (finished)" if self.step >= f["steps"] else ""
             text.append(f"at step {min(self.step, f['steps'])}{done}:\n", "bold")
-            text.append("\n".join(field for _, field in memory_fields(memory_truth(state, insights.max_tokens))))
+            text.append("\n".join(field for _, field in memory_fields(memory_truth(state, max_tokens))))
             self.query_one(f"#figures-{index}", Static).update(text)
         playing = "▶ playing" if self._timer is not None else "‖ paused"
         self.query_one("#compare-status", Static).update(

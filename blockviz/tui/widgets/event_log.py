@@ -18,7 +18,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Select
 
-from blockviz.palette import FILTERS, MEMORY, describe  # noqa: F401 (the log's words live in palette)
+from blockviz.palette import FILTERS, MEMORY, describe, event_number  # noqa: F401 (the log's words live in palette)
 from engine import events as ev
 
 _KIND_STYLES = {
@@ -94,7 +94,7 @@ class EventLog(ScrollView, can_focus=True):
 
     def _text(self, index: int) -> str:
         event = self.events[index]
-        return f"{event.seq_no + 1:>6} {describe(event, self.vocab)}"  # 1-based, as "event N/total"
+        return f"{event_number(event.seq_no):>6} {describe(event, self.vocab)}"
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from blockviz import explain as ex
 from blockviz.insights import Insights, MemoryTruth, ledger_totals
-from blockviz.palette import fill_glyph, seq_style, short_hash, show_token
+from blockviz.palette import event_number, seq_style, short_hash, show_token, sparkline
 from blockviz.tui.widgets.panels import StatePanel
 from engine.reducer import ReducerState
 
@@ -26,11 +26,11 @@ class ExplainPanel(StatePanel):
 
     def draw(self, insights: Insights, state: ReducerState, position: int, seq_id: int | None,
              vocab: dict[int, str]) -> None:
-        explained = insights.explanations(position)
         seq = state.seqs.get(seq_id) if seq_id is not None else None
-        chosen = next((e for e in explained if seq is not None and e.request_id == seq.request_id), None)
-        if chosen is None and explained:
-            chosen = explained[-1]
+        chosen = insights.explanation_of(seq.request_id, position) if seq is not None else None
+        if chosen is None:  # no selection, or not allocated yet: the newest request explained
+            explained = insights.explanations(position)
+            chosen = explained[-1] if explained else None
         if chosen is None:
             self.set_body(Text("no request allocated yet: each one's lookup shows here once it is", style="dim"))
             return
@@ -62,7 +62,7 @@ def _verdict(block: ex.BlockVerdict) -> Text:
         return Text(f"hit → gpu {block.block}", VERDICT_STYLES[ex.HIT])
     text = Text(block.verdict, VERDICT_STYLES.get(block.verdict, "dim"))
     if block.evicted_by is not None:
-        text.append(f" (event {block.evicted_by + 1})", "dim")  # the log's number for it
+        text.append(f" (event {event_number(block.evicted_by)})", "dim")
     return text
 
 
@@ -106,7 +106,7 @@ class Sparkline:
         if len(values) > room:  # buckets of steps, each drawn at its highest value
             values = [max(values[i * len(values) // room:(i + 1) * len(values) // room]) for i in range(room)]
         line = Text(self.label + " ", "dim")
-        line.append("".join(fill_glyph(round(8 * v), 8) if v > 0 else "▁" for v in values) or "·", self.style)
+        line.append(sparkline(values, 1.0) or "·", self.style)
         line.append(last, "bold")
         yield line
 

@@ -18,26 +18,23 @@ from textual.widgets.tree import TreeNode
 from blockviz.kvevents.protocol import BlockHash
 from blockviz.kvevents.state import NOT_SENT, NOT_SENT_BY_VLLM, KVEventState
 from blockviz.kvevents.tokens import TokenText
+from blockviz.palette import short_hash, sparkline
 from blockviz.tui.widgets.panels import StatePanel
 
-SPARKS = "▁▂▃▄▅▆▇█"
 MAX_LABEL_TOKENS_CHARS = 48
 
 
 def hash_label(block_hash: BlockHash, digits: int = 8) -> str:
-    """A hash's first hex digits: an int as its 16-digit 64-bit form, bytes as they are."""
+    """A hash's first hex digits: an int as every view shows one (palette.short_hash), bytes as they are."""
     if isinstance(block_hash, bytes):
         return block_hash.hex()[:digits]
-    return f"{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"[:digits]
+    return short_hash(block_hash, digits)
 
 
-def sparkline(values: Sequence[int], width: int) -> str:
-    """The last `width` values as bars scaled to the largest of them (all zero: the lowest bar)."""
+def recent_sparkline(values: Sequence[int], width: int) -> str:
+    """The last `width` values as bars scaled to the largest of them."""
     values = list(values)[-width:]
-    top = max(values, default=0)
-    if top <= 0:
-        return SPARKS[0] * len(values)
-    return "".join(SPARKS[min(len(SPARKS) - 1, v * (len(SPARKS) - 1) // top)] for v in values)
+    return sparkline(values, max(values, default=0))
 
 
 class ForestTree(Tree):
@@ -114,9 +111,9 @@ class CachePanel(StatePanel):
         for rank in sorted(state.ranks):
             points = [p for p in state.timeline if p.rank == rank]
             rows.append(Text.assemble((f"rank {rank} cached  ", "bold"),
-                                      sparkline([p.num_cached for p in points], self.SPARK_WIDTH)))
-            rows.append(Text.assemble(("       stored  ", "green"), sparkline([p.num_stored for p in points], self.SPARK_WIDTH)))
-            rows.append(Text.assemble(("       removed ", "red"), sparkline([p.num_removed for p in points], self.SPARK_WIDTH)))
+                                      recent_sparkline([p.num_cached for p in points], self.SPARK_WIDTH)))
+            rows.append(Text.assemble(("       stored  ", "green"), recent_sparkline([p.num_stored for p in points], self.SPARK_WIDTH)))
+            rows.append(Text.assemble(("       removed ", "red"), recent_sparkline([p.num_removed for p in points], self.SPARK_WIDTH)))
         if state.num_unknown_events:
             rows.append(Text(f"{state.num_unknown_events} events of unknown types ignored", style="dim"))
         if state.num_removed_unseen:
