@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from blockviz.live import EngineSpec  # noqa: E402
+from blockviz.session.spec import EngineSpec  # noqa: E402
 
 
 def record(model: str, path: Path) -> int:
@@ -111,7 +111,7 @@ class ReplaySpec(EngineSpec):
 async def session(stream: Path, runs: int) -> tuple[list[float], int]:
     from blockviz.tui.app import BlockvizApp
     from blockviz.tui.engine_process import ProcessBridge
-    from blockviz.history import SPEEDS
+    from blockviz.model.player import SPEEDS
     from tui import PROMPTS, play_to_idle
 
     idle = asyncio.Event()

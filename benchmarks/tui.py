@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blockviz.tui import engine_process  # noqa: E402
-from blockviz.live import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
+from blockviz.session.spec import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
 NUM_CPU_BLOCKS = 512
@@ -178,8 +178,8 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
     from textual.app import App, ComposeResult
     from textual.geometry import Region
 
-    from blockviz.history import Timeline
-    from blockviz.palette import touched_blocks
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.palette import touched_blocks
     from blockviz.tui.widgets.pool_grid import PoolGrid
 
     class PoolHost(App):
@@ -213,7 +213,7 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
     drew per second and the events/s it kept up with (its frame timer asks for 30 frames/s)."""
     from blockviz import history
     from blockviz.tui.app import BlockvizApp
-    from blockviz.trace import Trace
+    from blockviz.model.trace import Trace
 
     header = {"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
               "num_cpu_blocks": NUM_CPU_BLOCKS}
@@ -495,7 +495,7 @@ class _AttachedSession:
 
     async def _session(self, control: Path, results: Path) -> None:
         from blockviz.tui.app import BlockvizApp
-        from blockviz.history import SPEEDS
+        from blockviz.model.player import SPEEDS
 
         idle = asyncio.Event()
         session = self

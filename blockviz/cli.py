@@ -11,9 +11,9 @@ import math
 import sys
 
 from blockviz.errors import UsageError  # noqa: F401  (re-exported: commands import it from here)
+from blockviz.session.spec import DEFAULT_PROMPTS, ENGINE_CONFIG_OPTIONS  # noqa: F401  (commands import them from here)
 from engine.model_source import DEFAULT_MODEL  # the bundled checkpoint
 
-DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -48,10 +48,6 @@ def _non_negative(name: str):
     return _int_at_least(name, 0)
 
 
-# The EngineConfig fields (engine/config.py) the CLI sets, each an option named after it
-# (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
-ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
-                         "preemption_mode", "device", "seed")
 CLI_MAX_TOKENS = 32  # longer completions than SamplingParams' default: there is more to watch
 
 
@@ -115,7 +111,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
 def add_break_on_option(parser: argparse.ArgumentParser) -> None:
     """--break-on KINDS for the TUI commands: playback stops at each event of these kinds."""
     def kinds(text: str) -> frozenset[str]:
-        from blockviz.history import parse_break_on
+        from blockviz.model.timeline import parse_break_on
 
         try:
             return parse_break_on(text)

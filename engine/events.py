@@ -2,7 +2,7 @@
 
 Each mutation of the block manager, and each engine step, emits one event synchronously. Events carry
 plain values only (ints, strs, bools, tuples), copied at emit time, so a subscriber can keep them, a
-trace file can store them, and a reducer (engine/reducer.py) can rebuild the whole picture from them.
+trace file can store them, and a reducer above the engine can rebuild the whole picture from them.
 
 An event is a frozen `msgspec.Struct` (as vLLM's own KV-cache events are,
 vllm/distributed/kv_events.py): declared like a dataclass, built in C, immutable, without a

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.history import Player, Timeline, parse_break_on
-from blockviz.live import EngineSpec
-from blockviz.trace import load_trace
+from blockviz.model.timeline import Timeline, parse_break_on
+from blockviz.model.player import Player
+from blockviz.session.spec import EngineSpec
+from blockviz.model.trace import load_trace
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.engine_bridge import EngineBridge
 from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401  (anyio_backend: the fixture)
@@ -25,7 +26,7 @@ def test_playback_stops_just_after_each_breakpoint_event_and_goes_back_to_the_pr
     player.break_on = parse_break_on("swap_out,swap_in")
     stops = []
     player.toggle_play()
-    player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1  # max: one tick to the end
+    player.speed_index = len(__import__("blockviz.model.player").model.player.SPEEDS) - 1  # max: one tick to the end
     while True:
         player.tick(1.0)
         if player.stopped_at is None:

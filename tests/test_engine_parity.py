@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, check_invariants
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 PROMPTS = [
     "To be, or not to be, that is the question:",

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from blockviz.history import Timeline, state_equal
+from blockviz.model.timeline import Timeline, state_equal
 from blockviz.jupyter import Visualizer, snapshot
-from blockviz.jupyter.snapshot import STATE_CODES, block_state, event_log
+from blockviz.model.view import STATE_CODES, block_state, event_log
 from blockviz.jupyter.visualizer import FrameThrottle
-from blockviz.trace import load_trace, shipped_traces
-from engine.reducer import USED, ReducerState
+from blockviz.model.trace import load_trace, shipped_traces
+from blockviz.model.reducer import USED, ReducerState
 
 TRACES = shipped_traces()
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -349,7 +349,7 @@ def test_live_play_free_runs_to_the_end(tiny_gpt2_dir):
 
 
 def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
-    from blockviz.narration import narrate
+    from blockviz.model.narration import narrate
 
     viz = Visualizer.from_trace("fork-cow")
     event = viz.run_until("fork")

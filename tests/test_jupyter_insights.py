@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.explain import EVICTED, HIT, explain_requests
-from blockviz.history import Timeline
-from blockviz.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
+from blockviz.model.explain import EVICTED, HIT, explain_requests
+from blockviz.model.timeline import Timeline
+from blockviz.model.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
 from blockviz.jupyter import Visualizer
 from blockviz.jupyter.insight_parts import sparkline_points
-from blockviz.jupyter.snapshot import snapshot
-from blockviz.palette import short_hash, show_token
-from blockviz.trace import load_trace
+from blockviz.model.view import snapshot
+from blockviz.model.palette import short_hash, show_token
+from blockviz.model.trace import load_trace
 
 TRACES = ["swap", "recompute", "prefix-hit"]
 

@@ -19,7 +19,7 @@ from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.subscriber import ClientUpdate, Gap, Received
 from blockviz.kvevents.tokens import load_tokenizer
-from blockviz.trace import load_trace
+from blockviz.model.trace import load_trace
 from blockviz.tui.attach_app import AttachApp
 from test_kv_round_trip import WAIT_S, free_ports
 from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)

@@ -183,7 +183,7 @@ def test_vllms_example_subscriber_declarations_read_publish_array_shape():
     """`blockviz publish --array-shape` is for consumers written against vLLM <= 0.23, such as its
     example subscriber: every batch of the shipped eviction trace decodes with those records."""
     from blockviz.kvevents.mapping import step_batches
-    from blockviz.trace import load_trace
+    from blockviz.model.trace import load_trace
 
     trace = load_trace("eviction")
     decoded = []

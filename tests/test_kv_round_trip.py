@@ -24,7 +24,7 @@ from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import Gap, KVEventClient
-from blockviz.trace import TRACES_DIR, read_trace, shipped_traces
+from blockviz.model.trace import TRACES_DIR, read_trace, shipped_traces
 from engine import events as ev
 from jupyter_fixtures import stop_process
 
@@ -93,8 +93,8 @@ def evicting_trace(tmp_path_factory) -> Path:
     """`blockviz run`'s scenario recorded: its prefix cache stores, reuses and evicts (the shipped
     traces either run without a prefix cache or never fill it)."""
     from blockviz.commands.record import record_trace
-    from blockviz.live import EngineSpec
-    from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+    from blockviz.session.spec import EngineSpec
+    from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
 
     spec = EngineSpec.of(**DEFAULT_SCENARIO_OPTIONS, prompts=(), arrivals=DEFAULT_SCENARIO)
     path = tmp_path_factory.mktemp("kv") / "evicting.jsonl"
@@ -190,8 +190,8 @@ def test_two_data_parallel_ranks_are_followed_on_consecutive_ports():
 def test_publish_live_serves_the_engines_own_cache_life(tmp_path):
     """`blockviz publish --live` (`blockviz run`'s scenario) against the same run in this process."""
     from blockviz.kvevents.publishing import live_batches
-    from blockviz.live import EngineSpec
-    from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+    from blockviz.session.spec import EngineSpec
+    from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
 
     engine_events: list = []
     batches = list(live_batches(EngineSpec.of(**DEFAULT_SCENARIO_OPTIONS, prompts=(), arrivals=DEFAULT_SCENARIO),

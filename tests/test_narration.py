@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.history import Timeline
-from blockviz.narration import narrate
-from blockviz.trace import load_trace, resolve_trace_path, shipped_traces
+from blockviz.model.timeline import Timeline
+from blockviz.model.narration import narrate
+from blockviz.model.trace import load_trace, resolve_trace_path, shipped_traces
 
 
 @pytest.mark.parametrize("name", shipped_traces())

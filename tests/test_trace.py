@@ -9,9 +9,9 @@ import pytest
 
 from blockviz.cli import main
 from blockviz.commands.record import record_trace
-from blockviz.history import Timeline, state_equal
-from blockviz.live import EngineSpec
-from blockviz.trace import FORMAT_NAME, FORMAT_VERSION, TraceError, read_trace, write_trace
+from blockviz.model.timeline import Timeline, state_equal
+from blockviz.session.spec import EngineSpec
+from blockviz.model.trace import FORMAT_NAME, FORMAT_VERSION, TraceError, read_trace, write_trace
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from blockviz.tui.app import BlockvizApp
-from blockviz.history import Timeline
+from blockviz.model.timeline import Timeline
 from blockviz.tui.messages import BlockSelected
-from blockviz.live import EngineSpec
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge
-from blockviz.trace import Trace, write_trace
+from blockviz.model.trace import Trace, write_trace
 from blockviz.tui.widgets.event_log import EventLog
-from blockviz.palette import show_token
+from blockviz.model.palette import show_token
 from blockviz.tui.widgets.pool_grid import PoolGrid
 from engine.sequence import SamplingParams
 from test_tui_fake_engine import FakeEngine, run_scenario
@@ -268,9 +268,9 @@ async def test_clicking_a_cell_selects_that_block():
 
 async def test_the_status_bar_says_what_just_happened_on_its_third_line():
     """Stepped event by event to the fork of the shipped fork-cow trace, the status area's third
-    line is blockviz.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
-    from blockviz.narration import narrate
-    from blockviz.trace import load_trace, resolve_trace_path
+    line is blockviz.model.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
+    from blockviz.model.narration import narrate
+    from blockviz.model.trace import load_trace, resolve_trace_path
     from blockviz.tui.widgets.panels import StatusBar
 
     trace = load_trace(resolve_trace_path("fork-cow"))
@@ -406,7 +406,7 @@ async def test_live_play_at_max_speed_runs_to_completion():
     app = live_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=30)
-        app.player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
+        app.player.speed_index = len(__import__("blockviz.model.player").model.player.SPEEDS) - 1
         await pilot.press("space")
         await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=10)
         state = app.player.timeline.state
@@ -433,7 +433,7 @@ class QuietBridge:
 
 async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_once(monkeypatch):
     import blockviz.tui.controller as controller_module
-    from blockviz.history import SPEEDS
+    from blockviz.model.player import SPEEDS
     from blockviz.tui.messages import EngineEvents
 
     monkeypatch.setattr(controller_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
@@ -516,7 +516,7 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
     check the model (engine.model_source), nor on the way to its first frame."""
     script = textwrap.dedent(f"""
         import json, sys
-        from blockviz.live import check_model
+        from blockviz.session.spec import check_model
         check_model({str(tiny_gpt2_dir)!r})
         check_model("tiny-shakespeare")
         seen = {{"checked": "torch" in sys.modules}}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import gc
 import math
 
-from blockviz.history import SPEEDS, Player, Timeline
-from blockviz.trace import load_trace
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import SPEEDS, Player
+from blockviz.model.trace import load_trace
 from blockviz.tui.controller import FRAME_S, MAX_TICK_S, THROUGHPUT_FPS, YOUNG_GC_OBJECTS, GcPolicy, PlaybackController
 
 

@@ -19,8 +19,8 @@ import pytest
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
 from blockviz.tui.engine_process import ProcessBridge
-from blockviz.history import SPEEDS
-from blockviz.live import EngineSpec
+from blockviz.model.player import SPEEDS
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import Listener
 from test_tui_app import _until
 

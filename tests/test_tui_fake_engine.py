@@ -26,7 +26,7 @@ from engine.events import (
     StepStarted,
     TokenGenerated,
 )
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 
 WORDS = (" the", " king", " shall", " be", ",", " my", " lord", "\n", " and", " thou", " art", ".")

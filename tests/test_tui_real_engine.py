@@ -8,11 +8,12 @@ import pytest
 
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
-from blockviz.history import SPEEDS, Timeline, state_equal
-from blockviz.live import EngineSpec
+from blockviz.model.timeline import Timeline, state_equal
+from blockviz.model.player import SPEEDS
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge
-from blockviz.trace import read_trace
-from engine.reducer import ReducerState
+from blockviz.model.trace import read_trace
+from blockviz.model.reducer import ReducerState
 from test_tui_app import _until, screen_text
 
 engine_module = pytest.importorskip("engine")

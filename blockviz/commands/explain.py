@@ -1,7 +1,7 @@
 """`blockviz explain --prompt A --prompt B [...] [engine options]`: why each prompt's prefix lookup
 hit or missed. The prompts run through the real engine one after another (each to completion, so
 a later one meets what the earlier ones left in the cache, or `--together` in one batch), with
-prefix caching on; then each request's chain is printed block by block (blockviz/explain.py).
+prefix caching on; then each request's chain is printed block by block (blockviz/model/explain.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def add_parser(subparsers) -> None:
 
 def execute(args) -> int:
     from blockviz.commands.generate import load_engine
-    from blockviz.explain import explain_requests
-    from blockviz.live import one_line
+    from blockviz.model.explain import explain_requests
+    from blockviz.session.spec import one_line
 
     if not args.prompts:
         raise UsageError("give the prompts to compare: --prompt A --prompt B ...")

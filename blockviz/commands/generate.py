@@ -28,7 +28,7 @@ class Recorder:
     (generate's summary, compare's columns)."""
 
     def __init__(self, header: dict) -> None:
-        from engine.reducer import ReducerState
+        from blockviz.model.reducer import ReducerState
 
         self.state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
         self.final_tables: dict[int, list[tuple[str, int]]] = {}
@@ -49,7 +49,7 @@ class Recorder:
 
 
 def execute(args) -> int:
-    from blockviz.live import one_line
+    from blockviz.session.spec import one_line
     from engine.llm import LLM
 
     spec, engine = load_engine(args)
@@ -72,7 +72,7 @@ def execute(args) -> int:
 
 def load_engine(args):
     """The spec of the options and its engine, or UsageError (one line) before or while loading."""
-    from blockviz.live import EngineSpec, one_line, quiet_model_loading
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     spec = EngineSpec.from_args(args)
     spec.check_all()

@@ -16,7 +16,7 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
 
 def add_parser(subparsers) -> None:
     from blockviz.commands.run import RUN_DEFAULTS
-    from blockviz.trace import shipped_traces
+    from blockviz.model.trace import shipped_traces
 
     parser = subparsers.add_parser(
         "publish", help="publish a trace or a live engine as vLLM KV-cache events over ZMQ",
@@ -63,7 +63,7 @@ def execute(args) -> int:
 
 def _trace_batches(name: str):
     from blockviz.kvevents.mapping import step_batches
-    from blockviz.trace import TraceError, load_trace
+    from blockviz.model.trace import TraceError, load_trace
 
     try:
         trace = load_trace(name)
@@ -75,9 +75,9 @@ def _trace_batches(name: str):
 def _live_batches(args):
     """The live engine's batches (a generator: the engine starts when the first is asked for);
     everything that can be known wrong is checked now, as `blockviz run` checks it."""
-    from blockviz.scenario import DEFAULT_SCENARIO
+    from blockviz.session.scenario import DEFAULT_SCENARIO
     from blockviz.kvevents.publishing import live_batches
-    from blockviz.live import EngineSpec, quiet_model_loading
+    from blockviz.session.spec import EngineSpec, quiet_model_loading
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
     spec.check_all()

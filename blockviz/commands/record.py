@@ -2,7 +2,7 @@
 
 The trace is a header line (format "blockviz-trace", version, blockviz version, model, block size,
 pool sizes, prefix caching, prompts, n, max_tokens, seed) then one event per line; see
-blockviz/trace.py. Progress goes to stderr. The file appears only once the run is complete.
+blockviz/model/trace.py. Progress goes to stderr. The file appears only once the run is complete.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
     work left) raises and leaves no trace behind."""
-    from blockviz.trace import TraceWriter, make_header
-    from engine.reducer import ReducerState
+    from blockviz.model.trace import TraceWriter, make_header
+    from blockviz.model.reducer import ReducerState
 
     engine = engine if engine is not None else spec.make_engine()
     header = make_header(engine.trace_header(), **spec.run_header(), **(extra_header or {}))
@@ -90,7 +90,7 @@ def add_parser(subparsers) -> None:
         description="Run the engine to completion with no UI and write every event to a JSON-lines "
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
-    from blockviz.scenario import DEFAULT_SCENARIO_OPTIONS
+    from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS
 
     # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
     pools = {k: DEFAULT_SCENARIO_OPTIONS[k] for k in ("num_gpu_blocks", "num_cpu_blocks")}
@@ -98,7 +98,7 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineSpec, one_line, quiet_model_loading
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     out = Path(args.out)
     if out.is_dir():

@@ -21,7 +21,7 @@ from blockviz.cli import OneLineParser, UsageError, _int_at_least
 SERVED = ("run", "replay")
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 DEVICE_CHECK_LIMIT_S = 300  # importing torch on a cold disk; a limit, not a measurement
-DEVICE_CHECK = ("import sys\nfrom blockviz.errors import UsageError\nfrom blockviz.live import check_device\n"
+DEVICE_CHECK = ("import sys\nfrom blockviz.errors import UsageError\nfrom blockviz.session.spec import check_device\n"
                 "try:\n    check_device(sys.argv[1])\nexcept UsageError as exc:\n    sys.exit(str(exc))\n")
 
 

@@ -1,6 +1,6 @@
 """The Visualizer's insight views and breakpoints: what a picture of the pools does not say.
 
-`InsightPanel` keeps a blockviz.insights.Insights fed from the Visualizer's timeline (lazily: only
+`InsightPanel` keeps a blockviz.model.insights.Insights fed from the Visualizer's timeline (lazily: only
 the events it has not seen) and adds to each frame the parts of the views being looked at: the
 prefix-lookup explainer, the preemption ledger and memory truth sit in an accordion, collapsed at
 first, and a part is computed only for the open section or a view displayed on its own
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets
 
-from blockviz.insights import Insights
+from blockviz.model.insights import Insights
 from blockviz.jupyter.insight_parts import explain_part, ledger_part, memory_part
 from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView
 from engine import events as ev
@@ -104,7 +104,7 @@ class InsightPanel:
 
     def explain(self, request_id: str | None) -> Any:
         """Show `request_id`'s prefix lookup (None: follow the selected block again); returns its
-        blockviz.explain.Explanation as of the cursor, or None if it was not allocated by then."""
+        blockviz.model.explain.Explanation as of the cursor, or None if it was not allocated by then."""
         viz = self.viz
         with viz._lock:
             self.picked = None if request_id is None else str(request_id)
@@ -114,7 +114,7 @@ class InsightPanel:
         return found
 
     def ledger(self) -> list:
-        """The preemptions by the cursor (blockviz.insights.Preemption: victim, mode, blocks,
+        """The preemptions by the cursor (blockviz.model.insights.Preemption: victim, mode, blocks,
         tokens lost, steps until resumed), what the ledger view draws."""
         with self.viz._lock:
             self.insights.sync(self.viz.timeline.events)

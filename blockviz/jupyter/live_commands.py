@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from blockviz.live import one_line
+from blockviz.session.spec import one_line
 
 
 class LiveCommands:

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from blockviz.history import Player
-from blockviz.live import one_line
+from blockviz.model.player import Player
+from blockviz.session.spec import one_line
 from engine import events as ev
 
 MAX_FPS = 20

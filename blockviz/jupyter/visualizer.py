@@ -24,16 +24,17 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.history import Player, Timeline
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
-from blockviz.jupyter.snapshot import cursor_line, event_log, snapshot, summary_text
+from blockviz.model.view import cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
-from blockviz.trace import Trace, engine_title, load_trace
+from blockviz.model.trace import Trace, engine_title, load_trace
 from engine import events as ev
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 class Visualizer(LiveCommands):
     """Pools, block tables, hash chains, event log, inspector, controls and breakpoints over one
@@ -313,7 +314,7 @@ class Visualizer(LiveCommands):
 
     def set_speed(self, speed: float | str | int) -> None:
         """Playback speed: events per second (one of history.SPEEDS) or "max"."""
-        from blockviz.history import SPEEDS
+        from blockviz.model.player import SPEEDS
 
         value = float("inf") if speed == "max" else float(speed)
         if value not in SPEEDS:

@@ -1,7 +1,7 @@
-"""The blockviz TUI: a thin App over a Timeline (blockviz/history.py) and the views (widgets/).
+"""The blockviz TUI: a thin App over a Timeline (blockviz/model/timeline.py) and the views (widgets/).
 
 A live run (`blockviz run`) drives a Bridge (blockviz/tui/bridge.py) in a Textual thread worker; a
-replay (`blockviz replay`) reads a Trace (blockviz/trace.py) and never imports torch. Either way the
+replay (`blockviz replay`) reads a Trace (blockviz/model/trace.py) and never imports torch. Either way the
 views draw only the reducer's state at the timeline's cursor, so stepping, playing and time travel
 are the same code for both. Playback policy (frame timers, throughput mode, the garbage collector)
 lives in the PlaybackController (controller.py), which the App gets once the timeline exists.
@@ -20,10 +20,11 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
-from blockviz.history import Player, Timeline
-from blockviz.insights import Insights, ledger_totals, memory_truth
-from blockviz.narration import narrate
-from blockviz.trace import Trace, engine_title
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import Player
+from blockviz.model.insights import Insights, ledger_totals, memory_truth
+from blockviz.model.narration import narrate
+from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any, Callable, Protocol
 
-from blockviz.history import Player
+from blockviz.model.player import Player
 from blockviz.tui.bridge import Bridge
 
 FRAME_S = 1 / 30

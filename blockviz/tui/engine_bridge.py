@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from blockviz.live import EngineSpec, one_line, quiet_model_loading
+from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 from engine.events import Event
 
 

@@ -27,7 +27,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from blockviz.live import EngineSpec, one_line
+from blockviz.session.spec import EngineSpec, one_line
 from blockviz.tui.engine_bridge import EngineBridge, Listener
 
 STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)

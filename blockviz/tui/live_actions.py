@@ -4,7 +4,7 @@ Mixins of the App, kept apart so the App reads as layout, messages and playback.
 
 from __future__ import annotations
 
-from blockviz.history import parse_break_on
+from blockviz.model.timeline import parse_break_on
 from blockviz.tui.widgets.screens import AskScreen
 
 

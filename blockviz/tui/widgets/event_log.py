@@ -18,7 +18,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Select
 
-from blockviz.palette import FILTERS, MEMORY, describe, event_number  # noqa: F401 (the log's words live in palette)
+from blockviz.model.palette import FILTERS, MEMORY, describe, event_number  # noqa: F401 (the log's words live in palette)
 from engine import events as ev
 
 _KIND_STYLES = {

@@ -18,7 +18,7 @@ from textual.widgets.tree import TreeNode
 from blockviz.kvevents.protocol import BlockHash
 from blockviz.kvevents.state import NOT_SENT, NOT_SENT_BY_VLLM, KVEventState
 from blockviz.kvevents.tokens import TokenText
-from blockviz.palette import short_hash, sparkline
+from blockviz.model.palette import short_hash, sparkline
 from blockviz.tui.widgets.panels import StatePanel
 
 MAX_LABEL_TOKENS_CHARS = 48

@@ -8,9 +8,9 @@ from functools import cached_property
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
-from blockviz.history import Timeline
-from blockviz.palette import pool_counts, touched_blocks
-from blockviz.insights import Insights, MemoryTruth
+from blockviz.model.timeline import Timeline
+from blockviz.model.palette import pool_counts, touched_blocks
+from blockviz.model.insights import Insights, MemoryTruth
 from blockviz.tui.widgets.event_log import EventLogPanel
 from blockviz.tui.widgets.insight_panels import ExplainPanel, LedgerPanel, MemoryPanel
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains

@@ -17,7 +17,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
-from blockviz.palette import (
+from blockviz.model.palette import (
     block_state_name,
     block_tint,
     block_token_texts,
@@ -30,7 +30,7 @@ from blockviz.palette import (
     tokens_text,
 )
 from engine import events as ev
-from engine.reducer import USED, BlockState, ReducerState
+from blockviz.model.reducer import USED, BlockState, ReducerState
 
 
 def _select_seq_style(seq_id: int) -> Style:
@@ -307,7 +307,7 @@ class StatusBar(Widget):
     beside slots holding tokens, empty slots in last blocks, what a max-length reservation would
     use) and the preemption ledger's totals. A narrow bar leaves out the least needed fields of
     each (the pool titles repeat the block counts). The third: what just happened
-    (blockviz.narration), cut with an ellipsis. `deterministic` hides tokens/s (snapshots never
+    (blockviz.model.narration), cut with an ellipsis. `deterministic` hides tokens/s (snapshots never
     show a clock)."""
 
     DEFAULT_CSS = """

@@ -23,7 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from blockviz.tui.messages import BlockSelected
-from blockviz.palette import (
+from blockviz.model.palette import (
     CACHED_STYLE,
     FREE_STYLE,
     SELECTED_STYLE,
@@ -31,7 +31,7 @@ from blockviz.palette import (
     fill_glyph,
     seq_colour,
 )
-from engine.reducer import USED, BlockState, ReducerState
+from blockviz.model.reducer import USED, BlockState, ReducerState
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"

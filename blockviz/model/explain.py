@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockviz.palette import event_number, short_hash  # as every view shows them
+from blockviz.model.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"

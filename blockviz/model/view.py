@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockviz.narration import narrate
-from blockviz.palette import (
+from blockviz.model.narration import narrate
+from blockviz.model.palette import (
     FILTERS,
     block_token_texts,
     describe,
@@ -25,7 +25,7 @@ from blockviz.palette import (
     touched_blocks,
 )
 from engine import events as ev
-from engine.reducer import USED, BlockState, ReducerState
+from blockviz.model.reducer import USED, BlockState, ReducerState
 
 STATE_CODES = {"used": "u", "cached": "c", "free": "f"}  # one character per block in "state"
 MAX_TABLES = 32  # sequences shown in the block tables (those holding blocks first)
@@ -215,7 +215,7 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
 
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
     """What the controls show: position, length, step, playing, speed, what the last event did (one
-    sentence, blockviz.narration, as the TUI's status bar says it), and an engine error (one line)
+    sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)
     if there was one. `timeline` / `player` are history's."""
     current = timeline.current_event
     return {

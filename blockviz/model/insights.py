@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
-from engine.reducer import USED, ReducerState
+from blockviz.model.reducer import USED, ReducerState
 
 
 @dataclass(slots=True)
@@ -185,7 +185,7 @@ class Insights:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  enable_prefix_caching: bool = True) -> None:
-        from blockviz.explain import Explainer
+        from blockviz.model.explain import Explainer
 
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
         self.explainer = Explainer(enable_prefix_caching)

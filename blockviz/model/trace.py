@@ -7,7 +7,7 @@ trace needs no model and no torch (this module imports only `engine.events`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
 a trace, a trace from a newer blockviz, or the number of the first corrupted line: a line that does
-not parse, or an event that does not make sense where it stands (blockviz/trace_check.py).
+not parse, or an event that does not make sense where it stands (blockviz/model/trace_check.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable
 
-from blockviz.trace_check import TraceChecker
+from blockviz.model.trace_check import TraceChecker
 from engine.events import Event, event_from_dict
 
-TRACES_DIR = Path(__file__).resolve().parent / "traces"  # the shipped traces (package data)
+TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"  # the shipped traces (package data)
 FORMAT_NAME = "blockviz-trace"
 FORMAT_VERSION = 1
 REQUIRED_HEADER_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks")

@@ -7,13 +7,13 @@ the same one the views draw), then applies it. The rules are the block manager's
 allocated only when free, a ref count moves by one per reference, a sequence appends into its own
 table, a hit names a registered hash, an eviction a free-but-cached block.
 
-No torch, no textual: blockviz/trace.py calls it on every event it reads.
+No torch, no textual: blockviz/model/trace.py calls it on every event it reads.
 """
 
 from __future__ import annotations
 
 from engine import events as ev
-from engine.reducer import CACHED, FREE, USED, ReducerState
+from blockviz.model.reducer import CACHED, FREE, USED, ReducerState
 
 
 class TraceChecker:

@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 
 from engine import events as ev
-from engine.reducer import USED, BlockState, ReducerState
+from blockviz.model.reducer import USED, BlockState, ReducerState
 
 # Distinct, dark-on-light-readable hues for sequences (index = seq_id % len).
 SEQ_COLOURS = (

@@ -3,14 +3,14 @@
 `narrate(event, state)` turns the event the cursor just passed, and the reducer's state after it,
 into a sentence that says what the block manager did and why it matters (a fork shares blocks, a
 copy-on-write gives a branch its own copy, a hit skips computation...). The event log keeps the
-terse form (blockviz.palette.describe); both views and the Jupyter widgets can show this.
+terse form (blockviz.model.palette.describe); both views and the Jupyter widgets can show this.
 No textual import: a pure function, tested without a terminal.
 """
 
 from __future__ import annotations
 
 from engine import events as ev
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 
 def _blocks(numbers) -> str:

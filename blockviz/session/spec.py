@@ -11,10 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from blockviz.cli import DEFAULT_PROMPTS
 from blockviz.errors import UsageError
-from blockviz.scenario import Arrival, admit_arrivals
+from blockviz.session.scenario import Arrival, admit_arrivals
 from engine.config import EngineConfig
+
+DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
+# The EngineConfig fields (engine/config.py) a command line sets, each an option named after it
+# (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
+ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
+                         "preemption_mode", "device", "seed")
 
 
 def one_line(exc: BaseException) -> str:
@@ -27,7 +32,7 @@ def one_line(exc: BaseException) -> str:
 class EngineSpec:
     """What to run: an EngineConfig (engine/config.py: model, block size, pools, prefix caching,
     preemption mode, device, seed...) and the requests: `prompts` at once, `arrivals` as the engine
-    steps (blockviz/scenario.py), each sampled with `n`, `max_tokens` and `temperature`."""
+    steps (blockviz/session/scenario.py), each sampled with `n`, `max_tokens` and `temperature`."""
 
     config: EngineConfig = field(default_factory=EngineConfig)
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
@@ -47,8 +52,6 @@ class EngineSpec:
     def from_args(cls, args: Any, default_arrivals: tuple[Arrival, ...] = ()) -> "EngineSpec":
         """The spec of the parsed CLI options; with no --prompt, `default_arrivals` when given (the
         scenario `blockviz run` plays), else the default prompts."""
-        from blockviz.cli import ENGINE_CONFIG_OPTIONS
-
         if args.prompts:
             prompts, arrivals = tuple(args.prompts), ()
         else:
@@ -112,7 +115,7 @@ class EngineSpec:
                                  f"shorten it to at most {context - 1}")
 
     def admit_arrivals(self, engine, pending: list[Arrival], steps_done: int) -> list[str]:
-        """Queue the arrivals due after `steps_done` steps (blockviz.scenario.admit_arrivals)."""
+        """Queue the arrivals due after `steps_done` steps (blockviz.session.scenario.admit_arrivals)."""
         return admit_arrivals(engine, pending, steps_done, self.sampling_params)
 
     def sampling_params(self, n: int | None = None):
