@@ -110,11 +110,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
 
 def add_break_on_option(parser: argparse.ArgumentParser) -> None:
     """--break-on KINDS for the TUI commands: playback stops at each event of these kinds."""
-    def kinds(text: str) -> frozenset[str]:
-        from blockviz.model.timeline import parse_break_on
+    def kinds(text: str) -> frozenset:
+        from engine.events import event_classes
 
         try:
-            return parse_break_on(text)
+            return event_classes(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -20,16 +20,6 @@ from blockviz.model.reducer import ReducerState
 SNAPSHOT_EVERY = 256
 
 
-def parse_break_on(text: str) -> frozenset[str]:
-    """Event kinds from a comma-separated list ("copy_on_write,swap_out"); a ValueError names an
-    unknown one and lists the kinds."""
-    kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(kinds - set(ev.EVENT_TYPES))
-    if unknown:
-        raise ValueError(f"unknown event kind {', '.join(unknown)}: the kinds are {', '.join(sorted(ev.EVENT_TYPES))}")
-    return kinds
-
-
 def state_equal(a: ReducerState, b: ReducerState) -> bool:
     """Two reducer states hold the same picture (every attribute equal)."""
     return vars(a) == vars(b)
@@ -82,17 +72,22 @@ class Timeline:
         """Add events at the end (the cursor does not move)."""
         for event in events:
             self.events.append(event)
-            kind = event.type
-            if kind == "step_finished":
-                self.step_ends.append(len(self.events))
-                self._step_stats.append((self._tokens_since_step, event.duration_s))
-                self._tokens_since_step = 0
-            elif kind == "token_generated":
-                self._tokens_since_step += 1
-                self.token_texts.setdefault(event.token_id, event.text)
-            elif kind == "request_added":
-                for token_id, text in zip(event.prompt_token_ids, event.prompt_tokens_text):
-                    self.token_texts.setdefault(token_id, text)
+            note = _NOTES.get(type(event))
+            if note is not None:
+                note(self, event)
+
+    def _step_finished(self, event: ev.StepFinished) -> None:
+        self.step_ends.append(len(self.events))
+        self._step_stats.append((self._tokens_since_step, event.duration_s))
+        self._tokens_since_step = 0
+
+    def _token_generated(self, event: ev.TokenGenerated) -> None:
+        self._tokens_since_step += 1
+        self.token_texts.setdefault(event.token_id, event.text)
+
+    def _request_added(self, event: ev.RequestAdded) -> None:
+        for token_id, text in zip(event.prompt_token_ids, event.prompt_tokens_text):
+            self.token_texts.setdefault(token_id, text)
 
     def seek(self, position: int) -> bool:
         """Move the cursor to `position` (clamped to [0, len]); returns whether it moved."""
@@ -140,17 +135,17 @@ class Timeline:
         """Engine steps finished at the cursor."""
         return bisect.bisect_right(self.step_ends, self.position)
 
-    def next_of(self, kinds: frozenset[str], start: int, stop: int) -> int | None:
-        """The position just after the first event of one of `kinds` among events[start:stop]."""
+    def next_of(self, kinds: frozenset[type[ev.Event]], start: int, stop: int) -> int | None:
+        """The position just after the first event of one of the records `kinds` among events[start:stop]."""
         for index in range(start, min(stop, len(self.events))):
-            if self.events[index].type in kinds:
+            if type(self.events[index]) in kinds:
                 return index + 1
         return None
 
-    def previous_of(self, kinds: frozenset[str]) -> int | None:
-        """The position just after the last event of one of `kinds` before the cursor's event."""
+    def previous_of(self, kinds: frozenset[type[ev.Event]]) -> int | None:
+        """The position just after the last event of one of the records `kinds` before the cursor's event."""
         for index in range(self.position - 2, -1, -1):
-            if self.events[index].type in kinds:
+            if type(self.events[index]) in kinds:
                 return index + 1
         return None
 
@@ -162,3 +157,11 @@ class Timeline:
         if not stats or duration <= 0:
             return None
         return sum(n for n, _ in stats) / duration
+
+
+# What Timeline.extend notes of an event, by its record.
+_NOTES = {
+    ev.StepFinished: Timeline._step_finished,
+    ev.TokenGenerated: Timeline._token_generated,
+    ev.RequestAdded: Timeline._request_added,
+}
