@@ -76,7 +76,7 @@ class PrefixCacheHit(Event):
 
 
 class BlockHashed(Event):
-    """A full block got its chained hash (seed 002 compute_hash). `registered` is False when an
+    """A full block got its chained hash (nano-vllm BlockManager.compute_hash). `registered` is False when an
     identical block already sits in the hash map (the map is never overwritten)."""
 
     type: ClassVar[str] = "block_hashed"
@@ -172,7 +172,7 @@ class SequenceFreed(Event):
 
 
 class BlockEvicted(Event):
-    """A free-but-cached block lost its hash so it can be reused (LRU, seed 002 / vLLM LRUEvictor)."""
+    """A free-but-cached block lost its hash so it can be reused (LRU, vLLM v0's LRUEvictor)."""
 
     type: ClassVar[str] = "block_evicted"
 
