@@ -19,6 +19,7 @@ from textual.widgets import Select
 
 from blockviz.model.narration import FILTERS
 from blockviz.model.view import LogIndex, log_row
+from blockviz.tui.widgets.panels import DrawnWhenShown
 from engine import events as ev
 
 _KIND_STYLES = {
@@ -105,7 +106,7 @@ class EventLog(ScrollView, can_focus=True):
         return Strip([Segment(text, style)], width).apply_style(self.rich_style)
 
 
-class EventLogPanel(Vertical):
+class EventLogPanel(DrawnWhenShown, Vertical):
     """The log with its filter (a Select of event kinds)."""
 
     DEFAULT_CSS = """
@@ -137,13 +138,6 @@ class EventLogPanel(Vertical):
         event.stop()
         self.log_view.set_filter(FILTERS.get(str(event.value)))
 
-    def show(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
-        """Show events up to `position` now if visible, else when the panel is next shown."""
-        self._last = (events, position, vocab)
-        if self.display:
-            self.log_view.show(events, position, vocab)
-
-    def on_show(self) -> None:
-        last = getattr(self, "_last", None)
-        if last is not None:
-            self.log_view.show(*last)
+    def draw(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
+        """Show events up to `position` (DrawnWhenShown.show calls this once the panel is visible)."""
+        self.log_view.show(events, position, vocab)

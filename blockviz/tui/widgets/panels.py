@@ -31,7 +31,25 @@ def _select_seq_style(seq_id: int) -> Style:
     return Style.from_meta({"@click": f"app.select_sequence({seq_id})"})
 
 
-class StatePanel(VerticalScroll):
+class DrawnWhenShown:
+    """`show(...)` draws now if the widget is visible, else keeps the arguments and draws when it is
+    next shown (a hidden view costs nothing per frame). Subclasses define `draw`."""
+
+    def show(self, *args, **kwargs) -> None:
+        self._last = (args, kwargs)
+        if self.display:
+            self.draw(*args, **kwargs)
+
+    def on_show(self) -> None:
+        last = getattr(self, "_last", None)
+        if last is not None:
+            self.draw(*last[0], **last[1])
+
+    def draw(self, *args, **kwargs) -> None:
+        raise NotImplementedError
+
+
+class StatePanel(DrawnWhenShown, VerticalScroll):
     """A bordered, scrolling panel whose body is re-rendered from the reducer's state."""
 
     DEFAULT_CSS = """
@@ -69,20 +87,6 @@ class StatePanel(VerticalScroll):
     def set_rows(self, rows: list[RenderableType], empty: str = "no sequences yet") -> None:
         """One row per sequence, or a dim line saying there is none yet."""
         self.set_body(Group(*rows) if rows else Text(empty, style="dim"))
-
-    def show(self, *args, **kwargs) -> None:
-        """Render from the given state now if visible, else when the panel is next shown."""
-        self._last = (args, kwargs)
-        if self.display:
-            self.draw(*args, **kwargs)
-
-    def on_show(self) -> None:
-        last = getattr(self, "_last", None)
-        if last is not None:
-            self.draw(*last[0], **last[1])
-
-    def draw(self, *args, **kwargs) -> None:
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------- block tables
