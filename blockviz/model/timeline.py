@@ -1,7 +1,8 @@
 """Time travel over an event stream: a cursor into the events, and the reducer state at the cursor.
 
-`Timeline` keeps every event it was given, a reducer snapshot every `snapshot_every` events, and the
-state at `position` (the number of events applied). Seeking forward applies events; seeking back
+`Timeline` keeps every event it was given, reducer snapshots spaced by at least `snapshot_every`
+events (and by the state's size: see `_take_snapshot`), and the state at `position` (the number of
+events applied). Seeking forward applies events; seeking back
 restores the nearest snapshot at or before the target and replays from there, so stepping back N
 events and forward N again lands on exactly the same state.
 
@@ -30,6 +31,7 @@ class Timeline:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  snapshot_every: int | None = None) -> None:
+        self._spaced_by_size = snapshot_every is None  # a given spacing is kept exactly (tests)
         if snapshot_every is None:
             # A snapshot costs about a pool's worth of work and replaying an event far less: one
             # snapshot per four pools' worth of events keeps snapshots cheap per event while a seek
@@ -44,7 +46,10 @@ class Timeline:
         self.events: list[ev.Event] = []
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
         self.position = 0
-        self._snapshots: dict[int, tuple] = {0: self.state.freeze()}  # position -> ReducerState.freeze()
+        self._snapshots: dict[int, tuple] = {}  # position -> ReducerState.freeze()
+        self._snapshot_at: list[int] = []  # the positions of the snapshots, in order
+        self._next_snapshot = 0
+        self._take_snapshot(0)
         self.step_ends: list[int] = []  # positions just after each step_finished
         self._step_stats: list[tuple[int, float]] = []  # (tokens generated, duration_s) per step
         self._tokens_since_step = 0
@@ -95,21 +100,33 @@ class Timeline:
         if position == self.position:
             return False
         if position < self.position:
-            base = position - position % self.snapshot_every
-            while base not in self._snapshots:  # only possible for positions never reached
-                base -= self.snapshot_every
+            index = bisect.bisect_right(self._snapshot_at, position) - 1
+            base = self._snapshot_at[index]
             self.state = ReducerState.thaw(self._snapshots[base])
             self.position = base
-        state, every = self.state, self.snapshot_every
+        state = self.state
         start = self.position
-        while start < position:  # fold up to each snapshot boundary in one batch
-            stop = min(position, (start // every + 1) * every)
+        while start < position:  # fold up to the next snapshot point in one batch
+            stop = min(position, self._next_snapshot) if start < self._next_snapshot else position
             state.apply_all(self.events[start:stop])
-            if stop % every == 0 and stop not in self._snapshots:
-                self._snapshots[stop] = state.freeze()
+            if stop == self._next_snapshot:
+                self._take_snapshot(stop)
             start = stop
         self.position = position
         return True
+
+    def _take_snapshot(self, position: int) -> None:
+        """Keep the state at `position` (the cursor's, just folded) and say where the next one goes:
+        `snapshot_every` events on, or as many events as the snapshot holds items, whichever is
+        more. A snapshot copies the whole state (every block, sequence and request), so spacing
+        them by its size keeps their memory linear in the events of a long live run, where a fixed
+        spacing would grow with the square of it; a seek back replays at most that many events,
+        about what thawing the snapshot costs anyway."""
+        frozen = self.state.freeze()
+        self._snapshots[position] = frozen
+        self._snapshot_at.append(position)
+        size = self.state.size() if self._spaced_by_size else 0
+        self._next_snapshot = position + max(self.snapshot_every, size)
 
     def forward(self, count: int = 1) -> bool:
         return self.seek(self.position + count)
