@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from blockviz.kvevents.mapping import step_batches
-from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch
+from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch, WireShape
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.subscriber import ClientUpdate, Gap, Received
 from blockviz.kvevents.tokens import load_tokenizer
 from blockviz.trace import load_trace
 from blockviz.tui.attach_app import AttachApp
+from blockviz.tui.messages import KVEventsArrived
 from test_kv_round_trip import WAIT_S, free_ports
 from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
 
@@ -106,6 +107,39 @@ async def test_attach_shows_removals_gaps_and_token_ids_without_a_tokenizer():
     assert "1 batch lost" in text
 
 
+async def test_attach_shows_tiers_groups_the_wire_and_a_restart():
+    """vLLM 0.33's newest fields where they matter: a block offloaded to a remote CPU tier, the
+    KV-cache group's kind, the wire format seen (with the replay's topic frame), and a publisher
+    restart that starts the rank's picture again."""
+    map_events = WireShape(batch_array=True, event_arrays=False)
+    updates = [
+        ClientUpdate([
+            Received(0, 0, EventBatch(0.0, (BlockStored((0xAB << 56,), None, (31, 32), 2, medium="GPU", group_idx=0,
+                                                        kv_cache_spec_kind="full_attention", session_id="chat-7"),), 0),
+                     True, map_events),
+            Received(0, 1, EventBatch(1.0, (BlockStored((0xCD << 56,), 0xAB << 56, (33, 34), 2, medium="CPU",
+                                                        locality="REMOTE", ownership="kvcr"),), 0), True, map_events),
+        ], replay_topic=True),
+        ClientUpdate([Received(0, 0, EventBatch(2.0, (BlockStored((0xEF << 56,), None, (35, 36), 2, medium="GPU"),), 0),
+                               False, map_events, restarted=True)],
+                     notices=["rank 0: sequence numbers went back from #1 to #0: the publisher restarted; "
+                              "the picture of this rank starts again"]),
+    ]
+    app = AttachApp("tcp://vllm:5557", "tcp://vllm:5558", client_factory=lambda *a, **k: ScriptedClient(updates[:1]))
+    async with app.run_test(size=(180, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.num_batches == 2)
+        before = screen_text(app)
+        app.post_message(KVEventsArrived(updates[1]))
+        await wait_until(pilot, lambda: app.state.num_batches == 3)
+        after = screen_text(app)
+    assert "ab000000 31 32  rank 0  session chat-7" in before
+    assert "cd000000 33 34  rank 0 CPU remote" in before  # the tier, where it is not the GPU
+    assert "CPU remote" in before and "KV-cache groups: 0 full_attention" in before
+    assert "wire vLLM 0.26 or later: array batch, map events, topic in replay" in before
+    assert "ab000000 31 32  removed" in after and "ef000000 35 36  rank 0" in after  # reset at the restart
+    assert "publisher restarted 1×" in after and "went back from #1 to #0" in after
+
+
 # ------------------------------------------------------------------------- the command line
 
 
@@ -130,6 +164,9 @@ def blockviz(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["publish", "prefix-hit", "--endpoint", "tcp://127.0.0.1"], "--endpoint must look like"),
     (["publish", "prefix-hit", "--rate", "-1"], "--rate must be a finite number >= 0"),
     (["publish", "--live", "--no-prefix-caching"], "without a prefix cache"),
+    (["publish", "prefix-hit", "--vllm-version", "0.8"], "blockviz knows the KV events of vLLM 0.9 to 0.33"),
+    (["publish", "prefix-hit", "--vllm-version", "newest"], "--vllm-version must look like 0.33"),
+    (["attach", "tcp://[1::2::3]:5557"], "[1::2::3] is not an IPv6 address"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     result = blockviz(*args)

@@ -189,12 +189,12 @@ class WireShape:
     def describe(self) -> str:
         """Which releases send this shape, and the shape, in one phrase."""
         if not self.batch_array:
-            return "map batch (blockviz publish before the vLLM 0.33 format; no vLLM release)"
+            return "a map batch: blockviz publish before it wrote vLLM 0.33's format (no vLLM release)"
         if self.event_arrays is None:
-            return "array batch, no events yet"
+            return "an array batch, no events yet"
         if self.event_arrays:
-            return f"{WIRE_FORMATS[0].releases} (array batch, events as tagged arrays)"
-        return f"vLLM {release_text(WIRE_FORMATS[1].first)} or later (array batch, events as maps)"
+            return f"{WIRE_FORMATS[0].releases}: array batch, tagged-array events"
+        return f"vLLM {release_text(WIRE_FORMATS[1].first)} or later: array batch, map events"
 
 
 # --------------------------------------------------------------------------- decoding

@@ -344,8 +344,7 @@ class KVEventState:
 
     def wire_summary(self) -> str:
         """What the wire said about the sender's vLLM: the batch shape, and the replay framing
-        once a replay answered ("vLLM 0.26 or later: array batch, events as maps, topic in
-        replay answers")."""
+        once a replay answered ("vLLM 0.26 or later: array batch, map events, topic in replay")."""
         shapes = self.shapes
         if not shapes:
             return "no batch yet"
@@ -355,5 +354,5 @@ class KVEventState:
         if self.replay_topic is None or not shape.batch_array or shape.event_arrays is not False:
             return shape.describe()
         if self.replay_topic:
-            return f"vLLM {release_text(WIRE_FORMATS[2].first)} or later (array batch, events as maps, topic in replay answers)"
-        return f"{WIRE_FORMATS[1].releases} (array batch, events as maps, no topic in replay answers)"
+            return f"vLLM {release_text(WIRE_FORMATS[2].first)} or later: array batch, map events, topic in replay"
+        return f"{WIRE_FORMATS[1].releases}: array batch, map events, no topic in replay"

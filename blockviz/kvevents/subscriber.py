@@ -238,7 +238,8 @@ class StreamFollower:
         result = self._replay(first, None)
         self._deliver_replayed(update, result)
         if result.batches:
-            update.gaps.append(Gap(self.stream, first, result.batches[-1][0], len(result.batches), True, joined_late))
+            update.gaps.append(Gap(self.stream, first, result.batches[-1][0], len(result.batches), True, joined_late,
+                                   result.ended))
         if not result.ended:
             update.notices.append(self._unended(first, result))
         return update
