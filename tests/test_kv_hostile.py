@@ -17,7 +17,7 @@ import tracemalloc
 import pytest
 import zmq
 
-from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch, seq_bytes
+from blockviz.kvevents.protocol import MAX_PAYLOAD_BYTES, BlockRemoved, BlockStored, encode_batch, seq_bytes
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.state import MAX_REMOVED_KEPT, KVEventState
 from blockviz.kvevents.subscriber import KVEventClient
@@ -53,11 +53,13 @@ def follow(frames: list[tuple[int, bytes]], until, replay: str | None = None, **
     return state
 
 
-def test_a_deeply_nested_payload_is_a_notice_and_the_next_batches_arrive():
+def test_deeply_nested_and_oversized_payloads_are_notices_and_the_next_batches_arrive():
     nested = b"\x91" * 100_000 + b"\x01"  # one 100 KB message
-    state = follow([(0, stored(1)), (1, nested), (2, stored(2, 1))], lambda s: s.num_batches == 2)
-    assert logged(state, "stored") == [1, 2] and state.num_lost_batches == 0
+    oversized = b"\x00" * (MAX_PAYLOAD_BYTES + 1)
+    state = follow([(0, stored(1)), (1, nested), (2, oversized), (3, stored(2, 1))], lambda s: s.num_batches == 2)
+    assert logged(state, "stored") == [1, 2] and state.num_lost_batches == 0 and list(state.gaps) == []
     assert any("#1: nested too deep" in notice for notice in state.notices)
+    assert any(f"#2: a payload of {MAX_PAYLOAD_BYTES + 1} bytes" in notice for notice in state.notices)
 
 
 def test_sequence_numbers_going_back_minus_one_and_jumping_are_shown_and_never_hide_later_batches():
@@ -139,11 +141,29 @@ def test_a_replay_that_never_ends_is_reported_within_its_deadline(answers, said)
         assert not update.gaps[0].replay_ended and "the replay did not end" in update.gaps[0].describe()
 
 
+class ClosingClient(KVEventClient):
+    """A KVEventClient that says when the attach app's worker closed it (its last act)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        super().close()
+        self.closed.set()
+
+
 @pytest.mark.anyio
 async def test_the_attach_app_stays_responsive_and_q_quits_while_a_replay_never_ends():
     server = ReplayServer(None)
     endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
-    app = AttachApp(endpoint, server.endpoint)
+    clients: list[ClosingClient] = []
+
+    def client_factory(*args, **kwargs):  # a deadline no test waits for: only the app quitting ends this replay
+        clients.append(ClosingClient(*args, replay_deadline_s=3600, **kwargs))
+        return clients[-1]
+
+    app = AttachApp(endpoint, server.endpoint, client_factory=client_factory)
     try:
         async with app.run_test(size=(120, 36)) as pilot:
             await wait_until(pilot, lambda: server.requests >= 1)  # the worker is inside the endless replay
@@ -153,12 +173,8 @@ async def test_the_attach_app_stays_responsive_and_q_quits_while_a_replay_never_
             await pilot.pause()
             assert app.focused is not before  # keys are handled meanwhile
             assert "waiting for events on" in screen_text(app)
-            worker = next(w for w in app.workers if w.name == "kv-events")
             await pilot.press("q")
-        deadline = time.monotonic() + WAIT_S
-        while not worker.is_finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert worker.is_finished  # the replay saw the app quit and stopped
+        assert clients[0].closed.wait(WAIT_S)  # the replay saw the app quit: the worker left it and closed
     finally:
         server.close()
 

@@ -7,20 +7,22 @@ examples/online_serving/kv_events_subscriber.py.
 
 On the wire (msgspec msgpack), by vLLM release:
 
-| releases     | EventBatch                | each event                               | replay answer frames           |
-|--------------|---------------------------|------------------------------------------|--------------------------------|
-| 0.9 - 0.23   | array `[ts, events, rank]` | tagged array `["BlockStored", fields...]` | `[seq, payload]`, end `[-1, b""]` |
-| 0.24 - 0.25  | array                     | map `{"type": "BlockStored", field: ...}` | `[seq, payload]`, end `[-1, b""]` |
-| 0.26 - 0.33  | array                     | map                                      | `[topic, seq, payload]`, end `[b"", -1, b""]` |
+| releases    | EventBatch               | each event                        | replay answer, then its end marker    |
+|-------------|--------------------------|-----------------------------------|---------------------------------------|
+| 0.9 - 0.23  | array [ts, events, rank] | tagged array ["BlockStored", ...] | [seq, payload], [-1, b""]             |
+| 0.24 - 0.25 | array                    | map {"type": "BlockStored", ...}  | [seq, payload], [-1, b""]             |
+| 0.26 - 0.33 | array                    | map                               | [topic, seq, payload], [b"", -1, b""] |
 
 A PUB frame is `[topic, seq as 8 bytes big-endian, payload]` in every release. Records are
-`omit_defaults`: fields declared without a default (BlockStored's first seven, BlockRemoved's
-`block_hashes` and `medium`) are always written, the later ones only when not None. Fields grew
-over the releases (0.9 had `block_hashes` to `lora_id`; `medium`, the batch's rank, `lora_name`,
-`extra_keys`, `group_idx` and the cache-spec kind came by 0.23; `locality` in 0.26, `ownership` in 0.29, `session_id` in 0.30,
-`lookahead_token_ids` in 0.33); a decoder of any release ignores the fields it does not know, so
-what the newest writes, older decoders of the same shape read. blockviz's `publish` before this
-version wrote the batch as a map, which no vLLM release does: `decode_batch` still reads it.
+`omit_defaults`: in a map, the fields declared without a default (BlockStored's first seven,
+BlockRemoved's `block_hashes` and `medium`) are always written and the later ones only when not
+None; a tagged array keeps every field. Fields grew over the releases (0.9 had BlockStored up to
+`lora_id`; `medium`, the batch's rank, `lora_name`, `extra_keys`, `group_idx` and the cache-spec
+kind came by 0.23; `locality` in 0.26, `ownership` in 0.29, `session_id` in 0.30,
+`lookahead_token_ids` in 0.33). A decoder of any release ignores the fields it does not know, so
+what the newest writes, older decoders of the same shape read. blockviz's `publish`, before it
+wrote vLLM's format, sent the batch as a map, which no vLLM release does: `decode_batch` still
+reads it.
 
 Block hashes are ints (vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`: the low 64 bits of the hash)
 or bytes (the whole hash); both are kept as they came. Decoding is bounded: the payload's size,

@@ -28,6 +28,7 @@ import zmq
 from blockviz.kvevents.endpoints import offset_port, open_socket
 from blockviz.kvevents.protocol import (
     END_SEQ,
+    MAX_PAYLOAD_BYTES,
     EventBatch,
     ProtocolError,
     WireShape,
@@ -41,6 +42,9 @@ DEFAULT_REPLAY_DEADLINE_S = 10.0  # a replay not ended by then is cut off and re
 MAX_REPLAY_BATCHES = 100_000  # batches kept from one replay (vLLM buffers 10,000 by default)
 MAX_PLAUSIBLE_JUMP = 1_000_000  # a number further ahead than this is not taken for a gap
 REPLAY_POLL_MS = 50  # how often a replay in progress checks its deadline and should_stop
+# A frame bigger than this is not even received (ZMQ drops the connection, which then reconnects):
+# one from MAX_PAYLOAD_BYTES up to it arrives and is refused by the decoder, with a notice.
+MAX_FRAME_BYTES = 4 * MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,7 @@ class StreamFollower:
         self._jump_to: int | None = None  # an implausible number shown, followed if the next continues it
         self._restart_pending = False
         self.sub = open_socket(context, zmq.SUB, endpoint, bind=False)
+        self.sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         self._dealer: zmq.Socket | None = None
 
@@ -177,7 +182,7 @@ class StreamFollower:
             expected = seq
         self._jump_to = None
         if seq > expected:
-            update.extend(self._fill_gap(expected, seq - 1, joined_late=self.last_seq is None))
+            update.extend(self._fill_gap(expected, seq - 1, joined_late=self.last_seq is None and not self._restart_pending))
         self._deliver(update, seq, frames[2], replayed=False)
         self.last_live_seq = seq
         while self._replayed_ahead and self._replayed_ahead[0][0] <= seq:
@@ -203,8 +208,9 @@ class StreamFollower:
         is asked for what may truly be missing before it)."""
         if seq < 0:
             what = "the replay end marker's number" if seq == END_SEQ else "a number past 2**63"
+            kept = "none followed yet" if self.last_seq is None else f"numbering kept at #{self.last_seq}"
             update.notices.append(f"rank {self.stream}: sequence number {seq} ({what}) on the live stream: "
-                                  f"batch shown, numbering kept at #{self.last_seq}")
+                                  f"batch shown, {kept}")
         else:
             update.notices.append(f"rank {self.stream}: sequence number jumped from #{expected - 1} to #{seq} "
                                   f"(more than {MAX_PLAUSIBLE_JUMP:,} ahead): batch shown, numbering kept "
@@ -278,6 +284,7 @@ class StreamFollower:
         the next request."""
         if self._dealer is None:
             self._dealer = open_socket(self.context, zmq.DEALER, self.replay_endpoint, bind=False)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self._dealer.send_multipart((b"", seq_bytes(first)))
         start = last_answer = time.monotonic()
         got: dict[int, bytes] = {}
