@@ -17,11 +17,13 @@ import pytest
 from blockviz.kvevents.mapping import step_batches
 from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch, WireShape
 from blockviz.kvevents.publisher import KVEventPublisher
+from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import ClientUpdate, Gap, Received
 from blockviz.kvevents.tokens import load_tokenizer
 from blockviz.trace import load_trace
 from blockviz.tui.attach_app import AttachApp
 from blockviz.tui.messages import KVEventsArrived
+from blockviz.tui.widgets.kv_attach import ForestTree
 from test_kv_round_trip import WAIT_S, free_ports
 from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
 
@@ -138,6 +140,24 @@ async def test_attach_shows_tiers_groups_the_wire_and_a_restart():
     assert "wire vLLM 0.26 or later: array batch, map events, topic in replay" in before
     assert "ab000000 31 32  removed" in after and "ef000000 35 36  rank 0" in after  # reset at the restart
     assert "publisher restarted 1×" in after and "went back from #1 to #0" in after
+
+
+async def test_the_forest_drops_blocks_removed_long_ago():
+    """With room for two removed blocks: a forgotten block with a child drawn under it redraws the
+    tree (the child now hangs from the root), a forgotten leaf is just removed."""
+    a, b, c, d, e = (h << 56 for h in (0xA1, 0xB2, 0xC3, 0xD4, 0xE5))
+    steps = [[BlockStored((a, b, c), None, (1, 2, 3), 1)], [BlockRemoved((a,))], [BlockRemoved((b,))],
+             [BlockRemoved((c,))], [BlockStored((d,), None, (4,), 1), BlockRemoved((d,))],
+             [BlockStored((e,), None, (5,), 1), BlockRemoved((e,))]]
+    updates = [ClientUpdate([batch(seq, *events)]) for seq, events in enumerate(steps)]
+    app = AttachApp("tcp://vllm:5557", client_factory=lambda *a, **k: ScriptedClient(updates))
+    app.state = KVEventState(max_removed_kept=2)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.state.num_batches == len(steps))
+        text = screen_text(app)
+        drawn = sorted(app.query_one(ForestTree)._drawn)
+    assert drawn == [d, e] and "2 blocks seen, 0 cached now, 3 removed long ago not shown" in text
+    assert "d4000000 4  removed" in text and "a1000000" not in text and "c3000000" not in text
 
 
 # ------------------------------------------------------------------------- the command line

@@ -371,6 +371,44 @@ def test_a_removal_of_a_block_never_seen_stored_is_counted_not_invented():
     assert state.nodes == {} and state.num_removed_unseen == 1 and state.removed_hashes() == {99}
 
 
+def test_numbers_not_followed_do_not_move_the_ranks_last_number():
+    state = KVEventState()
+    state.apply(received([BlockStored((1,), None, (1,), 1)], seq=3))
+    state.apply(Received(0, 2**62, EventBatch(0.0, (BlockStored((2,), 1, (2,), 1),), 0), followed=False))
+    assert state.ranks[0].last_seq == 3 and state.num_batches == 2 and state.ranks[0].num_cached == 2
+
+
+def test_tiers_and_groups_are_kept_apart_and_a_restart_resets_only_its_rank():
+    """A hash stored on the GPU and offloaded to a remote CPU tier is cached in both; a GPU removal
+    leaves the CPU copy; AllBlocksCleared clears every tier of its rank; a restart of rank 0 leaves
+    rank 1 as it was."""
+    state = KVEventState()
+    state.apply(received([BlockStored((1,), None, (1,), 1, medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention"),
+                          BlockStored((1,), None, (1,), 1, medium="CPU", locality="REMOTE")]))
+    state.apply(received([BlockStored((1,), None, (1,), 1, medium="GPU")], rank=1, stream=1))
+    assert state.nodes[1].tiers == {("GPU", None), ("CPU", "REMOTE")} and state.nodes[1].ranks == {0, 1}
+    assert state.ranks[0].cached_by_tier == {("GPU", None): 1, ("CPU", "REMOTE"): 1}
+    assert state.ranks[0].group_kinds == {0: "full_attention"}
+    state.apply(received([BlockRemoved((1,), "GPU", group_idx=0)], seq=1))
+    assert state.ranks[0].cached_by_tier == {("CPU", "REMOTE"): 1} and state.nodes[1].cached
+    state.apply(received([AllBlocksCleared()], seq=2))
+    assert state.ranks[0].num_cached == 0 and state.nodes[1].ranks == {1}
+    state.apply(received([BlockStored((2,), None, (2,), 1)], seq=3))
+    state.apply(Received(0, 0, EventBatch(4.0, (BlockStored((3,), None, (3,), 1),), 0), restarted=True))
+    assert state.ranks[0].num_restarts == 1 and state.ranks[0].num_cached == 1 and not state.nodes[2].cached
+    assert state.ranks[1].num_cached == 1 and state.ranks[0].last_seq == 0
+
+
+def test_the_forest_keeps_what_is_cached_and_a_bounded_history():
+    state = KVEventState(max_removed_kept=2)
+    state.apply(received([BlockStored((1, 2, 3, 4), None, (1, 2, 3, 4), 1)]))
+    state.apply(received([BlockRemoved((1, 2, 3))], seq=1))
+    assert sorted(state.nodes) == [2, 3, 4] and state.num_forgotten == 1  # 1 was removed first: forgotten
+    assert state.roots() == [2] and state.children_of(2) == [3] and None not in state.children
+    state.apply(received([BlockStored((1,), None, (1,), 1)], seq=2))  # stored again: a node again
+    assert state.nodes[1].times_stored == 1 and state.nodes[1].cached
+
+
 # ------------------------------------------------------------------------- endpoints
 
 

@@ -74,6 +74,7 @@ def test_sequence_numbers_going_back_minus_one_and_jumping_are_shown_and_never_h
     assert state.num_lost_batches == 0 and list(state.gaps) == []
     assert state.ranks[0].num_restarts == 1 and state.cached[0, ("GPU", None), None] == {8, 9}  # reset at the restart
     assert state.ranks[0].last_seq == 1
+    assert [p.seq for p in state.timeline] == [0, 1, -1, 2, 2**62, 3, 4, 0, 1]
 
 
 def test_a_jump_that_the_numbers_continue_from_is_followed():

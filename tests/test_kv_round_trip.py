@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from blockviz.kvevents.mapping import step_batches
-from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch
+from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch, wire_format_for
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import Gap, KVEventClient
@@ -207,3 +208,32 @@ def test_publish_live_serves_the_engines_own_cache_life(tmp_path):
             collect(client, state, len(batches))
         assert "published" in wait_for_line(log, "published")
     assert (logged(state, "stored"), logged(state, "removed")) == (stored, removed)
+
+
+@pytest.mark.parametrize(("version", "summary"), [
+    ("0.33", "vLLM 0.26 or later: array batch, map events, topic in replay"),
+    ("0.25", "vLLM 0.24 - 0.25: array batch, map events, no topic in replay"),
+    ("0.23", "vLLM 0.9 - 0.23: array batch, tagged-array events"),
+])
+def test_attach_reads_each_releases_format_live_and_through_replay_and_says_which(version, summary):
+    """blockviz's publisher in the format of `version` (`publish --vllm-version`): a late client
+    catches up through its replay, then follows it live, and names the releases that send it."""
+    port, replay_port = free_ports(2)
+    endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}"
+    with KVEventPublisher(endpoint, replay, wire=wire_format_for(version)) as publisher:
+        for hash_ in (1, 2, 3):
+            publisher.publish([BlockStored((hash_,), hash_ - 1 or None, (hash_,), 1)])
+        with KVEventClient(endpoint, replay) as client:
+            state = KVEventState()
+            caught_up = threading.Thread(target=lambda: state.apply_update(client.catch_up()))
+            caught_up.start()
+            deadline = time.monotonic() + WAIT_S
+            while caught_up.is_alive() and time.monotonic() < deadline:
+                publisher.serve_replay(50)
+            caught_up.join(WAIT_S)
+            assert publisher.wait_for_subscribers(1, WAIT_S)
+            publisher.publish([BlockRemoved((1,))])
+            collect(client, state, 4)
+    assert [p.seq for p in state.timeline] == [0, 1, 2, 3] and [p.replayed for p in state.timeline] == [True] * 3 + [False]
+    assert logged(state, "stored") == [1, 2, 3] and logged(state, "removed") == [1]
+    assert state.wire_summary() == summary and state.num_lost_batches == 0

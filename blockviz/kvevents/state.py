@@ -213,7 +213,8 @@ class KVEventState:
         stats.num_removed += removed
         self._count(stats)
         stats.num_batches += 1
-        stats.last_seq = received.seq if received.restarted else max(stats.last_seq, received.seq)
+        if received.followed:
+            stats.last_seq = received.seq if received.restarted else max(stats.last_seq, received.seq)
         self.num_batches += 1
         self.timeline.append(TimelinePoint(rank, received.seq, received.batch.ts, stored, removed,
                                            stats.num_cached, received.replayed))

@@ -50,7 +50,8 @@ MAX_FRAME_BYTES = 4 * MAX_PAYLOAD_BYTES
 @dataclass(frozen=True, slots=True)
 class Received:
     """One batch as it arrived: from publisher `stream` (0 .. data-parallel size - 1), number `seq`,
-    in wire `shape`; `restarted`: the publisher restarted just before it (the rank starts again)."""
+    in wire `shape`; `restarted`: the publisher restarted just before it (the rank starts again);
+    `followed` False: its number was not taken as the stream's (-1, an implausible jump)."""
 
     stream: int
     seq: int
@@ -58,6 +59,7 @@ class Received:
     replayed: bool = False
     shape: WireShape | None = None
     restarted: bool = False
+    followed: bool = True
 
     @property
     def rank(self) -> int:
@@ -229,7 +231,7 @@ class StreamFollower:
         except ProtocolError as exc:
             update.notices.append(f"rank {self.stream} #{seq}: {exc}: skipped")
             return
-        update.received.append(Received(self.stream, seq, batch, replayed, shape, self._restart_pending))
+        update.received.append(Received(self.stream, seq, batch, replayed, shape, self._restart_pending, follow))
         self._restart_pending = False
 
     # ------------------------------------------------------------------ replay

@@ -57,8 +57,8 @@ class ForestTree(Tree):
         self.border_title = "hash-chain forest (what vLLM stored)"
         self.show_root = True
         self.guide_depth = 2
-        self._tree_nodes: dict[BlockHash, TreeNode] = {}
-        self._tree_labels: dict[BlockHash, str] = {}
+        self._drawn: dict[BlockHash, TreeNode] = {}
+        self._drawn_labels: dict[BlockHash, str] = {}
         self._num_forgotten = 0
 
     def show(self, state: KVEventState, tokens: TokenText) -> None:
@@ -68,13 +68,13 @@ class ForestTree(Tree):
             self._num_forgotten = state.num_forgotten
             self._drop_forgotten(state)
         for block_hash, node in state.nodes.items():
-            if block_hash not in self._tree_nodes:
-                parent = self._tree_nodes.get(node.parent_hash) if node.parent_hash is not None else None
-                self._tree_nodes[block_hash] = (parent or self.root).add("", expand=True, data=block_hash)
+            if block_hash not in self._drawn:
+                parent = self._drawn.get(node.parent_hash) if node.parent_hash is not None else None
+                self._drawn[block_hash] = (parent or self.root).add("", expand=True, data=block_hash)
             label = self._label(state, block_hash, tokens)
-            if self._tree_labels.get(block_hash) != label.plain:
-                self._tree_labels[block_hash] = label.plain
-                self._tree_nodes[block_hash].set_label(label)
+            if self._drawn_labels.get(block_hash) != label.plain:
+                self._drawn_labels[block_hash] = label.plain
+                self._drawn[block_hash].set_label(label)
         forgotten = f", {state.num_forgotten} removed long ago not shown" if state.num_forgotten else ""
         self.root.set_label(Text(f"{len(state.nodes)} blocks seen, {state.num_cached} cached now{forgotten}"))
         self.root.expand()
@@ -82,15 +82,15 @@ class ForestTree(Tree):
     def _drop_forgotten(self, state: KVEventState) -> None:
         """Remove the tree nodes of forgotten blocks; when one still has children drawn under it,
         redraw the whole tree (its children now hang from the root)."""
-        gone = [h for h in self._tree_nodes if h not in state.nodes]
-        if any(self._tree_nodes[h].children for h in gone):
+        gone = [h for h in self._drawn if h not in state.nodes]
+        if any(self._drawn[h].children for h in gone):
             self.root.remove_children()
-            self._tree_nodes.clear()
-            self._tree_labels.clear()
+            self._drawn.clear()
+            self._drawn_labels.clear()
             return
         for block_hash in gone:
-            self._tree_nodes.pop(block_hash).remove()
-            self._tree_labels.pop(block_hash, None)
+            self._drawn.pop(block_hash).remove()
+            self._drawn_labels.pop(block_hash, None)
 
     @staticmethod
     def _label(state: KVEventState, block_hash: BlockHash, tokens: TokenText) -> Text:
