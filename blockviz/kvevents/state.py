@@ -48,7 +48,7 @@ def tier_of(medium: str | None, locality: str | None) -> Tier:
 
 
 def tier_label(tier: Tier) -> str:
-    """"GPU", "CPU remote": the medium, and the locality when one was sent."""
+    """The medium, and the locality when one was sent: "GPU", "CPU remote"."""
     medium, locality = tier
     return medium if locality is None else f"{medium} {locality.lower()}"
 

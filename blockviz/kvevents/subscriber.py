@@ -192,7 +192,7 @@ class StreamFollower:
         return update
 
     def _is_replayed_copy(self, seq: int, payload: bytes) -> bool:
-        """Whether this live frame is a batch replay delivered already (same number, same bytes)."""
+        """Whether this live frame is a batch that replay delivered already (same number, same bytes)."""
         if self.last_seq is None or seq > self.last_seq or not self._replayed_ahead:
             return False
         if self.last_live_seq is not None and seq <= self.last_live_seq:
