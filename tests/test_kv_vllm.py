@@ -31,7 +31,7 @@ from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch, 
 from blockviz.kvevents.publisher import KVEventPublisher  # noqa: E402
 from blockviz.kvevents.state import KVEventState  # noqa: E402
 from blockviz.kvevents.subscriber import Gap, KVEventClient  # noqa: E402
-from blockviz.trace import TRACES_DIR, read_trace, shipped_traces  # noqa: E402
+from blockviz.model.trace import TRACES_DIR, read_trace, shipped_traces  # noqa: E402
 from test_kv_events import (  # noqa: E402
     B1,
     B2,
@@ -168,8 +168,8 @@ def test_vllms_example_subscriber_reads_blockviz_publish(name, evicting_trace, t
     subscriber built on vLLM's own records: every batch decodes, the hashes are the trace's."""
     if name == "--live":
         from blockviz.kvevents.publishing import live_batches
-        from blockviz.live import EngineSpec
-        from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+        from blockviz.session.spec import EngineSpec
+        from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
 
         engine_events: list = []
         batches = list(live_batches(EngineSpec.of(**DEFAULT_SCENARIO_OPTIONS, prompts=(), arrivals=DEFAULT_SCENARIO),
