@@ -15,6 +15,7 @@ from blockviz.model.view import STATE_CODES, block_state, event_log
 from blockviz.jupyter.visualizer import FrameThrottle
 from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.model.reducer import USED, ReducerState
+from blockviz.session.engine_session import trace_header
 
 TRACES = shipped_traces()
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -249,7 +250,7 @@ def reference_state(model_dir, options, prompts, params):
     from engine.llm import LLM
 
     llm = LLM(str(model_dir), **options)
-    header = llm.engine.trace_header()
+    header = trace_header(llm.engine)
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
     llm.events.subscribe(state.apply)
     outputs = llm.generate(prompts, params)
@@ -307,7 +308,7 @@ def test_live_commands_fork_swap_out_and_errors(tiny_gpt2_dir):
     assert viz.current_event.type == "fork" and viz.state.tables[child] == viz.state.tables[seq_id]
     cow = viz.run_until("copy_on_write")
     assert cow is not None
-    pairs = viz.swap_out(request_id)
+    pairs = viz.preempt(request_id)
     assert pairs and viz.current_event.type in ("swap_out", "kv_digest")
     assert viz.state.num_used("cpu") == len(pairs)
     with pytest.raises(ValueError, match="not running"):

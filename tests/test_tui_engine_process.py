@@ -191,9 +191,11 @@ class _HeapReportingSpec(EngineSpec):
     garbage collection by the time the header is taken (right after loading)."""
 
     def make_engine(self):
-        engine = EngineSpec.make_engine(self)
-        header = engine.trace_header
-        engine.trace_header = lambda: {**header(), "gc_frozen": gc.get_freeze_count()}
+        from blockviz.session import engine_session
+
+        engine = EngineSpec.make_engine(self)  # in the engine process: patch its header there
+        header = engine_session.trace_header
+        engine_session.trace_header = lambda built: {**header(built), "gc_frozen": gc.get_freeze_count()}
         return engine
 
 

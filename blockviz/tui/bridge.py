@@ -1,4 +1,4 @@
-"""The one interface a live view drives an engine through (DESIGN.md: "one bridge interface").
+"""The one interface a live view drives an engine through (the UI side of an engine session).
 
 Two implementations: `blockviz.tui.engine_bridge.EngineBridge` (the engine on a thread of this
 process, as the tests run it) and `blockviz.tui.engine_process.ProcessBridge` (the engine in a child process, as
