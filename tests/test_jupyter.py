@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -411,3 +412,42 @@ def test_the_pool_view_draws_on_a_canvas_unless_told_cells():
         view.renderer = "svg"
     assert "function canvasGrid(" in ESM and "function cellGrid(" in ESM  # pool_canvas.js is in the module
     view.close()
+
+
+def test_play_and_pause_hammered_from_two_threads_never_fail_and_end_paused(monkeypatch):
+    """The Pause button racing Play (issue 30): play() and pause() called over and over from two
+    threads at once never raise (a pause used to join a play thread not started yet: here every
+    thread takes a moment to start, so a pause lands in that moment often), and a last pause
+    leaves no play thread behind."""
+    import time
+
+    viz = Visualizer.from_trace("swap")
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    class SlowToStart(threading.Thread):
+        def start(self) -> None:
+            time.sleep(0.001)
+            super().start()
+
+    def hammer(call) -> None:
+        start.wait()
+        for _ in range(200):
+            try:
+                call()
+            except BaseException as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(lambda: viz.play(speed=1000),)),
+               threading.Thread(target=hammer, args=(viz.pause,))]
+    monkeypatch.setattr(threading, "Thread", SlowToStart)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    monkeypatch.undo()
+    assert not any(thread.is_alive() for thread in threads) and errors == []
+    viz.pause()
+    assert not viz.playing and viz._play_thread is None
+    assert not [t for t in threading.enumerate() if t.name == "blockviz-play"]
+    viz.close()

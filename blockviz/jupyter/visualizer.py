@@ -69,6 +69,7 @@ class Visualizer(LiveCommands):
         self._request_ids: list[str] = []
         self._play_thread: threading.Thread | None = None
         self._stop_play = threading.Event()
+        self._play_lock = threading.Lock()  # play and pause, one at a time (the play thread never takes it)
 
         self.controls = Controls()
         self.pools = PoolView()
@@ -310,29 +311,36 @@ class Visualizer(LiveCommands):
 
     def play(self, speed: float | str | None = None) -> None:
         """Start playback on a background thread (returns at once): events at the Player's speed,
-        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max"."""
+        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max".
+        Safe against a concurrent pause() (the Pause button racing Play): they take turns."""
         if speed is not None:
             self.set_speed(speed)
-        with self._lock:
+        with self._play_lock:
             if self._play_thread is not None and self._play_thread.is_alive():
                 return
-            self.player.playing = False
-            self.player.toggle_play()
+            with self._lock:
+                self.player.playing = False
+                self.player.toggle_play()
             self._stop_play.clear()
             thread = threading.Thread(target=play_loop, name="blockviz-play", daemon=True,
                                       args=(self.player, self._lock, self._driver, self._stop_play, self._changed))
             self._play_thread = thread
-        thread.start()
+            thread.start()  # under the lock: a pause() never sees a thread it cannot join
         self._changed()
 
     def pause(self) -> None:
         """Stop playback; returns once the engine step under way (if any) is done."""
-        thread = self._play_thread
-        self._stop_play.set()
-        self.player.playing = False
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-        self._play_thread = None if thread is None or not thread.is_alive() else thread
+        if threading.current_thread() is self._play_thread:  # the play thread stopping itself
+            self._stop_play.set()
+            self.player.playing = False
+            return
+        with self._play_lock:
+            thread = self._play_thread
+            self._stop_play.set()
+            self.player.playing = False
+            if thread is not None:
+                thread.join()
+            self._play_thread = None
         self._changed()
 
     def set_speed(self, speed: float | str | int) -> None:
