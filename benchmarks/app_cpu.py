@@ -46,25 +46,22 @@ def record(model: str, path: Path) -> int:
         engine.add_request(prompt, spec.sampling_params())
     while engine.has_unfinished_requests():
         engine.step()
-    events: list = []
-    engine.events.subscribe(events.append)
+    from blockviz.session.engine_session import EngineSession
+
+    session = EngineSession(spec, engine=engine)  # the events as the app gets them (prompt texts filled)
     requests, steps = [], []
     for prompt in PROMPTS:
-        engine.add_request(prompt, spec.sampling_params())
-        requests.append(events[:])
-        events.clear()
+        session.add_request(prompt)
+        requests.append(session.take_events())
     pacer = DigestPacer(engine)
     while engine.has_unfinished_requests():
         start = time.perf_counter()
         engine.step()
         pacer.after_step()
-        steps.append([time.perf_counter() - start, events[:]])
-        events.clear()
+        steps.append([time.perf_counter() - start, session.take_events()])
     pacer.finish()
-    steps[-1][1].extend(events)
-    from blockviz.session.engine_session import trace_header
-
-    path.write_bytes(pickle.dumps({"header": trace_header(engine), "requests": requests, "steps": steps}))
+    steps[-1][1].extend(session.take_events())
+    path.write_bytes(pickle.dumps({"header": session.header, "requests": requests, "steps": steps}))
     return sum(len(step_events) for _, step_events in steps)
 
 

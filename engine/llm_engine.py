@@ -152,10 +152,9 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
         self._groups[request_id] = group
         self.scheduler.add_seq_group(group)
-        if self.events.active:
-            pieces = tuple(self.tokenizer.batch_decode([[t] for t in token_ids]))
+        if self.events.active:  # the token ids only: a view decodes their texts if it shows them
             self.events.emit(RequestAdded, request_id=request_id, seq_ids=(seq.seq_id,), prompt=text or "",
-                             prompt_token_ids=tuple(token_ids), prompt_tokens_text=pieces,
+                             prompt_token_ids=tuple(token_ids), prompt_tokens_text=(),
                              n=params.n, max_tokens=params.max_tokens)
         return request_id
 

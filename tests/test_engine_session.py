@@ -155,6 +155,7 @@ def test_held_back_digests_come_with_each_batch_taken_and_per_step_again_when_tu
     session = _real_session(tiny_gpt2_dir, loaded)
     engine = session.engine
     session.start()
+    session.take_events()
     session.digest_per_step(False)
     assert engine.kv_digests_per_step is False
     for _ in range(3):
@@ -181,6 +182,26 @@ def test_the_session_header_is_the_engines_settings_and_pools(tiny_gpt2_dir, loa
     assert (header["num_gpu_blocks"], header["num_cpu_blocks"]) == (32, 16)
     assert header["enable_prefix_caching"] is True and header["preemption_mode"] == "swap"
     assert header["budget_source"] == "explicit" and header["block_bytes"] > 0 and header["device"] == "cpu"
+
+
+def test_the_session_fills_in_the_prompt_token_texts_the_engine_leaves_out():
+    """The engine emits a request's prompt token ids only; what the views show (and a trace keeps)
+    comes through the session with each token's text, BPE space markers decoded."""
+    from engine import LLMEngine
+    from engine.config import EngineConfig
+
+    engine = LLMEngine(EngineConfig(model="tiny-shakespeare", block_size=16, num_gpu_blocks=16, device="cpu"))
+    raw: list = []
+    engine.events.subscribe(raw.append)
+    session = EngineSession(EngineSpec(engine.config, prompts=("JULIET:\nO Romeo, Romeo, wherefore art thou",)),
+                            engine=engine)
+    session.start()
+    (added,) = [e for e in session.take_events() if isinstance(e, ev.RequestAdded)]
+    assert raw[0].prompt_tokens_text == () and raw[0].prompt_token_ids == added.prompt_token_ids
+    assert len(added.prompt_tokens_text) == len(added.prompt_token_ids) > 5
+    assert "".join(added.prompt_tokens_text) == added.prompt
+    assert not any("Ġ" in piece or "Ċ" in piece for piece in added.prompt_tokens_text)
+    assert added.seq_no == raw[0].seq_no  # the same event, its texts filled in
 
 
 def _make_traces():

@@ -16,7 +16,6 @@ from blockviz.model.view import STATE_CODES, block_state, event_log
 from blockviz.jupyter.visualizer import FrameThrottle
 from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.model.reducer import USED, ReducerState
-from blockviz.session.engine_session import trace_header
 
 TRACES = shipped_traces()
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -247,15 +246,19 @@ def test_package_never_imports_textual():
 
 
 def reference_state(model_dir, options, prompts, params):
-    """An in-process run's reducer state and outputs (LLM.generate with a reducer subscribed)."""
+    """An in-process run's reducer state and outputs (an engine session run to completion, a
+    reducer fed its events)."""
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
     from engine.llm import LLM
 
     llm = LLM(str(model_dir), **options)
-    header = trace_header(llm.engine)
+    session = EngineSession(EngineSpec(llm.engine.config, prompts=()), engine=llm.engine)
+    header = session.header
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-    llm.events.subscribe(state.apply)
-    outputs = llm.generate(prompts, params)
-    return state, outputs
+    request_ids = [session.add_request(prompt, sampling_params=params) for prompt in prompts]
+    session.run_to_completion(on_events=state.apply_all)
+    return state, [session.finished[request_id] for request_id in request_ids]
 
 
 def without_timing(state: ReducerState) -> dict:

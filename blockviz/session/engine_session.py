@@ -4,7 +4,8 @@ Every way of driving an engine goes through it: the TUI's bridge (engine_bridge.
 the child process of engine_process.py), the notebook (jupyter/playback.py), `record`, `explain`,
 `generate`, `compare` and `publish --live`. It builds the engine from an EngineSpec (or takes a
 built one), subscribes once to `engine.events` and buffers what the engine emits until the caller
-takes it (`take_events`), adds the spec's prompts and plays its arrivals as steps are taken
+takes it (`take_events`: each request's prompt token texts filled in, a view's concern the engine
+leaves out), adds the spec's prompts and plays its arrivals as steps are taken
 (scenario.py), takes the live commands under vLLM's names (`add_request`, `fork`, `preempt`), and
 sets the engine's K/V digest policy. `step()` here is the only call of `engine.step()` in blockviz/:
 vLLM's `LLM._run_engine` loop and nano-vllm's `LLM.generate` loop, one step at a time.
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import msgspec
+
 from blockviz.session.scenario import admit_arrivals
 from blockviz.session.spec import EngineSpec, one_line
-from engine.events import Event
+from engine.events import Event, RequestAdded
 
 
 class CommandRefused(ValueError):
@@ -153,7 +156,15 @@ class EngineSession:
             self.engine.emit_kv_digests()
         batch = self._buffer[:]
         self._buffer.clear()
-        return batch
+        return [self._with_prompt_texts(e) if isinstance(e, RequestAdded) and not e.prompt_tokens_text else e
+                for e in batch]
+
+    def _with_prompt_texts(self, event: RequestAdded) -> RequestAdded:
+        """The request's event with each prompt token's text, which the engine leaves to the views
+        (the trace format keeps them: the log, the tables and the text panel show them)."""
+        ids = event.prompt_token_ids
+        texts = tuple(self.engine.tokenizer.batch_decode([[token_id] for token_id in ids]))
+        return msgspec.structs.replace(event, prompt_tokens_text=texts)
 
     def digest_per_step(self, per_step: bool) -> None:
         """The K/V digest policy (LLMEngine.set_kv_digests_per_step): every step digests the blocks
