@@ -152,7 +152,7 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
         self._groups[request_id] = group
         self.scheduler.add_seq_group(group)
-        if self.events.active:  # the token ids only: a view decodes their texts if it shows them
+        if self.events.active:  # the token ids only: their texts are the subscriber's to decode
             self.events.emit(RequestAdded, request_id=request_id, seq_ids=(seq.seq_id,), prompt=text or "",
                              prompt_token_ids=tuple(token_ids), prompt_tokens_text=(),
                              n=params.n, max_tokens=params.max_tokens)
@@ -317,9 +317,9 @@ class LLMEngine:
 
     def set_kv_digests_per_step(self, per_step: bool) -> None:
         """Digest the blocks each step wrote at the end of that step (True, the default), or hold
-        the digests back until emit_kv_digests() (False: a view free-running at full speed
-        digests once per batch it draws, so a block being filled is hashed once, not every step).
-        Turning it back on emits what was held back."""
+        the digests back until emit_kv_digests() (False: a subscriber that takes events in batches
+        many steps long has each block written hashed once per batch, not every step). Turning it
+        back on emits what was held back."""
         self._kv_digests_per_step = bool(per_step)
         if per_step:
             self.emit_kv_digests()

@@ -119,7 +119,8 @@ class Visualizer(LiveCommands):
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
         SamplingParams for all, or a list with one per prompt. `scenario="story"` plays the story
         `blockviz run` tells (blockviz/session/scenario.py): its requests arrive as the engine
-        steps, on its engine settings unless the options say otherwise, sampled as it samples."""
+        steps, on its engine settings unless the options say otherwise (an LLM given keeps its own),
+        sampled as it samples."""
         from engine.llm import LLM
 
         spec = None
