@@ -47,12 +47,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
     out = Path(out)
     partial = out.with_name(out.name + ".part")
-    try:
-        session.check_requests()
-        writer = TraceWriter.open(partial, header)
-    except BaseException:
-        session.close()
-        raise
+    writer = TraceWriter.open(partial, header)
 
     def write(batch) -> None:
         writer.write_all(batch)
@@ -63,7 +58,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
             progress(f"step {steps_done}: {writer.num_events} events")
 
     try:
-        session.start()
+        session.start()  # checks every request first: a ValueError names the one refused
         session.run_to_completion(max_steps, on_events=write, between_steps=between_steps, progress=report)
         if session.has_unfinished_requests():
             raise RuntimeError(f"the run had not finished after {max_steps} steps; no trace written")
