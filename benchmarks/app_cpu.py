@@ -142,7 +142,9 @@ async def session(stream: Path, runs: int) -> tuple[list[float], int]:
             finished_at[0] = time.process_time()
             idle.set()
 
-    bridge = ProcessBridge(ReplaySpec(model="replay", prompts=(), stream=str(stream)))
+    from engine.config import EngineConfig
+
+    bridge = ProcessBridge(ReplaySpec(EngineConfig(model="replay"), prompts=(), stream=str(stream)))
     bridge.start()
     app = App(bridge=bridge, deterministic=True)
     cpu: list[float] = []

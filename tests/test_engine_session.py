@@ -38,6 +38,16 @@ def test_only_the_session_calls_engine_step():
     assert steppers == ["blockviz/session/engine_session.py"]
 
 
+def test_the_session_layer_imports_only_the_model_layer_and_the_engine():
+    imports = re.compile(r"^\s*(?:from|import)\s+(blockviz\.\w+|blockviz\b)", re.MULTILINE)
+    seen = set()
+    for path in (ROOT / "blockviz" / "session").glob("*.py"):
+        for name in imports.findall(path.read_text(encoding="utf-8")):
+            assert name in ("blockviz.session", "blockviz.model", "blockviz.errors"), (path.name, name)
+            seen.add(name)
+    assert {"blockviz.session", "blockviz.model"} <= seen
+
+
 def test_the_session_buffers_the_events_until_taken_and_close_unsubscribes():
     session = _fake_session()
     engine = session.engine
