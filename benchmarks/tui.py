@@ -291,12 +291,12 @@ FLUSH_INTERVAL = engine_process.FLUSH_INTERVAL  # a free-running engine sends a 
 
 class DigestPacer:
     """Has an engine digest the K/V blocks it wrote once per FLUSH_INTERVAL, as it does under the
-    live app at full speed (EngineBridge emits them before it sends each batch), instead of
+    live app at full speed (the engine session emits them before the bridge sends each batch), instead of
     every step: call after_step() after each step, finish() at the end."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        engine.kv_digests_per_step = False
+        engine.set_kv_digests_per_step(False)
         self.last = time.perf_counter()
 
     def after_step(self) -> None:
@@ -306,8 +306,7 @@ class DigestPacer:
             self.engine.emit_kv_digests()
 
     def finish(self) -> None:
-        self.engine.emit_kv_digests()
-        self.engine.kv_digests_per_step = True
+        self.engine.set_kv_digests_per_step(True)  # emits what was held back
 
 
 def _steps_alone(spec, engine, observed: bool = False, step=None) -> tuple[float, int]:

@@ -113,10 +113,10 @@ def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Pa
     spec = EngineSpec.of(model=model, device=device, seed=0, **scenario.spec)
     out = out_dir / f"{scenario.name}.jsonl"
 
-    def between_steps(engine, steps_done: int) -> None:
+    def between_steps(session, steps_done: int) -> None:
         prompt = scenario.later_prompts.get(steps_done)
         if prompt is not None:
-            engine.add_request(prompt, spec.sampling_params())
+            session.add_request(prompt)
 
     extra = {"scenario": scenario.name, "description": scenario.description}
     if scenario.later_prompts:

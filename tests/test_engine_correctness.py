@@ -340,9 +340,9 @@ def test_user_driven_fork_swap_out_and_abort_make_a_trace_that_passes_the_checks
     second = engine.add_request({"prompt_token_ids": SHARED[:7]}, params)
     second_seq = [e.seq_ids[0] for e in events if e.type == "request_added"][1]
     engine.step()  # prefill: the last of its 4 blocks holds one token
-    engine.fork_sequence(second_seq)
+    engine.fork(second_seq)
     engine.step()  # both branches write into the shared last block: copy-on-write
-    engine.preempt_request(second)
+    engine.preempt(second)
     engine.step()
     engine.abort_request(first)
     while engine.has_unfinished_requests():

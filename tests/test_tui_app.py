@@ -27,6 +27,7 @@ from blockviz.tui.widgets.event_log import EventLog
 from blockviz.model.palette import show_token
 from blockviz.tui.widgets.pool_grid import PoolGrid
 from engine.sequence import SamplingParams
+from blockviz.session.engine_session import trace_header
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 pytestmark = pytest.mark.anyio
@@ -50,23 +51,23 @@ def fork_trace() -> Trace:
     engine.events.subscribe(events.append)
     engine.add_request("ROMEO: hi", SamplingParams(max_tokens=4))
     engine.step()
-    engine.fork_sequence(0)
+    engine.fork(0)
     while engine.has_unfinished_requests():
         engine.step()
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def n2_trace() -> Trace:
     engine = FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8)
     events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=5)
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def run_pool_trace() -> Trace:
     """`blockviz run`'s pool (64 GPU / 32 CPU blocks of 16 tokens): two requests, n=2."""
     engine = FakeEngine(block_size=16, num_gpu_blocks=64, num_cpu_blocks=32)
     events = run_scenario(engine, ["ROMEO: hi there, how are you this fine day", "JULIET:"], n=2, max_tokens=20)
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def replay_app(trace: Trace | None = None, **kwargs) -> BlockvizApp:
@@ -317,7 +318,7 @@ async def test_at_80x24_the_default_pool_fits_and_the_inspector_shows_the_select
 
 async def test_a_pool_that_does_not_fit_says_which_blocks_are_in_view():
     engine = FakeEngine(block_size=4, num_gpu_blocks=200, num_cpu_blocks=8)
-    app = replay_app(Trace(engine.trace_header(), run_scenario(engine, ["ROMEO: hi"], max_tokens=2)))
+    app = replay_app(Trace(trace_header(engine), run_scenario(engine, ["ROMEO: hi"], max_tokens=2)))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert grid(app).border_subtitle.startswith("blocks 0-") and "of 200" in grid(app).border_subtitle

@@ -18,13 +18,14 @@ from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge, Listener
 from blockviz.tui.messages import EngineEvents
 from blockviz.model.reducer import ReducerState
+from blockviz.session.engine_session import trace_header
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 
 def _events(**engine_kwargs):
     engine = FakeEngine(**engine_kwargs)
     events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=6)
-    return engine.trace_header(), events
+    return trace_header(engine), events
 
 
 HEADER, EVENTS = _events(block_size=2, num_gpu_blocks=12, num_cpu_blocks=12)

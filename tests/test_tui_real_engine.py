@@ -95,7 +95,7 @@ def _digest_events(events) -> list:
 def test_held_back_kv_digests_go_out_once_per_block_and_equal_the_per_step_ones(tiny_gpt2_dir, loaded):
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=10)
     per_step, held = _engine(spec, loaded), _engine(spec, loaded)
-    held.kv_digests_per_step = False
+    held.set_kv_digests_per_step(False)
     streams = {per_step: [], held: []}
     for engine, events in streams.items():
         engine.events.subscribe(events.append)

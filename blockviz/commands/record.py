@@ -30,58 +30,47 @@ class Recording:
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
                  between_steps: Callable[[Any, int], None] | None = None,
                  extra_header: dict[str, Any] | None = None, max_steps: int = 100_000) -> Recording:
-    """Run `spec`'s requests to completion on `engine` (built from spec when None) and write the
-    trace to `out`. `between_steps(engine, steps_done)` may act on the engine (add a request, fork,
-    preempt); `extra_header` adds fields to the header (a scenario's name and description).
+    """Run `spec`'s requests to completion in an engine session (on `engine`, built from spec when
+    None) and write the trace to `out`. `between_steps(session, steps_done)` may act on the
+    engine through the session (add a request, fork, preempt); `extra_header` adds fields to the
+    header (a scenario's name and description).
 
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
     work left) raises and leaves no trace behind."""
     from blockviz.model.trace import TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
+    from blockviz.session.engine_session import EngineSession
 
-    engine = engine if engine is not None else spec.make_engine()
-    header = make_header(engine.trace_header(), **spec.run_header(), **(extra_header or {}))
+    session = EngineSession(spec, engine=engine)
+    header = make_header(session.header, **spec.run_header(), **(extra_header or {}))
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-    params = spec.sampling_params()
-    for prompt in spec.prompts:
-        engine.check_request(prompt, params)
-    for arrival in spec.arrivals:
-        engine.check_request(arrival.prompt, spec.sampling_params(arrival.n))
-    pending = list(spec.arrivals)
     out = Path(out)
     partial = out.with_name(out.name + ".part")
-    steps = 0
     writer = TraceWriter.open(partial, header)
+
+    def write(batch) -> None:
+        writer.write_all(batch)
+        state.apply_all(batch)
+
+    def report(steps_done: int) -> None:
+        if progress is not None:
+            progress(f"step {steps_done}: {writer.num_events} events")
+
     try:
-        unsubscribe_writer = engine.events.subscribe(writer)
-        unsubscribe_state = engine.events.subscribe(state.apply)
-        try:
-            for prompt in spec.prompts:
-                engine.add_request(prompt, params)
-            spec.admit_arrivals(engine, pending, steps)
-            while engine.has_unfinished_requests() and steps < max_steps:
-                if between_steps is not None:
-                    between_steps(engine, steps)
-                engine.step()
-                steps += 1
-                spec.admit_arrivals(engine, pending, steps)
-                if progress is not None:
-                    progress(f"step {steps}: {writer.num_events} events")
-        finally:
-            unsubscribe_writer()
-            unsubscribe_state()
-        if engine.has_unfinished_requests():
+        session.start()  # checks every request first: a ValueError names the one refused
+        session.run_to_completion(max_steps, on_events=write, between_steps=between_steps, progress=report)
+        if session.has_unfinished_requests():
             raise RuntimeError(f"the run had not finished after {max_steps} steps; no trace written")
-        if engine.events.errors:
-            raise RuntimeError(f"a trace subscriber failed: {engine.events.errors[0][1]!r}")
     except BaseException:
         writer.close()
         partial.unlink(missing_ok=True)
         raise
+    finally:
+        session.close()
     writer.close()
     os.replace(partial, out)
-    return Recording(header, writer.num_events, steps, state)
+    return Recording(header, writer.num_events, session.num_steps, state)
 
 
 def add_parser(subparsers) -> None:

@@ -52,7 +52,7 @@ class Trace:
 
 
 def engine_title(header: dict[str, Any]) -> str:
-    """A short description for the UI from a trace header or an engine's trace_header(): model,
+    """A short description for the UI from a trace header or an engine session's header: model,
     block size, pools, and prefix caching when on."""
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
     return (f"{header.get('model', '?')} · block size {header['block_size']} · "
@@ -60,9 +60,10 @@ def engine_title(header: dict[str, Any]) -> str:
 
 
 def make_header(engine_header: dict[str, Any], **run: Any) -> dict[str, Any]:
-    """The header line: format name and version, blockviz version, the engine's trace_header()
-    (model, block_size, num_gpu_blocks, num_cpu_blocks, enable_prefix_caching, ...) and the run's
-    settings (prompts, n, max_tokens, seed, ...)."""
+    """The header line: format name and version, blockviz version, the engine's settings
+    (blockviz.session.engine_session.trace_header: model, block_size, num_gpu_blocks,
+    num_cpu_blocks, enable_prefix_caching, ...) and the run's settings (prompts, n, max_tokens,
+    seed, ...)."""
     from blockviz import __version__
 
     header: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "blockviz_version": __version__}

@@ -2,8 +2,8 @@
 
 `EngineSpec` is an EngineConfig plus the requests (the CLI's engine options); `check_model`,
 `EngineSpec.check` and `EngineSpec.check_prompt_lengths` turn what can be known wrong up front into
-one line (UsageError). The bridges that drive a live engine for the TUI are in blockviz/tui/
-(engine_bridge.py, engine_process.py). No torch and no textual import here.
+one line (UsageError). An EngineSession (engine_session.py) runs a spec. No torch and no textual
+import here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from blockviz.errors import UsageError
-from blockviz.session.scenario import Arrival, admit_arrivals
+from blockviz.session.scenario import Arrival, scenario
 from engine.config import EngineConfig
 
 DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
@@ -47,6 +47,18 @@ class EngineSpec:
         names = EngineConfig.option_names()
         config = EngineConfig(**{k: v for k, v in options.items() if k in names})
         return cls(config, **{k: v for k, v in options.items() if k not in names})
+
+    @classmethod
+    def for_scenario(cls, name: str, **options: Any) -> "EngineSpec":
+        """A named scenario's spec (scenario.SCENARIOS): its arrivals, on its engine and sampling
+        settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
+        say otherwise. A ValueError names an unknown scenario or option."""
+        arrivals, settings = scenario(name)
+        known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
+        return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
     @classmethod
     def from_args(cls, args: Any, default_arrivals: tuple[Arrival, ...] = ()) -> "EngineSpec":
@@ -113,10 +125,6 @@ class EngineSpec:
             if length >= context:
                 raise UsageError(f"a prompt has {length} tokens but the model's context is {context}: "
                                  f"shorten it to at most {context - 1}")
-
-    def admit_arrivals(self, engine, pending: list[Arrival], steps_done: int) -> list[str]:
-        """Queue the arrivals due after `steps_done` steps (blockviz.session.scenario.admit_arrivals)."""
-        return admit_arrivals(engine, pending, steps_done, self.sampling_params)
 
     def sampling_params(self, n: int | None = None):
         from engine.sequence import SamplingParams

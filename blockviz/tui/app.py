@@ -114,7 +114,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         player.break_on = self.break_on
         self.controller = PlaybackController(player, self.bridge,
                                              set_interval=self.set_interval,
-                                             draw=lambda full: self.render_views(full))
+                                             draw=lambda full: self.render_views(full),
+                                             not_responding=self._engine_not_responding)
         self.screen.remove_class("-loading")
         for loading in self.query("#loading"):  # its spinner would redraw 16 times a second, unseen
             loading.remove()
@@ -165,6 +166,17 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             f"{message.error} · the pools show the last events it sent · q quits")
         self.screen.add_class("-engine-died")
         self.render_views()
+
+    def _engine_not_responding(self, stalled: bool) -> None:
+        """Playback waits on a live engine that has sent nothing for a while (a stopped or hung
+        engine process): say so until it answers; q still quits (the bridge ends the process)."""
+        from blockviz.tui.controller import NOT_RESPONDING_S
+
+        if self.engine_died:
+            return
+        self.query_one("#engine-error", Static).update(
+            f"engine not responding: nothing from it for {NOT_RESPONDING_S:g} s · q quits")
+        self.screen.set_class(stalled, "-engine-stalled")
 
     def on_engine_events(self, message: EngineEvents) -> None:
         self.controller.on_events(message.events)

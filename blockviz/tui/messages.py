@@ -24,7 +24,7 @@ class EngineLoading(Message):
 
 @dataclass
 class EngineReady(Message):
-    """The engine is built; `header` is its trace_header() (block size, pool sizes, model...)."""
+    """The engine is built; `header` is its session's trace header (block size, pool sizes, model...)."""
 
     header: dict[str, Any]
 
