@@ -55,15 +55,23 @@ def test_no_layer_imports_one_above_it(layer):
     assert not bad, "\n".join(bad)
 
 
+# "fork" is also the live command's name (vLLM's BlockSpaceManager.fork): the TUI's key binding, the
+# engine process's call names and the help glossary say it as an operation, not as an event kind.
+OPERATION_NAMES = {("blockviz/tui/keys.py", "fork"), ("blockviz/tui/engine_process.py", "fork"),
+                   ("blockviz/tui/widgets/screens.py", "fork")}
+
+
 def test_event_names_are_spelled_only_in_the_event_module():
     """Consumers dispatch on an event's record class; a kind name as a string appears only in
     engine/events.py (trace files keep their "type" field, read and written there)."""
     names = set(EVENT_TYPES)
     found = []
     for _, path in modules("blockviz"):
+        where = str(path.relative_to(ROOT))
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                    and (where, node.value) not in OPERATION_NAMES):
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
     assert not found, "\n".join(found)
 
 
