@@ -13,6 +13,8 @@ not parse, or an event that does not make sense where it stands (blockviz/model/
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable
@@ -79,16 +81,36 @@ class TraceWriter:
 
     >>> with TraceWriter.open(path, header) as writer:
     ...     unsubscribe = engine.events.subscribe(writer)
+
+    `TraceWriter.create(path, header)` writes to a temporary file beside `path` instead, and
+    `commit()` publishes it whole (flushed, fsync'ed, renamed) or `discard()` removes it, so a run
+    cut short never leaves half a trace, and an existing file is kept unless `overwrite`.
     """
 
     def __init__(self, stream: IO[str], header: dict[str, Any]) -> None:
         self._stream = stream
+        self._publish: tuple[Path, Path, bool] | None = None  # (partial, target, overwrite) for create()
         self.num_events = 0
         stream.write(json.dumps(header, separators=(",", ":")) + "\n")
 
     @classmethod
     def open(cls, path: str | Path, header: dict[str, Any]) -> "TraceWriter":
         return cls(open(path, "w", encoding="utf-8"), header)
+
+    @classmethod
+    def create(cls, path: str | Path, header: dict[str, Any], *, overwrite: bool = False) -> "TraceWriter":
+        """A writer whose trace appears at `path` only on commit(); raises TraceError (one line)
+        when `path` exists and not `overwrite`, or cannot be written."""
+        target = Path(path)
+        check_new_trace_path(target, overwrite=overwrite)
+        partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+        try:
+            stream = open(partial, "x", encoding="utf-8")
+        except OSError as exc:
+            raise TraceError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        writer = cls(stream, header)
+        writer._publish = (partial, target, overwrite)
+        return writer
 
     def __call__(self, event: Event) -> None:
         self.write(event)
@@ -104,11 +126,88 @@ class TraceWriter:
     def close(self) -> None:
         self._stream.close()
 
+    def commit(self) -> None:
+        """Flush and fsync the temporary file, then move it to its path in one step (a rename,
+        or a hard link that fails if the path appeared meanwhile when not overwriting)."""
+        partial, target, overwrite = self._published()
+        try:
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
+            self._stream.close()
+            if overwrite:
+                os.replace(partial, target)
+            else:
+                _link_new(partial, target)
+            _fsync_directory(target.parent)
+        except OSError as exc:
+            self.discard()
+            raise TraceError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Close and remove the temporary file: nothing is published."""
+        partial, _, _ = self._published()
+        self._stream.close()
+        partial.unlink(missing_ok=True)
+
+    def _published(self) -> tuple[Path, Path, bool]:
+        if self._publish is None:
+            raise RuntimeError("commit() and discard() are for a writer made by TraceWriter.create()")
+        return self._publish
+
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info: object) -> None:
+        if self._publish is None:
+            self.close()
+        elif exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def check_new_trace_path(path: str | Path, *, overwrite: bool = False) -> None:
+    """Raise TraceError (one line) when a trace cannot be written at `path`: a directory, a
+    directory that does not exist, or an existing file and not `overwrite` (`record --force`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{str(path)!r} is a directory; give a file name such as trace.jsonl")
+    if not path.parent.is_dir():
+        raise TraceError(f"{str(path)!r}: directory {str(path.parent)!r} does not exist")
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise TraceError(f"{str(path)!r} already exists: give another name, or --force to overwrite it")
+
+
+def _link_new(partial: Path, target: Path) -> None:
+    """Move `partial` to `target` unless `target` exists (checked by the link itself where the
+    file system has hard links)."""
+    try:
+        os.link(partial, target)
+    except FileExistsError:
+        partial.unlink(missing_ok=True)
+        raise TraceError(f"{str(target)!r} already exists: give another name, or --force to overwrite it") from None
+    except OSError:  # no hard links here (FAT, some network file systems): check, then rename
+        check_new_trace_path(target)
+        os.replace(partial, target)
+        return
+    partial.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_trace(path: str | Path, header: dict[str, Any], events: Iterable[Event]) -> None:
