@@ -118,3 +118,13 @@ def test_each_visitor_has_an_app_process(served, visit):
     first.wait_for_text(r"event 1/\d+", start_first)
     second.wait_until_quiet()
     assert "event 1/" not in second.text_since(start)  # one visitor's key moves only their app
+
+
+def test_a_visitor_beyond_the_limit_reads_that_they_should_wait(tmp_path, visit):
+    with serve("replay", "fork-cow", "--max-visitors", "1", log_dir=tmp_path) as server:
+        first = visit(server.url)
+        first.drawn()
+        second = visit(server.url)
+        second.page.wait_for_selector("text=All 1 places on this blockviz server are taken")
+        assert "tries again every" in second.page.inner_text("body")
+        assert len(server.app_processes()) == 1 and second.blocked == []
