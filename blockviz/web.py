@@ -146,7 +146,8 @@ class BlockvizServer(Server):
         return self.num_visitors >= self.max_visitors
 
     def full_message(self) -> str:
-        return (f"All {self.max_visitors} places on this blockviz server are taken. "
+        visitors = f"{self.max_visitors} visitor{'s' if self.max_visitors != 1 else ''}"
+        return (f"This blockviz server is full ({visitors} at once). "
                 "Wait a little: a place frees when someone closes their tab.")
 
     async def handle_websocket(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]

@@ -84,13 +84,13 @@ def test_visitors_beyond_the_limit_are_told_to_wait_and_start_nothing(served):
                 await _first_bytes(first)
                 async with session.ws_connect(served.url + "/ws", origin=served.url) as second:
                     notice = (await _first_bytes(second)).decode()
-                    assert "All 1 places on this blockviz server are taken" in notice and "Wait" in notice
+                    assert "This blockviz server is full (1 visitor at once)" in notice and "Wait" in notice
                     closed = await second.receive(timeout=WAIT_LIMIT_S)
                     assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
                     assert second.close_code == 1013
                 async with session.get(served.url + "/") as page:
                     assert page.status == 503 and page.headers["Retry-After"]
-                    assert "are taken" in await page.text()
+                    assert "is full" in await page.text()
                 assert len(served.app_processes()) == 1
             _wait_for(lambda: not served.app_processes(), "the first visitor's app to stop")
             async with session.get(served.url + "/") as page:  # the place is free again
