@@ -7,10 +7,7 @@ trace needs no model and no torch (this module imports only `engine.events`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
 a trace, a trace from a newer blockviz, or the number of the first corrupted line: a line that does
-<<<<<<< HEAD:blockviz/model/trace.py
 not parse, or an event that does not make sense where it stands (blockviz/model/trace_check.py).
-=======
-not parse, or an event that does not make sense where it stands (blockviz/trace_check.py).
 
 A trace may come from anyone, so reading it is bounded by the file, never by what the file claims
 (the limits below, listed in the README's "Traces"): a line is at most MAX_LINE_BYTES and nests at
@@ -19,7 +16,6 @@ most max(MIN_POOL_BLOCKS, file size / FILE_BYTES_PER_BLOCK) blocks (the reducer 
 block), no more than the header's own memory figures hold; every id, count and hash is a
 non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID).
 A UTF-8 byte order mark before the header is skipped.
->>>>>>> 86c3be7 (Trace loading bounded by the file, not by its claims: lines read one at a time up to 4 MiB, nesting at most 16 deep, a UTF-8 BOM skipped; the header's block size and pools checked against its own memory figures and an allowance that grows with the file; every integer a non-negative 64-bit value and token ids below vocab_size; a block only for an added sequence; at most 4,096 sequences per request and a budget on tokens copied into sequences; sequence_freed checks its own table, not every pool; the limits in the README; subprocess tests under an address-space limit):blockviz/trace.py
 """
 
 from __future__ import annotations
