@@ -386,18 +386,34 @@ def _decode_group(
     """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim)."""
     n, num_heads, head_dim = query.shape
     blocks = group.block_tables.flatten()  # (n * num_blocks,)
-    # index_select along the block dimension, not k_cache[tables]: a row gather, faster on CPU
     kv = stacked_kv(k_cache, v_cache)
     if kv is not None:  # one gather for K and V together
         # (2, num_heads, n * num_blocks, block_size, head_dim) -> 2 x (n, num_heads, num_keys, head_dim)
-        k, v = kv.index_select(2, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
+        k, v = gather_blocks(kv, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
     else:
         # (num_heads, n * num_blocks, block_size, head_dim) -> (n, num_heads, num_keys, head_dim)
-        k = head_major(k_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
-        v = head_major(v_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+        k = gather_blocks(head_major(k_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+        v = gather_blocks(head_major(v_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
     q = query.unsqueeze(2)  # (n, num_heads, 1, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.key_mask, scale=scale)
     return out.squeeze(2)
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """(..., num_blocks, block_size, head_dim) -> (..., len(blocks), block_size, head_dim): the
+    given blocks, in order (what `cache.index_select(-3, blocks)` returns).
+
+    Fast path: index_select along the block dimension, not cache[..., tables, :, :], and on a 3-D
+    view whose rows are whole blocks when the strides allow it (CacheEngine's pools): index_select
+    then copies each block as one contiguous row, faster on CPU than selecting along a middle
+    dimension of a 5-D tensor.
+    """
+    num_blocks, block_size, head_dim = cache.shape[-3:]
+    try:
+        rows = cache.view(-1, num_blocks, block_size * head_dim)  # (rows, num_blocks, block_size * head_dim)
+    except RuntimeError:  # strides that no view can merge: select along the block dimension
+        return cache.index_select(cache.dim() - 3, blocks)
+    return rows.index_select(1, blocks).view(*cache.shape[:-3], len(blocks), block_size, head_dim)
 
 
 def stacked_kv(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:

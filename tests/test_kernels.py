@@ -295,3 +295,21 @@ def test_cli_triton_on_the_cpu_without_the_interpreter_in_a_real_process(tmp_pat
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "TRITON_INTERPRET=1" in lines[0]
+
+
+# ---------------------------------------------------------------- the CPU fast path of the LM head
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, 48])
+@pytest.mark.parametrize("chunk", [7, 2048])
+def test_chunked_lm_head_equals_f_linear(num_rows, chunk):
+    from engine.kernels.lm_head import chunked_lm_head, lm_head_logits
+
+    weight = torch.randn(2 * 2048 + 77, 40)  # whole chunks and a ragged last one
+    hidden = torch.randn(num_rows, 40)
+    expected = torch.nn.functional.linear(hidden, weight)
+    logits = chunked_lm_head(hidden, weight, chunk=chunk)
+    assert logits.shape == expected.shape and logits.is_contiguous()
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-6)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+    torch.testing.assert_close(lm_head_logits(hidden, weight), expected, atol=1e-5, rtol=1e-6)
