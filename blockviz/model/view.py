@@ -51,6 +51,7 @@ class BlockCell(NamedTuple):
 
 
 _FREE_CELL = BlockCell("free", 0, 0, -1, -1)
+_cell = tuple.__new__  # BlockCell(...) without NamedTuple's Python-level __new__: pools draw thousands
 
 
 def block_cell(block: BlockState) -> BlockCell:
@@ -61,19 +62,20 @@ def block_cell(block: BlockState) -> BlockCell:
             first, second = sorted(owners)[:2]
         else:
             first, second = (next(iter(owners)) if owners else -1), -1
-        return BlockCell("used", block.ref_count, len(block.token_ids), first, second)
+        return _cell(BlockCell, ("used", block.ref_count, len(block.token_ids), first, second))
     if block.block_hash is not None:
-        return BlockCell("cached", 0, len(block.token_ids), -1, -1)
+        return _cell(BlockCell, ("cached", 0, len(block.token_ids), -1, -1))
     return _FREE_CELL
 
 
 def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
     """A pool as columns of its cells (block_cell): per block its state code, ref count, slots
     filled, first and second owner."""
-    cells = [block_cell(block) for block in pool]
-    return {"n": len(pool), "state": "".join(STATE_CODES[c.state] for c in cells),
-            "ref": [c.ref for c in cells], "fill": [c.fill for c in cells],
-            "owner": [c.owner for c in cells], "owner2": [c.owner2 for c in cells]}
+    if not pool:
+        return {"n": 0, "state": "", "ref": [], "fill": [], "owner": [], "owner2": []}
+    states, refs, fills, owners, owners2 = zip(*map(block_cell, pool))
+    return {"n": len(pool), "state": "".join(map(STATE_CODES.__getitem__, states)),
+            "ref": list(refs), "fill": list(fills), "owner": list(owners), "owner2": list(owners2)}
 
 
 def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
