@@ -45,6 +45,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     watermark: float = 0.01
     kv_digests: bool = True
+    raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:

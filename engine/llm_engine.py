@@ -100,6 +100,16 @@ class LLMEngine:
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
+    def format_prompt(self, prompt: str) -> str:
+        """The text a string prompt is run as: for an instruct model (a tokenizer with a chat
+        template) the template around it as the user's one message, ready for the assistant's
+        answer (HF `apply_chat_template(..., add_generation_prompt=True)`, as vLLM's `LLM.chat`);
+        the prompt itself with `raw_prompt` or a model without a template."""
+        if self.config.raw_prompt or not getattr(self.tokenizer, "chat_template", None):
+            return prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                  add_generation_prompt=True)
+
     def check_request(
         self, prompt: str | list[int] | dict, sampling_params: SamplingParams | None = None
     ) -> tuple[list[int], str | None, SamplingParams]:
@@ -115,7 +125,8 @@ class LLMEngine:
                 raise ValueError("a dict prompt needs 'prompt_token_ids'")
             token_ids, text = as_token_ids(prompt["prompt_token_ids"]), prompt.get("prompt")
         elif isinstance(prompt, str):
-            token_ids, text = self.encode(prompt), prompt
+            text = self.format_prompt(prompt)
+            token_ids = self.encode(text)
         else:
             token_ids, text = as_token_ids(prompt), None
         if not token_ids:
@@ -356,7 +367,8 @@ class LLMEngine:
             "dtype": str(self.loaded.dtype).removeprefix("torch."), "block_bytes": b.block_bytes,
             "budget_source": b.source, "total_bytes": b.total_bytes, "peak_bytes": b.peak_bytes,
             "gpu_memory_utilization": b.utilization, "max_model_len": self.max_model_len,
-            "num_layers": self.loaded.config.num_layers, "num_kv_heads": self.loaded.config.num_kv_heads,
+            "model_type": self.loaded.config.model_type, "num_layers": self.loaded.config.num_layers,
+            "num_heads": self.loaded.config.num_heads, "num_kv_heads": self.loaded.config.num_kv_heads,
             "head_dim": self.loaded.config.head_dim,
         }
 
