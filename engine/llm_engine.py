@@ -40,7 +40,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 class LLMEngine:
-    """A paged-KV engine over one model (GPT-2, Llama, Qwen2 or Qwen3): add_request, step, has_unfinished_requests."""
+    """A paged-KV engine over one model (GPT-2, Llama, Qwen2 or Qwen3): add_request, step,
+    has_unfinished_requests."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, events: EventBus | None = None):
         self.config = config
