@@ -173,3 +173,29 @@ def test_registry_and_torch_free_list_agree():
     from engine.models import MODEL_REGISTRY
 
     assert tuple(MODEL_REGISTRY) == SUPPORTED_MODEL_TYPES
+
+
+def test_llama3_rope_scaling_matches_transformers():
+    """Llama 3's long-context RoPE frequencies (rope_type 'llama3'): our forward's logits equal
+    transformers' on a tiny model whose frequencies the scaling changes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.attention import AttentionMetadata
+    from engine.models.llama import Llama, rope_inv_freq
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    config = LlamaConfig(**TINY, vocab_size=128, num_attention_heads=4, num_key_value_heads=2, rope_parameters=rope)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).eval()
+    model = Llama.from_hf(hf)
+    assert model.config.rope_scaling["rope_type"] == "llama3"
+    default = rope_inv_freq(type(model.config)(**{**{f: getattr(model.config, f) for f in model.config.__slots__},
+                                                  "rope_scaling": None}))
+    assert not torch.allclose(model.inv_freq, default)  # the scaling really changes the frequencies
+    ids = torch.randint(0, 128, (40,))
+    meta = AttentionMetadata.build([[0]], [40], [40], block_size=64)
+    logits = model.compute_logits(model(ids, meta.positions, None, meta))
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    assert torch.allclose(logits, expected, atol=1e-4)
