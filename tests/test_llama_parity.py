@@ -5,6 +5,7 @@ preemption, n > 1; and the K/V geometry the engine reports against the tensors i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -190,8 +191,7 @@ def test_llama3_rope_scaling_matches_transformers():
     hf = LlamaForCausalLM(config).eval()
     model = Llama.from_hf(hf)
     assert model.config.rope_scaling["rope_type"] == "llama3"
-    default = rope_inv_freq(type(model.config)(**{**{f: getattr(model.config, f) for f in model.config.__slots__},
-                                                  "rope_scaling": None}))
+    default = rope_inv_freq(dataclasses.replace(model.config, rope_scaling=None))
     assert not torch.allclose(model.inv_freq, default)  # the scaling really changes the frequencies
     ids = torch.randint(0, 128, (40,))
     meta = AttentionMetadata.build([[0]], [40], [40], block_size=64)
