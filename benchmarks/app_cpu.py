@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from blockviz.live import EngineSpec  # noqa: E402
+from blockviz.session.spec import EngineSpec  # noqa: E402
 
 
 def record(model: str, path: Path) -> int:
@@ -46,28 +46,27 @@ def record(model: str, path: Path) -> int:
         engine.add_request(prompt, spec.sampling_params())
     while engine.has_unfinished_requests():
         engine.step()
-    events: list = []
-    engine.events.subscribe(events.append)
+    from blockviz.session.engine_session import EngineSession
+
+    session = EngineSession(spec, engine=engine)  # the events as the app gets them (prompt texts filled)
     requests, steps = [], []
     for prompt in PROMPTS:
-        engine.add_request(prompt, spec.sampling_params())
-        requests.append(events[:])
-        events.clear()
+        session.add_request(prompt)
+        requests.append(session.take_events())
     pacer = DigestPacer(engine)
     while engine.has_unfinished_requests():
         start = time.perf_counter()
         engine.step()
         pacer.after_step()
-        steps.append([time.perf_counter() - start, events[:]])
-        events.clear()
+        steps.append([time.perf_counter() - start, session.take_events()])
     pacer.finish()
-    steps[-1][1].extend(events)
-    path.write_bytes(pickle.dumps({"header": engine.trace_header(), "requests": requests, "steps": steps}))
+    steps[-1][1].extend(session.take_events())
+    path.write_bytes(pickle.dumps({"header": session.header, "requests": requests, "steps": steps}))
     return sum(len(step_events) for _, step_events in steps)
 
 
 class ReplayEngine:
-    """What the bridge needs of an engine: each add_request delivers the next recorded request's
+    """What an engine session needs of an engine: each add_request delivers the next recorded request's
     events, each step the next step's events, then sleeps out the step's recorded duration."""
 
     def __init__(self, path: str) -> None:
@@ -77,9 +76,30 @@ class ReplayEngine:
         self.events = EventBus()
         self.next_request = 0
         self.next_step = len(self.data["steps"])
+        # what the engine session's trace_header reads: the recorded engine's settings
+        from types import SimpleNamespace
 
-    def trace_header(self) -> dict:
-        return self.data["header"]
+        from engine.cache_engine import BlockBudget
+        from engine.config import EngineConfig
+
+        h = self.data["header"]
+        self.config = EngineConfig(model=h["model"], block_size=h["block_size"],
+                                   enable_prefix_caching=h["enable_prefix_caching"],
+                                   preemption_mode=h["preemption_mode"], device=h["device"])
+        self.budget = BlockBudget(h["num_gpu_blocks"], h["num_cpu_blocks"], h["block_bytes"], h["budget_source"],
+                                  h["total_bytes"], h["peak_bytes"], h["gpu_memory_utilization"])
+        self.device, self.max_model_len = h["device"], h["max_model_len"]
+        geometry = SimpleNamespace(num_layers=h["num_layers"], num_kv_heads=h["num_kv_heads"], head_dim=h["head_dim"])
+        self.loaded = SimpleNamespace(dtype=h["dtype"], config=geometry)
+
+    def check_request(self, prompt, params) -> None:
+        """Every recorded request was accepted when it was recorded."""
+
+    def set_kv_digests_per_step(self, per_step: bool) -> None:
+        """The recorded steps carry the digests as they were paced when recorded."""
+
+    def emit_kv_digests(self) -> None:
+        """Nothing held back (see set_kv_digests_per_step)."""
 
     def add_request(self, prompt, params) -> None:
         for event in self.data["requests"][self.next_request % len(self.data["requests"])]:
@@ -111,7 +131,7 @@ class ReplaySpec(EngineSpec):
 async def session(stream: Path, runs: int) -> tuple[list[float], int]:
     from blockviz.tui.app import BlockvizApp
     from blockviz.tui.engine_process import ProcessBridge
-    from blockviz.history import SPEEDS
+    from blockviz.model.player import SPEEDS
     from tui import PROMPTS, play_to_idle
 
     idle = asyncio.Event()
@@ -122,7 +142,9 @@ async def session(stream: Path, runs: int) -> tuple[list[float], int]:
             finished_at[0] = time.process_time()
             idle.set()
 
-    bridge = ProcessBridge(ReplaySpec(model="replay", prompts=(), stream=str(stream)))
+    from engine.config import EngineConfig
+
+    bridge = ProcessBridge(ReplaySpec(EngineConfig(model="replay"), prompts=(), stream=str(stream)))
     bridge.start()
     app = App(bridge=bridge, deterministic=True)
     cpu: list[float] = []

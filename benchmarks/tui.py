@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blockviz.tui import engine_process  # noqa: E402
-from blockviz.live import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
+from blockviz.session.spec import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
 NUM_CPU_BLOCKS = 512
@@ -178,8 +178,8 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
     from textual.app import App, ComposeResult
     from textual.geometry import Region
 
-    from blockviz.history import Timeline
-    from blockviz.palette import touched_blocks
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.palette import touched_blocks
     from blockviz.tui.widgets.pool_grid import PoolGrid
 
     class PoolHost(App):
@@ -213,7 +213,7 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
     drew per second and the events/s it kept up with (its frame timer asks for 30 frames/s)."""
     from blockviz import history
     from blockviz.tui.app import BlockvizApp
-    from blockviz.trace import Trace
+    from blockviz.model.trace import Trace
 
     header = {"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
               "num_cpu_blocks": NUM_CPU_BLOCKS}
@@ -291,12 +291,12 @@ FLUSH_INTERVAL = engine_process.FLUSH_INTERVAL  # a free-running engine sends a 
 
 class DigestPacer:
     """Has an engine digest the K/V blocks it wrote once per FLUSH_INTERVAL, as it does under the
-    live app at full speed (EngineBridge emits them before it sends each batch), instead of
+    live app at full speed (the engine session emits them before the bridge sends each batch), instead of
     every step: call after_step() after each step, finish() at the end."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        engine.kv_digests_per_step = False
+        engine.set_kv_digests_per_step(False)
         self.last = time.perf_counter()
 
     def after_step(self) -> None:
@@ -306,8 +306,7 @@ class DigestPacer:
             self.engine.emit_kv_digests()
 
     def finish(self) -> None:
-        self.engine.emit_kv_digests()
-        self.engine.kv_digests_per_step = True
+        self.engine.set_kv_digests_per_step(True)  # emits what was held back
 
 
 def _steps_alone(spec, engine, observed: bool = False, step=None) -> tuple[float, int]:
@@ -495,7 +494,7 @@ class _AttachedSession:
 
     async def _session(self, control: Path, results: Path) -> None:
         from blockviz.tui.app import BlockvizApp
-        from blockviz.history import SPEEDS
+        from blockviz.model.player import SPEEDS
 
         idle = asyncio.Event()
         session = self

@@ -75,7 +75,7 @@ def synthetic_events(num_gpu_blocks: int = NUM_GPU_BLOCKS, block_size: int = BLO
 
 
 def write_synthetic_trace(path: Path) -> Path:
-    from blockviz.trace import make_header, write_trace
+    from blockviz.model.trace import make_header, write_trace
 
     header = make_header({"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
                           "num_cpu_blocks": NUM_CPU_BLOCKS})

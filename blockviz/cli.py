@@ -11,9 +11,9 @@ import math
 import sys
 
 from blockviz.errors import UsageError  # noqa: F401  (re-exported: commands import it from here)
+from blockviz.session.spec import DEFAULT_PROMPTS, ENGINE_CONFIG_OPTIONS  # noqa: F401  (commands import them from here)
 from engine.model_source import DEFAULT_MODEL  # the bundled checkpoint
 
-DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -48,10 +48,6 @@ def _non_negative(name: str):
     return _int_at_least(name, 0)
 
 
-# The EngineConfig fields (engine/config.py) the CLI sets, each an option named after it
-# (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
-ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
-                         "preemption_mode", "device", "seed", "raw_prompt")
 CLI_MAX_TOKENS = 32  # longer completions than SamplingParams' default: there is more to watch
 
 
@@ -72,7 +68,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     """The options shared by the engine commands; `overrides` change their defaults (pool sizes
     default to the memory budget, as vLLM sizes them); `skip` names options a command defines its
     own way (compare takes lists)."""
-    from engine.config import PreemptionMode
+    from engine.config import ATTENTION_BACKENDS, PreemptionMode
 
     d = {**engine_option_defaults(), **overrides}
     parser.add_argument("--model", default=d["model"],
@@ -113,15 +109,18 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help=f"sampling seed (default {d['seed']})")
     parser.add_argument("--device", type=_device, default=d["device"],
                         help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
+                        help="torch (gather + SDPA, the reference) or triton (paged kernels; on the CPU only "
+                             "under TRITON_INTERPRET=1) (default: triton on CUDA when installed, else torch)")
 
 
 def add_break_on_option(parser: argparse.ArgumentParser) -> None:
     """--break-on KINDS for the TUI commands: playback stops at each event of these kinds."""
-    def kinds(text: str) -> frozenset[str]:
-        from blockviz.history import parse_break_on
+    def kinds(text: str) -> frozenset:
+        from engine.events import event_classes
 
         try:
-            return parse_break_on(text)
+            return event_classes(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -155,6 +154,22 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
 
 
+def check_attention_backend(args: argparse.Namespace) -> None:
+    """UsageError (one line) before any model loads when --attention-backend triton cannot run on the
+    chosen device (engine.kernels.resolve_attention_backend); imports torch only when triton is asked for."""
+    if getattr(args, "attention_backend", None) != "triton":
+        return
+    import torch
+
+    from engine.kernels import resolve_attention_backend
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolve_attention_backend("triton", device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="blockviz",
@@ -181,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from blockviz import commands
 
+        check_attention_backend(args)
         return commands.dispatch(args)
     except UsageError as exc:
         print(f"blockviz: error: {exc}", file=sys.stderr)

@@ -10,7 +10,6 @@ from engine.block_manager import AllocStatus, BlockSpaceManager
 from engine.config import EngineConfig, PreemptionMode
 from engine.events import EventBus
 from engine.invariants import check_invariants
-from engine.reducer import ReducerState
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 
 _LAZY = {  # torch-backed names, imported on first use so `import engine` stays light
@@ -42,7 +41,6 @@ __all__ = [
     "EventBus",
     "LogicalTokenBlock",
     "PhysicalTokenBlock",
-    "ReducerState",
     "SamplingParams",
     "Sequence",
     "SequenceGroup",

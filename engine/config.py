@@ -13,6 +13,7 @@ from engine.model_source import DEFAULT_MODEL
 MiB = 1 << 20
 DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks is given
 DTYPES = ("float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
 
 class PreemptionMode(str, enum.Enum):
@@ -45,6 +46,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     watermark: float = 0.01
     kv_digests: bool = True
+    attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
     raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
 
     def __post_init__(self) -> None:
@@ -62,6 +64,9 @@ class EngineConfig:
                                  f"got {self.preemption_mode!r}") from None
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} or None, "
+                             f"got {self.attention_backend!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.watermark < 0:

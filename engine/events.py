@@ -2,7 +2,7 @@
 
 Each mutation of the block manager, and each engine step, emits one event synchronously. Events carry
 plain values only (ints, strs, bools, tuples), copied at emit time, so a subscriber can keep them, a
-trace file can store them, and a reducer (engine/reducer.py) can rebuild the whole picture from them.
+trace file can store them, and a reducer above the engine can rebuild the whole picture from them.
 
 An event is a frozen `msgspec.Struct` (as vLLM's own KV-cache events are,
 vllm/distributed/kv_events.py): declared like a dataclass, built in C, immutable, without a
@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 import msgspec
 
@@ -76,7 +76,7 @@ class PrefixCacheHit(Event):
 
 
 class BlockHashed(Event):
-    """A full block got its chained hash (seed 002 compute_hash). `registered` is False when an
+    """A full block got its chained hash (nano-vllm BlockManager.compute_hash). `registered` is False when an
     identical block already sits in the hash map (the map is never overwritten)."""
 
     type: ClassVar[str] = "block_hashed"
@@ -172,7 +172,7 @@ class SequenceFreed(Event):
 
 
 class BlockEvicted(Event):
-    """A free-but-cached block lost its hash so it can be reused (LRU, seed 002 / vLLM LRUEvictor)."""
+    """A free-but-cached block lost its hash so it can be reused (LRU, vLLM v0's LRUEvictor)."""
 
     type: ClassVar[str] = "block_evicted"
 
@@ -269,6 +269,24 @@ class StepFinished(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in Event.__subclasses__()}
+
+
+def event_classes(names: str | Iterable[str]) -> frozenset[type[Event]]:
+    """The event records named by `names`: one type name ("copy_on_write"), a comma-separated list
+    ("swap_out,block_evicted") or an iterable of names. A ValueError names an unknown one (or none
+    given) and lists every name."""
+    parts = names.split(",") if isinstance(names, str) else list(names)
+    found = {name.strip() for name in parts if name.strip()}
+    unknown = sorted(found - set(EVENT_TYPES))
+    if unknown or not found:
+        raise ValueError(f"unknown event kind {', '.join(map(repr, unknown)) or '(none given)'}: the kinds are "
+                         f"{', '.join(sorted(EVENT_TYPES))}")
+    return frozenset(EVENT_TYPES[name] for name in found)
+
+
+def kind_names(classes: Iterable[type[Event]]) -> list[str]:
+    """The type names of event records, sorted (for a line that lists breakpoints)."""
+    return sorted(cls.type for cls in classes)
 
 
 def event_from_dict(data: dict[str, Any]) -> Event:

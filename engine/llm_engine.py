@@ -1,9 +1,10 @@
-"""LLMEngine: schedule -> run -> postprocess, one step at a time (vLLM v0 `LLMEngine`, seed 003;
+"""LLMEngine: schedule -> run -> postprocess, one step at a time (vLLM v0 `LLMEngine.step`;
 nano-vllm's `LLMEngine.step`).
 
-Initialisation follows seed 003: load the model, size the KV pools (seed 001's formula), build the
-CacheEngine and the scheduler over a BlockSpaceManager. Every block operation and every step is an
-event on `self.events`, so a subscriber sees one ordered story.
+Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools
+(`determine_num_available_blocks`), build the CacheEngine and the scheduler over a
+BlockSpaceManager. Every block operation and every step is an event on `self.events`, so a
+subscriber sees one ordered story.
 """
 
 from __future__ import annotations
@@ -74,17 +75,16 @@ class LLMEngine:
             self.block_manager,
         )
         self.model_runner = ModelRunner(self.model, self.cache_engine, self.block_manager, config.block_size,
-                                        self.device)
+                                        self.device, config.attention_backend)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()
         self._request_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}  # unfinished requests
         self.num_steps = 0
-        # K/V digests of the device blocks a step wrote go out at the end of that step; with this
-        # False they wait, gathered, for emit_kv_digests() (a live UI free-running at full speed
-        # digests once per batch it is sent: a block being filled is hashed once, not every step).
-        self.kv_digests_per_step = True
+        # K/V digests of the device blocks a step wrote go out at the end of that step, unless
+        # set_kv_digests_per_step(False) holds them back for emit_kv_digests()
+        self._kv_digests_per_step = True
         self._written: dict[int, None] = {}  # device blocks written since their last digest
 
     def _eos_token_id(self) -> int | None:
@@ -164,10 +164,9 @@ class LLMEngine:
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
         self._groups[request_id] = group
         self.scheduler.add_seq_group(group)
-        if self.events.active:
-            pieces = tuple(self.tokenizer.batch_decode([[t] for t in token_ids]))
+        if self.events.active:  # the token ids only: their texts are the subscriber's to decode
             self.events.emit(RequestAdded, request_id=request_id, seq_ids=(seq.seq_id,), prompt=text or "",
-                             prompt_token_ids=tuple(token_ids), prompt_tokens_text=pieces,
+                             prompt_token_ids=tuple(token_ids), prompt_tokens_text=(),
                              n=params.n, max_tokens=params.max_tokens)
         return request_id
 
@@ -188,16 +187,19 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ user-driven operations
 
-    def fork_sequence(self, seq_id: int) -> int:
-        """Fork a running sequence now (between steps): the child shares all its blocks."""
+    def fork(self, seq_id: int) -> int:
+        """Fork a running sequence now, between steps (vLLM v0 BlockSpaceManager.fork, as a
+        request with n > 1 forks after its prefill): the child shares all its blocks. Returns the
+        child's seq id."""
         for group in self.scheduler.running:
             if seq_id in group.seqs_dict and group.seqs_dict[seq_id].status is SequenceStatus.RUNNING:
                 return self._fork(group, group.seqs_dict[seq_id]).seq_id
         raise ValueError(f"sequence {seq_id} is not running")
 
-    def preempt_request(self, request_id: str) -> list[tuple[int, int]]:
-        """Swap a running request out now (between steps); returns the (gpu, cpu) pairs moved."""
-        pairs = self.scheduler.preempt_now(request_id, PreemptionMode.SWAP)
+    def preempt(self, request_id: str) -> list[tuple[int, int]]:
+        """Preempt a running request now, between steps, by swapping it out (vLLM v0
+        Scheduler._preempt by swap, chosen by the user); returns the (gpu, cpu) pairs moved."""
+        pairs = self.scheduler.preempt(request_id, PreemptionMode.SWAP)
         self.cache_engine.swap_out(pairs)
         self._emit_digests("cpu", [dst for _, dst in pairs])
         return pairs
@@ -278,7 +280,7 @@ class LLMEngine:
                 self._append_token(group, child, child_token_id)
             if group.is_finished() and group not in finished:
                 finished.append(group)
-        if self.kv_digests_per_step:
+        if self._kv_digests_per_step:
             self.emit_kv_digests()
         self.scheduler.free_finished_seq_groups()
         return finished
@@ -320,11 +322,24 @@ class LLMEngine:
             self.events.emit(SequenceFinished, seq_id=seq.seq_id, request_id=group.request_id,
                              reason=seq.status.finish_reason or "", detail=detail)
 
+    @property
+    def kv_digests_per_step(self) -> bool:
+        """Whether each step ends with the K/V digests of the device blocks it wrote."""
+        return self._kv_digests_per_step
+
+    def set_kv_digests_per_step(self, per_step: bool) -> None:
+        """Digest the blocks each step wrote at the end of that step (True, the default), or hold
+        the digests back until emit_kv_digests() (False: a subscriber that takes events in batches
+        many steps long has each block written hashed once per batch, not every step). Turning it
+        back on emits what was held back."""
+        self._kv_digests_per_step = bool(per_step)
+        if per_step:
+            self.emit_kv_digests()
+
     def emit_kv_digests(self) -> None:
         """Emit the K/V digests of the device blocks written since their last digest (each block
-        once, hashing what it holds now). step() calls this itself unless kv_digests_per_step is
-        False; whoever turned that off calls it when it wants the digests (EngineBridge: before
-        it sends a batch of events)."""
+        once, hashing what it holds now). step() calls this itself unless the digests are held
+        back (set_kv_digests_per_step(False))."""
         if self._written:
             blocks = list(self._written)
             self._written.clear()
@@ -356,23 +371,3 @@ class LLMEngine:
         first = seqs[0]
         return RequestOutput(group.request_id, group.prompt, list(first.prompt_token_ids), completions,
                              group.is_finished(), first.num_cached_tokens)
-
-    def trace_header(self) -> dict:
-        """The run's configuration and the block-count formula's figures (for traces and lessons)."""
-        b = self.budget
-        return {
-            "model": self.config.model, "block_size": self.config.block_size,
-            "num_gpu_blocks": b.num_gpu_blocks, "num_cpu_blocks": b.num_cpu_blocks,
-            "enable_prefix_caching": self.config.enable_prefix_caching,
-            "preemption_mode": _mode_name(self.config.preemption_mode), "device": str(self.device),
-            "dtype": str(self.loaded.dtype).removeprefix("torch."), "block_bytes": b.block_bytes,
-            "budget_source": b.source, "total_bytes": b.total_bytes, "peak_bytes": b.peak_bytes,
-            "gpu_memory_utilization": b.utilization, "max_model_len": self.max_model_len,
-            "model_type": self.loaded.config.model_type, "num_layers": self.loaded.config.num_layers,
-            "num_heads": self.loaded.config.num_heads, "num_kv_heads": self.loaded.config.num_kv_heads,
-            "head_dim": self.loaded.config.head_dim,
-        }
-
-
-def _mode_name(mode: PreemptionMode | None) -> str | None:
-    return mode.value if mode is not None else None

@@ -1,9 +1,10 @@
 """The scheduler: which sequences run this step (vLLM v0 `vllm/core/scheduler.py`).
 
 Three queues, first come first served. A step is either all prefill (admitting waiting requests) or
-all decode (running requests, plus swapped ones brought back when there is room), as in vLLM v0 and
-seed 000. When a decode cannot get a slot, the newest running request is preempted: swapped out if
-it runs several sequences, recomputed if it runs one (vLLM's default), or as `preemption_mode` says.
+all decode (running requests, plus swapped ones brought back when there is room), as in vLLM v0's
+`Scheduler._schedule_default`. When a decode cannot get a slot, the newest running request is
+preempted: swapped out if it runs several sequences, recomputed if it runs one (vLLM's default),
+or as `preemption_mode` says.
 """
 
 from __future__ import annotations
@@ -277,8 +278,9 @@ class Scheduler:
                              mode=mode.value, reason=reason, num_tokens_lost=lost)
         return mode
 
-    def preempt_now(self, request_id: str, mode: PreemptionMode = PreemptionMode.SWAP) -> list[tuple[int, int]]:
-        """User-driven preemption of a running request between steps; returns swap-out pairs."""
+    def preempt(self, request_id: str, mode: PreemptionMode = PreemptionMode.SWAP) -> list[tuple[int, int]]:
+        """Preempt a running request now, between steps, as `_preempt` (vLLM v0 Scheduler._preempt)
+        does when a step runs out of blocks, but chosen by the user; returns the swap-out pairs."""
         for group in self.running:
             if group.request_id == request_id:
                 break

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blockviz.tui.app import BlockvizApp  # noqa: E402
-from blockviz.trace import Trace, read_trace  # noqa: E402
+from blockviz.model.trace import Trace, read_trace  # noqa: E402
 
 TRACES_DIR = ROOT / "blockviz" / "traces"
 OUT_DIR = ROOT / "screenshots"

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blockviz.commands.record import record_trace  # noqa: E402
-from blockviz.live import EngineSpec  # noqa: E402
+from blockviz.session.spec import EngineSpec  # noqa: E402
 
 TRACES_DIR = ROOT / "blockviz" / "traces"
 
@@ -54,7 +54,7 @@ def _swap(counts: Counter, events: list) -> bool:
 def _eviction(counts: Counter, events: list) -> bool:
     """Cached blocks evicted, and a later request with the first one's opening hits the blocks
     still cached, then misses on one the eviction took (the explainer's "evicted")."""
-    from blockviz.explain import EVICTED, explain_requests
+    from blockviz.model.explain import EVICTED, explain_requests
 
     last = explain_requests(events, 4, 18, 8)[-1]
     return counts["block_evicted"] > 0 and last.num_hit_blocks > 0 and last.first_miss.verdict == EVICTED
@@ -108,15 +108,15 @@ SCENARIOS = [
 
 
 def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Path:
-    from blockviz.trace import read_trace
+    from blockviz.model.trace import read_trace
 
     spec = EngineSpec.of(model=model, device=device, seed=0, **scenario.spec)
     out = out_dir / f"{scenario.name}.jsonl"
 
-    def between_steps(engine, steps_done: int) -> None:
+    def between_steps(session, steps_done: int) -> None:
         prompt = scenario.later_prompts.get(steps_done)
         if prompt is not None:
-            engine.add_request(prompt, spec.sampling_params())
+            session.add_request(prompt)
 
     extra = {"scenario": scenario.name, "description": scenario.description}
     if scenario.later_prompts:

@@ -320,7 +320,7 @@ def page_cells(page) -> list[list]:
     return page.evaluate(DRAWN_BLOCKS_JS)
 
 
-KERNEL_CELLS = ("[[b.device, b.number, __import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b), "
+KERNEL_CELLS = ("[[b.device, b.number, __import__('blockviz.model.view', fromlist=['x']).block_state(b), "
                 "b.ref_count] for p in {viz}.state.pools.values() for b in p]")
 
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
-from engine.invariants import check_invariants, check_reducer_matches
-from engine.reducer import CACHED, FREE, ReducerState
+from blockviz.model.reducer import check_reducer_matches
+from engine.invariants import check_invariants
+from blockviz.model.reducer import CACHED, FREE, ReducerState
 
 VOCAB = st.integers(min_value=0, max_value=3)  # a tiny vocabulary makes prefix hits common
 

@@ -58,8 +58,8 @@ def test_bad_arguments_are_one_line_exit_2(tiny_gpt2_dir):
 
 def test_generate_peak_is_the_most_blocks_in_use_at_any_event(tiny_gpt2_dir, tmp_path, capsys):
     """Blocks freed inside a step (a sequence finishing) must not hide the peak reached earlier in it."""
-    from blockviz.trace import read_trace
-    from engine.reducer import ReducerState
+    from blockviz.model.trace import read_trace
+    from blockviz.model.reducer import ReducerState
 
     options = ["--model", str(tiny_gpt2_dir), "--prompt", "To be, or not to be", "--prompt", "KV",
                "--n", "2", "--max-tokens", "5", "--block-size", "2", "--num-gpu-blocks", "40"]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.history import Timeline
+from blockviz.model.timeline import Timeline
 
 from tests.test_tui_app import anyio_backend  # noqa: F401  (the anyio backend for these tests)
 
 
 @pytest.fixture(scope="module")
 def two_runs(tiny_gpt2_factory):
-    from blockviz.compare import configurations, run_all
-    from blockviz.live import EngineSpec
+    from blockviz.session.compare import configurations, run_all
+    from blockviz.session.spec import EngineSpec
 
     spec = EngineSpec.of(model=str(tiny_gpt2_factory()), num_gpu_blocks=64, num_cpu_blocks=16, max_tokens=10,
                          temperature=0.0)
@@ -36,7 +36,7 @@ def test_the_runs_keep_their_events_and_the_same_step_ends(two_runs):
 
 @pytest.mark.anyio
 async def test_the_split_view_steps_every_run_together(two_runs):
-    from blockviz.compare import same_step
+    from blockviz.session.compare import same_step
     from blockviz.tui.compare_app import CompareApp
     from blockviz.tui.widgets.pool_grid import PoolGrid
 

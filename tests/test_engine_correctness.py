@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockviz.trace_check import TraceChecker
+from blockviz.model.trace_check import TraceChecker
 from engine import LLM, SamplingParams, check_invariants
-from engine.invariants import check_reducer_matches
-from engine.reducer import ReducerState
+from blockviz.model.reducer import check_reducer_matches
+from blockviz.model.reducer import ReducerState
 from test_engine_parity import assert_parity, hf, run_checked  # noqa: F401  (hf is a fixture)
 
 SHARED = [(7 * i + 11) % 300 + 1 for i in range(40)]  # a 40-token opening in common
@@ -117,7 +117,7 @@ def test_generate_that_used_to_hang_ends_and_says_why():
 
 
 def test_record_that_used_to_stop_at_its_step_cap_writes_a_finished_trace(tmp_path):
-    from blockviz.trace import read_trace
+    from blockviz.model.trace import read_trace
 
     out = tmp_path / "run.jsonl"
     result = _blockviz("record", "--out", str(out), *HANG_OPTIONS)
@@ -138,7 +138,7 @@ def test_n_above_max_num_seqs_is_refused_in_one_line():
 
 def test_record_refuses_an_unfinished_run_and_leaves_no_file(tiny_gpt2_dir, tmp_path):
     from blockviz.commands.record import record_trace
-    from blockviz.live import EngineSpec
+    from blockviz.session.spec import EngineSpec
 
     spec = EngineSpec.of(model=str(tiny_gpt2_dir), prompts=("To be",), max_tokens=20, block_size=4, num_gpu_blocks=16)
     out = tmp_path / "cut.jsonl"
@@ -340,9 +340,9 @@ def test_user_driven_fork_swap_out_and_abort_make_a_trace_that_passes_the_checks
     second = engine.add_request({"prompt_token_ids": SHARED[:7]}, params)
     second_seq = [e.seq_ids[0] for e in events if e.type == "request_added"][1]
     engine.step()  # prefill: the last of its 4 blocks holds one token
-    engine.fork_sequence(second_seq)
+    engine.fork(second_seq)
     engine.step()  # both branches write into the shared last block: copy-on-write
-    engine.preempt_request(second)
+    engine.preempt(second)
     engine.step()
     engine.abort_request(first)
     while engine.has_unfinished_requests():

@@ -6,7 +6,7 @@ import sys
 
 def test_engine_imports_no_ui_and_no_torch():
     code = (
-        "import sys, engine, engine.block_manager, engine.reducer, engine.invariants\n"
+        "import sys, engine, engine.block_manager, engine.events, engine.invariants\n"
         "bad = [m for m in ('textual', 'rich', 'ipywidgets', 'blockviz', 'torch') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from blockviz.cli import main
-from blockviz.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, PARTIAL,
+from blockviz.model.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, PARTIAL,
                               explain_requests)
 from engine import LLM, SamplingParams
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.history import Timeline
-from blockviz.insights import max_tokens_of, memory_truth, preemption_ledger
-from blockviz.trace import load_trace, shipped_traces
+from blockviz.model.timeline import Timeline
+from blockviz.model.insights import max_tokens_of, memory_truth, preemption_ledger
+from blockviz.model.trace import load_trace, shipped_traces
 
 
 @pytest.mark.parametrize("name", ["swap", "recompute"])
@@ -62,8 +62,8 @@ def test_memory_figures_agree_with_the_reducer_at_every_step(name):
 def test_insights_fed_in_pieces_answer_as_of_any_cursor(name):
     """The lazy tracker the views use: fed in uneven pieces, at each position it equals the batch
     functions over the events up to there (explanations, the ledger, the memory series)."""
-    from blockviz.explain import explain_requests
-    from blockviz.insights import Insights
+    from blockviz.model.explain import explain_requests
+    from blockviz.model.insights import Insights
 
     trace = load_trace(name)
     events, h = trace.events, trace.header

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from blockviz.history import Timeline, state_equal
+from blockviz.model.timeline import Timeline, state_equal
 from blockviz.jupyter import Visualizer, snapshot
-from blockviz.jupyter.snapshot import STATE_CODES, block_state, event_log
+from blockviz.model.view import STATE_CODES, block_state, event_log
 from blockviz.jupyter.visualizer import FrameThrottle
-from blockviz.trace import load_trace, shipped_traces
-from engine.reducer import USED, ReducerState
+from blockviz.model.trace import load_trace, shipped_traces
+from blockviz.model.reducer import USED, ReducerState
 
 TRACES = shipped_traces()
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -118,7 +119,7 @@ def test_visualizer_cursor_matches_timeline(name):
 
 def test_run_until_rejects_unknown_kind_and_trace_commands():
     viz = Visualizer.from_trace("fork-cow")
-    with pytest.raises(ValueError, match="unknown event type"):
+    with pytest.raises(ValueError, match="unknown event kind"):
         viz.run_until("copy-on-write")
     with pytest.raises(RuntimeError, match="Visualizer.live"):
         viz.add_request("hello")
@@ -245,15 +246,19 @@ def test_package_never_imports_textual():
 
 
 def reference_state(model_dir, options, prompts, params):
-    """An in-process run's reducer state and outputs (LLM.generate with a reducer subscribed)."""
+    """An in-process run's reducer state and outputs (an engine session run to completion, a
+    reducer fed its events)."""
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
     from engine.llm import LLM
 
     llm = LLM(str(model_dir), **options)
-    header = llm.engine.trace_header()
+    session = EngineSession(EngineSpec(llm.engine.config, prompts=()), engine=llm.engine)
+    header = session.header
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-    llm.events.subscribe(state.apply)
-    outputs = llm.generate(prompts, params)
-    return state, outputs
+    request_ids = [session.add_request(prompt, sampling_params=params) for prompt in prompts]
+    session.run_to_completion(on_events=state.apply_all)
+    return state, [session.finished[request_id] for request_id in request_ids]
 
 
 def without_timing(state: ReducerState) -> dict:
@@ -307,7 +312,7 @@ def test_live_commands_fork_swap_out_and_errors(tiny_gpt2_dir):
     assert viz.current_event.type == "fork" and viz.state.tables[child] == viz.state.tables[seq_id]
     cow = viz.run_until("copy_on_write")
     assert cow is not None
-    pairs = viz.swap_out(request_id)
+    pairs = viz.preempt(request_id)
     assert pairs and viz.current_event.type in ("swap_out", "kv_digest")
     assert viz.state.num_used("cpu") == len(pairs)
     with pytest.raises(ValueError, match="not running"):
@@ -349,13 +354,13 @@ def test_live_play_free_runs_to_the_end(tiny_gpt2_dir):
 
 
 def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
-    from blockviz.narration import narrate
+    from blockviz.model.narration import narrate
 
     viz = Visualizer.from_trace("fork-cow")
     event = viz.run_until("fork")
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
-    assert frame["cursor"]["current"].startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}")
+    assert frame["cursor"]["current"].startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id}")
 
 
 def test_a_frame_timer_that_fires_after_close_sends_nothing():
@@ -410,3 +415,42 @@ def test_the_pool_view_draws_on_a_canvas_unless_told_cells():
         view.renderer = "svg"
     assert "function canvasGrid(" in ESM and "function cellGrid(" in ESM  # pool_canvas.js is in the module
     view.close()
+
+
+def test_play_and_pause_hammered_from_two_threads_never_fail_and_end_paused(monkeypatch):
+    """The Pause button racing Play (issue 30): play() and pause() called over and over from two
+    threads at once never raise (a pause used to join a play thread not started yet: here every
+    thread takes a moment to start, so a pause lands in that moment often), and a last pause
+    leaves no play thread behind."""
+    import time
+
+    viz = Visualizer.from_trace("swap")
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    class SlowToStart(threading.Thread):
+        def start(self) -> None:
+            time.sleep(0.001)
+            super().start()
+
+    def hammer(call) -> None:
+        start.wait()
+        for _ in range(200):
+            try:
+                call()
+            except BaseException as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(lambda: viz.play(speed=1000),)),
+               threading.Thread(target=hammer, args=(viz.pause,))]
+    monkeypatch.setattr(threading, "Thread", SlowToStart)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    monkeypatch.undo()
+    assert not any(thread.is_alive() for thread in threads) and errors == []
+    viz.pause()
+    assert not viz.playing and viz._play_thread is None
+    assert not [t for t in threading.enumerate() if t.name == "blockviz-play"]
+    viz.close()

@@ -22,7 +22,7 @@ from jupyter_fixtures import (
     wait_for_visualizer,
 )
 
-KERNEL_STATE = "__import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b)"
+KERNEL_STATE = "__import__('blockviz.model.view', fromlist=['x']).block_state(b)"
 TRACE_CELLS = [
     "from blockviz.jupyter import Visualizer\nviz = Visualizer.from_trace('fork-cow')",
     "viz",

@@ -85,7 +85,7 @@ COMPARE_CELLS = [
 PAGE_COMPARE = """() => Array.from(document.querySelectorAll('.bv-view-pool')).map((view) => {
     const canvas = view.querySelector("canvas.bv-pool-canvas[data-device='gpu'][data-states]");
     return canvas ? canvas.dataset.states : null; })"""
-KERNEL_COMPARE = ("[''.join(__import__('blockviz.jupyter.snapshot', fromlist=['x']).block_state(b)[0] "
+KERNEL_COMPARE = ("[''.join(__import__('blockviz.model.view', fromlist=['x']).block_state(b)[0] "
                   "for b in t.state.pools['gpu']) for t in grid.timelines]")
 
 

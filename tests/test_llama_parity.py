@@ -16,6 +16,7 @@ import torch
 from conftest import build_tokenizer
 from test_engine_parity import PROMPTS, hf_greedy, run_checked
 
+from blockviz.session.engine_session import trace_header
 from engine import LLM, SamplingParams
 
 # name -> (transformers config class, overrides): each a different GQA shape and variant
@@ -137,7 +138,7 @@ def test_kv_bytes_reported_equal_the_tensors_allocated(tiny):
     path, (model, _), _ = tiny
     llm = LLM(str(path), block_size=8, num_gpu_blocks=10, num_cpu_blocks=3)
     engine, hf = llm.engine, model.config
-    header, cache = engine.trace_header(), engine.cache_engine
+    header, cache = trace_header(engine), engine.cache_engine
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     expected = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 8 * 4  # float32
     assert header["block_bytes"] == cache.block_bytes == engine.budget.block_bytes == expected

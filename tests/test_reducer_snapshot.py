@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from engine.reducer import BlockState, ReducerState, SeqState, _Snapshot
+from blockviz.model.reducer import BlockState, ReducerState, SeqState, _Snapshot
 
 
 def _distinct(cls, **containers):

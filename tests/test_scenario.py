@@ -7,9 +7,9 @@ import argparse
 
 from blockviz.commands.record import record_trace
 from blockviz.commands.run import add_parser
-from blockviz.live import EngineSpec
-from blockviz.scenario import DEFAULT_SCENARIO
-from blockviz.trace import read_trace
+from blockviz.session.spec import EngineSpec
+from blockviz.session.scenario import DEFAULT_SCENARIO
+from blockviz.model.trace import read_trace
 
 
 def _run_spec(*argv: str) -> EngineSpec:

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from blockviz.session.engine_session import trace_header
 from engine.model_source import ModelNotFoundError, smollm2_file
 
 try:
@@ -77,7 +78,7 @@ def test_instruct_prompts_go_through_the_chat_template_unless_raw(llm, outputs):
 
 def test_kv_geometry_is_what_the_cache_allocates(llm):
     engine = llm.engine
-    header, cache = engine.trace_header(), engine.cache_engine
+    header, cache = trace_header(engine), engine.cache_engine
     assert (header["model_type"], header["num_layers"], header["num_heads"], header["num_kv_heads"],
             header["head_dim"]) == ("llama", 30, 9, 3, 64)
     block_bytes = 2 * 30 * 3 * 64 * 16 * 4  # K and V x layers x K/V heads x head_dim x block_size x float32

@@ -9,9 +9,10 @@ import pytest
 
 from blockviz.cli import main
 from blockviz.commands.record import record_trace
-from blockviz.history import Timeline, state_equal
-from blockviz.live import EngineSpec
-from blockviz.trace import FORMAT_NAME, FORMAT_VERSION, TraceError, read_trace, write_trace
+from blockviz.model.timeline import Timeline, state_equal
+from blockviz.session.spec import EngineSpec
+from blockviz.model.trace import FORMAT_NAME, FORMAT_VERSION, TraceError, read_trace, write_trace
+from blockviz.session.engine_session import trace_header
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 
@@ -53,7 +54,7 @@ def test_round_trip_keeps_every_event(tmp_path):
     while engine.has_unfinished_requests():
         engine.step()
     path = tmp_path / "t.jsonl"
-    write_trace(path, {"format": FORMAT_NAME, "version": 1, **engine.trace_header()}, events)
+    write_trace(path, {"format": FORMAT_NAME, "version": 1, **trace_header(engine)}, events)
     trace = read_trace(path)
     assert trace.events == events
     assert "prefix_cache_hit" in {e.type for e in events}

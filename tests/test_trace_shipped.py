@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from blockviz.commands.replay import resolve_trace_path, shipped_traces
-from blockviz.history import Timeline
-from blockviz.trace import read_trace
+from blockviz.model.timeline import Timeline
+from blockviz.model.trace import read_trace
 
 EXPECTED = {
     "prefill": {"block_allocated", "slot_appended", "block_freed"},
@@ -33,7 +33,7 @@ def test_shipped_trace_replays_to_the_end(name):
     if name == "recompute":
         assert any(e.type == "preempted" and e.mode == "recompute" for e in trace.events)
     if name == "eviction":  # ROMEO's line again: hits on what is still cached, then an evicted block
-        from blockviz.explain import EVICTED, explain_requests
+        from blockviz.model.explain import EVICTED, explain_requests
 
         last = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"],
                                 header["num_cpu_blocks"], header["enable_prefix_caching"])[-1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from blockviz.cli import main
-from blockviz.trace import TraceError, read_trace, resolve_trace_path, shipped_traces
+from blockviz.model.trace import TraceError, read_trace, resolve_trace_path, shipped_traces
 
 SAMPLES = 6  # mutated lines per trace and mutation
 

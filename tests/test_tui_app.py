@@ -18,15 +18,16 @@ from pathlib import Path
 import pytest
 
 from blockviz.tui.app import BlockvizApp
-from blockviz.history import Timeline
+from blockviz.model.timeline import Timeline
 from blockviz.tui.messages import BlockSelected
-from blockviz.live import EngineSpec
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge
-from blockviz.trace import Trace, write_trace
+from blockviz.model.trace import Trace, write_trace
 from blockviz.tui.widgets.event_log import EventLog
-from blockviz.palette import show_token
+from blockviz.model.palette import show_token
 from blockviz.tui.widgets.pool_grid import PoolGrid
 from engine.sequence import SamplingParams
+from blockviz.session.engine_session import trace_header
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 pytestmark = pytest.mark.anyio
@@ -50,23 +51,23 @@ def fork_trace() -> Trace:
     engine.events.subscribe(events.append)
     engine.add_request("ROMEO: hi", SamplingParams(max_tokens=4))
     engine.step()
-    engine.fork_sequence(0)
+    engine.fork(0)
     while engine.has_unfinished_requests():
         engine.step()
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def n2_trace() -> Trace:
     engine = FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8)
     events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=5)
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def run_pool_trace() -> Trace:
     """`blockviz run`'s pool (64 GPU / 32 CPU blocks of 16 tokens): two requests, n=2."""
     engine = FakeEngine(block_size=16, num_gpu_blocks=64, num_cpu_blocks=32)
     events = run_scenario(engine, ["ROMEO: hi there, how are you this fine day", "JULIET:"], n=2, max_tokens=20)
-    return Trace(engine.trace_header(), events)
+    return Trace(trace_header(engine), events)
 
 
 def replay_app(trace: Trace | None = None, **kwargs) -> BlockvizApp:
@@ -268,9 +269,9 @@ async def test_clicking_a_cell_selects_that_block():
 
 async def test_the_status_bar_says_what_just_happened_on_its_third_line():
     """Stepped event by event to the fork of the shipped fork-cow trace, the status area's third
-    line is blockviz.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
-    from blockviz.narration import narrate
-    from blockviz.trace import load_trace, resolve_trace_path
+    line is blockviz.model.narration's sentence for it: whole at 200 columns, cut with an ellipsis at 80."""
+    from blockviz.model.narration import narrate
+    from blockviz.model.trace import load_trace, resolve_trace_path
     from blockviz.tui.widgets.panels import StatusBar
 
     trace = load_trace(resolve_trace_path("fork-cow"))
@@ -282,14 +283,15 @@ async def test_the_status_bar_says_what_just_happened_on_its_third_line():
         assert timeline.current_event.type == "fork"
         sentence = narrate(timeline.current_event, timeline.state)
         event = timeline.current_event
-        assert sentence.startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}: ")
+        assert sentence.startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id} shares ")
         status = app.query_one(StatusBar)
         assert status.size.height == 3
         assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 2]
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert status.size.height == 3
-        assert screen_text(app).splitlines()[status.region.y + 2].strip() == f"▸ {sentence}"
+        fits = f"▸ {sentence}" if len(sentence) <= 76 else f"▸ {sentence[:75]}…"
+        assert screen_text(app).splitlines()[status.region.y + 2].strip() == fits
         cow = first_index(trace, "copy_on_write")
         await pilot.press(*["full_stop"] * (cow - fork))
         assert timeline.current_event.type == "copy_on_write"
@@ -316,7 +318,7 @@ async def test_at_80x24_the_default_pool_fits_and_the_inspector_shows_the_select
 
 async def test_a_pool_that_does_not_fit_says_which_blocks_are_in_view():
     engine = FakeEngine(block_size=4, num_gpu_blocks=200, num_cpu_blocks=8)
-    app = replay_app(Trace(engine.trace_header(), run_scenario(engine, ["ROMEO: hi"], max_tokens=2)))
+    app = replay_app(Trace(trace_header(engine), run_scenario(engine, ["ROMEO: hi"], max_tokens=2)))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert grid(app).border_subtitle.startswith("blocks 0-") and "of 200" in grid(app).border_subtitle
@@ -406,7 +408,7 @@ async def test_live_play_at_max_speed_runs_to_completion():
     app = live_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=30)
-        app.player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
+        app.player.speed_index = len(__import__("blockviz.model.player").model.player.SPEEDS) - 1
         await pilot.press("space")
         await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=10)
         state = app.player.timeline.state
@@ -433,7 +435,7 @@ class QuietBridge:
 
 async def test_at_max_speed_a_batch_arriving_when_a_frame_is_due_is_drawn_at_once(monkeypatch):
     import blockviz.tui.controller as controller_module
-    from blockviz.history import SPEEDS
+    from blockviz.model.player import SPEEDS
     from blockviz.tui.messages import EngineEvents
 
     monkeypatch.setattr(controller_module, "THROUGHPUT_FPS", 0.01)  # the slow timer never fires in this test
@@ -516,7 +518,7 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
     check the model (engine.model_source), nor on the way to its first frame."""
     script = textwrap.dedent(f"""
         import json, sys
-        from blockviz.live import check_model
+        from blockviz.session.spec import check_model
         check_model({str(tiny_gpt2_dir)!r})
         check_model("tiny-shakespeare")
         seen = {{"checked": "torch" in sys.modules}}

@@ -6,9 +6,11 @@ from __future__ import annotations
 import gc
 import math
 
-from blockviz.history import SPEEDS, Player, Timeline
-from blockviz.trace import load_trace
-from blockviz.tui.controller import FRAME_S, MAX_TICK_S, THROUGHPUT_FPS, YOUNG_GC_OBJECTS, GcPolicy, PlaybackController
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import SPEEDS, Player
+from blockviz.model.trace import load_trace
+from blockviz.tui.controller import (FRAME_S, MAX_TICK_S, NOT_RESPONDING_S, THROUGHPUT_FPS, YOUNG_GC_OBJECTS, GcPolicy,
+                                     PlaybackController)
 
 
 class FakeTimer:
@@ -48,7 +50,7 @@ class Clock:
         return self.now
 
 
-def make(live: bool = False, bridge=None):
+def make(live: bool = False, bridge=None, not_responding=lambda stalled: None):
     timers: list[FakeTimer] = []
     draws: list[bool] = []
     clock = Clock()
@@ -56,7 +58,7 @@ def make(live: bool = False, bridge=None):
     controller = PlaybackController(
         Player(timeline, live=live), bridge,
         set_interval=lambda interval, callback, pause: timers.append(FakeTimer(interval)) or timers[-1],
-        draw=draws.append, clock=clock)
+        draw=draws.append, clock=clock, not_responding=not_responding)
     return controller, timers, draws, clock
 
 
@@ -113,6 +115,29 @@ def test_stepping_at_the_live_edge_asks_the_engine_for_one_step():
     assert bridge.requested == 1
     controller.feed_engine()  # one outstanding: not asked twice
     assert bridge.requested == 1
+
+
+def test_an_engine_that_sends_nothing_while_playback_waits_is_said_not_responding_until_it_answers():
+    bridge = FakeBridge()
+    said: list[bool] = []
+    controller, _, _, clock = make(live=True, bridge=bridge, not_responding=said.append)
+    controller.set_playing(True)  # nothing known yet: a step is asked for
+    assert bridge.outstanding == 1
+    clock.now += NOT_RESPONDING_S / 2
+    controller.tick()
+    assert said == []  # not yet
+    clock.now += NOT_RESPONDING_S / 2
+    controller.tick()
+    controller.tick()
+    assert said == [True]  # said once
+    bridge.outstanding = 0
+    controller.on_events(list(load_trace("fork-cow").events[:10]))
+    assert said == [True, False]  # it answered
+    controller.set_playing(False)
+    bridge.outstanding = 1
+    clock.now += 10 * NOT_RESPONDING_S
+    controller.tick()
+    assert said == [True, False]  # paused: nothing is awaited, nothing to say
 
 
 def test_an_idle_or_dead_engine_stops_playback_at_the_end():

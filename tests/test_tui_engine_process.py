@@ -19,10 +19,10 @@ import pytest
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
 from blockviz.tui.engine_process import ProcessBridge
-from blockviz.history import SPEEDS
-from blockviz.live import EngineSpec
+from blockviz.model.player import SPEEDS
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import Listener
-from test_tui_app import _until
+from test_tui_app import _until, screen_text
 
 pytestmark = pytest.mark.anyio
 
@@ -185,15 +185,48 @@ async def test_quitting_while_the_model_loads_ends_the_engine_process_at_once(ti
     assert app.error is None and notes == []  # and that is not reported as a crash
 
 
+async def test_a_stopped_engine_process_is_said_not_responding_and_q_still_quits(tiny_gpt2_dir, monkeypatch):
+    """SIGSTOP on the engine process (issue 30): while playback waits on it the app says the
+    engine is not responding, and q ends the app and the process (SIGTERM, then SIGKILL, which a
+    stopped process cannot ignore) instead of waiting for it forever."""
+    from blockviz.tui import controller
+
+    monkeypatch.setattr(controller, "NOT_RESPONDING_S", 0.5)
+    bridge = ProcessBridge(_spec(tiny_gpt2_dir, max_tokens=50))
+    bridge.start()
+    pid = bridge._process.pid
+    watchdog = threading.Timer(120, lambda: os.kill(pid, signal.SIGKILL))  # never hang the suite
+    watchdog.start()
+    app = BlockvizApp(bridge=bridge, deterministic=True, play=False)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await _until(pilot, lambda: app.player is not None, timeout=60)
+            os.kill(pid, signal.SIGSTOP)
+            await pilot.press("space")
+            await _until(pilot, lambda: "engine not responding" in screen_text(app), timeout=30)
+            assert app.screen.has_class("-engine-stalled") and app.player.playing
+            await pilot.press("q")
+        deadline = time.monotonic() + 60  # the app has exited; its engine worker ends the process
+        while bridge.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bridge.exitcode == -signal.SIGKILL  # the bridge killed it; it never answered SIGTERM
+        assert watchdog.is_alive()  # and not the watchdog
+    finally:
+        watchdog.cancel()
+    assert app.error is None and not app.engine_died  # quitting is not reported as a crash
+
+
 @dataclass(slots=True)
 class _HeapReportingSpec(EngineSpec):
     """A real engine whose run header also says how many objects its process has left out of
     garbage collection by the time the header is taken (right after loading)."""
 
     def make_engine(self):
-        engine = EngineSpec.make_engine(self)
-        header = engine.trace_header
-        engine.trace_header = lambda: {**header(), "gc_frozen": gc.get_freeze_count()}
+        from blockviz.session import engine_session
+
+        engine = EngineSpec.make_engine(self)  # in the engine process: patch its header there
+        header = engine_session.trace_header
+        engine_session.trace_header = lambda built: {**header(built), "gc_frozen": gc.get_freeze_count()}
         return engine
 
 

@@ -1,7 +1,8 @@
 """A small deterministic engine over the REAL BlockSpaceManager, for fast TUI tests without torch.
 
-`FakeEngine` has the LLMEngine surface the TUI uses (events, add_request, step,
-has_unfinished_requests, fork_sequence, preempt_request, abort_request, trace_header). Its
+`FakeEngine` has the LLMEngine surface an EngineSession uses (events, config, budget, check_request,
+add_request, step, has_unfinished_requests, fork, preempt, abort_request, set_kv_digests_per_step,
+emit_kv_digests). Its
 memory planning is the real block manager's; only the "model" is fake: prompts are tokenized one
 character per token and each sequence samples words from a fixed list. Scheduling follows vLLM v0:
 swap in first, then prefill the waiting requests that fit, else decode the running ones (slots
@@ -14,8 +15,11 @@ The tests at the bottom check the fake against the reducer, so every other TUI t
 from __future__ import annotations
 
 import zlib
+from types import SimpleNamespace
 
 from engine.block_manager import AllocStatus, BlockSpaceManager
+from engine.cache_engine import BlockBudget
+from engine.config import EngineConfig
 from engine.events import (
     EventBus,
     KVDigest,
@@ -26,8 +30,9 @@ from engine.events import (
     StepStarted,
     TokenGenerated,
 )
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from blockviz.session.engine_session import trace_header
 
 WORDS = (" the", " king", " shall", " be", ",", " my", " lord", "\n", " and", " thou", " art", ".")
 WORD_BASE = 1000
@@ -55,12 +60,15 @@ class FakeEngine:
         self._next_seq_id = 0
         self._next_request = 0
         self._step = 0
-
-    def trace_header(self) -> dict:
-        bm = self.block_manager
-        return {"model": "fake", "block_size": self.block_size, "num_gpu_blocks": bm.num_total_gpu_blocks,
-                "num_cpu_blocks": bm.num_total_cpu_blocks, "enable_prefix_caching": self.enable_prefix_caching,
-                "device": "cpu"}
+        # what blockviz.session.engine_session.trace_header reads of an LLMEngine
+        self.config = EngineConfig(model="fake", block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                   num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching,
+                                   preemption_mode=preemption_mode, device="cpu")
+        # a pretend model of 1 layer, 1 K/V head of 4 dims: 2 x 4 x 4-byte floats per slot
+        self.loaded = SimpleNamespace(dtype="float32", config=SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=4))
+        self.budget = BlockBudget(num_gpu_blocks, num_cpu_blocks, block_bytes=2 * 4 * 4 * block_size, source="explicit")
+        self.device = "cpu"
+        self.max_model_len = 1024
 
     # ------------------------------------------------------------------ requests
 
@@ -90,7 +98,7 @@ class FakeEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def fork_sequence(self, seq_id: int) -> int:
+    def fork(self, seq_id: int) -> int:
         for group in self.running:
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 if seq.seq_id == seq_id:
@@ -101,7 +109,7 @@ class FakeEngine:
                     return child.seq_id
         raise ValueError(f"sequence {seq_id} is not running")
 
-    def preempt_request(self, request_id: str) -> None:
+    def preempt(self, request_id: str) -> None:
         group = self.groups.get(request_id)
         if group is None or group not in self.running:
             raise ValueError(f"request {request_id} is not running")
@@ -114,6 +122,12 @@ class FakeEngine:
                 queue.remove(group)
         for seq in group.get_unfinished_seqs():
             self._finish(group, seq, SequenceStatus.FINISHED_ABORTED)
+
+    def set_kv_digests_per_step(self, per_step: bool) -> None:
+        """The fake digests the blocks each step wrote during that step, whatever is asked."""
+
+    def emit_kv_digests(self) -> None:
+        """Nothing held back (see set_kv_digests_per_step)."""
 
     # ------------------------------------------------------------------ stepping
 
@@ -232,7 +246,7 @@ def run_scenario(engine: FakeEngine, prompts, n: int = 1, max_tokens: int = 6, m
 
 
 def _check_against_reducer(engine: FakeEngine, events: list) -> None:
-    header = engine.trace_header()
+    header = trace_header(engine)
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
     state.apply_all(events)
     bm = engine.block_manager

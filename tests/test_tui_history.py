@@ -1,4 +1,4 @@
-"""Time travel (blockviz/history.py) and the engine bridge (blockviz/tui/engine_bridge.py): the model layer,
+"""Time travel (blockviz/model/timeline.py) and the engine bridge (blockviz/tui/engine_bridge.py): the model layer,
 tested without a terminal."""
 
 from __future__ import annotations
@@ -12,18 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockviz.history import Player, Timeline, state_equal
-from blockviz.live import EngineSpec
+from blockviz.model.timeline import Timeline, state_equal
+from blockviz.model.player import Player
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge, Listener
 from blockviz.tui.messages import EngineEvents
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
+from blockviz.session.engine_session import trace_header
 from test_tui_fake_engine import FakeEngine, run_scenario
 
 
 def _events(**engine_kwargs):
     engine = FakeEngine(**engine_kwargs)
     events = run_scenario(engine, ["ROMEO: hi", "JULIET:"], n=2, max_tokens=6)
-    return engine.trace_header(), events
+    return trace_header(engine), events
 
 
 HEADER, EVENTS = _events(block_size=2, num_gpu_blocks=12, num_cpu_blocks=12)
@@ -96,7 +98,7 @@ def test_a_frozen_state_thaws_to_an_equal_independent_state_and_holds_no_tracked
     import dataclasses
     import gc
 
-    from engine.reducer import BlockState, SeqState
+    from blockviz.model.reducer import BlockState, SeqState
 
     timeline = _timeline()
     timeline.seek(len(EVENTS) // 2)
@@ -156,7 +158,7 @@ def test_play_advances_by_speed_and_stops_at_the_end_of_a_replay():
     while player.playing:
         player.tick(1.0)
     assert timeline.at_end
-    player.speed_index = len(__import__("blockviz.history").history.SPEEDS) - 1
+    player.speed_index = len(__import__("blockviz.model.player").model.player.SPEEDS) - 1
     assert math.isinf(player.speed) and player.speed_label == "max"
     player.toggle_play()  # at the end of a replay, play starts over
     assert timeline.position == 0

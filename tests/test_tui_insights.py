@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from blockviz.explain import explain_requests
-from blockviz.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
-from blockviz.trace import load_trace
+from blockviz.model.explain import explain_requests
+from blockviz.model.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
+from blockviz.model.trace import load_trace
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.insight_panels import memory_line
 from blockviz.tui.widgets.panels import StatusBar

@@ -8,11 +8,12 @@ import pytest
 
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
-from blockviz.history import SPEEDS, Timeline, state_equal
-from blockviz.live import EngineSpec
+from blockviz.model.timeline import Timeline, state_equal
+from blockviz.model.player import SPEEDS
+from blockviz.session.spec import EngineSpec
 from blockviz.tui.engine_bridge import EngineBridge
-from blockviz.trace import read_trace
-from engine.reducer import ReducerState
+from blockviz.model.trace import read_trace
+from blockviz.model.reducer import ReducerState
 from test_tui_app import _until, screen_text
 
 engine_module = pytest.importorskip("engine")
@@ -94,7 +95,7 @@ def _digest_events(events) -> list:
 def test_held_back_kv_digests_go_out_once_per_block_and_equal_the_per_step_ones(tiny_gpt2_dir, loaded):
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=10)
     per_step, held = _engine(spec, loaded), _engine(spec, loaded)
-    held.kv_digests_per_step = False
+    held.set_kv_digests_per_step(False)
     streams = {per_step: [], held: []}
     for engine, events in streams.items():
         engine.events.subscribe(events.append)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from blockviz.cli import DEFAULT_PROMPTS, UsageError, _int_at_least, add_engine_options
 
-from blockviz.compare import SWEPT
+from blockviz.session.compare import SWEPT
 
 
 def _ints(name: str):
@@ -54,8 +54,8 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.compare import configurations, run_all, same_step
-    from blockviz.live import EngineSpec, one_line, quiet_model_loading
+    from blockviz.session.compare import configurations, run_all, same_step
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     prompts = _prompts(args)
     if args.workload is not None:

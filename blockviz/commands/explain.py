@@ -1,7 +1,7 @@
 """`blockviz explain --prompt A --prompt B [...] [engine options]`: why each prompt's prefix lookup
 hit or missed. The prompts run through the real engine one after another (each to completion, so
 a later one meets what the earlier ones left in the cache, or `--together` in one batch), with
-prefix caching on; then each request's chain is printed block by block (blockviz/explain.py).
+prefix caching on; then each request's chain is printed block by block (blockviz/model/explain.py).
 """
 
 from __future__ import annotations
@@ -26,28 +26,24 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.commands.generate import load_engine
-    from blockviz.explain import explain_requests
-    from blockviz.live import one_line
+    from blockviz.commands.generate import load_session
+    from blockviz.model.explain import explain_requests
+    from blockviz.session.spec import one_line
 
     if not args.prompts:
         raise UsageError("give the prompts to compare: --prompt A --prompt B ...")
-    spec, engine = load_engine(args)
+    session = load_session(args)
     events: list = []
-    engine.events.subscribe(events.append)
-    params = spec.sampling_params()
     try:
-        for prompt in spec.prompts:
-            engine.check_request(prompt, params)
-        batches = [spec.prompts] if args.together else [[prompt] for prompt in spec.prompts]
-        for batch in batches:
-            for prompt in batch:
-                engine.add_request(prompt, params)
-            while engine.has_unfinished_requests():
-                engine.step()
+        session.check_requests()
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
-    header = engine.trace_header()
+    batches = [session.spec.prompts] if args.together else [[prompt] for prompt in session.spec.prompts]
+    for batch in batches:  # each batch to completion: a later one meets what the earlier left cached
+        for prompt in batch:
+            session.add_request(prompt)
+        session.run_to_completion(on_events=events.extend)
+    header = session.header
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"])
     if args.json:

@@ -18,51 +18,20 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
-# the events after which more device blocks may be in use than before
-_TAKES_A_BLOCK = frozenset({"block_allocated", "prefix_cache_hit", "copy_on_write", "swap_in"})
-
-
-class Recorder:
-    """Subscriber: the reducer's view of the run, each sequence's last block table, the peak of
-    device blocks in use (with the token utilization then) and the blocks in use after each step
-    (generate's summary, compare's columns)."""
-
-    def __init__(self, header: dict) -> None:
-        from engine.reducer import ReducerState
-
-        self.state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-        self.final_tables: dict[int, list[tuple[str, int]]] = {}
-        self.peak_used = 0
-        self.token_utilization_at_peak = 0.0
-        self.used_by_step: dict[int, int] = {}
-
-    def __call__(self, event) -> None:
-        if event.type == "sequence_freed":
-            self.final_tables[event.seq_id] = list(self.state.tables.get(event.seq_id, []))
-        self.state.apply(event)
-        if event.type in _TAKES_A_BLOCK:
-            used = self.state.num_used("gpu")
-            if used > self.peak_used:
-                self.peak_used, self.token_utilization_at_peak = used, self.state.kv_utilization()
-        elif event.type == "step_finished":
-            self.used_by_step[event.step] = self.state.num_used("gpu")
-
-
 def execute(args) -> int:
-    from blockviz.live import one_line
-    from engine.llm import LLM
+    from blockviz.session.recorder import Recorder
+    from blockviz.session.spec import one_line
 
-    spec, engine = load_engine(args)
-    header = engine.trace_header()
-    recorder = Recorder(header)
-    engine.events.subscribe(recorder)
+    session = load_session(args)
+    recorder = Recorder(session.header)
     start = time.perf_counter()
-    try:  # LLM.generate checks every prompt before queueing any
-        outputs = LLM.from_engine(engine).generate(list(spec.prompts), spec.sampling_params())
+    try:  # every prompt is checked before any is queued
+        request_ids = session.start()
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
-    summary = _summary(spec, header, engine.num_steps, recorder, time.perf_counter() - start)
-    requests = [_request(output, recorder) for output in outputs]
+    session.run_to_completion(on_events=recorder)
+    summary = _summary(session.spec, session.header, session.num_steps, recorder, time.perf_counter() - start)
+    requests = [_request(session.finished[request_id], recorder) for request_id in request_ids]
     if args.json:
         print(json.dumps({"requests": requests, "summary": summary}, indent=2))
     else:
@@ -70,9 +39,11 @@ def execute(args) -> int:
     return 0
 
 
-def load_engine(args):
-    """The spec of the options and its engine, or UsageError (one line) before or while loading."""
-    from blockviz.live import EngineSpec, one_line, quiet_model_loading
+def load_session(args):
+    """An engine session over the options' spec (EngineSession: the engine loaded, nothing queued),
+    or UsageError (one line) before or while loading."""
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     spec = EngineSpec.from_args(args)
     spec.check_all()
@@ -80,12 +51,12 @@ def load_engine(args):
     if sys.stderr.isatty() and not args.json:
         print(f"loading {spec.model} ...", file=sys.stderr, flush=True)
     try:
-        return spec, spec.make_engine()
+        return EngineSession(spec)
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
 
 
-def _summary(spec, header: dict, num_steps: int, recorder: Recorder, elapsed: float) -> dict:
+def _summary(spec, header: dict, num_steps: int, recorder, elapsed: float) -> dict:
     state = recorder.state
     return {
         "model": spec.model, "device": header["device"], "dtype": header["dtype"],
@@ -104,7 +75,7 @@ def _summary(spec, header: dict, num_steps: int, recorder: Recorder, elapsed: fl
     }
 
 
-def _request(output, recorder: Recorder) -> dict:
+def _request(output, recorder) -> dict:
     seq_ids = recorder.state.requests.get(output.request_id, ())
     return {
         "request_id": output.request_id, "prompt": output.prompt,

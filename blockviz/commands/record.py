@@ -2,12 +2,11 @@
 
 The trace is a header line (format "blockviz-trace", version, blockviz version, model, block size,
 pool sizes, prefix caching, prompts, n, max_tokens, seed) then one event per line; see
-blockviz/trace.py. Progress goes to stderr. The file appears only once the run is complete.
+blockviz/model/trace.py. Progress goes to stderr. The file appears only once the run is complete.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,59 +28,46 @@ class Recording:
 
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
                  between_steps: Callable[[Any, int], None] | None = None,
-                 extra_header: dict[str, Any] | None = None, max_steps: int = 100_000) -> Recording:
-    """Run `spec`'s requests to completion on `engine` (built from spec when None) and write the
-    trace to `out`. `between_steps(engine, steps_done)` may act on the engine (add a request, fork,
-    preempt); `extra_header` adds fields to the header (a scenario's name and description).
+                 extra_header: dict[str, Any] | None = None, max_steps: int = 100_000,
+                 overwrite: bool = True) -> Recording:
+    """Run `spec`'s requests to completion in an engine session (on `engine`, built from spec when
+    None) and write the trace to `out`. `between_steps(session, steps_done)` may act on the
+    engine through the session (add a request, fork, preempt); `extra_header` adds fields to the
+    header (a scenario's name and description).
 
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
-    work left) raises and leaves no trace behind."""
-    from blockviz.trace import TraceWriter, make_header
-    from engine.reducer import ReducerState
+    work left) raises and leaves no trace behind. An existing `out` is replaced only if `overwrite`
+    (else a TraceError); the trace is fsync'ed before it is renamed into place."""
+    from blockviz.model.trace import TraceWriter, make_header
+    from blockviz.model.reducer import ReducerState
+    from blockviz.session.engine_session import EngineSession
 
-    engine = engine if engine is not None else spec.make_engine()
-    header = make_header(engine.trace_header(), **spec.run_header(), **(extra_header or {}))
+    session = EngineSession(spec, engine=engine)
+    header = make_header(session.header, **spec.run_header(), **(extra_header or {}))
     state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-    params = spec.sampling_params()
-    for prompt in spec.prompts:
-        engine.check_request(prompt, params)
-    for arrival in spec.arrivals:
-        engine.check_request(arrival.prompt, spec.sampling_params(arrival.n))
-    pending = list(spec.arrivals)
-    out = Path(out)
-    partial = out.with_name(out.name + ".part")
-    steps = 0
-    writer = TraceWriter.open(partial, header)
+    writer = TraceWriter.create(out, header, overwrite=overwrite)
+
+    def write(batch) -> None:
+        writer.write_all(batch)
+        state.apply_all(batch)
+
+    def report(steps_done: int) -> None:
+        if progress is not None:
+            progress(f"step {steps_done}: {writer.num_events} events")
+
     try:
-        unsubscribe_writer = engine.events.subscribe(writer)
-        unsubscribe_state = engine.events.subscribe(state.apply)
-        try:
-            for prompt in spec.prompts:
-                engine.add_request(prompt, params)
-            spec.admit_arrivals(engine, pending, steps)
-            while engine.has_unfinished_requests() and steps < max_steps:
-                if between_steps is not None:
-                    between_steps(engine, steps)
-                engine.step()
-                steps += 1
-                spec.admit_arrivals(engine, pending, steps)
-                if progress is not None:
-                    progress(f"step {steps}: {writer.num_events} events")
-        finally:
-            unsubscribe_writer()
-            unsubscribe_state()
-        if engine.has_unfinished_requests():
+        session.start()  # checks every request first: a ValueError names the one refused
+        session.run_to_completion(max_steps, on_events=write, between_steps=between_steps, progress=report)
+        if session.has_unfinished_requests():
             raise RuntimeError(f"the run had not finished after {max_steps} steps; no trace written")
-        if engine.events.errors:
-            raise RuntimeError(f"a trace subscriber failed: {engine.events.errors[0][1]!r}")
     except BaseException:
-        writer.close()
-        partial.unlink(missing_ok=True)
+        writer.discard()
         raise
-    writer.close()
-    os.replace(partial, out)
-    return Recording(header, writer.num_events, steps, state)
+    finally:
+        session.close()
+    writer.commit()
+    return Recording(header, writer.num_events, session.num_steps, state)
 
 
 def add_parser(subparsers) -> None:
@@ -90,7 +76,8 @@ def add_parser(subparsers) -> None:
         description="Run the engine to completion with no UI and write every event to a JSON-lines "
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
-    from blockviz.scenario import DEFAULT_SCENARIO_OPTIONS
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS
 
     # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
     pools = {k: DEFAULT_SCENARIO_OPTIONS[k] for k in ("num_gpu_blocks", "num_cpu_blocks")}
@@ -98,13 +85,15 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.live import EngineSpec, one_line, quiet_model_loading
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
+
+    from blockviz.model.trace import TraceError, check_new_trace_path
 
     out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a directory; give a file name such as trace.jsonl")
-    if not out.parent.exists():
-        raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+    try:
+        check_new_trace_path(out, overwrite=args.force)  # before the model loads; again at the rename
+    except TraceError as exc:
+        raise UsageError(f"--out {exc}") from None
     spec = EngineSpec.from_args(args)
     spec.check_all()
     tty = sys.stderr.isatty()
@@ -120,8 +109,8 @@ def execute(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
     try:
-        recording = record_trace(spec, out, engine=engine, progress=progress)
-    except ValueError as exc:  # a prompt the engine refuses: nothing was run or written
+        recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force)
+    except ValueError as exc:  # a prompt the engine refuses, or --out taken meanwhile: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:
         if tty:

@@ -7,7 +7,7 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 from __future__ import annotations
 
 from blockviz.cli import UsageError, add_break_on_option
-from blockviz.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
+from blockviz.model.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 
 def add_parser(subparsers) -> None:
@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 def check(args):
     """The trace, read and checked before the app opens (a bad one is a one-line UsageError);
     returns (path, trace). `blockviz serve replay` calls it too."""
-    from blockviz.trace import TraceError, load_trace
+    from blockviz.model.trace import TraceError, load_trace
 
     path = resolve_trace_path(args.trace)
     try:

@@ -11,7 +11,7 @@ import sys
 from blockviz.cli import UsageError, add_break_on_option, add_engine_options
 
 
-from blockviz.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
 
 RUN_DEFAULTS = {**DEFAULT_SCENARIO_OPTIONS,
                 "prompts_help": "a built-in scenario of four requests arriving over time"}
@@ -36,7 +36,7 @@ def check(args, *, device: bool = True):
     """Everything that can be known wrong before the app opens, raised as a one-line UsageError
     (EngineSpec.check_all; device=False leaves out the CUDA check, which imports torch). Returns
     the EngineSpec. `blockviz serve run` calls it too."""
-    from blockviz.live import EngineSpec
+    from blockviz.session.spec import EngineSpec
 
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
     spec.check_all(device=device)

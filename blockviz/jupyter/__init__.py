@@ -13,7 +13,7 @@ Never imports textual: the views draw `snapshot()`, a pure function of the reduc
 """
 
 from blockviz.jupyter.compare_grid import CompareGrid, compare
-from blockviz.jupyter.snapshot import snapshot
+from blockviz.model.view import snapshot
 from blockviz.jupyter.visualizer import Visualizer
 from blockviz.jupyter.widgets import (
     BlockTableView,

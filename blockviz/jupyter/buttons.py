@@ -7,8 +7,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
-from blockviz.history import SPEEDS
-from blockviz.live import one_line
+from blockviz.model.player import SPEEDS
+from blockviz.session.spec import one_line
 
 if TYPE_CHECKING:
     from blockviz.jupyter.visualizer import Visualizer

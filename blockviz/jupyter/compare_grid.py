@@ -1,5 +1,5 @@
 """What a setting changes, in a notebook: `compare(prompts, block_size=[4, 16], ...)` runs one
-workload through the real engine once per configuration (blockviz.compare.run_all: the model loaded
+workload through the real engine once per configuration (blockviz.session.compare.run_all: the model loaded
 once, a fresh engine per configuration, in turn) and returns a `CompareGrid`: one cell per
 configuration (its GPU and CPU pools at the same engine step, and its figures at that step), one
 step slider with ◂ / ▸ that moves every run together, and the figures table of `blockviz compare`.
@@ -15,9 +15,9 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.compare import CompareRun, configurations, run_all, same_step
-from blockviz.history import Timeline
-from blockviz.jupyter.snapshot import snapshot
+from blockviz.session.compare import CompareRun, configurations, run_all, same_step
+from blockviz.model.timeline import Timeline
+from blockviz.model.view import snapshot
 from blockviz.jupyter.widgets import PoolView
 
 FIGURE_COLUMNS = (("steps", "steps"), ("peak_blocks", "peak blocks"), ("token_utilization_at_peak", "util at peak"),
@@ -39,7 +39,7 @@ def compare(prompts: str | Iterable[str], block_size: Any = (4, 16), num_gpu_blo
     (num_cpu_blocks, preemption_mode, seed, ...); `loaded` a model already loaded
     (engine.model_loader.load_model) to skip loading it again. Greedy by default, so the texts
     of configurations that only move memory around are the same (figures["same_text_as_first"])."""
-    from blockviz.live import EngineSpec, quiet_model_loading
+    from blockviz.session.spec import EngineSpec, quiet_model_loading
 
     quiet_model_loading()
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)

@@ -1,10 +1,10 @@
-"""The frame parts of the insight views: plain, JSON-ready dicts of what blockviz.insights says at a
+"""The frame parts of the insight views: plain, JSON-ready dicts of what blockviz.model.insights says at a
 cursor, so the JavaScript only draws them and a test compares them with the model layer.
 
-- `explain_part`: one request's prefix lookup (blockviz.explain.Explanation) block by block: hash,
+- `explain_part`: one request's prefix lookup (blockviz.model.explain.Explanation) block by block: hash,
   tokens as text, hit with the physical block or the reason of the first miss, the evicting event.
-- `ledger_part`: the preemption ledger (blockviz.insights.Preemption) and its totals line.
-- `memory_part`: memory truth at the cursor (blockviz.insights.memory_truth) per pool and per
+- `ledger_part`: the preemption ledger (blockviz.model.insights.Preemption) and its totals line.
+- `memory_part`: memory truth at the cursor (blockviz.model.insights.memory_truth) per pool and per
   sequence, and the sparkline points (block and token utilization at each step end).
 Each costs what its answer holds (requests, preemptions, one pool, the step ends), never a pass over
 the events: the Visualizer computes them for every frame its insight views are shown in.
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockviz.explain import EVICTED
-from blockviz.insights import Insights, ledger_totals, memory_truth
-from blockviz.palette import describe, event_number, short_hash, show_token
-from engine.reducer import ReducerState
+from blockviz.model.explain import EVICTED
+from blockviz.model.insights import Insights, ledger_totals, memory_truth
+from blockviz.model.narration import describe
+from blockviz.model.palette import event_number, short_hash, show_token
+from blockviz.model.reducer import ReducerState
 
 MAX_LEDGER_ROWS = 200  # preemptions listed (the newest; the totals count them all)
 MAX_MEMORY_SEQS = 32  # sequences in the memory table

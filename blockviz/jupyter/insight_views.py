@@ -1,6 +1,6 @@
 """The Visualizer's insight views and breakpoints: what a picture of the pools does not say.
 
-`InsightPanel` keeps a blockviz.insights.Insights fed from the Visualizer's timeline (lazily: only
+`InsightPanel` keeps a blockviz.model.insights.Insights fed from the Visualizer's timeline (lazily: only
 the events it has not seen) and adds to each frame the parts of the views being looked at: the
 prefix-lookup explainer, the preemption ledger and memory truth sit in an accordion, collapsed at
 first, and a part is computed only for the open section or a view displayed on its own
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets
 
-from blockviz.insights import Insights
+from blockviz.model.insights import Insights
 from blockviz.jupyter.insight_parts import explain_part, ledger_part, memory_part
 from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView
 from engine import events as ev
@@ -27,16 +27,14 @@ TITLES = ("Prefix lookup (why it hit or missed)", "Preemption ledger", "Memory: 
 INSIGHT_PARTS = ("explain", "ledger", "memory")
 
 
-def event_kinds(kinds: str | Iterable[str]) -> frozenset[str]:
-    """One event kind, a comma-separated list, or an iterable of kinds, checked against the
-    engine's event types (a ValueError names the unknown one and lists them all)."""
-    names = kinds.split(",") if isinstance(kinds, str) else list(kinds)
-    found = frozenset(name.strip() for name in names if name.strip())
-    unknown = sorted(found - set(ev.EVENT_TYPES))
-    if unknown or not found:
-        raise ValueError(f"unknown event type {', '.join(map(repr, unknown)) or '(none given)'}: one of "
-                         f"{', '.join(sorted(ev.EVENT_TYPES))}")
-    return found
+def event_kinds(kinds: str | Iterable[str] | Iterable[type[ev.Event]]) -> frozenset[type[ev.Event]]:
+    """The event records named by `kinds` (engine.events.event_classes: one kind, a comma-separated
+    list or an iterable of kinds), or `kinds` itself when it already holds records."""
+    if not isinstance(kinds, str):
+        kinds = list(kinds)
+        if kinds and all(isinstance(kind, type) for kind in kinds):
+            return frozenset(kinds)
+    return ev.event_classes(kinds)
 
 
 class InsightPanel:
@@ -79,7 +77,7 @@ class InsightPanel:
         position = timeline.position
         if names:
             self.insights.sync(timeline.events)  # only the events it has not seen
-        out: dict[str, Any] = {"breaks": {"on": sorted(viz.player.break_on), "message": self.break_message}}
+        out: dict[str, Any] = {"breaks": {"on": ev.kind_names(viz.player.break_on), "message": self.break_message}}
         if "explain" in names:
             out["explain"] = explain_part(self.insights, position, self.request_to_explain(), timeline.events,
                                           timeline.token_texts)
@@ -104,7 +102,7 @@ class InsightPanel:
 
     def explain(self, request_id: str | None) -> Any:
         """Show `request_id`'s prefix lookup (None: follow the selected block again); returns its
-        blockviz.explain.Explanation as of the cursor, or None if it was not allocated by then."""
+        blockviz.model.explain.Explanation as of the cursor, or None if it was not allocated by then."""
         viz = self.viz
         with viz._lock:
             self.picked = None if request_id is None else str(request_id)
@@ -114,7 +112,7 @@ class InsightPanel:
         return found
 
     def ledger(self) -> list:
-        """The preemptions by the cursor (blockviz.insights.Preemption: victim, mode, blocks,
+        """The preemptions by the cursor (blockviz.model.insights.Preemption: victim, mode, blocks,
         tokens lost, steps until resumed), what the ledger view draws."""
         with self.viz._lock:
             self.insights.sync(self.viz.timeline.events)
@@ -130,7 +128,7 @@ class InsightPanel:
             viz._changed()
             return None
         event = viz.back_to(kinds) if direction == "previous" else viz.run_until(kinds)
-        names = ", ".join(sorted(kinds))
+        names = ", ".join(ev.kind_names(kinds))
         if event is None:
             self.break_message = f"no earlier {names}" if direction == "previous" else f"no later {names}: at the end"
         else:

@@ -1,6 +1,6 @@
 """How the Visualizer plays: frames sent at most MAX_FPS times a second (`FrameThrottle`), and a
-live engine stepped into the timeline (`EngineDriver`), free-running at "max" with its K/V digests
-held back until the end of each tick, as the TUI's bridge does."""
+live engine session stepped into the Player's timeline (`EngineDriver`), free-running at "max"
+with its K/V digests taken once per tick, as the TUI's bridge does."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from blockviz.history import Player
-from blockviz.live import one_line
-from engine import events as ev
+from blockviz.model.player import Player
+from blockviz.session.engine_session import EngineSession
+from blockviz.session.spec import one_line
 
 MAX_FPS = 20
 PLAY_TICK_S = 1 / MAX_FPS
@@ -80,69 +80,75 @@ def _start_timer(delay: float, fn: Callable[[], None]) -> None:
 
 
 class EngineDriver:
-    """A live LLMEngine feeding a Timeline (every method with the Visualizer's lock held): its
-    events gathered from the event bus, one LLMEngine.step at a time."""
+    """A live EngineSession (blockviz/session/engine_session.py) feeding the Player's timeline
+    (every method with the Visualizer's lock held): the session's events taken after each step."""
 
-    def __init__(self, engine: Any, player: Player, on_error: Callable[[str], None]) -> None:
-        self.engine = engine
+    def __init__(self, session: EngineSession, player: Player, on_error: Callable[[str], None]) -> None:
+        self.session = session
         self.player = player
-        self.timeline = player.timeline
-        self.finished: dict[str, Any] = {}  # request id -> its final RequestOutput
         self._on_error = on_error
-        self._buffer: list[ev.Event] = []
-        self._unsubscribe = engine.events.subscribe(self._buffer.append)
+
+    @property
+    def finished(self) -> dict[str, Any]:
+        """Request id -> its final RequestOutput."""
+        return self.session.finished
 
     def close(self) -> None:
         """Stop listening to the engine's events."""
-        self._unsubscribe()
+        self.session.close()
 
-    def take_events(self) -> None:
-        """Move what the engine emitted into the timeline."""
-        if self._buffer:
-            batch, self._buffer[:] = self._buffer[:], []
-            self.timeline.extend(batch)
+    def take_events(self) -> bool:
+        """Move what the engine emitted into the timeline (Player.on_events, which also serves a
+        pending single step); returns whether the cursor moved."""
+        batch = self.session.take_events()
+        return self.player.on_events(batch) if batch else False
 
-    def step(self) -> bool:
-        """One LLMEngine.step() if any request is unfinished; its events join the timeline.
-        Returns whether a step ran. An engine error goes to `on_error` as one line and is raised."""
-        engine = self.engine
-        if not engine.has_unfinished_requests():
+    def step(self, take: bool = True) -> bool:
+        """One engine step if any request is unfinished; its events join the timeline (with
+        `take` False they wait in the session: a free run takes them, digests and all, once per
+        tick). Returns whether a step ran. An engine error goes to `on_error` as one line and is
+        raised."""
+        session = self.session
+        if not session.has_unfinished_requests():
             self.player.finished = True
             return False
         try:
-            for output in engine.step():
-                if output.finished:
-                    self.finished[output.request_id] = output
+            session.step()
         except Exception as exc:
             self._on_error(f"engine stopped: {one_line(exc)}")
             self.player.finished = True
             self.take_events()
             raise
-        self.take_events()
-        if not engine.has_unfinished_requests():
+        if take:
+            self.take_events()
+        if not session.has_unfinished_requests():
             self.player.finished = True
         return True
 
+    def serve_pending(self) -> bool:
+        """Step until the Player's pending single step (Player.step_event / step_engine at the
+        newest event) is served, or the engine has nothing left to run; returns whether the cursor
+        moved."""
+        moved = False
+        while self.player.pending is not None:
+            before = self.player.timeline.position
+            if not self.step():
+                self.player.pending = None
+                break
+            moved = moved or self.player.timeline.position != before
+        return moved
+
     def run_until(self, deadline: float, free_run: bool) -> None:
-        """Step until `deadline` (time.monotonic): free-running, digesting the blocks written once
+        """Step until `deadline` (time.monotonic): free-running, the blocks written digested once
         at the end, or only as far as playback needs (the Player's lookahead)."""
         try:
-            self.digest_per_step(not free_run)
+            self.session.digest_per_step(not free_run)
             while (free_run or self.player.engine_steps_wanted() > 0) and time.monotonic() < deadline:
-                if not self.step():
+                if not self.step(take=not free_run):
                     break
         finally:
-            self.digest_per_step(True)
-
-    def digest_per_step(self, per_step: bool) -> None:
-        """LLMEngine.kv_digests_per_step: when turned back on, digest what was held back."""
-        engine = self.engine
-        if not hasattr(engine, "kv_digests_per_step"):
-            return
-        if per_step and not engine.kv_digests_per_step:
-            engine.emit_kv_digests()
+            self.session.digest_per_step(True)
             self.take_events()
-        engine.kv_digests_per_step = per_step
 
 
 def play_loop(player: Player, lock: Any, driver: EngineDriver | None, stop: threading.Event,

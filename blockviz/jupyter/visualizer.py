@@ -1,8 +1,9 @@
 """`Visualizer`: the widgets composed over a timeline of events, from a trace or a live engine.
 
 The model layer is the TUI's: a `Timeline` (events, the reducer state at a cursor, time travel) and
-a `Player` (play/pause at a speed). A live run subscribes to a real `LLM`'s event bus and steps its
-engine when the cursor reaches the end of what is known, the way `blockviz run` does.
+a `Player` (play/pause at a speed). A live run drives a real `LLM`'s engine through an engine session
+(blockviz/session/engine_session.py), stepping it when the cursor reaches the end of what is
+known, the way `blockviz run` does; it can play a scenario's arrivals (`scenario="story"`).
 
 Threads. Every method called from Python is synchronous: it returns once the engine work is done
 and `state` is the state at the new cursor, so a lesson can `viz.step(); assert viz.state...`.
@@ -24,16 +25,19 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.history import Player, Timeline
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
-from blockviz.jupyter.snapshot import cursor_line, event_log, snapshot, summary_text
+from blockviz.model.view import cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
+from blockviz.session.engine_session import EngineSession
+from blockviz.session.spec import EngineSpec
 from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
-from blockviz.trace import Trace, engine_title, load_trace
+from blockviz.model.trace import Trace, engine_title, load_trace
 from engine import events as ev
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 class Visualizer(LiveCommands):
     """Pools, block tables, hash chains, event log, inspector, controls and breakpoints over one
@@ -44,24 +48,28 @@ class Visualizer(LiveCommands):
     as the last expression of a cell; without a widget frontend its repr is a text summary.
     """
 
-    def __init__(self, timeline: Timeline, *, llm: Any = None, title: str = "",
-                 header: dict[str, Any] | None = None) -> None:
+    def __init__(self, timeline: Timeline, *, llm: Any = None, session: EngineSession | None = None,
+                 title: str = "", header: dict[str, Any] | None = None) -> None:
         self.timeline = timeline
         self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
                                  "num_cpu_blocks": timeline.num_cpu_blocks}
         self.llm = llm
         _OPEN.add(self)
         self.engine = llm.engine if llm is not None else None
+        if self.engine is not None and session is None:
+            session = EngineSession(_spec_of(self.engine), engine=self.engine)
         self.player = Player(timeline, live=self.engine is not None)
         self.title = title
         self.error = ""
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
-        self._driver = EngineDriver(self.engine, self.player, self._set_error) if self.engine else None
+        self._driver = EngineDriver(session, self.player, self._set_error) if session is not None else None
+        self._default_params = _sampling_defaults() if self.engine is not None else None
         self._request_ids: list[str] = []
         self._play_thread: threading.Thread | None = None
         self._stop_play = threading.Event()
+        self._play_lock = threading.Lock()  # play and pause, one at a time (the play thread never takes it)
 
         self.controls = Controls()
         self.pools = PoolView()
@@ -105,21 +113,40 @@ class Visualizer(LiveCommands):
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
-             sampling_params: Any = None) -> "Visualizer":
+             sampling_params: Any = None, scenario: str | None = None) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
-        SamplingParams for all, or a list with one per prompt."""
+        SamplingParams for all, or a list with one per prompt. `scenario="story"` plays the story
+        `blockviz run` tells (blockviz/session/scenario.py): its requests arrive as the engine
+        steps, on its engine settings unless the options say otherwise (an LLM given keeps its own),
+        sampled as it samples."""
         from engine.llm import LLM
 
-        llm = llm_or_options if isinstance(llm_or_options, LLM) else LLM(**(llm_or_options or {}))
+        spec = None
+        if scenario is not None:
+            options = {} if isinstance(llm_or_options, LLM) else (llm_or_options or {})
+            spec = EngineSpec.for_scenario(scenario, **options)
+        if isinstance(llm_or_options, LLM):
+            llm = llm_or_options
+        elif spec is not None:
+            llm = LLM.from_engine(spec.make_engine())
+        else:
+            llm = LLM(**(llm_or_options or {}))
         engine = llm.engine
         if engine.has_unfinished_requests() or getattr(engine, "num_steps", 0):
             raise ValueError("attach the Visualizer to a fresh LLM: this one has already run, and its blocks "
                              "would be missing from the picture")
-        header = engine.trace_header()
+        if spec is not None:
+            spec.config = engine.config
+        session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
+        header = session.header
         timeline = Timeline(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
-        viz = cls(timeline, llm=llm, title=f"live {engine_title(header)}", header=header)
+        viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header)
+        if spec is not None:
+            viz._default_params = None  # the scenario's sampling
+            viz._request_ids += session.start()  # and the arrivals due before the first step
+            viz._driver.take_events()
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
             if isinstance(sampling_params, (list, tuple)):
@@ -173,14 +200,15 @@ class Visualizer(LiveCommands):
     def outputs(self) -> list[Any]:
         """Finished requests' RequestOutputs (live runs), in the order the requests were added."""
         finished = self._driver.finished if self._driver is not None else {}
-        return [finished[r] for r in self._request_ids if r in finished]
+        order = self._request_ids + sorted(set(finished) - set(self._request_ids), key=_request_order)
+        return [finished[r] for r in order if r in finished]
 
     @property
     def finished(self) -> bool:
         """A trace at its end, or a live engine with nothing left to run and the cursor at the end."""
         if not self.timeline.at_end:
             return False
-        return self.engine is None or not self.engine.has_unfinished_requests()
+        return self._driver is None or not self._driver.session.has_unfinished_requests()
 
     # ------------------------------------------------------------------ moving the cursor
 
@@ -189,9 +217,7 @@ class Visualizer(LiveCommands):
         returns it, or None at the end of a finished run."""
         self.pause()
         with self._lock:
-            moved = self.timeline.forward(1)
-            while not moved and self.engine is not None and self._engine_step():
-                moved = self.timeline.forward(1)
+            moved = self.player.step_event() or self._serve_pending()
             event = self.timeline.current_event if moved else None
         self._changed()
         return event
@@ -202,11 +228,11 @@ class Visualizer(LiveCommands):
         None when there is no further step."""
         self.pause()
         with self._lock:
-            target = self.timeline.next_step_end()
-            while target is None and self.engine is not None and self._engine_step():
-                target = self.timeline.next_step_end()
-            moved = self.timeline.seek(target if target is not None else len(self.timeline))
-            event = self.timeline.current_event if moved and target is not None else None
+            moved = self.player.step_engine() or self._serve_pending()
+            if not moved and self.timeline.next_step_end() is None:
+                moved = self.player.to_end()  # no further step: the events after the last one
+            event = self.timeline.current_event
+            event = event if moved and isinstance(event, ev.StepFinished) else None
         self._changed()
         return event
 
@@ -234,9 +260,9 @@ class Visualizer(LiveCommands):
         with self._lock:
             start = self.position
             found = self.timeline.next_of(kinds, start, len(self.timeline))
-            while found is None and self.engine is not None:
+            while found is None and self._driver is not None:
                 start = len(self.timeline)
-                if not self._engine_step():
+                if not self._driver.step():
                     break
                 found = self.timeline.next_of(kinds, start, len(self.timeline))
             self.timeline.seek(found if found is not None else len(self.timeline))
@@ -263,9 +289,9 @@ class Visualizer(LiveCommands):
         end. Returns the finished RequestOutputs (empty for a trace)."""
         self.pause()
         with self._lock:
-            while self.engine is not None and self._engine_step():
+            while self._driver is not None and self._driver.step():
                 pass
-            self.timeline.seek(len(self.timeline))
+            self.player.to_end()
         self._changed()
         return self.outputs
 
@@ -286,34 +312,41 @@ class Visualizer(LiveCommands):
 
     def play(self, speed: float | str | None = None) -> None:
         """Start playback on a background thread (returns at once): events at the Player's speed,
-        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max"."""
+        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max".
+        Safe against a concurrent pause() (the Pause button racing Play): they take turns."""
         if speed is not None:
             self.set_speed(speed)
-        with self._lock:
+        with self._play_lock:
             if self._play_thread is not None and self._play_thread.is_alive():
                 return
-            self.player.playing = False
-            self.player.toggle_play()
+            with self._lock:
+                self.player.playing = False
+                self.player.toggle_play()
             self._stop_play.clear()
             thread = threading.Thread(target=play_loop, name="blockviz-play", daemon=True,
                                       args=(self.player, self._lock, self._driver, self._stop_play, self._changed))
             self._play_thread = thread
-        thread.start()
+            thread.start()  # under the lock: a pause() never sees a thread it cannot join
         self._changed()
 
     def pause(self) -> None:
         """Stop playback; returns once the engine step under way (if any) is done."""
-        thread = self._play_thread
-        self._stop_play.set()
-        self.player.playing = False
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-        self._play_thread = None if thread is None or not thread.is_alive() else thread
+        if threading.current_thread() is self._play_thread:  # the play thread stopping itself
+            self._stop_play.set()
+            self.player.playing = False
+            return
+        with self._play_lock:
+            thread = self._play_thread
+            self._stop_play.set()
+            self.player.playing = False
+            if thread is not None:
+                thread.join()
+            self._play_thread = None
         self._changed()
 
     def set_speed(self, speed: float | str | int) -> None:
         """Playback speed: events per second (one of history.SPEEDS) or "max"."""
-        from blockviz.history import SPEEDS
+        from blockviz.model.player import SPEEDS
 
         value = float("inf") if speed == "max" else float(speed)
         if value not in SPEEDS:
@@ -321,9 +354,10 @@ class Visualizer(LiveCommands):
         self.player.speed_index = SPEEDS.index(value)
         self._changed()
 
-    def _engine_step(self) -> bool:
-        """One engine step, if a live engine has an unfinished request (lock held)."""
-        return self._driver is not None and self._driver.step()
+    def _serve_pending(self) -> bool:
+        """Step a live engine until the Player's pending single step is served (lock held);
+        returns whether the cursor moved."""
+        return self._driver is not None and self._driver.serve_pending()
 
     def _set_error(self, error: str) -> None:
         self.error = error
@@ -337,7 +371,8 @@ class Visualizer(LiveCommands):
         """The whole frame at the cursor: snapshot() plus the event log and the cursor line."""
         with self._lock:
             timeline = self.timeline
-            snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected)
+            snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected,
+                            vocab=timeline.token_texts)
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
                                              timeline.token_texts)}
@@ -372,6 +407,23 @@ class Visualizer(LiveCommands):
         bundle = dict(bundle)
         bundle["text/plain"] = self.summary()
         return bundle
+
+
+def _spec_of(engine: Any) -> EngineSpec:
+    """A live Visualizer's session spec: the engine's settings, no requests of its own."""
+    return EngineSpec(engine.config, prompts=())
+
+
+def _sampling_defaults() -> Any:
+    """vLLM's SamplingParams() defaults, for a request added without sampling params."""
+    from engine.sequence import SamplingParams
+
+    return SamplingParams()
+
+
+def _request_order(request_id: str) -> tuple[int, str]:
+    """The engine numbers requests 0, 1, 2...: that order."""
+    return len(request_id), request_id
 
 
 _OPEN: "weakref.WeakSet[Visualizer]" = weakref.WeakSet()

@@ -17,8 +17,10 @@ from typing import Any, Callable
 import anywidget
 import traitlets
 
-from blockviz.history import SPEEDS
-from blockviz.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
+from blockviz.model.player import SPEEDS
+from blockviz.model.narration import FILTERS
+from blockviz.model.palette import CPU_TINTS, SEQ_COLOURS
+from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
 # One ES module: insights.js and pool_canvas.js use blockviz.js's helpers, blockviz.js their renderers.
@@ -146,7 +148,7 @@ class _InsightView(_View):
 
 
 class ExplainView(_InsightView):
-    """Why a request's prefix lookup hit or missed (blockviz.explain), as the engine made it when
+    """Why a request's prefix lookup hit or missed (blockviz.model.explain), as the engine made it when
     the request was allocated: per block its hash, tokens, and hit (physical block) or the first
     miss's reason, and the hit length. The request is the selected block's first owner's, or the
     one picked in its menu, which sends {"event": "pick", "request": id}."""
@@ -156,7 +158,7 @@ class ExplainView(_InsightView):
 
 
 class LedgerView(_InsightView):
-    """The preemption ledger (blockviz.insights): victim, mode, blocks swapped or freed, tokens
+    """The preemption ledger (blockviz.model.insights): victim, mode, blocks swapped or freed, tokens
     lost, steps until resumed, and the totals line."""
 
     _kind = traitlets.Unicode("ledger").tag(sync=True)
@@ -172,8 +174,8 @@ class MemoryView(_InsightView):
     parts = ("memory",)
 
 
-BREAK_KINDS = ("copy_on_write", "prefix_cache_hit", "fork", "swap_out", "swap_in", "preempted", "block_evicted",
-               "sequence_finished", "step_finished")
+BREAK_KINDS = tuple(cls.type for cls in (ev.CopyOnWrite, ev.PrefixCacheHit, ev.Forked, ev.SwappedOut, ev.SwappedIn,
+                                         ev.Preempted, ev.BlockEvicted, ev.SequenceFinished, ev.StepFinished))
 
 
 class BreakpointsView(_View):

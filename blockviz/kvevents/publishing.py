@@ -88,27 +88,34 @@ def publish_batches(publisher: KVEventPublisher, batches: Iterable[list[KVCacheE
 
 
 def live_batches(spec, *, on_event: Callable | None = None, max_steps: int = 100_000) -> Iterator[list[KVCacheEvent]]:
-    """Run `spec`'s requests (prompts at once, arrivals as the engine steps) on a fresh engine and
-    yield each step's vLLM events (steps that stored or removed nothing yield nothing).
-    `on_event` also receives every engine event (tests compare with the engine's own stream)."""
-    engine = spec.make_engine()
-    mapper = KVEventMapper(engine.config.block_size)
-    engine.events.subscribe(mapper.feed)
-    if on_event is not None:
-        engine.events.subscribe(on_event)
-    params = spec.sampling_params()
-    for prompt in spec.prompts:
-        engine.add_request(prompt, params)
-    pending = list(spec.arrivals)
-    spec.admit_arrivals(engine, pending, 0)
-    for steps in range(1, max_steps + 1):
-        if not (engine.has_unfinished_requests() or pending):
-            break
-        engine.step()
-        spec.admit_arrivals(engine, pending, steps)
-        events = mapper.take_events()
-        if events:
-            yield events
+    """Run `spec`'s requests (prompts at once, arrivals as the engine steps) in an engine session
+    on a fresh engine and yield each step's vLLM events (steps that stored or removed nothing
+    yield nothing). `on_event` also receives every engine event (tests compare with the engine's
+    own stream)."""
+    from blockviz.session.engine_session import EngineSession
+
+    session = EngineSession(spec)
+    mapper = KVEventMapper(session.header["block_size"])
+
+    def feed() -> None:
+        for event in session.take_events():
+            mapper.feed(event)
+            if on_event is not None:
+                on_event(event)
+
+    try:
+        session.start()
+        feed()
+        for _ in range(max_steps):
+            if not session.has_unfinished_requests():
+                break
+            session.step()
+            feed()
+            events = mapper.take_events()
+            if events:
+                yield events
+    finally:
+        session.close()
 
 
 def serve_forever(publisher: KVEventPublisher, progress: Progress) -> None:

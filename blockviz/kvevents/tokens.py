@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
-from blockviz.palette import show_token
+from blockviz.model.palette import show_token
 
 
 class TokenText:

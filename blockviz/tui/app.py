@@ -1,7 +1,7 @@
-"""The blockviz TUI: a thin App over a Timeline (blockviz/history.py) and the views (widgets/).
+"""The blockviz TUI: a thin App over a Timeline (blockviz/model/timeline.py) and the views (widgets/).
 
 A live run (`blockviz run`) drives a Bridge (blockviz/tui/bridge.py) in a Textual thread worker; a
-replay (`blockviz replay`) reads a Trace (blockviz/trace.py) and never imports torch. Either way the
+replay (`blockviz replay`) reads a Trace (blockviz/model/trace.py) and never imports torch. Either way the
 views draw only the reducer's state at the timeline's cursor, so stepping, playing and time travel
 are the same code for both. Playback policy (frame timers, throughput mode, the garbage collector)
 lives in the PlaybackController (controller.py), which the App gets once the timeline exists.
@@ -20,10 +20,11 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
-from blockviz.history import Player, Timeline
-from blockviz.insights import Insights, ledger_totals, memory_truth
-from blockviz.narration import narrate
-from blockviz.trace import Trace, engine_title
+from blockviz.model.timeline import Timeline
+from blockviz.model.player import Player
+from blockviz.model.insights import Insights, ledger_totals, memory_truth
+from blockviz.model.narration import narrate
+from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
@@ -113,7 +114,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         player.break_on = self.break_on
         self.controller = PlaybackController(player, self.bridge,
                                              set_interval=self.set_interval,
-                                             draw=lambda full: self.render_views(full))
+                                             draw=lambda full: self.render_views(full),
+                                             not_responding=self._engine_not_responding)
         self.screen.remove_class("-loading")
         for loading in self.query("#loading"):  # its spinner would redraw 16 times a second, unseen
             loading.remove()
@@ -165,6 +167,17 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.screen.add_class("-engine-died")
         self.render_views()
 
+    def _engine_not_responding(self, stalled: bool) -> None:
+        """Playback waits on a live engine that has sent nothing for a while (a stopped or hung
+        engine process): say so until it answers; q still quits (the bridge ends the process)."""
+        from blockviz.tui.controller import NOT_RESPONDING_S
+
+        if self.engine_died:
+            return
+        self.query_one("#engine-error", Static).update(
+            f"engine not responding: nothing from it for {NOT_RESPONDING_S:g} s · q quits")
+        self.screen.set_class(stalled, "-engine-stalled")
+
     def on_engine_events(self, message: EngineEvents) -> None:
         self.controller.on_events(message.events)
 
@@ -197,7 +210,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
-            narration=narrate(timeline.current_event, timeline.state), memory=memory_fields(truth),
+            narration=narrate(timeline.current_event, timeline.state, timeline.token_texts), memory=memory_fields(truth),
             ledger=ledger_totals(insights.ledger(timeline.position)))
 
     def _moved(self) -> None:

@@ -1,4 +1,4 @@
-"""The one interface a live view drives an engine through (DESIGN.md: "one bridge interface").
+"""The one interface a live view drives an engine through (the UI side of an engine session).
 
 Two implementations: `blockviz.tui.engine_bridge.EngineBridge` (the engine on a thread of this
 process, as the tests run it) and `blockviz.tui.engine_process.ProcessBridge` (the engine in a child process, as
@@ -34,13 +34,14 @@ class Bridge(Protocol):
         """The UI took `count` events into its timeline (the backpressure)."""
 
     def add_request(self, prompt: str, n: int | None = None) -> None:
-        """Queue a request (LLMEngine.add_request)."""
+        """Queue a request (EngineSession.add_request, vLLM's add_request)."""
 
     def fork(self, seq_id: int) -> None:
-        """Fork a running sequence (vLLM v0 BlockSpaceManager.fork)."""
+        """Fork a running sequence (EngineSession.fork, vLLM v0 BlockSpaceManager.fork)."""
 
     def preempt(self, request_id: str) -> None:
-        """Swap a running request out to the CPU pool (vLLM v0 swap_out)."""
+        """Preempt a running request by swapping it out to the CPU pool (EngineSession.preempt,
+        vLLM v0 Scheduler._preempt by swap)."""
 
     def stop(self) -> None:
         """End the run; `run` returns soon after."""

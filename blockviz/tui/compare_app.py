@@ -1,5 +1,5 @@
 """`blockviz compare --tui`: the runs of one workload side by side, their GPU pools at the same
-engine step. One column per configuration (blockviz/compare.py's CompareRun): its settings, its
+engine step. One column per configuration (blockviz/session/compare.py's CompareRun): its settings, its
 figures for the whole run, the memory line at the step, and its pool as the step left it. The keys
 move every run together, so a block size or a pool size is compared at the same moment of the
 same workload; columns that do not fit the terminal scroll sideways."""
@@ -14,10 +14,10 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll, Vertical
 from textual.widgets import Footer, Static
 
-from blockviz.compare import CompareRun, same_step
-from blockviz.history import Timeline
-from blockviz.insights import max_tokens_of, memory_truth
-from blockviz.palette import pool_counts
+from blockviz.session.compare import CompareRun, same_step
+from blockviz.model.timeline import Timeline
+from blockviz.model.insights import max_tokens_of, memory_truth
+from blockviz.model.view import pool_counts
 from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.pool_grid import PoolGrid
 

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any, Callable, Protocol
 
-from blockviz.history import Player
+from blockviz.model.player import Player
 from blockviz.tui.bridge import Bridge
 
 FRAME_S = 1 / 30
@@ -23,6 +23,8 @@ PANEL_HZ = 5  # text panels' redraw rate during playback (the pools follow every
 THROUGHPUT_FPS = 1  # frames/s while a live engine free-runs at max speed (GIL and cores to the engine)
 YOUNG_GC_OBJECTS = 20_000  # the youngest generation's collection threshold while the app runs
 MAX_TICK_S = 0.25  # a late frame advances playback by at most this much
+# Playing, waiting on a live engine that has sent nothing for this long: say it is not responding
+NOT_RESPONDING_S = 5.0
 
 
 class Timer(Protocol):
@@ -44,11 +46,15 @@ class PlaybackController:
 
     def __init__(self, player: Player, bridge: Bridge | None, *,
                  set_interval: Callable[..., Timer], draw: Callable[[bool], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 not_responding: Callable[[bool], None] = lambda stalled: None) -> None:
         self.player = player
         self.bridge = bridge
         self._draw = draw
         self._clock = clock
+        self._not_responding = not_responding  # called with True once the engine stalls, False once it answers
+        self.stalled = False
+        self.last_heard = clock()  # the last batch from the engine, or the last moment nothing was awaited
         self.last_tick = 0.0
         self.panels_drawn = 0.0
         self.dirty = False  # the cursor moved since the last frame
@@ -83,6 +89,7 @@ class PlaybackController:
         dt, self.last_tick = min(now - self.last_tick, MAX_TICK_S), now
         moved = self.player.tick(dt)
         self.feed_engine()
+        self._check_engine(now)
         if moved or self.dirty:
             self._draw(not self.player.playing)
 
@@ -103,6 +110,8 @@ class PlaybackController:
         """A batch arrived from the engine: into the timeline, acknowledged, drawn when due."""
         moved = self.player.on_events(events)
         self.bridge.acknowledge(len(events))
+        self.last_heard = self._clock()
+        self._check_engine(self.last_heard)
         self.dirty = self.dirty or moved
         if self.player.throughput_mode and self._clock() - self.last_tick >= 1 / THROUGHPUT_FPS:
             # A frame is due: draw it now, while this process is awake anyway (and feed the
@@ -126,6 +135,20 @@ class PlaybackController:
         self.bridge.set_free_run(player.playing and math.isinf(player.speed) and not player.finished)
         if player.engine_steps_wanted() and self.bridge.outstanding == 0:
             self.bridge.request_steps(1)
+
+
+    def _check_engine(self, now: float) -> None:
+        """Tell `not_responding` when playback has waited NOT_RESPONDING_S on a live engine that
+        sends nothing (steps asked for, or a free run), and when it answers again."""
+        player, bridge = self.player, self.bridge
+        waiting = (bridge is not None and player.playing and not player.finished
+                   and (bridge.outstanding > 0 or player.throughput_mode))
+        if not waiting:
+            self.last_heard = now
+        stalled = waiting and now - self.last_heard >= NOT_RESPONDING_S
+        if stalled != self.stalled:
+            self.stalled = stalled
+            self._not_responding(stalled)
 
 
 class GcPolicy:

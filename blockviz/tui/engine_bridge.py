@@ -1,10 +1,12 @@
-"""EngineBridge: the engine on a worker thread, the UI fed batches of its events with backpressure.
+"""EngineBridge: an engine session on a worker thread, the UI fed batches of its events with
+backpressure.
 
-`EngineBridge.run()` is the worker thread's body: load the model, add the requests, then step the
-engine only when the UI asks for steps (or free-runs at "max" speed) and only while fewer than
-`max_in_flight` events wait unacknowledged in the UI: that is the backpressure. Between steps it runs
-the user's commands (add a request, fork a sequence, swap a request out), since the engine is not
-thread-safe and only this thread touches it. `blockviz run` runs one inside a child process
+`EngineBridge.run()` is the worker thread's body: build an EngineSession (blockviz/session/
+engine_session.py: it loads the model, adds the requests, plays the arrivals), then step it only
+when the UI asks for steps (or free-runs at "max" speed) and only while fewer than
+`max_in_flight` events wait unacknowledged in the UI: that is the backpressure. Between steps it
+runs the user's commands (add a request, fork a sequence, preempt a request), since the engine is
+not thread-safe and only this thread touches it. `blockviz run` runs one inside a child process
 (engine_process.py); the tests run it on a thread. No textual import: the app hands in callbacks
 that post messages.
 """
@@ -16,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from blockviz.live import EngineSpec, one_line, quiet_model_loading
+from blockviz.session.engine_session import EngineSession
+from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 from engine.events import Event
 
 
@@ -51,12 +54,6 @@ class Listener:
     served: Callable[[int], None] = lambda steps_served: None  # after steps asked for finish or drop
 
 
-@dataclass(slots=True)
-class _Command:
-    name: str
-    run: Callable[[Any], Any]
-
-
 class EngineBridge:
     """Runs an engine on a worker thread, posting batches of events with backpressure.
 
@@ -78,11 +75,24 @@ class EngineBridge:
         self._in_flight = 0
         self._idle = False
         self._stopped = False
-        self._commands: list[_Command] = []
-        self.num_steps = 0
+        self._commands: list[Callable[[EngineSession], Any]] = []
         self.steps_served = 0  # steps asked for by request_steps that finished or were dropped
-        self.header: dict[str, Any] | None = None
-        self.engine: Any = None
+        self.session: EngineSession | None = None  # built by run(), on the worker thread
+
+    @property
+    def header(self) -> dict[str, Any] | None:
+        """The run's trace header, once the engine is built."""
+        return self.session.header if self.session is not None else None
+
+    @property
+    def engine(self) -> Any:
+        """The engine, once built (for tests and benchmarks; only the worker thread calls into it)."""
+        return self.session.engine if self.session is not None else None
+
+    @property
+    def num_steps(self) -> int:
+        """Engine steps taken."""
+        return self.session.num_steps if self.session is not None else 0
 
     # ------------------------------------------------------------------ UI side
 
@@ -115,22 +125,20 @@ class EngineBridge:
             self._cond.notify_all()
 
     def add_request(self, prompt: str, n: int | None = None) -> None:
-        params = self.spec.sampling_params(n)
-        self._submit(_Command("add request", lambda engine: engine.add_request(prompt, params)))
+        self._submit(lambda session: session.add_request(prompt, n))
 
     def fork(self, seq_id: int) -> None:
-        self._submit(_Command(f"fork sequence {seq_id}", lambda engine: engine.fork_sequence(seq_id)))
+        self._submit(lambda session: session.fork(seq_id))
 
     def preempt(self, request_id: str) -> None:
-        self._submit(_Command(f"swap out request {request_id}",
-                              lambda engine: engine.preempt_request(request_id)))
+        self._submit(lambda session: session.preempt(request_id))
 
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
 
-    def _submit(self, command: _Command) -> None:
+    def _submit(self, command: Callable[[EngineSession], Any]) -> None:
         with self._cond:
             self._commands.append(command)
             self._cond.notify_all()
@@ -143,27 +151,26 @@ class EngineBridge:
 
     def run(self, listener: Listener) -> None:
         """The worker's body: load, add the initial requests, then serve steps and commands."""
-        engine = self._load(listener)
-        if engine is None:
+        session = self._load(listener)
+        if session is None:
             return
-        self._batches = _Batches(engine, listener, self)
-        unsubscribe = engine.events.subscribe(self._batches.buffer.append)
         try:
-            pending = self._add_initial_requests(engine)
+            session.start()
         except ValueError as exc:  # a prompt the engine refuses: the run cannot be what was asked
-            unsubscribe()
+            session.close()
             listener.failed(one_line(exc))
             return
+        self._batches = _Batches(session, listener, self)
         try:
             self._batches.flush()
-            self._serve(engine, listener, pending)
+            self._serve(session, listener)
         except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
             self._batches.flush()
             listener.died(f"engine stopped: {one_line(exc)}")
         finally:
-            unsubscribe()
+            session.close()
 
-    def _load(self, listener: Listener) -> Any:
+    def _load(self, listener: Listener) -> EngineSession | None:
         spec = self.spec
         profiling = ", then profiling its memory to size the KV cache" if spec.config.num_gpu_blocks is None else ""
         listener.loading(f"loading the model {spec.model!r}{profiling}…")
@@ -171,42 +178,33 @@ class EngineBridge:
             quiet_model_loading()
             if self.share_cores:
                 leave_a_core_for_the_ui(spec.config.device)
-            engine = self._make_engine()
-            header = dict(engine.trace_header())
+            session = EngineSession(spec, make_engine=self._make_engine)
         except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
             listener.failed(one_line(exc))
             return None
-        self.header = header
-        self.engine = engine  # for tests and benchmarks; only this thread calls into it
-        listener.ready(header)
-        return engine
+        self.session = session
+        listener.ready(dict(session.header))
+        return session
 
-    def _add_initial_requests(self, engine) -> list:
-        pending = list(self.spec.arrivals)
-        for prompt in self.spec.prompts:
-            engine.add_request(prompt, self.spec.sampling_params())
-        self.spec.admit_arrivals(engine, pending, 0)
-        return pending
-
-    def _serve(self, engine, listener: Listener, pending: list) -> None:
+    def _serve(self, session: EngineSession, listener: Listener) -> None:
         """Until stopped: wait for something to do, run the user's commands, take a step."""
         served = 0
         while True:
             with self._cond:
-                while not (self._stopped or self._commands or self._may_step() or self._batches.buffer):
+                while not (self._stopped or self._commands or self._may_step() or session.num_buffered):
                     self._cond.wait(0.5)
                 if self._stopped:
                     return
                 commands, self._commands = self._commands, []
                 step = self._may_step()
                 wanted = step and self._steps_wanted > 0
-                self._batches.digest_per_step(wanted or not self._free_run)
+                session.digest_per_step(wanted or not self._free_run)
                 if step:
                     self._stepping = True
                     self._steps_wanted -= wanted
-            self._run_commands(engine, commands, listener)
-            free_running = step and self._step(engine, pending, wanted)
-            unfinished = engine.has_unfinished_requests()
+            self._run_commands(session, commands, listener)
+            free_running = step and self._step(session, wanted)
+            unfinished = session.has_unfinished_requests()
             self._batches.flush(force=not (free_running and unfinished))
             if (step or commands) and not unfinished:
                 with self._cond:
@@ -218,23 +216,20 @@ class EngineBridge:
                 served = self.steps_served
                 listener.served(served)
 
-    def _run_commands(self, engine, commands: list[_Command], listener: Listener) -> None:
+    def _run_commands(self, session: EngineSession, commands: list, listener: Listener) -> None:
         for command in commands:
             try:
-                command.run(engine)
-            except Exception as exc:  # noqa: BLE001 - a refused command is a notice, not a crash
-                listener.notice(f"{command.name}: {one_line(exc)}")
+                command(session)
+            except ValueError as exc:  # a refused command is a notice, not a crash
+                listener.notice(one_line(exc))
             else:
                 with self._cond:
                     self._idle = False
 
-    def _step(self, engine, pending: list, wanted: bool) -> bool:
+    def _step(self, session: EngineSession, wanted: bool) -> bool:
         """One engine step (and the arrivals it makes due); whether the engine is free-running."""
         try:
-            if engine.has_unfinished_requests():
-                engine.step()
-                self.num_steps += 1
-            self.spec.admit_arrivals(engine, pending, self.num_steps)
+            session.step()
         finally:
             with self._cond:
                 self._stepping = False
@@ -244,34 +239,24 @@ class EngineBridge:
 
 
 class _Batches:
-    """The events the engine emitted since the last batch, sent to the listener as one batch: at
-    once for single steps, at most one per `flush_interval` while free-running. An engine that can
-    hold back its K/V digests (LLMEngine) digests the blocks a free run wrote once per batch, not
-    once a step."""
+    """The events the session buffered since the last batch, sent to the listener as one batch: at
+    once for single steps, at most one per `flush_interval` while free-running (the session then
+    digests the blocks a free run wrote once per batch, not once a step)."""
 
-    def __init__(self, engine, listener: Listener, bridge: EngineBridge) -> None:
-        self.buffer: list[Event] = []
-        self.engine = engine
+    def __init__(self, session: EngineSession, listener: Listener, bridge: EngineBridge) -> None:
+        self.session = session
         self.listener = listener
         self.bridge = bridge
         self.last_flush = time.monotonic()
-        self._digest_later = getattr(engine, "emit_kv_digests", None)
-
-    def digest_per_step(self, per_step: bool) -> None:
-        if self._digest_later is not None:
-            self.engine.kv_digests_per_step = per_step
 
     def flush(self, force: bool = True) -> None:
         now = time.monotonic()
         if not force and now - self.last_flush < self.bridge.flush_interval:
             return  # free-running: gather more steps into one message
-        if self._digest_later is not None:
-            self._digest_later()
-        if not self.buffer:
+        batch = self.session.take_events()
+        if not batch:
             return
         self.last_flush = now
-        batch = self.buffer.copy()
-        self.buffer.clear()
         with self.bridge._cond:
             self.bridge._in_flight += len(batch)
         self.listener.events(batch)

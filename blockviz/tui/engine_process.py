@@ -27,7 +27,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from blockviz.live import EngineSpec, one_line
+from blockviz.session.spec import EngineSpec, one_line
 from blockviz.tui.engine_bridge import EngineBridge, Listener
 
 STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)
@@ -36,6 +36,9 @@ _CALLS = frozenset({"request_steps", "set_free_run", "acknowledge", "add_request
 # A free-running engine sends a batch of events (and digests the K/V blocks it wrote) this often:
 # the app draws a frame a second then (THROUGHPUT_FPS), and every batch wakes both processes.
 FLUSH_INTERVAL = 0.5
+# An engine process asked to stop (SIGTERM) that has not exited after this long is killed
+# (SIGKILL): a stopped or hung child must never keep the UI from quitting.
+TERMINATE_GRACE_S = 2.0
 
 
 class ProcessBridge:
@@ -199,6 +202,9 @@ class ProcessBridge:
             if process.is_alive():  # still loading, or stuck in a model call: we end it
                 self._terminated = True
                 process.terminate()
+                process.join(timeout=TERMINATE_GRACE_S)
+            if process.is_alive():  # stopped (SIGSTOP) or deaf to SIGTERM: SIGKILL ends it whatever its state
+                process.kill()
                 process.join(timeout=5)
             from_child.close()
             self._wake_recv.close()

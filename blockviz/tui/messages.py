@@ -24,7 +24,7 @@ class EngineLoading(Message):
 
 @dataclass
 class EngineReady(Message):
-    """The engine is built; `header` is its trace_header() (block size, pool sizes, model...)."""
+    """The engine is built; `header` is its session's trace header (block size, pool sizes, model...)."""
 
     header: dict[str, Any]
 
@@ -79,7 +79,7 @@ class BlockSelected(Message):
 
 
 def posting_listener(post: Callable[[Message], Any]):
-    """The engine worker's Listener (blockviz.live) whose every callback posts one of these
+    """The engine worker's Listener (blockviz.session.spec) whose every callback posts one of these
     messages with `post` (App.post_message, safe from the worker thread)."""
     from blockviz.tui.engine_bridge import Listener
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
+from engine.kernels.lm_head import lm_head_logits
 from engine.models.weights import build_empty, copy_hf_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -285,7 +286,7 @@ class Llama(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, hidden_size) -> float32 logits (n, vocab_size) through the (tied or own) LM head."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return lm_head_logits(hidden, weight).float()  # F.linear(hidden, weight), chunked on the CPU
 
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy weights from a transformers `*ForCausalLM` state dict (same names); dtype and

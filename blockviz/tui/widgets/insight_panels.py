@@ -1,6 +1,6 @@
 """The panels that answer questions: why a prefix lookup hit or missed (the explainer), what
 preemption cost (the ledger), and where memory goes (utilization, fragmentation, the contiguous
-reservation, and a sparkline over the steps). Each is drawn from blockviz.insights at the cursor."""
+reservation, and a sparkline over the steps). Each is drawn from blockviz.model.insights at the cursor."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from blockviz import explain as ex
-from blockviz.insights import Insights, MemoryTruth, ledger_totals
-from blockviz.palette import event_number, seq_style, short_hash, show_token, sparkline
+from blockviz.model import explain as ex
+from blockviz.model.insights import Insights, MemoryTruth, ledger_totals
+from blockviz.model.palette import event_number, short_hash, show_token, sparkline
+from blockviz.tui.styles import seq_style
 from blockviz.tui.widgets.panels import StatePanel
-from engine.reducer import ReducerState
+from blockviz.model.reducer import ReducerState
 
 VERDICT_STYLES = {ex.HIT: "bold green", ex.PARTIAL: "yellow", ex.LAST_BLOCK: "yellow", ex.EVICTED: "bold red",
                   ex.DIFFERENT_PARENT: "bold magenta", ex.DIFFERENT_TOKENS: "bold red"}

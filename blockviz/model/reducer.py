@@ -110,6 +110,11 @@ class ReducerState:
             return 0.0
         return sum(len(b.token_ids) for b in used) / (len(used) * self.block_size)
 
+    def size(self) -> int:
+        """How many items a snapshot of this state holds: blocks, sequences' tokens, requests."""
+        return (sum(map(len, self.pools.values())) + sum(len(seq.token_ids) for seq in self.seqs.values())
+                + len(self.requests) + len(self.parent_hashes))
+
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
 
@@ -395,3 +400,33 @@ _THAW = {
     "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
     **{name: dict for name in _DICTS},
 }
+
+
+def check_reducer_matches(reducer, manager) -> None:
+    """A ReducerState fed only the manager's events holds the manager's picture: block tables,
+    ref counts, owners, tokens, free / used / free-but-cached blocks and the hash map."""
+    from blockviz.model.reducer import CACHED, USED
+
+    assert reducer.tables == {
+        seq_id: [(b.device.value, b.block_number) for b in table]
+        for seq_id, table in manager.block_tables.items()
+    }, "reducer's block tables differ from the manager's"
+    for allocator in (manager.gpu_allocator, manager.cpu_allocator):
+        device = allocator.device.value
+        pool = reducer.pools[device]
+        assert [b.ref_count for b in pool] == [b.ref_count for b in allocator.blocks], (
+            f"reducer's {device} ref counts differ from the manager's"
+        )
+        assert reducer.num_free(device) == allocator.get_num_free_blocks()
+        for view, block in zip(pool, allocator.blocks):
+            if block.ref_count:
+                assert view.state == USED and view.token_ids == block.token_ids, (
+                    f"{device} block {block.block_number}: reducer {view.state} {view.token_ids}, "
+                    f"manager {block.token_ids}"
+                )
+                owners = {s for s, t in manager.block_tables.items() if block in t}
+                assert view.owners == owners, f"{device} block {block.block_number} owners differ"
+    if manager.enable_caching:
+        cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
+        assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
+        assert reducer.hash_map == {h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()}

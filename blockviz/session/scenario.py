@@ -42,6 +42,18 @@ DEFAULT_SCENARIO_OPTIONS = {
 }
 
 
+# The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
+# the engine and sampling settings they were written for.
+SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
+
+
+def scenario(name: str) -> tuple[tuple[Arrival, ...], dict]:
+    """A named scenario's arrivals and settings; a ValueError lists the names."""
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}: the scenarios are {', '.join(sorted(SCENARIOS))}")
+    return SCENARIOS[name]
+
+
 def admit_arrivals(engine, pending: list[Arrival], steps_done: int, params_for) -> list[str]:
     """Queue the pending arrivals that are due (their step reached, or the engine idle before it):
     `params_for(n)` gives each its SamplingParams. Returns the request ids added; `pending` loses

@@ -2,8 +2,8 @@
 
 `EngineSpec` is an EngineConfig plus the requests (the CLI's engine options); `check_model`,
 `EngineSpec.check` and `EngineSpec.check_prompt_lengths` turn what can be known wrong up front into
-one line (UsageError). The bridges that drive a live engine for the TUI are in blockviz/tui/
-(engine_bridge.py, engine_process.py). No torch and no textual import here.
+one line (UsageError). An EngineSession (engine_session.py) runs a spec. No torch and no textual
+import here.
 """
 
 from __future__ import annotations
@@ -11,10 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from blockviz.cli import DEFAULT_PROMPTS
 from blockviz.errors import UsageError
-from blockviz.scenario import Arrival, admit_arrivals
+from blockviz.session.scenario import Arrival, scenario
 from engine.config import EngineConfig
+
+DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
+# The EngineConfig fields (engine/config.py) a command line sets, each an option named after it
+# (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
+ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
+                         "preemption_mode", "device", "seed", "attention_backend", "raw_prompt")
 
 
 def one_line(exc: BaseException) -> str:
@@ -27,7 +32,7 @@ def one_line(exc: BaseException) -> str:
 class EngineSpec:
     """What to run: an EngineConfig (engine/config.py: model, block size, pools, prefix caching,
     preemption mode, device, seed...) and the requests: `prompts` at once, `arrivals` as the engine
-    steps (blockviz/scenario.py), each sampled with `n`, `max_tokens` and `temperature`."""
+    steps (blockviz/session/scenario.py), each sampled with `n`, `max_tokens` and `temperature`."""
 
     config: EngineConfig = field(default_factory=EngineConfig)
     prompts: tuple[str, ...] = DEFAULT_PROMPTS
@@ -44,11 +49,21 @@ class EngineSpec:
         return cls(config, **{k: v for k, v in options.items() if k not in names})
 
     @classmethod
+    def for_scenario(cls, name: str, **options: Any) -> "EngineSpec":
+        """A named scenario's spec (scenario.SCENARIOS): its arrivals, on its engine and sampling
+        settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
+        say otherwise. A ValueError names an unknown scenario or option."""
+        arrivals, settings = scenario(name)
+        known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
+        return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
+
+    @classmethod
     def from_args(cls, args: Any, default_arrivals: tuple[Arrival, ...] = ()) -> "EngineSpec":
         """The spec of the parsed CLI options; with no --prompt, `default_arrivals` when given (the
         scenario `blockviz run` plays), else the default prompts."""
-        from blockviz.cli import ENGINE_CONFIG_OPTIONS
-
         if args.prompts:
             prompts, arrivals = tuple(args.prompts), ()
         else:
@@ -110,10 +125,6 @@ class EngineSpec:
             if length >= context:
                 raise UsageError(f"a prompt has {length} tokens but the model's context is {context}: "
                                  f"shorten it to at most {context - 1}")
-
-    def admit_arrivals(self, engine, pending: list[Arrival], steps_done: int) -> list[str]:
-        """Queue the arrivals due after `steps_done` steps (blockviz.scenario.admit_arrivals)."""
-        return admit_arrivals(engine, pending, steps_done, self.sampling_params)
 
     def sampling_params(self, n: int | None = None):
         from engine.sequence import SamplingParams

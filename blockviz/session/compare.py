@@ -16,6 +16,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from blockviz.session.engine_session import EngineSession
+from blockviz.session.recorder import Recorder
+from blockviz.session.spec import EngineSpec
+
 SWEPT = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
 
 
@@ -63,36 +67,47 @@ def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
     return runs
 
 
+def _start(engine, prompts: list[str], params) -> tuple[EngineSession, list[str]]:
+    """A session over `engine` with `prompts` queued, each sampled with `params` (all checked
+    first: a ValueError names one the engine refuses). Returns it and the request ids."""
+    session = EngineSession(EngineSpec(engine.config, prompts=()), engine=engine)
+    session.check_requests(prompts, params)
+    return session, [session.add_request(prompt, sampling_params=params) for prompt in prompts]
+
+
 def _warm_up(engine, prompt: str, params) -> None:
     """A short untimed generation first: the first forward pass in a process pays one-time setup
     that would otherwise count against the first configuration's tokens/s."""
-    from engine.llm import LLM
-
-    LLM.from_engine(engine).generate([prompt], replace(params, n=1, max_tokens=2))
+    session, _ = _start(engine, [prompt], replace(params, n=1, max_tokens=2))
+    session.run_to_completion()
+    session.close()
 
 
 def run_one(engine, prompts: list[str], params) -> CompareRun:
-    """One run of the workload: generate's Recorder over its events, and the events themselves."""
-    from blockviz.commands.generate import Recorder
-    from engine.llm import LLM
-
-    header = engine.trace_header()
+    """One run of the workload in an engine session: the Recorder's figures over its events, and
+    the events themselves."""
+    session, request_ids = _start(engine, prompts, params)
+    header = session.header
     recorder = Recorder(header)
     events: list = []
-    engine.events.subscribe(recorder)
-    engine.events.subscribe(events.append)
+
+    def keep(batch) -> None:
+        recorder(batch)
+        events.extend(batch)
+
     start = time.perf_counter()
-    outputs = LLM.from_engine(engine).generate(prompts, params)
+    session.run_to_completion(on_events=keep)
     seconds = time.perf_counter() - start
+    session.close()
     state, config = recorder.state, engine.config
     figures = {
         "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
-        "prefix_caching": config.enable_prefix_caching, "steps": engine.num_steps,
+        "prefix_caching": config.enable_prefix_caching, "steps": session.num_steps,
         "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
         "prefix_hit_rate": round(state.prefix_hit_rate(), 4), "preemptions": state.num_preemptions,
         "tokens": state.num_tokens_generated, "tokens_per_s": round(state.num_tokens_generated / seconds, 1),
     }
-    texts = [[c.text for c in output.outputs] for output in outputs]
+    texts = [[c.text for c in session.finished[request_id].outputs] for request_id in request_ids]
     return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))
 
 

@@ -1,0 +1,218 @@
+"""Each event in words: one text per event, the line the log shows and the narration starts with.
+
+`describe(event)` words an event the way vLLM's code names what happened (allocate, append_slot,
+copy-on-write, fork, swap_out / swap_in, free, prefix-cache hit, evict); `narrate(event, state)` is
+the same text plus, where there is one, a sentence of what it means given the reducer's state right
+after it (a fork copies nothing, a hit skips computation, a freed block stays cached...): the line a
+teacher reads out while the engine steps. `FILTERS` are the log's named sets of event records.
+
+Dispatch is by the event's record class, in one registry per function (`_TEXTS`, `_MEANINGS`).
+No textual import: pure functions, tested without a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from blockviz.model.palette import short_hash, show_token
+from blockviz.model.reducer import ReducerState
+from engine import events as ev
+
+
+def plural(count: int, word: str) -> str:
+    """"1 block", "2 blocks"."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _ids(ids) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _seqs(seq_ids) -> str:
+    seq_ids = list(seq_ids)
+    return ("seq " if len(seq_ids) == 1 else "seqs ") + ", ".join(str(s) for s in seq_ids)
+
+
+# ---------------------------------------------------------------------------------- the text
+
+
+def describe(event: ev.Event, vocab: dict[int, str] | None = None) -> str:
+    """One line of plain words for an event (the log's line; the narration starts with it).
+    `vocab` (token id -> text) words a slot's token."""
+    text = _TEXTS.get(type(event))
+    return text(event, vocab or {}) if text is not None else event.type.replace("_", " ")
+
+
+def _allocated(e: ev.BlockAllocated, vocab) -> str:
+    return (f"allocate {e.device} {e.block} → seq {_ids(e.seq_ids)} L{e.logical_index} "
+            f"ref {e.ref_count} ({plural(len(e.token_ids), 'token')})")
+
+
+def _hit(e: ev.PrefixCacheHit, vocab) -> str:
+    return (f"prefix-cache HIT {e.device} {e.block} #{short_hash(e.block_hash)} → seq {_ids(e.seq_ids)} "
+            f"L{e.logical_index} ref {e.ref_count}")
+
+
+def _hashed(e: ev.BlockHashed, vocab) -> str:
+    parent = f"#{short_hash(e.parent_hash)}" if e.parent_hash is not None else "root"
+    return (f"hash {e.device} {e.block} #{short_hash(e.block_hash)} ← {parent}"
+            + ("" if e.registered else " (duplicate: map unchanged)"))
+
+
+def _slot(e: ev.SlotAppended, vocab) -> str:
+    piece = show_token(vocab.get(e.token_id, f"<{e.token_id}>"))
+    return f"append_slot seq {e.seq_id} L{e.logical_index} → {e.device} {e.block}[{e.offset}] '{piece}'"
+
+
+def _cow(e: ev.CopyOnWrite, vocab) -> str:
+    return (f"copy-on-write seq {e.seq_id} L{e.logical_index}: {e.device} {e.src_block} → "
+            f"{e.device} {e.dst_block} (src ref {e.src_ref_count})")
+
+
+def _fork(e: ev.Forked, vocab) -> str:
+    return f"fork seq {e.parent_seq_id} → seq {e.child_seq_id} shares {e.device} {_ids(e.blocks)}"
+
+
+def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab) -> str:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
+    pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
+    return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}"
+
+
+def _freed(e: ev.BlockFreed, vocab) -> str:
+    left = "free-but-cached" if e.cached and e.ref_count == 0 else ("free" if e.ref_count == 0 else "kept")
+    return f"free {e.device} {e.block} by seq {e.seq_id}: ref {e.ref_count} ({left})"
+
+
+def _request(e: ev.RequestAdded, vocab) -> str:
+    prompt = show_token(e.prompt)[:40]
+    return (f"request {e.request_id} added: '{prompt}' ({plural(len(e.prompt_token_ids), 'token')}, "
+            f"seq {_ids(e.seq_ids)}, n {e.n}, max {e.max_tokens})")
+
+
+def _preempted(e: ev.Preempted, vocab) -> str:
+    return (f"PREEMPT req {e.request_id} seq {_ids(e.seq_ids)} by {e.mode}: {e.reason}"
+            + (f" ({e.num_tokens_lost} tokens to recompute)" if e.num_tokens_lost else ""))
+
+
+_TEXTS: dict[type[ev.Event], Callable[..., str]] = {
+    ev.BlockAllocated: _allocated,
+    ev.PrefixCacheHit: _hit,
+    ev.BlockHashed: _hashed,
+    ev.SlotAppended: _slot,
+    ev.CopyOnWrite: _cow,
+    ev.Forked: _fork,
+    ev.SwappedOut: _swap,
+    ev.SwappedIn: _swap,
+    ev.BlockFreed: _freed,
+    ev.SequenceFreed: lambda e, vocab: f"seq {e.seq_id}: block table freed",
+    ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
+    ev.RequestAdded: _request,
+    ev.StepStarted: lambda e, vocab: f"step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
+    ev.TokenGenerated: lambda e, vocab: f"seq {e.seq_id} sampled '{show_token(e.text)}' at position {e.position}",
+    ev.Preempted: _preempted,
+    ev.SequenceFinished: lambda e, vocab: f"seq {e.seq_id} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+    ev.KVDigest: lambda e, vocab: f"K/V digest {e.device} {e.block} = {e.digest}",
+    ev.StepFinished: lambda e, vocab: f"step {e.step} {e.kind} done ({plural(e.num_tokens, 'token')})",
+}
+
+
+# ---------------------------------------------------------------------------------- the meaning
+
+
+def narrate(event: ev.Event | None, state: ReducerState, vocab: dict[int, str] | None = None) -> str:
+    """The event's text (`describe`) and, where there is one, what it means given the state right
+    after it ("" before the first event)."""
+    if event is None:
+        return ""
+    text = describe(event, vocab or {})
+    meaning = _MEANINGS.get(type(event))
+    sentence = meaning(event, state) if meaning is not None else ""
+    return f"{text}: {sentence}" if sentence else text
+
+
+def _allocated_means(e: ev.BlockAllocated, state: ReducerState) -> str:
+    if e.ref_count > 1:
+        return f"{_seqs(e.seq_ids)} share it from the start"
+    return f"{len(e.token_ids)}/{state.block_size} slots used"
+
+
+def _hit_means(e: ev.PrefixCacheHit, state: ReducerState) -> str:
+    return (f"same tokens and same parent hash, so {plural(len(e.token_ids), 'token')} "
+            f"{'is' if len(e.token_ids) == 1 else 'are'} not computed again")
+
+
+def _hashed_means(e: ev.BlockHashed, state: ReducerState) -> str:
+    if not e.registered:
+        return "an equal block is already in the hash map"
+    return "the block is full, now findable by later prompts"
+
+
+def _slot_means(e: ev.SlotAppended, state: ReducerState) -> str:
+    full = ", the block is now full" if e.offset + 1 == state.block_size else ""
+    return f"slot {e.offset + 1} of {state.block_size}{full}"
+
+
+def _cow_means(e: ev.CopyOnWrite, state: ReducerState) -> str:
+    copied = "was" if len(e.token_ids) == 1 else "were"
+    return (f"seq {e.seq_id} was about to write into a block it shared, so its "
+            f"{plural(len(e.token_ids), 'token')} {copied} copied to block {e.dst_block}, which it owns alone; "
+            f"block {e.src_block} keeps {plural(e.src_ref_count, 'other reference')}")
+
+
+def _fork_means(e: ev.Forked, state: ReducerState) -> str:
+    refs = sorted({state.block(e.device, b).ref_count for b in e.blocks})
+    ref = f" (ref {refs[0]})" if len(refs) == 1 else ""
+    return f"nothing copied, every block now shared{ref}"
+
+
+def _freed_means(e: ev.BlockFreed, state: ReducerState) -> str:
+    if e.ref_count > 0:
+        return f"{plural(e.ref_count, 'other reference')} {'keeps' if e.ref_count == 1 else 'keep'} it"
+    if e.cached:
+        return "it stays in the prefix cache: a later prompt can revive it"
+    return ""
+
+
+def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
+    if e.mode == "swap":
+        return "its blocks go to the CPU pool and come back later"
+    return f"its blocks are freed and {plural(e.num_tokens_lost, 'token')} must be computed again"
+
+
+_MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
+    ev.RequestAdded: lambda e, state: "it waits to be admitted",
+    ev.BlockAllocated: _allocated_means,
+    ev.PrefixCacheHit: _hit_means,
+    ev.BlockHashed: _hashed_means,
+    ev.SlotAppended: _slot_means,
+    ev.CopyOnWrite: _cow_means,
+    ev.Forked: _fork_means,
+    ev.SwappedOut: lambda e, state: "the request's K/V copied to the CPU pool",
+    ev.SwappedIn: lambda e, state: "the request's K/V copied back to the GPU pool",
+    ev.BlockFreed: _freed_means,
+    ev.BlockEvicted: lambda e, state: "the least recently used cached block, its hash forgotten, to make room",
+    ev.StepStarted: lambda e, state: ("whole prompts through the model" if e.kind == "prefill"
+                                      else "one new token for each sequence"),
+    ev.Preempted: _preempted_means,
+    ev.KVDigest: lambda e, state: "a fingerprint of the real tensors",
+    ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')} of {len(state.pools['gpu'])} "
+                                       f"GPU blocks in use"),
+}
+
+
+# ---------------------------------------------------------------------------------- the log's filters
+
+MEMORY = frozenset({ev.BlockAllocated, ev.PrefixCacheHit, ev.BlockHashed, ev.SlotAppended, ev.CopyOnWrite,
+                    ev.Forked, ev.SwappedOut, ev.SwappedIn, ev.BlockFreed, ev.SequenceFreed, ev.BlockEvicted})
+FILTERS: dict[str, frozenset[type[ev.Event]] | None] = {
+    "all events": None,
+    "no slots/tokens/digests": frozenset(ev.EVENT_TYPES.values()) - {ev.SlotAppended, ev.TokenGenerated, ev.KVDigest},
+    "memory (block manager)": MEMORY,
+    "sharing: fork, CoW, hits": frozenset({ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.BlockHashed,
+                                           ev.BlockEvicted}),
+    "swap & preemption": frozenset({ev.SwappedOut, ev.SwappedIn, ev.Preempted, ev.KVDigest}),
+    "requests & steps": frozenset({ev.RequestAdded, ev.StepStarted, ev.StepFinished, ev.SequenceFinished,
+                                   ev.Preempted}),
+    **{kind: frozenset({cls}) for kind, cls in ev.EVENT_TYPES.items()},
+}

@@ -1,0 +1,79 @@
+"""How things look, shared by every view: sequence colours, block tints, fill glyphs, token text
+made visible, short hashes, event numbers.
+
+Plain values (hex colours, strings), no rich or textual import: the TUI turns them into Rich styles
+(blockviz/tui/styles.py) and the Jupyter widgets send them to the page, so both agree on what colour
+a sequence is.
+"""
+
+from __future__ import annotations
+
+# Distinct, dark-on-light-readable hues for sequences (index = seq_id % len).
+SEQ_COLOURS = (
+    "#e06c75", "#61afef", "#98c379", "#e5c07b", "#c678dd", "#56b6c2",
+    "#d19a66", "#ff79c6", "#8be9fd", "#b5e853", "#bd93f9", "#ffb86c",
+)
+# Projector mode: fewer, stronger colours.
+SEQ_COLOURS_BOLD = ("#ff3b3b", "#2f8fff", "#2fd12f", "#ffd400", "#d25cff", "#00d8d8", "#ff8c1a", "#ff4fb8")
+# Background tints for "which block holds this token" (index = block number % len), two shades each.
+BLOCK_TINTS = (
+    ("#3b2f5c", "#4a3b73"), ("#23465c", "#2c5873"), ("#2f5c3b", "#3b734a"), ("#5c4a23", "#73602c"),
+    ("#5c2f4e", "#733b62"), ("#2f5458", "#3b6a6e"), ("#503a2a", "#664a36"), ("#3f3f5c", "#4f4f73"),
+)
+CPU_TINTS = ("#454545", "#575757")
+FILL_GLYPHS = " ▁▂▃▄▅▆▇█"
+
+_VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍", "Ġ": "·", "Ċ": "⏎", "▁": "·"}
+
+
+def seq_colour(seq_id: int, projector: bool = False) -> str:
+    colours = SEQ_COLOURS_BOLD if projector else SEQ_COLOURS
+    return colours[seq_id % len(colours)]
+
+
+def block_tint(device: str, number: int, shade: int = 0) -> str:
+    if device == "cpu":
+        return CPU_TINTS[shade % 2]
+    return BLOCK_TINTS[number % len(BLOCK_TINTS)][shade % 2]
+
+
+def show_token(text: str) -> str:
+    """A token's text with spaces, newlines and tabs made visible ('·', '⏎', '⇥'); byte-level BPE
+    markers (Ġ, Ċ) and control characters never reach the screen raw."""
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif ord(ch) < 32 or ch == "\x7f":
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def short_hash(block_hash: int | None, digits: int = 6) -> str:
+    """A block hash as `digits` hex digits (the top bits of the 64-bit xxh64)."""
+    if block_hash is None:
+        return "—"
+    return f"{block_hash & 0xFFFFFFFFFFFFFFFF:016x}"[:digits]
+
+
+def fill_glyph(num_tokens: int, block_size: int) -> str:
+    if num_tokens <= 0:
+        return " "
+    level = max(1, min(8, round(8 * num_tokens / block_size)))
+    return FILL_GLYPHS[level]
+
+
+def event_number(seq_no: int) -> int:
+    """The number every view shows for the event `seq_no`: counted from 1, as the status bar's
+    "event N/total" and Visualizer.seek(N), which land just after it."""
+    return seq_no + 1
+
+
+def sparkline(values, top: float) -> str:
+    """One glyph per value, its height value / top (a zero or less: the lowest bar, so a point is
+    always drawn). The TUI's memory sparklines (top 1.0) and attach's counts (top their largest)."""
+    if top <= 0:
+        return FILL_GLYPHS[1] * len(values)
+    return "".join(FILL_GLYPHS[max(1, min(8, round(8 * v / top)))] for v in values)

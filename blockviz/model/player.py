@@ -1,0 +1,173 @@
+"""Playback over a Timeline: play/pause at a speed (events per second), step one event or one engine
+step (up to the next step_finished), back the same ways, breakpoints, and — in a live run — how
+many engine steps the UI still needs, which is how the engine session gets its backpressure.
+
+No textual import here: this is the model layer, tested without a terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from blockviz.model.timeline import Timeline
+from engine import events as ev
+
+SPEEDS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, math.inf)  # events per second
+DEFAULT_SPEED_INDEX = 4  # 25 events/s
+
+
+@dataclass(slots=True)
+class Pending:
+    """What the UI is waiting for from a live engine: `kind` "event" (advance one event), "step"
+    (advance to the next step end) or "end" (follow to the newest event)."""
+
+    kind: str
+
+
+class Player:
+    """Playback over a Timeline: play/pause, speed, single steps, time travel.
+
+    In a live run `live` is True and the timeline grows; `engine_steps_wanted()` says how many engine
+    steps the worker should run now (0 means wait): that is the backpressure.
+    """
+
+    def __init__(self, timeline: Timeline, *, live: bool = False, speed_index: int = DEFAULT_SPEED_INDEX,
+                 lookahead: int = 64) -> None:
+        self.timeline = timeline
+        self.live = live
+        self.playing = False
+        self.speed_index = max(0, min(speed_index, len(SPEEDS) - 1))
+        self.lookahead = lookahead
+        self.pending: Pending | None = None
+        self.finished = False  # a live engine said it has nothing left to run
+        self.break_on: frozenset[type[ev.Event]] = frozenset()  # event records playback stops at (breakpoints)
+        self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
+        self._budget = 0.0
+
+    # ------------------------------------------------------------------ speed and play
+
+    @property
+    def speed(self) -> float:
+        return SPEEDS[self.speed_index]
+
+    @property
+    def speed_label(self) -> str:
+        return "max" if math.isinf(self.speed) else f"{self.speed:g} ev/s"
+
+    @property
+    def throughput_mode(self) -> bool:
+        """Live, playing at max: the engine free-runs and the views follow at a low frame rate."""
+        return self.live and self.playing and math.isinf(self.speed) and not self.finished
+
+    def faster(self) -> None:
+        self.speed_index = min(self.speed_index + 1, len(SPEEDS) - 1)
+
+    def slower(self) -> None:
+        self.speed_index = max(self.speed_index - 1, 0)
+
+    def toggle_play(self) -> bool:
+        self.playing = not self.playing
+        self._budget = 0.0
+        if self.playing and not self.live and self.timeline.at_end:
+            self.timeline.seek(0)  # replay again from the start
+        return self.playing
+
+    def tick(self, dt: float) -> bool:
+        """Advance playback by `dt` seconds of wall time; returns whether the cursor moved."""
+        if not self.playing:
+            return False
+        timeline = self.timeline
+        if math.isinf(self.speed):
+            target = len(timeline)
+        else:
+            self._budget += self.speed * dt
+            count = int(self._budget)
+            self._budget -= count
+            target = min(timeline.position + count, len(timeline))
+        stop = timeline.next_of(self.break_on, timeline.position, target) if self.break_on else None
+        moved = timeline.seek(stop if stop is not None else target) if target != timeline.position else False
+        if stop is not None:
+            self.playing = False
+            self.stopped_at = timeline.current_event
+            return moved
+        if timeline.at_end and not self.live:
+            self.playing = False
+        if timeline.at_end and self.live and self.finished:
+            self.playing = False
+        return moved
+
+    # ------------------------------------------------------------------ stepping and time travel
+
+    def step_event(self) -> bool:
+        if self.timeline.forward(1):
+            return True
+        if self.live:
+            self.pending = Pending("event")
+        return False
+
+    def step_engine(self) -> bool:
+        target = self.timeline.next_step_end()
+        if target is not None:
+            return self.timeline.seek(target)
+        if self.live:
+            self.pending = Pending("step")
+        return False
+
+    def back_event(self) -> bool:
+        self.playing = False
+        return self.timeline.back(1)
+
+    def back_step(self) -> bool:
+        self.playing = False
+        return self.timeline.seek(self.timeline.previous_step_end())
+
+    def to_start(self) -> bool:
+        self.playing = False
+        return self.timeline.seek(0)
+
+    def to_end(self) -> bool:
+        return self.timeline.seek(len(self.timeline))
+
+    def back_to_break(self) -> bool:
+        """Back to just after the previous event of a `break_on` kind."""
+        self.playing = False
+        target = self.timeline.previous_of(self.break_on) if self.break_on else None
+        return self.timeline.seek(target) if target is not None else False
+
+    def follow(self) -> None:
+        """Move to the newest event once the next batch arrives (after a user command)."""
+        if self.timeline.at_end:
+            self.pending = Pending("end")
+
+    # ------------------------------------------------------------------ live engine
+
+    def on_events(self, events) -> bool:
+        """A batch arrived from the engine: append it and satisfy what was pending."""
+        timeline = self.timeline
+        timeline.extend(events)
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return False  # playback moves the cursor, frame by frame (see tick)
+        if pending.kind == "event":
+            return timeline.forward(1)
+        if pending.kind == "step":
+            target = timeline.next_step_end()
+            if target is None:
+                self.pending = pending  # still waiting (the batch was a command's events)
+                return timeline.seek(len(timeline))
+            return timeline.seek(target)
+        return timeline.seek(len(timeline))
+
+    def engine_steps_wanted(self) -> int:
+        """How many engine steps the worker should run now (live runs only)."""
+        if not self.live or self.finished:
+            return 0
+        pending = self.pending
+        if pending is not None and pending.kind == "event" and self.timeline.at_end:
+            return 1
+        if pending is not None and pending.kind == "step" and self.timeline.next_step_end() is None:
+            return 1
+        if self.playing and len(self.timeline) - self.timeline.position < self.lookahead:
+            return 1
+        return 0

@@ -1,0 +1,383 @@
+"""The view model: the records every front end draws, computed from the reducer state at a cursor.
+
+One pure function per panel, used by the TUI (blockviz/tui/widgets) and the notebook
+(blockviz/jupyter, whose JavaScript only draws what these return): the pools (`block_cell`,
+`pool_columns`, `pool_counts`), the block tables (`tables`), the hash chains (`hash_chains`), the
+block inspector (`inspect_block`), the event log (`log_row`, `LogIndex`, `event_log`) and the
+playback line (`cursor_line`, with the narration). `snapshot()` puts them into one compact,
+JSON-ready frame (a 4,096-block pool is a few tens of kilobytes), so a test can compare any view
+with the reducer without a terminal or a browser, and a browser test can compare the page with the
+kernel. No textual, no ipywidgets.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable, NamedTuple
+
+from blockviz.model.narration import FILTERS, describe, narrate
+from blockviz.model.palette import event_number, short_hash, show_token
+from blockviz.model.reducer import USED, BlockState, ReducerState
+from engine import events as ev
+
+STATE_CODES = {"used": "u", "cached": "c", "free": "f"}  # one character per block in "state"
+STATE_LABELS = {"used": "used", "cached": "cached-free", "free": "free"}  # the words for each state
+MAX_TABLES = 32  # sequences shown in the notebook's block tables (those holding blocks first)
+MAX_HASHES = 128  # hashed blocks shown in the notebook's hash chains
+MAX_LOG_ROWS = 200  # events shown in the notebook's log, ending at the cursor
+MAX_LOG_SCAN = 20_000  # events looked at, going back from the cursor, to fill a filtered log
+
+
+# ------------------------------------------------------------------------------------ blocks and pools
+
+
+def block_state(block: BlockState) -> str:
+    """"used", "cached" (free but still hashed: a prefix-cache hit can revive it until it is
+    evicted) or "free": the one rule every view colours a block by."""
+    if block.state == USED:
+        return "used"
+    return "cached" if block.block_hash is not None else "free"
+
+
+class BlockCell(NamedTuple):
+    """What a pool draws for one block: its state, ref count, slots filled (0 when free), and its
+    first and second owner by sequence id (-1 when none)."""
+
+    state: str
+    ref: int
+    fill: int
+    owner: int
+    owner2: int
+
+
+_FREE_CELL = BlockCell("free", 0, 0, -1, -1)
+
+
+def block_cell(block: BlockState) -> BlockCell:
+    """The cell of one block (BlockCell)."""
+    if block.state == USED:
+        owners = block.owners
+        if len(owners) > 1:
+            first, second = sorted(owners)[:2]
+        else:
+            first, second = (next(iter(owners)) if owners else -1), -1
+        return BlockCell("used", block.ref_count, len(block.token_ids), first, second)
+    if block.block_hash is not None:
+        return BlockCell("cached", 0, len(block.token_ids), -1, -1)
+    return _FREE_CELL
+
+
+def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
+    """A pool as columns of its cells (block_cell): per block its state code, ref count, slots
+    filled, first and second owner."""
+    cells = [block_cell(block) for block in pool]
+    return {"n": len(pool), "state": "".join(STATE_CODES[c.state] for c in cells),
+            "ref": [c.ref for c in cells], "fill": [c.fill for c in cells],
+            "owner": [c.owner for c in cells], "owner2": [c.owner2 for c in cells]}
+
+
+def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
+    """Per device: (used, cached-free, free) blocks, in one pass over each pool."""
+    counts = {}
+    for device, pool in state.pools.items():
+        used = cached = 0
+        for block in pool:
+            if block.state == USED:
+                used += 1
+            elif block.block_hash is not None:
+                cached += 1
+        counts[device] = (used, cached, len(pool) - used - cached)
+    return counts
+
+
+def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
+    return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
+
+
+_TOUCHES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
+    ev.CopyOnWrite: lambda e: {e.device: frozenset((e.src_block, e.dst_block))},
+    ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
+    ev.SwappedOut: _mapping_blocks,
+    ev.SwappedIn: _mapping_blocks,
+}
+
+
+def touched_blocks(event: ev.Event | None) -> dict[str, frozenset[int]]:
+    """The blocks an event changed, per device (the views underline them)."""
+    if event is None:
+        return {}
+    touches = _TOUCHES.get(type(event))
+    if touches is not None:
+        return touches(event)
+    block = getattr(event, "block", None)
+    return {event.device: frozenset((block,))} if block is not None else {}
+
+
+def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, str] | None = None) -> list[str]:
+    """The text piece of each token in `block`, read from an owner sequence when there is one
+    (its position gives the exact piece), else from the id -> text map of the run."""
+    for seq_id in sorted(block.owners):
+        table = state.tables.get(seq_id)
+        seq = state.seqs.get(seq_id)
+        if not table or seq is None:
+            continue
+        for index, where in enumerate(table):
+            if where == (block.device, block.number):
+                start = index * state.block_size
+                texts = seq.token_texts[start:start + len(block.token_ids)]
+                if len(texts) == len(block.token_ids):
+                    return texts
+    vocab = vocab or {}
+    return [vocab.get(token_id, f"<{token_id}>") for token_id in block.token_ids]
+
+
+# ------------------------------------------------------------------------------------ block tables
+
+
+def _slot_texts(state: ReducerState, seq_id: int, index: int, block: BlockState,
+                vocab: dict[int, str] | None) -> list[str]:
+    seq = state.seqs.get(seq_id)
+    start = index * state.block_size
+    if seq is not None:
+        texts = seq.token_texts[start:start + len(block.token_ids)]
+        if len(texts) == len(block.token_ids):
+            return [show_token(t) for t in texts]
+    return [show_token(t) for t in block_token_texts(state, block, vocab)]
+
+
+def tables(state: ReducerState, limit: int | None = MAX_TABLES,
+           vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Each sequence's block table (vLLM v0 BlockSpaceManager.block_tables: logical index ->
+    device, block, ref count, the token text in each slot), by sequence id; with a `limit`, the
+    sequences holding blocks first, then the rest by id."""
+    seq_ids = set(state.seqs) | set(state.tables)
+    if limit is not None:
+        seq_ids = sorted(seq_ids, key=lambda s: (s not in state.tables, s))[:limit]
+    rows = []
+    for seq_id in sorted(seq_ids):
+        seq = state.seqs.get(seq_id)
+        blocks = []
+        for index, (device, number) in enumerate(state.tables.get(seq_id, ())):
+            block = state.pools[device][number]
+            blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
+        rows.append({
+            "seq": seq_id,
+            "request": seq.request_id if seq else "?",
+            "status": seq.status if seq else "?",
+            "finish": (seq.finish_reason or "") if seq else "",
+            "num_tokens": len(seq.token_ids) if seq else 0,
+            "blocks": blocks,
+        })
+    return rows
+
+
+# ------------------------------------------------------------------------------------ hash chains
+
+
+def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current: ev.Event | None = None,
+                vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The hashed GPU blocks (nano-vllm's compute_hash chain: each block's hash covers its parent's
+    hash and its tokens) in chain order, each after its parent. A chain runs straight down; where
+    it branches the children indent: `depth` is the indent and `branch` "├" / "└" marks a branch.
+    `hit_now` marks the block the `current` event hit."""
+    hashed = [b for b in state.pools["gpu"] if b.block_hash is not None]
+    known = {b.block_hash for b in hashed}
+    children: dict[int | None, list[BlockState]] = {}
+    for block in hashed:
+        children.setdefault(block.parent_hash if block.parent_hash in known else None, []).append(block)
+    hit_block = current.block if isinstance(current, ev.PrefixCacheHit) else None
+    stack: list[tuple[BlockState, int, str]] = []
+
+    def push(parent: int | None, depth: int) -> None:
+        kids = sorted(children.get(parent, ()), key=lambda b: b.number)
+        branching = len(kids) > 1
+        for position in range(len(kids) - 1, -1, -1):
+            branch = ("└" if position == len(kids) - 1 else "├") if branching else ""
+            stack.append((kids[position], depth, branch))
+
+    rows: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    push(None, 0)
+    while stack and (limit is None or len(rows) < limit):
+        block, depth, branch = stack.pop()
+        if block.number in seen:
+            continue
+        seen.add(block.number)
+        rows.append({
+            "block": block.number,
+            "hash": short_hash(block.block_hash),
+            "parent": short_hash(block.parent_hash) if block.parent_hash is not None else "",
+            "depth": depth,
+            "branch": branch,
+            "ref": block.ref_count,
+            "hits": block.num_hits,
+            "hit_now": block.number == hit_block,
+            "state": block_state(block),
+            "registered": block.registered,
+            "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)],
+        })
+        push(block.block_hash, depth + 1 if branch else depth)
+    return rows
+
+
+def hash_summary(state: ReducerState) -> dict[str, int]:
+    """The prefix cache in numbers: hashes in the map, prompt blocks that hit, prompt blocks looked up."""
+    return {"in_map": len(state.hash_map), "hits": state.num_prefix_hits,
+            "looked_up": state.num_prompt_blocks_looked_up}
+
+
+# ------------------------------------------------------------------------------------ inspector
+
+
+def inspect_block(state: ReducerState, device: str, number: int,
+                  vocab: dict[int, str] | None = None) -> dict[str, Any]:
+    """Everything about one block: state, refs, owners, fill, hash, parent, hits, tokens, the digest
+    of its real K/V, and the other blocks holding the same digest ("same K/V" while the digest
+    covers every slot the block holds, "same digest" otherwise)."""
+    block = state.pools[device][number]
+    name = block_state(block)
+    filled = len(block.token_ids) if name != "free" else 0
+    same = []
+    if block.digest:
+        same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
+                if b.digest == block.digest and b is not block and block_state(b) != "free"]
+    return {
+        "device": device, "number": number, "state": name, "ref": block.ref_count,
+        "owners": sorted(block.owners), "fill": filled, "block_size": state.block_size,
+        "hash": short_hash(block.block_hash, 16) if block.block_hash is not None else "",
+        "parent": short_hash(block.parent_hash, 16) if block.parent_hash is not None else "",
+        "registered": block.registered, "hits": block.num_hits,
+        "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
+        "digest": block.digest or "", "digest_slots": block.digest_slots,
+        "digest_current": block.digest_slots == filled, "same_kv": same,
+    }
+
+
+def snapshot(state: ReducerState, *, current: ev.Event | None = None,
+             selected: tuple[str, int] | None = None, vocab: dict[int, str] | None = None) -> dict[str, Any]:
+    """The picture of `state`: pools (columns and counts), tables, hash chains, the inspected block.
+
+    `current` is the event the cursor just passed (its blocks are marked touched); `selected` the
+    (device, number) the inspector shows; `vocab` words tokens no sequence holds any more."""
+    counts = pool_counts(state)
+    pools = {}
+    for device, pool in state.pools.items():
+        used, cached, free = counts[device]
+        pools[device] = {**pool_columns(pool), "used": used, "cached": cached, "free": free}
+    touched = {device: sorted(blocks) for device, blocks in touched_blocks(current).items()}
+    if selected is not None:
+        device, number = selected
+        if not 0 <= number < len(state.pools.get(device, ())):
+            selected = None
+    return {
+        "block_size": state.block_size,
+        "pools": pools,
+        "touched": touched,
+        "selected": list(selected) if selected else None,
+        "tables": tables(state, vocab=vocab),
+        "hashes": hash_chains(state, current=current, vocab=vocab),
+        "hash_summary": hash_summary(state),
+        "inspector": inspect_block(state, *selected, vocab=vocab) if selected else None,
+        "step": state.step,
+        "step_kind": state.step_kind,
+        "num_preemptions": state.num_preemptions,
+        "num_tokens_generated": state.num_tokens_generated,
+    }
+
+
+# ------------------------------------------------------------------------------------ event log
+
+
+def log_keeps(kinds: frozenset[type[ev.Event]] | None, event: ev.Event) -> bool:
+    """Whether a log filter (a narration.FILTERS value: event records, None for all) keeps `event`."""
+    return kinds is None or type(event) in kinds
+
+
+def log_row(event: ev.Event, vocab: dict[int, str] | None = None) -> list[Any]:
+    """One line of the log: [event number (palette.event_number), kind, words (narration.describe)]."""
+    return [event_number(event.seq_no), event.type, describe(event, vocab)]
+
+
+class LogIndex:
+    """The indices of the events a filter keeps, kept up to date as the event list grows (each
+    event is looked at once), so a log of 100,000 events draws only the lines on screen."""
+
+    def __init__(self, kinds: frozenset[type[ev.Event]] | None = None) -> None:
+        self.kinds = kinds
+        self.indices: list[int] = []
+        self.scanned = 0
+
+    def update(self, events: list[ev.Event]) -> None:
+        kinds, indices = self.kinds, self.indices
+        for index in range(self.scanned, len(events)):
+            if log_keeps(kinds, events[index]):
+                indices.append(index)
+        self.scanned = len(events)
+
+    def visible(self, position: int) -> int:
+        """How many kept events lie before the cursor at `position`."""
+        return bisect.bisect_left(self.indices, position)
+
+
+def event_log(events: list[ev.Event], position: int, filter_name: str = "all events",
+              vocab: dict[int, str] | None = None, limit: int = MAX_LOG_ROWS) -> list[list[Any]]:
+    """The last `limit` events up to the cursor that the filter (a narration.FILTERS name) keeps,
+    oldest first, as log rows (log_row)."""
+    kinds = FILTERS.get(filter_name)
+    rows = []
+    stop = max(0, position - MAX_LOG_SCAN)
+    for index in range(position - 1, stop - 1, -1):
+        event = events[index]
+        if log_keeps(kinds, event):
+            rows.append(log_row(event, vocab))
+            if len(rows) >= limit:
+                break
+    rows.reverse()
+    return rows
+
+
+def summary_text(state: ReducerState, *, title: str = "", position: int = 0, length: int = 0,
+                 current: ev.Event | None = None, max_tables: int = 12) -> str:
+    """A plain-text picture (for a notebook without widgets, or nbconvert to text)."""
+    lines = [f"{title or 'blockviz'} · event {position}/{length}"
+             + (f" · step {state.step} ({state.step_kind})" if state.step_kind else "")]
+    for device, (used, cached, free) in pool_counts(state).items():
+        lines.append(f"{device.upper()} pool: {len(state.pools[device])} blocks · {used} used · "
+                     f"{cached} cached · {free} free")
+    for seq_id in sorted(state.tables)[:max_tables]:
+        seq = state.seqs.get(seq_id)
+        where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
+                                       else "") for d, n in state.tables[seq_id])
+        status = f"req {seq.request_id}, {seq.status}" if seq else "?"
+        lines.append(f"  seq {seq_id} ({status}): {where or '-'}")
+    if len(state.tables) > max_tables:
+        lines.append(f"  … {len(state.tables) - max_tables} more block tables")
+    if state.hash_map:
+        lines.append(f"prefix cache: {len(state.hash_map)} hashes · hits {state.num_prefix_hits}"
+                     f"/{state.num_prompt_blocks_looked_up} prompt blocks")
+    if current is not None:
+        lines.append(f"last event: {describe(current)}")
+    return "\n".join(lines)
+
+
+def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
+    """What the controls show: position, length, step, playing, speed, what the last event did (one
+    sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)
+    if there was one. `timeline` / `player`: blockviz.model.timeline's and blockviz.model.player's."""
+    current = timeline.current_event
+    return {
+        "title": title,
+        "position": timeline.position,
+        "length": len(timeline),
+        "steps_done": timeline.num_steps_done(),
+        "num_steps": len(timeline.step_ends),
+        "live": player.live,
+        "playing": player.playing,
+        "finished": finished,
+        "speed_index": player.speed_index,
+        "speed": player.speed_label,
+        "current": narrate(current, timeline.state, timeline.token_texts),
+        "current_type": current.type if current is not None else "",
+        "error": error,
+    }

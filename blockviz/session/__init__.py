@@ -1,0 +1,7 @@
+"""The session layer: one engine session drives an engine for every front end.
+
+spec.py says what to run (an EngineConfig plus the requests) and checks it before a model loads;
+scenario.py holds the arrivals of the default story; engine_session.py owns an engine and its event
+stream, steps it, plays arrivals, takes live commands and sets the K/V digest policy; compare.py
+runs one workload under several settings. No textual, no ipywidgets.
+"""

@@ -1,0 +1,214 @@
+"""EngineSession: the one thing in blockviz/ that owns an engine and its event stream.
+
+Every way of driving an engine goes through it: the TUI's bridge (engine_bridge.py, in a thread or
+the child process of engine_process.py), the notebook (jupyter/playback.py), `record`, `explain`,
+`generate`, `compare` and `publish --live`. It builds the engine from an EngineSpec (or takes a
+built one), subscribes once to `engine.events` and buffers what the engine emits until the caller
+takes it (`take_events`: each request's prompt token texts filled in, a view's concern the engine
+leaves out), adds the spec's prompts and plays its arrivals as steps are taken
+(scenario.py), takes the live commands under vLLM's names (`add_request`, `fork`, `preempt`), and
+sets the engine's K/V digest policy. `step()` here is the only call of `engine.step()` in blockviz/:
+vLLM's `LLM._run_engine` loop and nano-vllm's `LLM.generate` loop, one step at a time.
+
+No textual, no ipywidgets; torch only through the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import msgspec
+
+from blockviz.session.scenario import admit_arrivals
+from blockviz.session.spec import EngineSpec, one_line
+from engine.events import Event, RequestAdded
+
+
+class CommandRefused(ValueError):
+    """A live command the engine refused (a sequence not running, no room in the CPU pool, a bad
+    prompt), as one line: "fork sequence 7: sequence 7 is not running"."""
+
+
+def trace_header(engine: Any) -> dict[str, Any]:
+    """The run's engine settings and the block-count formula's figures, for a trace header and the
+    views' titles: the engine's config (engine/config.py), its BlockBudget (cache_engine.py's
+    determine_num_blocks, after vLLM's determine_num_available_blocks) and the model's geometry."""
+    config, budget, model = engine.config, engine.budget, engine.loaded.config
+    mode = config.preemption_mode
+    return {
+        "model": config.model, "block_size": config.block_size,
+        "num_gpu_blocks": budget.num_gpu_blocks, "num_cpu_blocks": budget.num_cpu_blocks,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "preemption_mode": mode.value if mode is not None else None, "device": str(engine.device),
+        "dtype": str(engine.loaded.dtype).removeprefix("torch."), "block_bytes": budget.block_bytes,
+        "budget_source": budget.source, "total_bytes": budget.total_bytes, "peak_bytes": budget.peak_bytes,
+        "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
+        "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+    }
+
+
+class EngineSession:
+    """An engine, its buffered event stream, the spec's requests and the live commands.
+
+    Not thread-safe: one thread at a time calls into it (the bridge's worker, or the notebook with
+    its lock held).
+    """
+
+    def __init__(self, spec: EngineSpec | None = None, *, engine: Any = None,
+                 make_engine: Callable[[], Any] | None = None) -> None:
+        """Build the engine from `spec` (loads the model: seconds), or with `make_engine()`, or
+        take `engine` as built (tests; several engines over one loaded model)."""
+        self.spec = spec if spec is not None else EngineSpec()
+        if engine is None:
+            engine = (make_engine or self.spec.make_engine)()
+        self.engine = engine
+        self.header = trace_header(engine)
+        self.num_steps = 0  # engine steps this session took
+        self.finished: dict[str, Any] = {}  # request id -> its final RequestOutput
+        self._pending = list(self.spec.arrivals)  # arrivals not queued yet
+        self._digests_per_step = True
+        self._buffer: list[Event] = []
+        self._unsubscribe = engine.events.subscribe(self._buffer.append)
+
+    # ------------------------------------------------------------------ the run's requests
+
+    def check_requests(self, prompts=None, sampling_params: Any = None) -> None:
+        """Check `prompts` (default: the spec's prompts and arrivals) without queueing any
+        (LLMEngine.check_request), sampled as the spec says or with `sampling_params`: a
+        ValueError names what the engine would refuse."""
+        spec = self.spec
+        if prompts is None:
+            checks = [(p, spec.sampling_params()) for p in spec.prompts]
+            checks += [(a.prompt, spec.sampling_params(a.n)) for a in spec.arrivals]
+        else:
+            checks = [(p, sampling_params or spec.sampling_params()) for p in prompts]
+        for prompt, params in checks:
+            self.engine.check_request(prompt, params)
+
+    def start(self) -> list[str]:
+        """Check every request of the spec, then queue its prompts and the arrivals due before the
+        first step. Returns the request ids queued, in order. A ValueError (one line) when the
+        engine would refuse one: nothing is queued then."""
+        self.check_requests()
+        params = self.spec.sampling_params()
+        request_ids = [self.engine.add_request(prompt, params) for prompt in self.spec.prompts]
+        return request_ids + self._admit_arrivals()
+
+    def _admit_arrivals(self) -> list[str]:
+        return admit_arrivals(self.engine, self._pending, self.num_steps, self.spec.sampling_params)
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether a request is unfinished or an arrival still to come (LLMEngine's, vLLM's)."""
+        return bool(self._pending) or self.engine.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> list[Any]:
+        """One engine step (LLMEngine.step) if a request is unfinished, then the arrivals it made
+        due. Returns the step's RequestOutputs (finished ones are kept in `finished`)."""
+        outputs: list[Any] = []
+        if self.engine.has_unfinished_requests():
+            outputs = self.engine.step() or []
+            self.num_steps += 1
+            for output in outputs:
+                if output.finished:
+                    self.finished[output.request_id] = output
+        self._admit_arrivals()
+        return outputs
+
+    def run_to_completion(self, max_steps: int = 100_000, *, on_events: Callable[[list[Event]], None] | None = None,
+                          between_steps: Callable[["EngineSession", int], None] | None = None,
+                          progress: Callable[[int], None] | None = None) -> int:
+        """Step until no request is unfinished or `max_steps` steps were taken; returns the steps
+        taken. `on_events(batch)` gets the events after each step (and those already buffered
+        first); `between_steps(session, steps_done)` may act on the engine (add a request, fork,
+        preempt) before each step; `progress(steps_done)` follows each step."""
+        taken = 0
+        self._deliver(on_events)
+        while self.has_unfinished_requests() and taken < max_steps:
+            if between_steps is not None:
+                between_steps(self, self.num_steps)
+            self.step()
+            taken += 1
+            self._deliver(on_events)
+            if progress is not None:
+                progress(self.num_steps)
+        return taken
+
+    def _deliver(self, on_events: Callable[[list[Event]], None] | None) -> None:
+        if on_events is not None:
+            batch = self.take_events()
+            if batch:
+                on_events(batch)
+
+    # ------------------------------------------------------------------ events
+
+    @property
+    def num_buffered(self) -> int:
+        """Events emitted and not taken yet."""
+        return len(self._buffer)
+
+    def take_events(self) -> list[Event]:
+        """The events emitted since the last call, in order. With the digests held back
+        (digest_per_step(False)) the batch ends with the K/V digests of the blocks written since
+        the last batch, so a batch never leaves a block's digest out of date."""
+        if not self._digests_per_step:
+            self.engine.emit_kv_digests()
+        batch = self._buffer[:]
+        self._buffer.clear()
+        return [self._with_prompt_texts(e) if isinstance(e, RequestAdded) and not e.prompt_tokens_text else e
+                for e in batch]
+
+    def _with_prompt_texts(self, event: RequestAdded) -> RequestAdded:
+        """The request's event with each prompt token's text, which the engine leaves to the views
+        (the trace format keeps them: the log, the tables and the text panel show them)."""
+        ids = event.prompt_token_ids
+        texts = tuple(self.engine.tokenizer.batch_decode([[token_id] for token_id in ids]))
+        return msgspec.structs.replace(event, prompt_tokens_text=texts)
+
+    def digest_per_step(self, per_step: bool) -> None:
+        """The K/V digest policy (LLMEngine.set_kv_digests_per_step): every step digests the blocks
+        it wrote (True: single steps, recordings), or once per batch taken (False: a view
+        free-running at full speed hashes a block being filled once per frame, not every step)."""
+        if per_step != self._digests_per_step:
+            self._digests_per_step = per_step
+            self.engine.set_kv_digests_per_step(per_step)
+
+    # ------------------------------------------------------------------ live commands
+
+    def add_request(self, prompt: Any, n: int | None = None, sampling_params: Any = None) -> str:
+        """Queue a request now (LLMEngine.add_request, vLLM's add_request), sampled as the spec
+        says with `n` samples, or with `sampling_params`. Returns its request id; CommandRefused
+        (one line) when the engine refuses it."""
+        if sampling_params is None:
+            params = self.spec.sampling_params(n)
+        else:
+            params = sampling_params if n is None else _with_n(sampling_params, n)
+        return self._command("add a request", lambda: self.engine.add_request(prompt, params))
+
+    def fork(self, seq_id: int) -> int:
+        """Fork a running sequence now (LLMEngine.fork, vLLM v0 BlockSpaceManager.fork): the child
+        shares every block. Returns the child's seq id."""
+        return self._command(f"fork sequence {seq_id}", lambda: self.engine.fork(seq_id))
+
+    def preempt(self, request_id: str) -> list[tuple[int, int]]:
+        """Preempt a running request now by swapping it out to the CPU pool (LLMEngine.preempt,
+        vLLM v0 Scheduler._preempt by swap). Returns the (gpu block, cpu block) pairs moved."""
+        return self._command(f"swap out request {request_id}", lambda: self.engine.preempt(str(request_id)))
+
+    def _command(self, name: str, run: Callable[[], Any]) -> Any:
+        try:
+            return run()
+        except Exception as exc:  # noqa: BLE001 - every refusal reads the same: what, then why
+            raise CommandRefused(f"{name}: {one_line(exc)}") from exc
+
+    def close(self) -> None:
+        """Stop listening to the engine's events (the engine stays as it is)."""
+        self._unsubscribe()
+
+
+def _with_n(params: Any, n: int) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(params, n=n)
