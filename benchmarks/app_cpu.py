@@ -89,7 +89,9 @@ class ReplayEngine:
         self.budget = BlockBudget(h["num_gpu_blocks"], h["num_cpu_blocks"], h["block_bytes"], h["budget_source"],
                                   h["total_bytes"], h["peak_bytes"], h["gpu_memory_utilization"])
         self.device, self.max_model_len = h["device"], h["max_model_len"]
-        geometry = SimpleNamespace(num_layers=h["num_layers"], num_kv_heads=h["num_kv_heads"], head_dim=h["head_dim"])
+        geometry = SimpleNamespace(model_type=h.get("model_type", "gpt2"), num_layers=h["num_layers"],
+                                   num_heads=h.get("num_heads", h["num_kv_heads"]), num_kv_heads=h["num_kv_heads"],
+                                   head_dim=h["head_dim"])
         self.loaded = SimpleNamespace(dtype=h["dtype"], config=geometry)
 
     def check_request(self, prompt, params) -> None:

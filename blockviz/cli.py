@@ -72,8 +72,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
 
     d = {**engine_option_defaults(), **overrides}
     parser.add_argument("--model", default=d["model"],
-                        help=f"bundled '{DEFAULT_MODEL}' (default, offline), a local GPT-2 checkpoint "
-                             "directory, or a Hugging Face name such as gpt2 (from its cache)")
+                        help=f"bundled '{DEFAULT_MODEL}' (default, offline), 'smollm2' (SmolLM2-135M-Instruct, "
+                             "offline once installed), a local GPT-2 / Llama / Qwen2 / Qwen3 checkpoint directory or "
+                             ".gguf file, or a Hugging Face name such as gpt2 (from its cache)")
+    parser.add_argument("--raw-prompt", action="store_true", default=d["raw_prompt"],
+                        help="give an instruct model the prompt as it is, not inside its chat template")
     prompts = d.get("prompts_help") or " / ".join(DEFAULT_PROMPTS)
     parser.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                         help=f"a prompt; repeat for several requests (default: {prompts})")

@@ -279,15 +279,25 @@ def reference_paged_attention(
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
         k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], meta.context_lens[i])
         mask = causal_mask(meta.query_lens[i], meta.context_lens[i], query.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out = sdpa_gqa(q, k, v, attn_mask=mask, scale=scale)
         output[start:end] = out[0].transpose(0, 1)
     return output
+
+
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """SDPA where K/V may have fewer heads than the query (grouped-query attention): K/V head g
+    serves query heads g * group ... (g + 1) * group - 1, as HF `repeat_kv` repeats them.
+    q (1, num_heads, q_len, head_dim); k, v (1, num_kv_heads, ctx, head_dim)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 def gather_sequence(
     k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's first `ctx` keys and values, each (1, num_heads, ctx, head_dim)."""
+    """One sequence's first `ctx` keys and values, each (1, num_kv_heads, ctx, head_dim)."""
     block_size, num_heads, head_dim = k_cache.shape[1:]
     blocks = block_table[: -(-ctx // block_size)]
     k = head_major(k_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]  # (num_heads, ctx, head_dim)
@@ -338,12 +348,12 @@ def paged_attention(
         if q_len == ctx:  # fast path: nothing cached before, attend over the fresh K/V
             k = key[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, ctx, head_dim)
             v = value[start:end].transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            out = sdpa_gqa(q, k, v, is_causal=True, scale=scale)
         else:
             if not has_cache:
                 raise ValueError("a prefill over cached blocks needs a KV cache")
             k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q_len, ctx, q.device), scale=scale)
+            out = sdpa_gqa(q, k, v, attn_mask=causal_mask(q_len, ctx, q.device), scale=scale)
         output[start:end] = out[0].transpose(0, 1)
     if meta.num_decodes:
         if not has_cache:
@@ -383,8 +393,12 @@ def decode_attention_by_length(
 def _decode_group(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim)."""
-    n, num_heads, head_dim = query.shape
+    """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim).
+
+    Grouped-query attention without copying K/V: the `group` query heads that share a K/V head
+    become that head's `group` query rows, (n, num_kv_heads, group, head_dim)."""
+    n, num_q_heads, head_dim = query.shape
+    num_heads = k_cache.shape[2]  # K/V heads
     blocks = group.block_tables.flatten()  # (n * num_blocks,)
     kv = stacked_kv(k_cache, v_cache)
     if kv is not None:  # one gather for K and V together
@@ -394,9 +408,9 @@ def _decode_group(
         # (num_heads, n * num_blocks, block_size, head_dim) -> (n, num_heads, num_keys, head_dim)
         k = gather_blocks(head_major(k_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
         v = gather_blocks(head_major(v_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
-    q = query.unsqueeze(2)  # (n, num_heads, 1, head_dim)
+    q = query.view(n, num_heads, num_q_heads // num_heads, head_dim)  # (n, num_kv_heads, group, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.key_mask, scale=scale)
-    return out.squeeze(2)
+    return out.reshape(n, num_q_heads, head_dim)
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

@@ -175,7 +175,14 @@ class CacheEngine:
 
     @property
     def block_bytes(self) -> int:
+        """2 x layers x K/V heads x head_dim x block_size x dtype bytes: the K/V heads, not the
+        query heads (grouped-query attention caches fewer)."""
         return self.get_cache_block_size(self.block_size, self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+
+    def pool_bytes(self, device: Literal["gpu", "cpu"]) -> int:
+        """Bytes of the K/V tensors this pool allocated (num_blocks x block_bytes)."""
+        pool = self._pool(device)
+        return pool.numel() * pool.element_size()
 
 
 @dataclass(slots=True)
@@ -225,7 +232,7 @@ def determine_num_blocks(
     max_num_batched_tokens tokens: (total_memory * gpu_memory_utilization - peak) // block_bytes;
     on CPU with neither, DEFAULT_CPU_KV_CACHE_BYTES (256 MiB) of KV.
     The swap pool: num_cpu_blocks if given, else swap_space_bytes // block_bytes.
-    `config` needs num_layers, num_kv_heads, head_dim and n_positions (engine GPT2Config).
+    `config` needs num_layers, num_kv_heads, head_dim and max_model_len (any engine model config).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -261,7 +268,7 @@ def _profile_peak_memory(model, config, device: torch.device, max_num_batched_to
     """Peak CUDA memory of one cache-less prefill of max_num_batched_tokens tokens (vLLM `profile_run`)."""
     from engine.attention import AttentionMetadata
 
-    max_len = config.n_positions
+    max_len = config.max_model_len
     lens = [max_len] * (max_num_batched_tokens // max_len)
     if max_num_batched_tokens % max_len:
         lens.append(max_num_batched_tokens % max_len)

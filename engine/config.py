@@ -47,6 +47,7 @@ class EngineConfig:
     watermark: float = 0.01
     kv_digests: bool = True
     attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
+    raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:

@@ -41,7 +41,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 class LLMEngine:
-    """A paged-KV engine over one GPT-2 model: add_request, step, has_unfinished_requests."""
+    """A paged-KV engine over one model (GPT-2, Llama, Qwen2 or Qwen3): add_request, step,
+    has_unfinished_requests."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, events: EventBus | None = None):
         self.config = config
@@ -100,6 +101,16 @@ class LLMEngine:
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
+    def format_prompt(self, prompt: str) -> str:
+        """The text a string prompt is run as: for an instruct model (a tokenizer with a chat
+        template) the template around it as the user's one message, ready for the assistant's
+        answer (HF `apply_chat_template(..., add_generation_prompt=True)`, as vLLM's `LLM.chat`);
+        the prompt itself with `raw_prompt` or a model without a template."""
+        if self.config.raw_prompt or not getattr(self.tokenizer, "chat_template", None):
+            return prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                  add_generation_prompt=True)
+
     def check_request(
         self, prompt: str | list[int] | dict, sampling_params: SamplingParams | None = None
     ) -> tuple[list[int], str | None, SamplingParams]:
@@ -115,7 +126,8 @@ class LLMEngine:
                 raise ValueError("a dict prompt needs 'prompt_token_ids'")
             token_ids, text = as_token_ids(prompt["prompt_token_ids"]), prompt.get("prompt")
         elif isinstance(prompt, str):
-            token_ids, text = self.encode(prompt), prompt
+            text = self.format_prompt(prompt)
+            token_ids = self.encode(text)
         else:
             token_ids, text = as_token_ids(prompt), None
         if not token_ids:

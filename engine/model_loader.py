@@ -1,12 +1,16 @@
-"""Find a GPT-2 checkpoint by name and load it into the paged-KV model.
+"""Find a checkpoint by name and load it into the paged-KV model its `model_type` names.
 
 References: vLLM v0 `vllm/model_executor/model_loader/loader.py` (`get_model`: resolve, build
-the architecture, load weights) and nano-vllm `nanovllm/utils/loader.py`.
+the architecture the config's model_type names, load weights) and nano-vllm
+`nanovllm/utils/loader.py`.
 
 A name resolves (engine/model_source.py, torch-free, re-exported here: resolve_model,
 check_model, ModelNotFoundError) to the bundled "tiny-shakespeare", a local save_pretrained
-directory, or a Hugging Face hub name (cached, else downloaded). Every route goes through the
-same `GPT2LMHeadModel.from_pretrained` + `GPT2.from_hf` path.
+directory, a Hugging Face hub name (cached, else downloaded), or a GGUF file ("smollm2", a
+`.gguf` path). A checkpoint's config.json `model_type` picks the model (engine.models.MODEL_REGISTRY:
+gpt2, llama, qwen2, qwen3); transformers loads its weights and we copy them. A GGUF file is read
+with the `gguf` package (engine/models/gguf_checkpoint.py), its tokenizer and chat template by
+transformers from the same file.
 """
 
 from __future__ import annotations
@@ -26,10 +30,14 @@ from engine.model_source import (  # noqa: F401 - re-exported: the torch-free ha
     HUB_PROBE_TIMEOUT_S,
     ModelNotFoundError,
     _hub_kwargs,
+    _is_gguf,
+    _read_model_type,
     check_model,
+    check_model_type,
+    checkpoint_file,
     resolve_model,
 )
-from engine.models.gpt2 import GPT2, GPT2Config
+from engine.models import GPT2, MODEL_REGISTRY, GPT2Config, Llama, LlamaConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +46,9 @@ logger = logging.getLogger(__name__)
 class LoadedModel:
     """A ready-to-run model and what the engine needs beside it."""
 
-    model: GPT2
+    model: GPT2 | Llama
     tokenizer: Any  # a transformers tokenizer (AutoTokenizer)
-    config: GPT2Config
+    config: GPT2Config | LlamaConfig  # num_layers, num_heads, num_kv_heads, head_dim: the K/V geometry
     device: torch.device
     dtype: torch.dtype
     name: str  # the name or path the caller asked for
@@ -62,30 +70,67 @@ def load_model(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> LoadedModel:
-    """Load a GPT-2 checkpoint (bundled name, local directory or hub name) onto `device`.
+    """Load a checkpoint (bundled name, local directory, hub name or GGUF file) onto `device`.
 
     device defaults to CUDA when available, else CPU; dtype to float16 on CUDA, float32 on CPU.
-    Non-GPT-2 checkpoints raise ValueError naming their model_type.
+    A model_type no model here runs raises ValueError naming the supported ones.
     """
     name = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype if dtype is not None else default_dtype(device)
     source = resolve_model(name)
-    kwargs = _hub_kwargs(name) if isinstance(source, str) else {}
-    from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel  # slow import: after the checks
+    if _is_gguf(source):
+        loaded = _load_gguf(name, source, device, dtype)
+    else:
+        loaded = _load_pretrained(name, source, device, dtype)
+    config = loaded.config
+    logger.info(
+        "loaded %s (%s) from %s: %d layers, %d query heads, %d K/V heads, head_dim %d, vocab %d on %s/%s",
+        name, config.model_type, source, config.num_layers, config.num_heads, config.num_kv_heads,
+        config.head_dim, config.vocab_size, device, dtype,
+    )
+    return loaded
 
+
+def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A save_pretrained directory or hub name: transformers loads it, our model copies its weights."""
+    kwargs = _hub_kwargs(name) if isinstance(source, str) else {}
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # slow import: after the checks
+
+    config_path = checkpoint_file(source, "config.json")
+    if config_path is not None:  # before transformers sees a type it may not know
+        check_model_type(_read_model_type(config_path))
     hf_config = _from_pretrained(AutoConfig, source, kwargs)
-    config = GPT2Config.from_hf(hf_config)  # ValueError for any other model_type
+    check_model_type(hf_config.model_type)
+    model_cls, config_cls = MODEL_REGISTRY[hf_config.model_type]
+    config = config_cls.from_hf(hf_config)  # ValueError for a variant we do not run
     tokenizer = _from_pretrained(AutoTokenizer, source, kwargs)
     with _no_progress_bars():  # transformers' weight-loading bar: not for a library to print
-        hf_model = _from_pretrained(GPT2LMHeadModel, source, {**kwargs, "dtype": dtype})
-    model = GPT2.from_hf(hf_model, device=device)
+        hf_model = _from_pretrained(AutoModelForCausalLM, source, {**kwargs, "dtype": dtype})
+    model = model_cls.from_hf(hf_model, device=device)
     del hf_model
-    logger.info(
-        "loaded %s from %s: %d layers, %d heads, n_embd %d, vocab %d on %s/%s",
-        name, source, config.n_layer, config.n_head, config.n_embd, config.vocab_size, device, dtype,
-    )
     return LoadedModel(model, tokenizer, config, device, dtype, name, source, hf_config)
+
+
+def _load_gguf(name: str, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A GGUF file: weights and config read with `gguf` (dequantized to `dtype`), the tokenizer and
+    chat template by transformers from the same file."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from engine.models.gguf_checkpoint import load_gguf
+
+    config, state_dict, facts = load_gguf(path, dtype)
+    model = Llama.from_config(config, state_dict, device, dtype)
+    del state_dict
+    with _no_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if facts["chat_template"] and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = facts["chat_template"]
+    hf_config = SimpleNamespace(model_type=config.model_type, eos_token_id=facts["eos_token_id"],
+                                bos_token_id=facts["bos_token_id"])
+    return LoadedModel(model, tokenizer, config, device, dtype, name, path, hf_config)
 
 
 @contextlib.contextmanager

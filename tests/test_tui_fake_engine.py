@@ -65,7 +65,8 @@ class FakeEngine:
                                    num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, device="cpu")
         # a pretend model of 1 layer, 1 K/V head of 4 dims: 2 x 4 x 4-byte floats per slot
-        self.loaded = SimpleNamespace(dtype="float32", config=SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=4))
+        geometry = SimpleNamespace(model_type="fake", num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4)
+        self.loaded = SimpleNamespace(dtype="float32", config=geometry)
         self.budget = BlockBudget(num_gpu_blocks, num_cpu_blocks, block_bytes=2 * 4 * 4 * block_size, source="explicit")
         self.device = "cpu"
         self.max_model_len = 1024

@@ -43,7 +43,8 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "dtype": str(engine.loaded.dtype).removeprefix("torch."), "block_bytes": budget.block_bytes,
         "budget_source": budget.source, "total_bytes": budget.total_bytes, "peak_bytes": budget.peak_bytes,
         "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
-        "num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+        "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
     }
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
+from engine.models.weights import build_empty, copy_hf_weights
 from engine.kernels.lm_head import lm_head_logits
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -94,8 +95,16 @@ class GPT2Config:
         return self.n_layer
 
     @property
-    def num_kv_heads(self) -> int:
+    def num_heads(self) -> int:
         return self.n_head
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.n_head  # multi-head attention: every query head has its own K/V head
+
+    @property
+    def model_type(self) -> str:
+        return "gpt2"
 
     @property
     def head_dim(self) -> int:
@@ -205,37 +214,20 @@ class GPT2(nn.Module):
         weight = self.transformer.wte.weight if self.lm_head is None else self.lm_head.weight
         return lm_head_logits(hidden, weight).float()  # F.linear(hidden, weight), chunked on the CPU
 
-    @torch.no_grad()
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy weights from a transformers `GPT2LMHeadModel` state dict (nanoGPT `from_pretrained`).
 
         Conv1D weights are transposed into nn.Linear layout; dtype and device follow this module.
         """
-        own = self.state_dict()
-        missing = [name for name in own if name not in state_dict]
-        if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} GPT-2 weights, e.g. {missing[:3]}")
-        for name, param in own.items():
-            src = state_dict[name]
-            if name.endswith(_CONV1D_WEIGHTS):
-                src = src.t()
-            if src.shape != param.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model {tuple(param.shape)}")
-            param.copy_(src)
-        unexpected = [
-            k for k in state_dict
-            if k not in own and not k.endswith(_IGNORED_SUFFIXES) and not (k == "lm_head.weight" and self.lm_head is None)
-        ]
-        if unexpected:
-            raise ValueError(f"checkpoint has weights this GPT-2 does not know, e.g. {unexpected[:3]}")
+        copy_hf_weights(self, state_dict, "GPT-2", transform=lambda name, t: t.t() if name.endswith(_CONV1D_WEIGHTS) else t,
+                        ignored=lambda name: name.endswith(_IGNORED_SUFFIXES))
 
     @classmethod
     def from_hf(cls, hf_model, device: torch.device | str | None = None) -> GPT2:
         """A GPT2 with the config, weights and dtype of a transformers GPT2LMHeadModel, on
         `device` (default: the HF model's device); weights are copied straight there."""
         weight = hf_model.transformer.wte.weight
-        with torch.device("meta"):  # skip random init: every parameter is overwritten below
-            model = cls(GPT2Config.from_hf(hf_model.config)).to(dtype=weight.dtype)
-        model = model.to_empty(device=device if device is not None else weight.device)
+        model = build_empty(cls, GPT2Config.from_hf(hf_model.config), device if device is not None else weight.device,
+                            weight.dtype)
         model.load_hf_state_dict(hf_model.state_dict())
         return model.eval()
