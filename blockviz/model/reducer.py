@@ -292,10 +292,11 @@ class ReducerState:
 
     def _on_request(self, e: ev.RequestAdded) -> None:
         self.requests[e.request_id] = e.seq_ids
+        # An engine's own stream carries no prompt texts (the engine session adds them): ids stand in.
+        texts = e.prompt_tokens_text or tuple(f"<{token_id}>" for token_id in e.prompt_token_ids)
         for seq_id in e.seq_ids:
             self.seqs[seq_id] = SeqState(
-                seq_id, e.request_id, list(e.prompt_token_ids), list(e.prompt_tokens_text),
-                len(e.prompt_token_ids),
+                seq_id, e.request_id, list(e.prompt_token_ids), list(texts), len(e.prompt_token_ids),
             )
 
     def _on_step(self, e: ev.StepStarted) -> None:

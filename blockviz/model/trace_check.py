@@ -239,7 +239,7 @@ class TraceChecker:
         for seq_id in e.seq_ids:
             if seq_id in self.state.seqs:
                 raise ValueError(f"seq {seq_id} is added twice")
-        if len(e.prompt_tokens_text) != len(e.prompt_token_ids):
+        if e.prompt_tokens_text and len(e.prompt_tokens_text) != len(e.prompt_token_ids):  # none: an engine's own stream
             raise ValueError(f"{len(e.prompt_tokens_text)} token texts for {len(e.prompt_token_ids)} prompt tokens")
         self._copy_tokens(len(e.prompt_token_ids) * len(e.seq_ids), f"request {e.request_id!r}")
 
