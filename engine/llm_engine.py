@@ -3,7 +3,8 @@ nano-vllm's `LLMEngine.step`).
 
 Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools
 (`determine_num_available_blocks`), build the CacheEngine and the scheduler over a
-BlockSpaceManager. Every block operation and every step is an event on `self.events`, so a
+BlockSpaceManager, or, with `kv_manager="v1"`, vLLM v1's Scheduler over a KVCacheManager
+(engine/v1/). Every block operation and every step is an event on `self.events`, so a
 subscriber sees one ordered story.
 """
 
