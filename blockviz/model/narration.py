@@ -99,6 +99,18 @@ def _step(e, state):
     return f"step {e.step}: {what} for {_seqs(e.seq_ids)}, {e.num_tokens} tokens through the model"
 
 
+def _scheduled(e, state):
+    parts = []
+    for seq_id, done, new, total in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens):
+        if done + new < total:
+            parts.append(f"seq {seq_id} a prefill chunk of {new} (tokens {done}-{done + new - 1} of {total})")
+        elif done == total - 1 and new == 1:
+            parts.append(f"seq {seq_id} 1 (decode)")
+        else:
+            parts.append(f"seq {seq_id} {new} (the rest of its prompt)")
+    return f"step {e.step} spends its token budget: " + "; ".join(parts)
+
+
 def _preempted(e, state):
     if e.mode == "swap":
         cost = "its blocks go to the CPU pool and come back later"
@@ -127,6 +139,7 @@ _SENTENCES = {
                                        f"its hash forgotten, to make room"),
     "step_started": _step,
     "token_generated": lambda e, state: f"seq {e.seq_id} sampled {e.text!r}",
+    "tokens_scheduled": _scheduled,
     "preempted": _preempted,
     "sequence_finished": lambda e, state: f"seq {e.seq_id} finished: {e.detail or e.reason}",
     "kv_digest": lambda e, state: (f"K/V digest of {e.device} block {e.block}: {e.digest} "

@@ -163,7 +163,11 @@ def read_trace(path: str | Path) -> Trace:
                          else f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)")
     header = parse_header(lines[0], name)
     trace = Trace(header, [], str(path))
-    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+    try:
+        checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                               header.get("kv_manager") or "v0")
+    except ValueError as exc:
+        raise TraceError(f"{name} line 1: {exc}") from None
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue

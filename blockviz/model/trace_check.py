@@ -13,14 +13,18 @@ No torch, no textual: blockviz/model/trace.py calls it on every event it reads.
 from __future__ import annotations
 
 from engine import events as ev
-from blockviz.model.reducer import CACHED, FREE, USED, ReducerState
+from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
 
 
 class TraceChecker:
     """Checks events one by one against a ReducerState built from the events before them."""
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
-        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
+        if kv_manager not in ("v0", "v1"):
+            raise ValueError(f"header field 'kv_manager' must be 'v0' or 'v1', got {kv_manager!r}")
+        if kv_manager == "v1" and num_gpu_blocks < 2:
+            raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
+        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks, kv_manager)
         self.last_seq_no: int | None = None
 
     def check(self, event: ev.Event) -> None:
@@ -45,6 +49,8 @@ class TraceChecker:
         pool = self.state.pools[device]
         if not 0 <= number < len(pool):
             raise ValueError(f"{what} {number} is outside the {device} pool of {len(pool)} blocks")
+        if pool[number].state == NULL:
+            raise ValueError(f"{what} {number} is the null block, which is never allocated, freed or hashed")
         return pool[number]
 
     def _table(self, seq_id: int) -> list[tuple[str, int]]:
@@ -171,6 +177,15 @@ class TraceChecker:
             if seq_id in self.state.seqs:
                 raise ValueError(f"seq {seq_id} is added twice")
 
+    def _scheduled(self, e: ev.TokensScheduled) -> None:
+        self._known_seqs(e)
+        counts = (e.num_computed_tokens, e.num_new_tokens, e.num_tokens)
+        if any(len(c) != len(e.seq_ids) for c in counts):
+            raise ValueError("tokens_scheduled lists differ in length")
+        for seq_id, done, new, total in zip(e.seq_ids, *counts):
+            if done < 0 or new < 1 or done + new > total:
+                raise ValueError(f"seq {seq_id} computes tokens {done}..{done + new} of {total}")
+
     def _known_seqs(self, e) -> None:
         for seq_id in getattr(e, "seq_ids", None) or (e.seq_id,):
             if seq_id not in self.state.seqs:
@@ -193,5 +208,6 @@ _RULES = {
     ev.TokenGenerated: TraceChecker._known_seqs,
     ev.SequenceFinished: TraceChecker._finished,
     ev.Preempted: TraceChecker._known_seqs,
+    ev.TokensScheduled: TraceChecker._scheduled,
     ev.KVDigest: lambda self, e: self._block(e.device, e.block),
 }
