@@ -61,3 +61,14 @@ def test_record_v1_writes_a_trace_that_loads_as_v1(tiny_gpt2_dir, tmp_path):
     state = ReducerState.from_header(trace.header).apply_all(trace.events)
     assert state.pools["gpu"][0].state == NULL and state.num_free("gpu") == 23
     assert any(e.type == "tokens_scheduled" for e in trace.events)
+
+
+def test_the_story_scenario_runs_v1_by_recompute():
+    from blockviz.session.spec import EngineSpec
+
+    spec = EngineSpec.for_scenario("story", kv_manager="v1")
+    assert spec.config.kv_manager == "v1" and spec.config.preemption_mode is None
+    assert spec.config.enable_prefix_caching is True
+    assert EngineSpec.for_scenario("story").config.preemption_mode.value == "swap"  # v0 keeps its story
+    with pytest.raises(ValueError, match="recompute only"):
+        EngineSpec.for_scenario("story", kv_manager="v1", preemption_mode="swap")
