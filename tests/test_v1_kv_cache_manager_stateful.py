@@ -5,7 +5,7 @@ reducer fed only the events equals the manager after every operation; everything
 
 from __future__ import annotations
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -104,6 +104,13 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
     def hashes_are_cleared_only_by_eviction(self):
         now = self._hashes()
         evicted = {e.block for e in self.events if isinstance(e, BlockEvicted)}
+        for e in self.events:  # what the run covered (pytest --hypothesis-show-statistics)
+            if isinstance(e, BlockEvicted):
+                event("a cached block evicted")
+            elif e.type == "block_hashed" and not e.registered:
+                event("two blocks with one hash")
+            elif e.type == "prefix_cache_hit" and e.ref_count == 1:
+                event("a hit on a free cached block")
         for block_id, (old, new) in enumerate(zip(self.hashes, now)):
             if old is not None and new != old:
                 assert block_id in evicted, f"block {block_id} lost its hash without an eviction"
@@ -122,4 +129,4 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
 
 
 TestKVCacheManagerStateful = KVCacheManagerMachine.TestCase
-TestKVCacheManagerStateful.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestKVCacheManagerStateful.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)

@@ -102,13 +102,16 @@ class KVCacheManager:
         num_tokens_need_slot = num_computed_tokens + num_new_tokens
         if self.max_model_len is not None:
             num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
-        req_blocks = self.req_to_blocks.get(seq.seq_id, [])
+        req_blocks = self.req_to_blocks.get(seq.seq_id)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[seq.seq_id] = []
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks) - len(computed_blocks)
-        num_evictable_computed_blocks = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        num_evictable_computed_blocks = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks:
+            if not req_blocks:
+                del self.req_to_blocks[seq.seq_id]  # nothing changed: not even an empty table
             return None
 
-        req_blocks = self.req_to_blocks.setdefault(seq.seq_id, req_blocks)
         if computed_blocks:
             self.block_pool.touch(computed_blocks)
             first = len(req_blocks)
@@ -194,12 +197,13 @@ class KVCacheManager:
                     start: int, end: int) -> None:
         """Tokens start..end-1 got slots: those in blocks the sequence held already are
         SlotAppended, each new block is BlockAllocated with the tokens it holds."""
-        token_ids = seq.get_token_ids()
         bs = self.block_size
-        for pos in range(start, min(end, num_old_blocks * bs)):
-            block = blocks[pos // bs]
+        prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        for pos in range(start, min(end, num_old_blocks * bs)):  # a decode: one token, no list copy
+            token_id = prompt[pos] if pos < len(prompt) else output[pos - len(prompt)]
             self.events.emit(SlotAppended, seq_id=seq.seq_id, device=GPU, logical_index=pos // bs,
-                             block=block.block_id, offset=pos % bs, token_id=token_ids[pos])
+                             block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_id)
+        token_ids = seq.get_token_ids() if len(blocks) > num_old_blocks else []
         for index in range(num_old_blocks, len(blocks)):
             block = blocks[index]
             held = tuple(token_ids[max(start, index * bs) : min(end, (index + 1) * bs)])
