@@ -1,9 +1,10 @@
 """Benchmark: the paged engine against transformers' generate on one mixed workload, in one run
 (a benchmark, not a test: it prints tokens/s and ratios, it never fails on time).
 
-Workload: --requests requests (default 64) with prompt lengths 16-256 and max_tokens 16-128 drawn
-from a fixed seed, greedy, ignore_eos, on a GPT-2-small-shaped model (12 layers, 768 wide, 50,257
-vocab, random weights built locally: nothing is downloaded) in float32 on the CPU (or CUDA).
+Workload: --requests requests (default 64) with prompt lengths --prompt-lens (16-256) and max_tokens
+--max-tokens (16-128) drawn from a fixed seed, greedy, ignore_eos, on a GPT-2-small-shaped model (12
+layers, 768 wide, 50,257 vocab, random weights built locally: nothing is downloaded) in float32 on
+the CPU (or CUDA).
 
 Contenders, each generating exactly the workload's tokens (useful tokens are counted; padding and
 tokens past a request's max_tokens are not):
@@ -14,6 +15,17 @@ tokens past a request's max_tokens are not):
   hf generate_batch  transformers' own continuous batching, where it runs for GPT-2
 
     python benchmarks/throughput.py [--requests 64] [--hf-batch-size 64] [--skip-one-by-one]
+
+The compute-bound limit (--engine-only runs the engine alone, --repeat times): the workload's
+FLOPs (every GEMM the engine must do: each fed token through every layer's projections and MLP,
+its attention over the keys it sees, the LM head once per sampled token) against this machine's
+measured fp32 GEMM peak (the best of several large square matmuls); the fraction is FLOPs / (peak
+x engine seconds). --profile breaks one engine run down by operator (torch.profiler) into GEMMs,
+attention, gathers and copies, the sampler, and what is left (Python per token, events). The CPU
+workload of benchmarks/README.md:
+
+    python benchmarks/throughput.py --engine-only --repeat 5 --requests 48 --prompt-lens 16-128 \
+        --max-tokens 8-64 --layers 6 --width 384 --heads 6 [--profile]
 """
 
 from __future__ import annotations
@@ -43,70 +55,152 @@ def build_model(path: Path, layers: int, width: int, heads: int) -> Path:
     return path
 
 
-def make_workload(num_requests: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def make_workload(num_requests: int, prompt_lens: tuple[int, int] = (16, 256), max_tokens: tuple[int, int] = (16, 128),
+                  seed: int = 0) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(1000, 50000) for _ in range(rng.randint(16, 256))], rng.randint(16, 128))
+    return [([rng.randrange(1000, 50000) for _ in range(rng.randint(*prompt_lens))], rng.randint(*max_tokens))
             for _ in range(num_requests)]
 
 
-def run_engine(path: Path, workload, subscribe: bool) -> tuple[float, int]:
-    from engine import LLM, SamplingParams
+def make_llm(path: Path, workload, attention_backend: str | None = None):
+    from engine import LLM
 
-    llm = LLM(str(path), block_size=16, num_gpu_blocks=sum((len(p) + m) // 16 + 2 for p, m in workload),
-              num_cpu_blocks=0, max_num_seqs=len(workload), max_num_batched_tokens=4096)
-    if subscribe:
-        llm.events.subscribe(lambda event: None)
+    backend = {"attention_backend": attention_backend} if attention_backend else {}  # older engines lack it
+    return LLM(str(path), block_size=16, num_gpu_blocks=sum((len(p) + m) // 16 + 2 for p, m in workload),
+               num_cpu_blocks=0, max_num_seqs=len(workload), max_num_batched_tokens=4096, **backend)
+
+
+def generate(llm, workload, cpu_times: list[float] | None = None) -> tuple[float, int]:
+    """One timed LLM.generate over the workload: (seconds, useful tokens); the process's CPU
+    seconds are appended to `cpu_times` when given."""
+    from engine import SamplingParams
+
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for _, m in workload]
-    llm.generate(prompts[:2], params[:2])  # warm-up
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
+    if cpu_times is not None:
+        cpu_times.append(time.process_time() - cpu_start)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert tokens == sum(m for _, m in workload)
     return elapsed, tokens
 
 
-def run_hf_padded(model, workload, batch_size: int) -> tuple[float, int]:
-    start = time.perf_counter()
-    tokens = 0
-    for i in range(0, len(workload), batch_size):
-        batch = workload[i : i + batch_size]
-        width = max(len(p) for p, _ in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
-        new = max(m for _, m in batch)
-        with torch.inference_mode():
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)
-        tokens += sum(m for _, m in batch)
-    return time.perf_counter() - start, tokens
+def run_engine(path: Path, workload, subscribe: bool, attention_backend: str | None = None) -> tuple[float, int]:
+    llm = make_llm(path, workload, attention_backend)
+    if subscribe:
+        llm.events.subscribe(lambda event: None)
+    generate(llm, workload[:2])  # warm-up
+    return generate(llm, workload)
 
 
-def run_hf_one_by_one(model, workload) -> tuple[float, int]:
-    start = time.perf_counter()
+# ---------------------------------------------------------------- the compute-bound limit
+
+
+def gemm_peak_gflops(size: int = 2048, repeats: int = 10) -> tuple[float, float]:
+    """This machine's fp32 GEMM rate: the best of `repeats` (size x size) @ (size x size) matmuls,
+    by wall seconds and by the process's CPU seconds (GFLOPS, GFLOPS)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = best_cpu = float("inf")
+    for _ in range(repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        torch.mm(a, b)
+        best, best_cpu = min(best, time.perf_counter() - start), min(best_cpu, time.process_time() - cpu_start)
+    flops = 2 * size**3 / 1e9
+    return flops / best, flops / best_cpu
+
+
+def workload_flops(workload, layers: int, width: int, vocab: int = 50257) -> dict[str, float]:
+    """The FLOPs the engine must do for the workload (multiply-adds x 2), by kind.
+
+    Each fed token (the prompt, then every generated token but the last) goes through every
+    layer's QKV, output, and MLP projections (12 x width^2 multiply-adds) and attends over the
+    positions up to its own (2 x width per key: scores and the weighted sum); each sampled token
+    needs one LM-head row (width x vocab).
+    """
+    fed = attended = sampled = 0
     for prompt, max_tokens in workload:
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                           min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
-    return time.perf_counter() - start, sum(m for _, m in workload)
+        total = len(prompt) + max_tokens - 1  # tokens that go through the model
+        fed += total
+        attended += total * (total + 1) // 2  # token at position i sees i + 1 keys
+        sampled += max_tokens
+    return {"projections + MLP": 2.0 * fed * layers * 12 * width**2,
+            "attention": 2.0 * attended * layers * 2 * width,
+            "LM head": 2.0 * sampled * width * vocab}
 
 
-def run_hf_generate_batch(model, workload) -> tuple[float, int]:
-    from transformers import GenerationConfig
+PROFILE_KINDS = {  # operator name fragments -> the step's parts (the first match wins)
+    "GEMMs": ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm"),
+    "attention (SDPA)": ("scaled_dot_product", "_flash_attention", "_efficient_attention"),
+    "gathers / cache writes": ("index_select", "index_copy", "index_put", "aten::index", "gather", "scatter"),
+    "sampler (argmax)": ("aten::argmax", "aten::max", "aten::topk", "aten::sort", "multinomial", "softmax"),
+    "element-wise (layer norm, GELU, adds)": ("layer_norm", "gelu", "aten::add", "aten::mul", "aten::div",
+                                             "aten::embedding"),
+    "tensor building and copies": ("aten::zeros", "aten::empty", "aten::tensor", "aten::copy_", "aten::to",
+                                   "aten::lift", "aten::cat", "aten::stack", "aten::contiguous", "aten::clone",
+                                   "aten::fill_", "aten::arange", "aten::tril", "aten::ones", "aten::lt",
+                                   "aten::masked_fill", "aten::full"),
+}
 
-    config = GenerationConfig(max_new_tokens=max(m for _, m in workload), do_sample=False, eos_token_id=-1,
-                              pad_token_id=0)
-    start = time.perf_counter()
-    results = model.generate_batch(inputs=[p for p, _ in workload], generation_config=config)
-    elapsed = time.perf_counter() - start
-    # generate_batch takes one max_new_tokens for all: count only each request's useful tokens, and
-    # only tokens it really produced (a failed request produces none).
-    produced = [len(getattr(out, "generated_tokens", []) or []) for out in results.values()]
-    if len(produced) != len(workload) or min(produced) == 0:
-        raise RuntimeError(f"{sum(p == 0 for p in produced)} of {len(workload)} requests produced no tokens")
-    return elapsed, sum(min(p, m) for p, (_, m) in zip(produced, workload))
+
+def profile_engine(path: Path, workload, attention_backend: str | None, top: int = 15) -> None:
+    """One engine run under torch.profiler: where the time goes, by part and by operator."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = make_llm(path, workload, attention_backend)
+    generate(llm, workload[:2])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        elapsed, _ = generate(llm, workload)
+    # profiler overhead inflates `elapsed`; shares are of the operators' own (self) time
+    averages = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total_ops = sum(e.self_cpu_time_total for e in averages) / 1e6
+    by_kind: dict[str, float] = {}
+    for event in averages:
+        kind = next((k for k, names in PROFILE_KINDS.items() if any(n in event.key for n in names)), "other ops")
+        by_kind[kind] = by_kind.get(kind, 0.0) + event.self_cpu_time_total / 1e6
+    by_kind["Python and the rest (no torch op)"] = max(elapsed - total_ops, 0.0)
+    print(f"profile: {elapsed:.2f} s under the profiler, {total_ops:.2f} s in torch operators")
+    for kind, seconds in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:44} {seconds:7.2f} s {100 * seconds / elapsed:5.1f}%")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def run_engine_only(args, path: Path, workload) -> None:
+    """The engine alone, --repeat times, against the compute-bound limit. With one torch thread
+    the process's CPU seconds are a steadier figure than wall seconds on a shared machine (time
+    spent descheduled is not counted): both are printed."""
+    import engine
+
+    flops = workload_flops(workload, args.layers, args.width)
+    total = sum(flops.values())
+    peak, cpu_peak = gemm_peak_gflops()
+    print(f"engine from {Path(engine.__file__).parent}; torch threads {torch.get_num_threads()}")
+    print(f"fp32 GEMM peak (2048^3 matmul, best of 10): {peak:.1f} GFLOPS, {cpu_peak:.1f} per CPU second")
+    print("workload FLOPs: " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in flops.items())
+          + f" = {total / 1e9:.1f} GFLOP; at the peak {total / peak / 1e9:.2f} s")
+    llm = make_llm(path, workload, args.attention_backend)
+    generate(llm, workload[:2])  # warm-up
+    times: list[float] = []
+    cpu_times: list[float] = []
+    for i in range(args.repeat):
+        seconds, tokens = generate(llm, workload, cpu_times)
+        times.append(seconds)
+        print(f"run {i + 1}: {seconds:.2f} s ({cpu_times[-1]:.2f} s CPU), {tokens / seconds:.0f} tokens/s, "
+              f"{total / seconds / 1e9:.1f} GFLOPS = {total / seconds / 1e9 / peak:.1%} of the peak")
+    median = sorted(times)[len(times) // 2]
+    cpu_median = sorted(cpu_times)[len(cpu_times) // 2]
+    print(f"engine: median {median:.2f} s (best {min(times):.2f}, worst {max(times):.2f}), CPU median "
+          f"{cpu_median:.2f} s; {total / median / 1e9 / peak:.1%} of the compute-bound limit at the median "
+          f"({total / min(times) / 1e9 / peak:.1%} best; by CPU seconds {total / cpu_median / 1e9 / cpu_peak:.1%})")
+    if args.profile:
+        profile_engine(path, workload, args.attention_backend)
+
+
+def span(text: str) -> tuple[int, int]:
+    """'LO-HI' -> (LO, HI)."""
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
 
 
 def main() -> None:
@@ -118,23 +212,36 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--skip-one-by-one", action="store_true")
     parser.add_argument("--skip-generate-batch", action="store_true")
+    parser.add_argument("--prompt-lens", type=span, default=(16, 256), metavar="LO-HI")
+    parser.add_argument("--max-tokens", type=span, default=(16, 128), metavar="LO-HI")
+    parser.add_argument("--attention-backend", choices=("torch", "triton"), default=None)
+    parser.add_argument("--engine-only", action="store_true",
+                        help="the engine alone, --repeat runs, against this CPU's GEMM peak")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="with --engine-only: a torch.profiler breakdown")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    workload = make_workload(args.requests)
+    workload = make_workload(args.requests, args.prompt_lens, args.max_tokens)
     print(f"workload: {len(workload)} requests, prompts {min(len(p) for p, _ in workload)}-"
           f"{max(len(p) for p, _ in workload)} tokens, max_tokens {min(m for _, m in workload)}-"
           f"{max(m for _, m in workload)}, {sum(m for _, m in workload):,} tokens to generate; "
           f"GPT-2 {args.layers} layers x {args.width}, float32, torch threads {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp), args.layers, args.width, args.heads)
+        if args.engine_only:
+            return run_engine_only(args, path, workload)
         hf = GPT2LMHeadModel.from_pretrained(path).eval()
         results: dict[str, tuple[float, int] | str] = {}
-        results["engine"] = run_engine(path, workload, subscribe=False)
-        results["engine + no-op subscriber"] = run_engine(path, workload, subscribe=True)
+        results["engine"] = run_engine(path, workload, subscribe=False, attention_backend=args.attention_backend)
+        results["engine + no-op subscriber"] = run_engine(path, workload, subscribe=True,
+                                                          attention_backend=args.attention_backend)
         results[f"hf generate, padded batches of {args.hf_batch_size}"] = run_hf_padded(hf, workload, args.hf_batch_size)
         if not args.skip_generate_batch:
             try:

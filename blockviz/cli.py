@@ -68,7 +68,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     """The options shared by the engine commands; `overrides` change their defaults (pool sizes
     default to the memory budget, as vLLM sizes them); `skip` names options a command defines its
     own way (compare takes lists)."""
-    from engine.config import KV_MANAGERS, PreemptionMode
+    from engine.config import ATTENTION_BACKENDS, KV_MANAGERS, PreemptionMode
 
     d = {**engine_option_defaults(), **overrides}
     parser.add_argument("--model", default=d["model"],
@@ -112,6 +112,9 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help=f"sampling seed (default {d['seed']})")
     parser.add_argument("--device", type=_device, default=d["device"],
                         help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
+                        help="torch (gather + SDPA, the reference) or triton (paged kernels; on the CPU only "
+                             "under TRITON_INTERPRET=1) (default: triton on CUDA when installed, else torch)")
 
 
 class _GivenChoice(argparse.Action):
@@ -125,11 +128,11 @@ class _GivenChoice(argparse.Action):
 
 def add_break_on_option(parser: argparse.ArgumentParser) -> None:
     """--break-on KINDS for the TUI commands: playback stops at each event of these kinds."""
-    def kinds(text: str) -> frozenset[str]:
-        from blockviz.model.timeline import parse_break_on
+    def kinds(text: str) -> frozenset:
+        from engine.events import event_classes
 
         try:
-            return parse_break_on(text)
+            return event_classes(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -163,6 +166,22 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
 
 
+def check_attention_backend(args: argparse.Namespace) -> None:
+    """UsageError (one line) before any model loads when --attention-backend triton cannot run on the
+    chosen device (engine.kernels.resolve_attention_backend); imports torch only when triton is asked for."""
+    if getattr(args, "attention_backend", None) != "triton":
+        return
+    import torch
+
+    from engine.kernels import resolve_attention_backend
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolve_attention_backend("triton", device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="blockviz",
@@ -189,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from blockviz import commands
 
+        check_attention_backend(args)
         return commands.dispatch(args)
     except UsageError as exc:
         print(f"blockviz: error: {exc}", file=sys.stderr)

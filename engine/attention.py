@@ -100,6 +100,7 @@ class AttentionMetadata:
     decode_token_ids: torch.Tensor  # (num_decodes,) int64, token index of each decode query
     decode_groups: tuple[DecodeGroup, ...]  # the decodes cut into groups of similar length
     decode_only: bool  # every sequence has query_len == 1 (token i belongs to sequence i)
+    attention_backend: str = "torch"  # which code computes it: "torch" (this module) or "triton" (engine/kernels)
 
     @classmethod
     def build(
@@ -109,6 +110,7 @@ class AttentionMetadata:
         context_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
+        attention_backend: str = "torch",
     ) -> AttentionMetadata:
         """Build the metadata of one step from plain Python lists.
 
@@ -121,6 +123,7 @@ class AttentionMetadata:
           (>= query_len). The new tokens sit at positions context_len - query_len ... context_len - 1.
         - block_size: tokens per block, the same as the cache's.
         - device: where the tensors go (the model's device).
+        - attention_backend: "torch" or "triton" (engine/kernels), resolved by the caller.
 
         The caller passes the model `input_ids` in the same order (sequence after sequence)
         and may use `meta.positions` as the positions argument, and
@@ -158,6 +161,7 @@ class AttentionMetadata:
             decode_token_ids=as_tensor([query_start_loc[i] for i in decode_seq_ids]),
             decode_groups=_decode_groups(decode_tables, decode_lens, block_size, device),
             decode_only=not prefill_seq_ids,
+            attention_backend=attention_backend,
         )
 
     @property
@@ -313,14 +317,17 @@ def paged_attention(
     `TorchSDPABackendImpl.forward` for prefills + `PagedAttention.forward_decode`).
 
     Prefills go one sequence at a time; one from scratch attends over its fresh K/V, skipping the
-    gather. Decodes go through `decode_attention_by_length`. Caches may be None for a cache-less
-    profiling run (then every sequence must be a prefill from scratch).
+    gather. Decodes go through `decode_attention_by_length`. With `meta.attention_backend ==
+    "triton"` the cache writes and the decodes are engine/kernels' Triton kernels instead
+    (`backend_ops`). Caches may be None for a cache-less profiling run (then every sequence must be
+    a prefill from scratch).
     """
+    store, decode = backend_ops(meta.attention_backend)
     has_cache = k_cache is not None and v_cache is not None and k_cache.numel() > 0
     if has_cache:
-        write_to_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        store(key, value, k_cache, v_cache, meta.slot_mapping)
     if meta.decode_only and has_cache:
-        return decode_attention_by_length(query, k_cache, v_cache, meta, scale)
+        return decode(query, k_cache, v_cache, meta, scale)
 
     output = torch.empty_like(query)  # (num_tokens, num_heads, head_dim)
     for i in meta.prefill_seq_ids:
@@ -341,10 +348,19 @@ def paged_attention(
     if meta.num_decodes:
         if not has_cache:
             raise ValueError("decode steps need a KV cache")
-        output[meta.decode_token_ids] = decode_attention_by_length(
-            query[meta.decode_token_ids], k_cache, v_cache, meta, scale
-        )
+        output[meta.decode_token_ids] = decode(query[meta.decode_token_ids], k_cache, v_cache, meta, scale)
     return output
+
+
+def backend_ops(name: str):
+    """(store, decode) of an attention backend: the torch backend's `write_to_cache` and
+    `decode_attention_by_length`, or the triton backend's kernels (engine/kernels; prefills stay
+    on the torch path either way)."""
+    if name == "triton":
+        from engine.kernels import triton_backend  # imports triton: only when asked for
+
+        return triton_backend.store_kvcache, triton_backend.decode_attention
+    return write_to_cache, decode_attention_by_length
 
 
 def decode_attention_by_length(
@@ -370,18 +386,34 @@ def _decode_group(
     """One group's single-token queries, (n, num_heads, head_dim) -> (n, num_heads, head_dim)."""
     n, num_heads, head_dim = query.shape
     blocks = group.block_tables.flatten()  # (n * num_blocks,)
-    # index_select along the block dimension, not k_cache[tables]: a row gather, faster on CPU
     kv = stacked_kv(k_cache, v_cache)
     if kv is not None:  # one gather for K and V together
         # (2, num_heads, n * num_blocks, block_size, head_dim) -> 2 x (n, num_heads, num_keys, head_dim)
-        k, v = kv.index_select(2, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
+        k, v = gather_blocks(kv, blocks).view(2, num_heads, n, -1, head_dim).transpose(1, 2)
     else:
         # (num_heads, n * num_blocks, block_size, head_dim) -> (n, num_heads, num_keys, head_dim)
-        k = head_major(k_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
-        v = head_major(v_cache).index_select(1, blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+        k = gather_blocks(head_major(k_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
+        v = gather_blocks(head_major(v_cache), blocks).view(num_heads, n, -1, head_dim).transpose(0, 1)
     q = query.unsqueeze(2)  # (n, num_heads, 1, head_dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.key_mask, scale=scale)
     return out.squeeze(2)
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """(..., num_blocks, block_size, head_dim) -> (..., len(blocks), block_size, head_dim): the
+    given blocks, in order (what `cache.index_select(-3, blocks)` returns).
+
+    Fast path: index_select along the block dimension, not cache[..., tables, :, :], and on a 3-D
+    view whose rows are whole blocks when the strides allow it (CacheEngine's pools): index_select
+    then copies each block as one contiguous row, faster on CPU than selecting along a middle
+    dimension of a 5-D tensor.
+    """
+    num_blocks, block_size, head_dim = cache.shape[-3:]
+    try:
+        rows = cache.view(-1, num_blocks, block_size * head_dim)  # (rows, num_blocks, block_size * head_dim)
+    except RuntimeError:  # strides that no view can merge: select along the block dimension
+        return cache.index_select(cache.dim() - 3, blocks)
+    return rows.index_select(1, blocks).view(*cache.shape[:-3], len(blocks), block_size, head_dim)
 
 
 def stacked_kv(k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor | None:

@@ -1,6 +1,6 @@
 """Token blocks: the unit of KV-cache memory.
 
-Mirrors vLLM v0's `vllm/block.py` as walked through in seed 000: a `LogicalTokenBlock` is a slice of
+Mirrors vLLM v0's `vllm/block.py` (LogicalTokenBlock, PhysicalTokenBlock): a `LogicalTokenBlock` is a slice of
 a sequence's tokens (always contiguous), a `PhysicalTokenBlock` is a fixed-size slot range of the KV
 cache on one device (placed anywhere). The block manager maps the first onto the second.
 """

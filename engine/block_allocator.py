@@ -1,8 +1,8 @@
 """Physical block allocators: the free lists behind the block manager.
 
-`UncachedBlockAllocator` is vLLM v0's allocator of the same name (seed 000): a free list and ref
+`UncachedBlockAllocator` is vLLM v0's allocator of the same name (vllm/core/block_manager_v1.py): a free list and ref
 counts, "Double free" on a block already free. `CachedBlockAllocator` adds nano-vllm's prefix cache
-(seed 002): full blocks get a chained xxh64 hash, a hash map finds them again, and a freed hashed
+(nanovllm/engine/block_manager.py): full blocks get a chained xxh64 hash, a hash map finds them again, and a freed hashed
 block stays reusable ("free but cached") until the least recently used one is evicted, ties broken
 towards the block with more hashed tokens, as vLLM's LRUEvictor.
 """
@@ -20,7 +20,7 @@ from engine.events import BlockEvicted, EventBus
 
 
 def compute_block_hash(token_ids: tuple[int, ...] | list[int], parent_hash: int | None) -> int:
-    """Seed 002's chained hash: xxh64 over the parent block's hash (8 little-endian bytes, when there
+    """nano-vllm's chained hash (BlockManager.compute_hash): xxh64 over the parent block's hash (8 little-endian bytes, when there
     is a parent) then the block's token ids as int64 bytes, so equal hashes mean equal prefixes."""
     h = xxhash.xxh64()
     if parent_hash is not None:

@@ -1,5 +1,6 @@
 """BlockSpaceManager: maps each sequence's logical blocks to physical blocks (vLLM v0's
-BlockSpaceManagerV1, seed 000; prefix caching after nano-vllm's BlockManager, seed 002).
+BlockSpaceManagerV1, vllm/core/block_manager_v1.py; prefix caching after nano-vllm's BlockManager,
+nanovllm/engine/block_manager.py).
 
 It only plans: it decides which physical block holds which tokens and returns (src, dst) pairs for
 copy-on-write and swaps; the CacheEngine moves the data. Every mutation emits an event.

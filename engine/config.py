@@ -15,6 +15,7 @@ DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks 
 DTYPES = ("float32", "float16", "bfloat16")
 KV_MANAGERS = ("v0", "v1")  # vLLM v0's BlockSpaceManager, vLLM v1's KVCacheManager (engine/v1/)
 HASH_ALGOS = ("sha256", "xxhash")  # v1's prefix_caching_hash_algo (vLLM's default first)
+ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
 
 class PreemptionMode(str, enum.Enum):
@@ -49,6 +50,7 @@ class EngineConfig:
     kv_digests: bool = True
     kv_manager: str = "v0"
     prefix_caching_hash_algo: str = "sha256"
+    attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -65,6 +67,9 @@ class EngineConfig:
                                  f"got {self.preemption_mode!r}") from None
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} or None, "
+                             f"got {self.attention_backend!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.watermark < 0:

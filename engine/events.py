@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 import msgspec
 
@@ -76,7 +76,7 @@ class PrefixCacheHit(Event):
 
 
 class BlockHashed(Event):
-    """A full block got its chained hash (seed 002 compute_hash). `registered` is False when an
+    """A full block got its chained hash (nano-vllm BlockManager.compute_hash). `registered` is False when an
     identical block already sits in the hash map (the map is never overwritten)."""
 
     type: ClassVar[str] = "block_hashed"
@@ -172,7 +172,7 @@ class SequenceFreed(Event):
 
 
 class BlockEvicted(Event):
-    """A free-but-cached block lost its hash so it can be reused (LRU, seed 002 / vLLM LRUEvictor)."""
+    """A free-but-cached block lost its hash so it can be reused (LRU, vLLM v0's LRUEvictor)."""
 
     type: ClassVar[str] = "block_evicted"
 
@@ -284,6 +284,24 @@ class StepFinished(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in Event.__subclasses__()}
+
+
+def event_classes(names: str | Iterable[str]) -> frozenset[type[Event]]:
+    """The event records named by `names`: one type name ("copy_on_write"), a comma-separated list
+    ("swap_out,block_evicted") or an iterable of names. A ValueError names an unknown one (or none
+    given) and lists every name."""
+    parts = names.split(",") if isinstance(names, str) else list(names)
+    found = {name.strip() for name in parts if name.strip()}
+    unknown = sorted(found - set(EVENT_TYPES))
+    if unknown or not found:
+        raise ValueError(f"unknown event kind {', '.join(map(repr, unknown)) or '(none given)'}: the kinds are "
+                         f"{', '.join(sorted(EVENT_TYPES))}")
+    return frozenset(EVENT_TYPES[name] for name in found)
+
+
+def kind_names(classes: Iterable[type[Event]]) -> list[str]:
+    """The type names of event records, sorted (for a line that lists breakpoints)."""
+    return sorted(cls.type for cls in classes)
 
 
 def event_from_dict(data: dict[str, Any]) -> Event:

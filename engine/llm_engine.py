@@ -72,7 +72,7 @@ class LLMEngine:
                                            config.preemption_mode)
         self.block_manager, self.scheduler = self._make_scheduler(scheduler_config)
         self.model_runner = ModelRunner(self.model, self.cache_engine, self.block_manager, config.block_size,
-                                        self.device)
+                                        self.device, config.attention_backend)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()

@@ -14,6 +14,7 @@ import torch
 from engine.attention import AttentionMetadata
 from engine.block_manager import BlockSpaceManager
 from engine.cache_engine import CacheEngine
+from engine.kernels import resolve_attention_backend
 from engine.models.gpt2 import GPT2
 from engine.sampler import sample
 from engine.sequence import SamplingParams, Sequence
@@ -23,12 +24,14 @@ class ModelRunner:
     """Runs the model over one step's sequences against the paged KV cache, and samples."""
 
     def __init__(self, model: GPT2, cache_engine: CacheEngine, block_manager: BlockSpaceManager,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, attention_backend: str | None = None) -> None:
         self.model = model
         self.cache_engine = cache_engine
         self.block_manager = block_manager
         self.block_size = block_size
         self.device = device
+        # "torch" or "triton" (engine/kernels); None picks the device's default; ValueError if it cannot run here
+        self.attention_backend = resolve_attention_backend(attention_backend, device)
 
     def prepare_inputs(self, seqs: list[Sequence], is_prefill: bool,
                        num_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, AttentionMetadata]:
@@ -54,7 +57,8 @@ class ModelRunner:
                 query_lens.append(1)
             context_lens.append(length)
         tables = [self.block_manager.get_block_table(seq) for seq in seqs]
-        meta = AttentionMetadata.build(tables, query_lens, context_lens, self.block_size, self.device)
+        meta = AttentionMetadata.build(tables, query_lens, context_lens, self.block_size, self.device,
+                                       self.attention_backend)
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # (num_tokens,)
         return tokens, meta
 

@@ -15,6 +15,7 @@ import torch
 
 from engine.attention import (
     AttentionMetadata,
+    gather_blocks,
     head_major,
     length_groups,
     paged_attention,
@@ -124,6 +125,19 @@ def test_stacked_kv_is_one_view_of_cache_engine_layers_only():
     assert kv is not None and kv.data_ptr() == head_major(k_cache).data_ptr()
     assert torch.equal(kv, torch.stack([head_major(k_cache), head_major(v_cache)]))
     assert stacked_kv(*plain_layer(seed=1)) is None
+
+
+@pytest.mark.parametrize("layout", [cache_engine_layer, plain_layer])
+def test_gather_blocks_selects_blocks_in_order(layout):
+    """Whole-block rows of a viewable cache (CacheEngine's), or a select along the block
+    dimension (a permuted block-major cache): the same blocks either way."""
+    k_cache, v_cache = layout(seed=2)
+    blocks = torch.tensor([5, 0, 5, 17])
+    for cache in (head_major(k_cache), stacked_kv(k_cache, v_cache)):
+        if cache is None:
+            continue
+        expected = torch.stack([cache[..., b, :, :] for b in blocks.tolist()], dim=-3)
+        assert torch.equal(gather_blocks(cache, blocks), expected)
 
 
 def test_length_groups_cut_where_padding_is_saved():

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.model.timeline import Timeline, parse_break_on
+from blockviz.model.timeline import Timeline
+from engine import events as ev
+from engine.events import event_classes
 from blockviz.model.player import Player
 from blockviz.session.spec import EngineSpec
 from blockviz.model.trace import load_trace
@@ -23,7 +25,7 @@ def test_playback_stops_just_after_each_breakpoint_event_and_goes_back_to_the_pr
     trace = load_trace("swap")
     wanted = positions_of(trace, "swap_out") + positions_of(trace, "swap_in")
     player = Player(Timeline.for_trace(trace))
-    player.break_on = parse_break_on("swap_out,swap_in")
+    player.break_on = event_classes("swap_out,swap_in")
     stops = []
     player.toggle_play()
     player.speed_index = len(__import__("blockviz.model.player").model.player.SPEEDS) - 1  # max: one tick to the end
@@ -41,15 +43,15 @@ def test_playback_stops_just_after_each_breakpoint_event_and_goes_back_to_the_pr
 
 
 def test_unknown_kinds_are_named():
-    with pytest.raises(ValueError, match="unknown event kind teleport"):
-        parse_break_on("copy_on_write, teleport")
-    assert parse_break_on(" fork ,copy_on_write") == {"fork", "copy_on_write"}
+    with pytest.raises(ValueError, match="unknown event kind 'teleport'"):
+        event_classes("copy_on_write, teleport")
+    assert event_classes(" fork ,copy_on_write") == {ev.Forked, ev.CopyOnWrite}
 
 
 @pytest.mark.anyio
 async def test_in_a_replay_the_key_plays_to_the_breakpoint_and_back():
     trace = load_trace("fork-cow")
-    app = BlockvizApp(trace=trace, deterministic=True, play=False, break_on=frozenset({"copy_on_write"}))
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, break_on=frozenset({ev.CopyOnWrite}))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("right_square_bracket")
         await _until(pilot, lambda: app.player.stopped_at is not None)
@@ -66,7 +68,7 @@ async def test_live_the_engine_steps_until_the_breakpoint():
     spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), n=2, max_tokens=12)
     bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8))
     app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", play=False,
-                      break_on=frozenset({"copy_on_write"}))
+                      break_on=frozenset({ev.CopyOnWrite}))
     async with app.run_test(size=(100, 30)) as pilot:
         await _until(pilot, lambda: app.player is not None, timeout=30)
         assert len(app.player.timeline) < 5  # nothing stepped yet

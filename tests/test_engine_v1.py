@@ -6,6 +6,7 @@ every block free."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
 from blockviz.model.trace_check import TraceChecker
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from engine.events import RequestAdded
 from engine.v1.invariants import check_kv_cache_invariants
 from tests.test_engine_parity import PROMPTS, hf_greedy
 
@@ -40,9 +42,15 @@ def run_checked(engine: LLMEngine, prompts, params):
     checker on every event; ends with every block free."""
     manager = engine.block_manager
     reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, "v1")
-    checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, "v1")
+    checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager="v1")
     events: list = []
-    for subscriber in (reducer.apply, checker.check, events.append):
+
+    def check(event):  # a trace reader sees the prompt's token texts, which the engine session fills in
+        if isinstance(event, RequestAdded):
+            event = msgspec.structs.replace(event, prompt_tokens_text=("·",) * len(event.prompt_token_ids))
+        checker.check(event)
+
+    for subscriber in (reducer.apply, check, events.append):
         engine.events.subscribe(subscriber)
 
     def on_step(_):

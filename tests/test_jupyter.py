@@ -119,7 +119,7 @@ def test_visualizer_cursor_matches_timeline(name):
 
 def test_run_until_rejects_unknown_kind_and_trace_commands():
     viz = Visualizer.from_trace("fork-cow")
-    with pytest.raises(ValueError, match="unknown event type"):
+    with pytest.raises(ValueError, match="unknown event kind"):
         viz.run_until("copy-on-write")
     with pytest.raises(RuntimeError, match="Visualizer.live"):
         viz.add_request("hello")
@@ -360,7 +360,7 @@ def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
     event = viz.run_until("fork")
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
-    assert frame["cursor"]["current"].startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}")
+    assert frame["cursor"]["current"].startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id}")
 
 
 def test_a_frame_timer_that_fires_after_close_sends_nothing():

@@ -9,6 +9,7 @@ import pytest
 
 from blockviz.model.explain import EVICTED, HIT, explain_requests
 from blockviz.model.timeline import Timeline
+from engine import events as ev
 from blockviz.model.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
 from blockviz.jupyter import Visualizer
 from blockviz.jupyter.insight_parts import sparkline_points
@@ -162,7 +163,7 @@ def test_back_to_lands_on_each_previous_breakpoint_in_a_replay(name):
     back = [viz.position for _ in expected if viz.back_to(",".join(sorted(kinds))) is not None]
     assert back == expected[::-1][:len(back)] and len(back) == len(expected)  # from the end: the last one first
     assert viz.back_to(kinds) is None and viz.position == expected[0]  # none before the first: it stays
-    with pytest.raises(ValueError, match="unknown event type"):
+    with pytest.raises(ValueError, match="unknown event kind"):
         viz.back_to("swap-out")
     viz.close()
 
@@ -175,7 +176,7 @@ def test_the_breakpoints_bar_sets_the_kinds_and_its_buttons_move_the_cursor():
     viz._buttons.wait(timeout=60)
     assert viz.position == 0 and viz.insight.break_message == "tick an event kind first"
     bar.break_on = ["preempted"]
-    assert viz.player.break_on == {"preempted"}
+    assert viz.player.break_on == {ev.Preempted}
     for target in preempted[:2]:
         bar._on_frontend_msg(bar, {"event": "break", "direction": "next"}, [])
         viz._buttons.wait(timeout=60)

@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 
 from blockviz.kvevents.mapping import step_batches
-from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch
+from blockviz.kvevents.protocol import BlockRemoved, BlockStored, EventBatch, WireShape
 from blockviz.kvevents.publisher import KVEventPublisher
+from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import ClientUpdate, Gap, Received
 from blockviz.kvevents.tokens import load_tokenizer
 from blockviz.model.trace import load_trace
 from blockviz.tui.attach_app import AttachApp
+from blockviz.tui.messages import KVEventsArrived
+from blockviz.tui.widgets.kv_attach import ForestTree
 from test_kv_round_trip import WAIT_S, free_ports
 from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
 
@@ -106,6 +109,57 @@ async def test_attach_shows_removals_gaps_and_token_ids_without_a_tokenizer():
     assert "1 batch lost" in text
 
 
+async def test_attach_shows_tiers_groups_the_wire_and_a_restart():
+    """vLLM 0.33's newest fields where they matter: a block offloaded to a remote CPU tier, the
+    KV-cache group's kind, the wire format seen (with the replay's topic frame), and a publisher
+    restart that starts the rank's picture again."""
+    map_events = WireShape(batch_array=True, event_arrays=False)
+    updates = [
+        ClientUpdate([
+            Received(0, 0, EventBatch(0.0, (BlockStored((0xAB << 56,), None, (31, 32), 2, medium="GPU", group_idx=0,
+                                                        kv_cache_spec_kind="full_attention", session_id="chat-7"),), 0),
+                     True, map_events),
+            Received(0, 1, EventBatch(1.0, (BlockStored((0xCD << 56,), 0xAB << 56, (33, 34), 2, medium="CPU",
+                                                        locality="REMOTE", ownership="kvcr"),), 0), True, map_events),
+        ], replay_topic=True),
+        ClientUpdate([Received(0, 0, EventBatch(2.0, (BlockStored((0xEF << 56,), None, (35, 36), 2, medium="GPU"),), 0),
+                               False, map_events, restarted=True)],
+                     notices=["rank 0: sequence numbers went back from #1 to #0: the publisher restarted; "
+                              "the picture of this rank starts again"]),
+    ]
+    app = AttachApp("tcp://vllm:5557", "tcp://vllm:5558", client_factory=lambda *a, **k: ScriptedClient(updates[:1]))
+    async with app.run_test(size=(180, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.num_batches == 2)
+        before = screen_text(app)
+        app.post_message(KVEventsArrived(updates[1]))
+        await wait_until(pilot, lambda: app.state.num_batches == 3)
+        after = screen_text(app)
+    assert "ab000000 31 32  rank 0  session chat-7" in before
+    assert "cd000000 33 34  rank 0 CPU remote" in before  # the tier, where it is not the GPU
+    assert "CPU remote" in before and "KV-cache groups: 0 full_attention" in before
+    assert "wire vLLM 0.26 or later: array batch, map events, topic in replay" in before
+    assert "ab000000 31 32  removed" in after and "ef000000 35 36  rank 0" in after  # reset at the restart
+    assert "publisher restarted 1×" in after and "went back from #1 to #0" in after
+
+
+async def test_the_forest_drops_blocks_removed_long_ago():
+    """With room for two removed blocks: a forgotten block with a child drawn under it redraws the
+    tree (the child now hangs from the root), a forgotten leaf is just removed."""
+    a, b, c, d, e = (h << 56 for h in (0xA1, 0xB2, 0xC3, 0xD4, 0xE5))
+    steps = [[BlockStored((a, b, c), None, (1, 2, 3), 1)], [BlockRemoved((a,))], [BlockRemoved((b,))],
+             [BlockRemoved((c,))], [BlockStored((d,), None, (4,), 1), BlockRemoved((d,))],
+             [BlockStored((e,), None, (5,), 1), BlockRemoved((e,))]]
+    updates = [ClientUpdate([batch(seq, *events)]) for seq, events in enumerate(steps)]
+    app = AttachApp("tcp://vllm:5557", client_factory=lambda *a, **k: ScriptedClient(updates))
+    app.state = KVEventState(max_removed_kept=2)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: app.state.num_batches == len(steps))
+        text = screen_text(app)
+        drawn = sorted(app.query_one(ForestTree)._drawn)
+    assert drawn == [d, e] and "2 blocks seen, 0 cached now, 3 removed long ago not shown" in text
+    assert "d4000000 4  removed" in text and "a1000000" not in text and "c3000000" not in text
+
+
 # ------------------------------------------------------------------------- the command line
 
 
@@ -130,6 +184,9 @@ def blockviz(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (["publish", "prefix-hit", "--endpoint", "tcp://127.0.0.1"], "--endpoint must look like"),
     (["publish", "prefix-hit", "--rate", "-1"], "--rate must be a finite number >= 0"),
     (["publish", "--live", "--no-prefix-caching"], "without a prefix cache"),
+    (["publish", "prefix-hit", "--vllm-version", "0.8"], "blockviz knows the KV events of vLLM 0.9 to 0.33"),
+    (["publish", "prefix-hit", "--vllm-version", "newest"], "--vllm-version must look like 0.33"),
+    (["attach", "tcp://[1::2::3]:5557"], "[1::2::3] is not an IPv6 address"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     result = blockviz(*args)

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from blockviz.kvevents.mapping import step_batches
-from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch
+from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch, wire_format_for
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import Gap, KVEventClient
@@ -132,9 +133,9 @@ def test_publish_then_attach_directly_after_a_gap_and_late(name, evicting_trace,
         assert (logged(state, "stored"), logged(state, "removed")) == (stored, removed)
         assert state.stored_hashes() == set(stored) and state.removed_hashes() == set(removed)
         assert state.num_batches == num_batches and state.num_lost_batches == 0
-    assert clean.gaps == []
-    assert with_gap.gaps == ([Gap(0, 1, dropped, dropped, True, False)] if dropped else [])
-    assert caught_up.gaps == ([Gap(0, 0, num_batches - 1, num_batches, True, True)] if num_batches else [])
+    assert list(clean.gaps) == []
+    assert list(with_gap.gaps) == ([Gap(0, 1, dropped, dropped, True, False)] if dropped else [])
+    assert list(caught_up.gaps) == ([Gap(0, 0, num_batches - 1, num_batches, True, True)] if num_batches else [])
     assert [p.replayed for p in with_gap.timeline].count(True) == dropped
 
 
@@ -150,7 +151,7 @@ def test_a_gap_without_a_replay_endpoint_is_recorded_not_filled():
             assert client.followers[0].sub.poll(WAIT_S * 1000)
             client.followers[0].sub.recv_multipart()
         collect(client, state, 2)
-    assert state.gaps == [Gap(0, 1, 2, 0, False, False)]
+    assert list(state.gaps) == [Gap(0, 1, 2, 0, False, False)]
     assert state.num_lost_batches == 2 and logged(state, "stored") == [1, 4]
     assert "no replay endpoint" in state.gaps[0].describe()
 
@@ -167,7 +168,7 @@ def test_bad_frames_and_a_restarted_publisher_become_notices():
         deadline = time.monotonic() + WAIT_S
         while len(state.notices) < 2 and time.monotonic() < deadline:
             state.apply_update(client.poll(100))
-    assert state.num_batches == 3 and state.gaps == []
+    assert state.num_batches == 3 and list(state.gaps) == []
     assert "#2: not msgpack" in state.notices[0] and "restarted" in state.notices[1]
 
 
@@ -207,3 +208,32 @@ def test_publish_live_serves_the_engines_own_cache_life(tmp_path):
             collect(client, state, len(batches))
         assert "published" in wait_for_line(log, "published")
     assert (logged(state, "stored"), logged(state, "removed")) == (stored, removed)
+
+
+@pytest.mark.parametrize(("version", "summary"), [
+    ("0.33", "vLLM 0.26 or later: array batch, map events, topic in replay"),
+    ("0.25", "vLLM 0.24 - 0.25: array batch, map events, no topic in replay"),
+    ("0.23", "vLLM 0.9 - 0.23: array batch, tagged-array events"),
+])
+def test_attach_reads_each_releases_format_live_and_through_replay_and_says_which(version, summary):
+    """blockviz's publisher in the format of `version` (`publish --vllm-version`): a late client
+    catches up through its replay, then follows it live, and names the releases that send it."""
+    port, replay_port = free_ports(2)
+    endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}"
+    with KVEventPublisher(endpoint, replay, wire=wire_format_for(version)) as publisher:
+        for hash_ in (1, 2, 3):
+            publisher.publish([BlockStored((hash_,), hash_ - 1 or None, (hash_,), 1)])
+        with KVEventClient(endpoint, replay) as client:
+            state = KVEventState()
+            caught_up = threading.Thread(target=lambda: state.apply_update(client.catch_up()))
+            caught_up.start()
+            deadline = time.monotonic() + WAIT_S
+            while caught_up.is_alive() and time.monotonic() < deadline:
+                publisher.serve_replay(50)
+            caught_up.join(WAIT_S)
+            assert publisher.wait_for_subscribers(1, WAIT_S)
+            publisher.publish([BlockRemoved((1,))])
+            collect(client, state, 4)
+    assert [p.seq for p in state.timeline] == [0, 1, 2, 3] and [p.replayed for p in state.timeline] == [True] * 3 + [False]
+    assert logged(state, "stored") == [1, 2, 3] and logged(state, "removed") == [1]
+    assert state.wire_summary() == summary and state.num_lost_batches == 0

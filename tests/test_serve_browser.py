@@ -118,3 +118,34 @@ def test_each_visitor_has_an_app_process(served, visit):
     first.wait_for_text(r"event 1/\d+", start_first)
     second.wait_until_quiet()
     assert "event 1/" not in second.text_since(start)  # one visitor's key moves only their app
+
+
+def test_a_visitor_beyond_the_limit_reads_that_they_should_wait(tmp_path, visit):
+    with serve("replay", "fork-cow", "--max-visitors", "1", log_dir=tmp_path) as server:
+        first = visit(server.url)
+        first.drawn()
+        second = visit(server.url)
+        second.page.wait_for_selector("text=This blockviz server is full (1 visitor at once)")
+        assert "tries again every" in second.page.inner_text("body")
+        assert len(server.app_processes()) == 1 and second.blocked == []
+
+
+def test_a_visitor_whose_page_loaded_before_the_server_filled_reads_it_in_the_terminal(tmp_path, visit):
+    """The page came while a place was free, but its script (held back by the test) connects only
+    once another visitor took the place: the notice stays readable above the Restart bar, and no
+    process starts for it."""
+    with serve("replay", "fork-cow", "--max-visitors", "1", log_dir=tmp_path) as server:
+        late = visit("about:blank")
+        held = []
+        late.page.route("**/static/js/textual.js", lambda route: held.append(route))
+        late.page.goto(server.url + "/", wait_until="commit")
+        while not held:  # the page is served (a place was free) and asks for its script
+            late.page.wait_for_timeout(100)
+        first = visit(server.url)
+        first.drawn()
+        held[0].continue_()
+        late.wait_for_text(re.escape("This blockviz server is full (1 visitor at once)"))
+        late.page.wait_for_selector("body.-closed .ended button")
+        box = late.page.locator(".ended").bounding_box()
+        assert box["y"] > 450  # a bar at the bottom of the 900-pixel page, not a cover over the notice
+        assert len(server.app_processes()) == 1

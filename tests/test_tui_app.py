@@ -283,14 +283,15 @@ async def test_the_status_bar_says_what_just_happened_on_its_third_line():
         assert timeline.current_event.type == "fork"
         sentence = narrate(timeline.current_event, timeline.state)
         event = timeline.current_event
-        assert sentence.startswith(f"seq {event.child_seq_id} forked from seq {event.parent_seq_id}: ")
+        assert sentence.startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id} shares ")
         status = app.query_one(StatusBar)
         assert status.size.height == 3
         assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 2]
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert status.size.height == 3
-        assert screen_text(app).splitlines()[status.region.y + 2].strip() == f"▸ {sentence}"
+        fits = f"▸ {sentence}" if len(sentence) <= 76 else f"▸ {sentence[:75]}…"
+        assert screen_text(app).splitlines()[status.region.y + 2].strip() == fits
         cow = first_index(trace, "copy_on_write")
         await pilot.press(*["full_stop"] * (cow - fork))
         assert timeline.current_event.type == "copy_on_write"

@@ -64,10 +64,11 @@ class FakeEngine:
         self.config = EngineConfig(model="fake", block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    num_cpu_blocks=num_cpu_blocks, enable_prefix_caching=enable_prefix_caching,
                                    preemption_mode=preemption_mode, device="cpu")
-        self.budget = BlockBudget(num_gpu_blocks, num_cpu_blocks, block_bytes=0, source="explicit")
+        # a pretend model of 1 layer, 1 K/V head of 4 dims: 2 x 4 x 4-byte floats per slot
+        self.loaded = SimpleNamespace(dtype="float32", config=SimpleNamespace(num_layers=1, num_kv_heads=1, head_dim=4))
+        self.budget = BlockBudget(num_gpu_blocks, num_cpu_blocks, block_bytes=2 * 4 * 4 * block_size, source="explicit")
         self.device = "cpu"
         self.max_model_len = 1024
-        self.loaded = SimpleNamespace(dtype="float32", config=SimpleNamespace(num_layers=0, num_kv_heads=0, head_dim=0))
 
     # ------------------------------------------------------------------ requests
 

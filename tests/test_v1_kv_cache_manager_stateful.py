@@ -25,7 +25,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
     def setup(self, block_size, num_blocks, enable_caching, hash_algo):
         self.bus = EventBus()
         self.reducer = ReducerState(block_size, num_blocks, 0, "v1")
-        self.checker = TraceChecker(block_size, num_blocks, 0, "v1")
+        self.checker = TraceChecker(block_size, num_blocks, 0, kv_manager="v1")
         self.events: list = []
         self.bus.subscribe(self.events.append)
         self.bus.subscribe(self.reducer.apply)

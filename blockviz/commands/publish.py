@@ -1,8 +1,10 @@
 """`blockviz publish TRACE|--live [engine options] --endpoint tcp://127.0.0.1:5557 [--replay ...]`:
 blockviz's engine as a vLLM-compatible KV-event publisher.
 
-The frames are vLLM's (blockviz/kvevents/publisher.py) in the map shape, so vLLM's own example
-subscriber, a router's KV-aware index, or `blockviz attach` can consume them. A TRACE (a file or
+The frames are vLLM's (blockviz/kvevents/publisher.py) in the wire format of the newest vLLM
+release blockviz knows, or of the one `--vllm-version` names, so a consumer built on that
+release's records (vLLM's `KVEventBatch` decoder, a router's KV-aware index), its example
+subscriber, or `blockviz attach` can consume them. A TRACE (a file or
 a shipped trace's name) needs no model and no torch; `--live` runs the engine on `blockviz run`'s
 scenario (or the --prompt given). What maps to what: blockviz/kvevents/mapping.py.
 """
@@ -28,8 +30,11 @@ def add_parser(subparsers) -> None:
                         help=f"where to bind the PUB socket (default {DEFAULT_ENDPOINT}; tcp://*:5557 for every interface)")
     parser.add_argument("--replay", metavar="ENDPOINT", help="where to bind the replay ROUTER, e.g. tcp://127.0.0.1:5558")
     parser.add_argument("--topic", default="kv-events", help="the topic frame (default kv-events)")
-    parser.add_argument("--array-shape", action="store_true",
-                        help="write vLLM <= 0.23's tagged arrays instead of maps, for consumers written for them")
+    parser.add_argument("--vllm-version", metavar="VERSION", default=_newest(),
+                        help=f"write what this vLLM release sends (default {_newest()}, the newest blockviz knows): "
+                             "0.26 and later put the topic in replay answers, 0.24 and 0.25 do not, 0.23 and "
+                             "earlier also write events as tagged arrays")
+    parser.add_argument("--array-shape", action="store_true", help="the same as --vllm-version 0.23")
     parser.add_argument("--rate", type=non_negative_number("--rate"), default=10.0, metavar="BATCHES_PER_S",
                         help="at most this many batches a second, so a person can watch (default 10; 0: no limit)")
     parser.add_argument("--wait-for-subscribers", type=_non_negative("--wait-for-subscribers"), default=1, metavar="N",
@@ -40,8 +45,15 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, **RUN_DEFAULTS)
 
 
+def _newest() -> str:
+    from blockviz.kvevents.protocol import NEWEST_RELEASE
+
+    return ".".join(map(str, NEWEST_RELEASE))
+
+
 def execute(args) -> int:
     from blockviz.kvevents.endpoints import check_endpoint
+    from blockviz.kvevents.protocol import wire_format_for
     from blockviz.kvevents.publishing import Progress
 
     if (args.trace is None) == (not args.live):
@@ -50,6 +62,7 @@ def execute(args) -> int:
         check_endpoint(args.endpoint, "--endpoint")
         if args.replay is not None:
             check_endpoint(args.replay, "--replay")
+        args.wire = wire_format_for("0.23" if args.array_shape else args.vllm_version)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     batches = _live_batches(args) if args.live else _trace_batches(args.trace)
@@ -93,7 +106,7 @@ def _bind(args):
     from blockviz.kvevents.publisher import KVEventPublisher
 
     try:
-        return KVEventPublisher(args.endpoint, args.replay, topic=args.topic, array_shape=args.array_shape)
+        return KVEventPublisher(args.endpoint, args.replay, topic=args.topic, wire=args.wire)
     except zmq.ZMQError as exc:
         raise UsageError(f"cannot bind {args.endpoint}{' or ' + args.replay if args.replay else ''}: {exc}") from None
 
@@ -105,7 +118,7 @@ def _publish(args, publisher, batches, progress) -> int:
     if args.wait_for_subscribers:
         progress.say(f"waiting for {args.wait_for_subscribers} subscriber(s) on {where}, topic {args.topic!r}")
         publisher.wait_for_subscribers(args.wait_for_subscribers)
-    progress.say(f"publishing on {where}")
+    progress.say(f"publishing on {where} in the wire format of {args.wire.releases}")
     try:
         publish_batches(publisher, batches, rate=args.rate, progress=progress)
         if args.exit_when_done or args.replay is None:

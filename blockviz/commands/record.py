@@ -7,7 +7,6 @@ blockviz/model/trace.py. Progress goes to stderr. The file appears only once the
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,8 @@ class Recording:
 
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
                  between_steps: Callable[[Any, int], None] | None = None,
-                 extra_header: dict[str, Any] | None = None, max_steps: int = 100_000) -> Recording:
+                 extra_header: dict[str, Any] | None = None, max_steps: int = 100_000,
+                 overwrite: bool = True) -> Recording:
     """Run `spec`'s requests to completion in an engine session (on `engine`, built from spec when
     None) and write the trace to `out`. `between_steps(session, steps_done)` may act on the
     engine through the session (add a request, fork, preempt); `extra_header` adds fields to the
@@ -37,7 +37,8 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
 
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
-    work left) raises and leaves no trace behind."""
+    work left) raises and leaves no trace behind. An existing `out` is replaced only if `overwrite`
+    (else a TraceError); the trace is fsync'ed before it is renamed into place."""
     from blockviz.model.trace import TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
     from blockviz.session.engine_session import EngineSession
@@ -45,9 +46,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     session = EngineSession(spec, engine=engine)
     header = make_header(session.header, **spec.run_header(), **(extra_header or {}))
     state = ReducerState.from_header(header)
-    out = Path(out)
-    partial = out.with_name(out.name + ".part")
-    writer = TraceWriter.open(partial, header)
+    writer = TraceWriter.create(out, header, overwrite=overwrite)
 
     def write(batch) -> None:
         writer.write_all(batch)
@@ -63,13 +62,11 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         if session.has_unfinished_requests():
             raise RuntimeError(f"the run had not finished after {max_steps} steps; no trace written")
     except BaseException:
-        writer.close()
-        partial.unlink(missing_ok=True)
+        writer.discard()
         raise
     finally:
         session.close()
-    writer.close()
-    os.replace(partial, out)
+    writer.commit()
     return Recording(header, writer.num_events, session.num_steps, state)
 
 
@@ -79,6 +76,7 @@ def add_parser(subparsers) -> None:
         description="Run the engine to completion with no UI and write every event to a JSON-lines "
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS
 
     # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
@@ -89,11 +87,13 @@ def add_parser(subparsers) -> None:
 def execute(args) -> int:
     from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
+    from blockviz.model.trace import TraceError, check_new_trace_path
+
     out = Path(args.out)
-    if out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a directory; give a file name such as trace.jsonl")
-    if not out.parent.exists():
-        raise UsageError(f"--out {str(out)!r}: directory {str(out.parent)!r} does not exist")
+    try:
+        check_new_trace_path(out, overwrite=args.force)  # before the model loads; again at the rename
+    except TraceError as exc:
+        raise UsageError(f"--out {exc}") from None
     spec = EngineSpec.from_args(args)
     spec.check_all()
     tty = sys.stderr.isatty()
@@ -109,8 +109,8 @@ def execute(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
     try:
-        recording = record_trace(spec, out, engine=engine, progress=progress)
-    except ValueError as exc:  # a prompt the engine refuses: nothing was run or written
+        recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force)
+    except ValueError as exc:  # a prompt the engine refuses, or --out taken meanwhile: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:
         if tty:

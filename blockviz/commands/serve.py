@@ -19,6 +19,7 @@ from pathlib import Path
 from blockviz.cli import OneLineParser, UsageError, _int_at_least
 
 SERVED = ("run", "replay")
+DEFAULT_MAX_VISITORS = {"replay": 30, "run": 4}  # a laptop: a replay app is light, a run holds an engine
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 DEVICE_CHECK_LIMIT_S = 300  # importing torch on a cold disk; a limit, not a measurement
 DEVICE_CHECK = ("import sys\nfrom blockviz.errors import UsageError\nfrom blockviz.session.spec import check_device\n"
@@ -26,10 +27,20 @@ DEVICE_CHECK = ("import sys\nfrom blockviz.errors import UsageError\nfrom blockv
 
 
 def _add_address_options(parser: argparse.ArgumentParser) -> None:
+    """The server's own options; they may come before or after the served command."""
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to listen on (default {DEFAULT_HOST}: this machine only); "
                              "--host 0.0.0.0 lets anyone on the LAN open it, with no password")
     parser.add_argument("--port", type=_int_at_least("--port", 1, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--max-visitors", type=_int_at_least("--max-visitors", 1), default=None, metavar="N",
+                        help=f"sessions at once, each an app process (default {DEFAULT_MAX_VISITORS['replay']} "
+                             f"for replay, {DEFAULT_MAX_VISITORS['run']} for run); later visitors are told to wait")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                        help="let pages of this origin (e.g. https://course.example.org) open a session too; "
+                             "repeat it for several (default: only the page this server serves)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="answer to this host name too (e.g. speaker.lan); by default only this "
+                             "machine's addresses, localhost and its host name")
 
 
 def add_parser(subparsers) -> None:
@@ -51,7 +62,7 @@ def split_command(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """--host/--port given after the served command, taken out of it: (address options, the rest)."""
     parser = OneLineParser(prog="blockviz serve", add_help=False, allow_abbrev=False)
     _add_address_options(parser)
-    parser.set_defaults(host=None, port=None)
+    parser.set_defaults(host=None, port=None, max_visitors=None)
     return parser.parse_known_args(argv)
 
 
@@ -98,8 +109,9 @@ def use_this_blockviz() -> None:
         os.environ["PYTHONPATH"] = root + (os.pathsep + paths if paths else "")
 
 
-def print_ready(argv: list[str], host: str, found_urls: list[str]) -> None:
-    print(f"blockviz serve: `blockviz {shlex.join(argv)}`, one app process per visitor")
+def print_ready(argv: list[str], host: str, found_urls: list[str], max_visitors: int) -> None:
+    print(f"blockviz serve: `blockviz {shlex.join(argv)}`, one app process per visitor, "
+          f"{max_visitors} at once (--max-visitors)")
     print(f"  open {found_urls[0]}" + "".join(f"\n  or   {url}" for url in found_urls[1:]))
     if host in ("127.0.0.1", "localhost", "::1"):
         print("  only this machine can connect; --host 0.0.0.0 opens it to the LAN")
@@ -118,8 +130,11 @@ def execute(args) -> int:
     problem = check_port_free(host, port)
     if problem:
         raise UsageError(problem)
+    max_visitors = address.max_visitors or args.max_visitors or DEFAULT_MAX_VISITORS[argv[0]]
     server = BlockvizServer(visitor_command(argv), title=f"blockviz {shlex.join(argv)}", host=host, port=port,
-                            on_ready=lambda found: print_ready(argv, host, found))
+                            on_ready=lambda found: print_ready(argv, host, found, max_visitors),
+                            max_visitors=max_visitors, allow_origins=args.allow_origin + address.allow_origin,
+                            allow_hosts=args.allow_host + address.allow_host)
     try:
         server.serve()
     except OSError as exc:  # the port taken between the check and the bind

@@ -16,7 +16,8 @@ from typing import Any
 
 from blockviz.model.explain import EVICTED
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
-from blockviz.model.palette import describe, event_number, short_hash, show_token
+from blockviz.model.narration import describe
+from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.reducer import ReducerState
 
 MAX_LEDGER_ROWS = 200  # preemptions listed (the newest; the totals count them all)

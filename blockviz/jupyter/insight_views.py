@@ -27,16 +27,14 @@ TITLES = ("Prefix lookup (why it hit or missed)", "Preemption ledger", "Memory: 
 INSIGHT_PARTS = ("explain", "ledger", "memory")
 
 
-def event_kinds(kinds: str | Iterable[str]) -> frozenset[str]:
-    """One event kind, a comma-separated list, or an iterable of kinds, checked against the
-    engine's event types (a ValueError names the unknown one and lists them all)."""
-    names = kinds.split(",") if isinstance(kinds, str) else list(kinds)
-    found = frozenset(name.strip() for name in names if name.strip())
-    unknown = sorted(found - set(ev.EVENT_TYPES))
-    if unknown or not found:
-        raise ValueError(f"unknown event type {', '.join(map(repr, unknown)) or '(none given)'}: one of "
-                         f"{', '.join(sorted(ev.EVENT_TYPES))}")
-    return found
+def event_kinds(kinds: str | Iterable[str] | Iterable[type[ev.Event]]) -> frozenset[type[ev.Event]]:
+    """The event records named by `kinds` (engine.events.event_classes: one kind, a comma-separated
+    list or an iterable of kinds), or `kinds` itself when it already holds records."""
+    if not isinstance(kinds, str):
+        kinds = list(kinds)
+        if kinds and all(isinstance(kind, type) for kind in kinds):
+            return frozenset(kinds)
+    return ev.event_classes(kinds)
 
 
 class InsightPanel:
@@ -79,7 +77,7 @@ class InsightPanel:
         position = timeline.position
         if names:
             self.insights.sync(timeline.events)  # only the events it has not seen
-        out: dict[str, Any] = {"breaks": {"on": sorted(viz.player.break_on), "message": self.break_message}}
+        out: dict[str, Any] = {"breaks": {"on": ev.kind_names(viz.player.break_on), "message": self.break_message}}
         if "explain" in names:
             out["explain"] = explain_part(self.insights, position, self.request_to_explain(), timeline.events,
                                           timeline.token_texts)
@@ -130,7 +128,7 @@ class InsightPanel:
             viz._changed()
             return None
         event = viz.back_to(kinds) if direction == "previous" else viz.run_until(kinds)
-        names = ", ".join(sorted(kinds))
+        names = ", ".join(ev.kind_names(kinds))
         if event is None:
             self.break_message = f"no earlier {names}" if direction == "previous" else f"no later {names}: at the end"
         else:

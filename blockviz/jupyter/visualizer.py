@@ -371,7 +371,8 @@ class Visualizer(LiveCommands):
         """The whole frame at the cursor: snapshot() plus the event log and the cursor line."""
         with self._lock:
             timeline = self.timeline
-            snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected)
+            snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected,
+                            vocab=timeline.token_texts)
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
                                              timeline.token_texts)}

@@ -18,7 +18,9 @@ import anywidget
 import traitlets
 
 from blockviz.model.player import SPEEDS
-from blockviz.model.palette import CPU_TINTS, FILTERS, SEQ_COLOURS
+from blockviz.model.narration import FILTERS
+from blockviz.model.palette import CPU_TINTS, SEQ_COLOURS
+from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
 # One ES module: insights.js and pool_canvas.js use blockviz.js's helpers, blockviz.js their renderers.
@@ -172,8 +174,8 @@ class MemoryView(_InsightView):
     parts = ("memory",)
 
 
-BREAK_KINDS = ("copy_on_write", "prefix_cache_hit", "fork", "swap_out", "swap_in", "preempted", "block_evicted",
-               "sequence_finished", "step_finished")
+BREAK_KINDS = tuple(cls.type for cls in (ev.CopyOnWrite, ev.PrefixCacheHit, ev.Forked, ev.SwappedOut, ev.SwappedIn,
+                                         ev.Preempted, ev.BlockEvicted, ev.SequenceFinished, ev.StepFinished))
 
 
 class BreakpointsView(_View):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]+)$")
@@ -18,6 +19,12 @@ def check_endpoint(text: str, option: str, *, ranks: int = 1) -> str:
     match = _TCP.match(text)
     if match is None:
         raise ValueError(f"{option} must look like tcp://HOST:PORT (or ipc://PATH), got {text!r}")
+    host = match["host"]
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{option}: {host} is not an IPv6 address") from None
     port = int(match["port"])
     if not 1 <= port <= 65535 - (ranks - 1):
         top = 65535 - (ranks - 1)
@@ -42,3 +49,25 @@ def offset_port(endpoint: str, rank: int) -> str:
 def connect_address(endpoint: str) -> str:
     """Where a client connects to reach a publisher bound on `endpoint` (`*` means this machine)."""
     return endpoint.replace("tcp://*:", "tcp://127.0.0.1:", 1)
+
+
+def is_ipv6(endpoint: str) -> bool:
+    """Whether `endpoint` names an IPv6 address (`tcp://[::1]:5557`): a ZMQ socket binds or
+    connects there only with its IPV6 option set (`zmq_socket(zmq.IPV6, 1)`)."""
+    return endpoint.startswith("tcp://[")
+
+
+def open_socket(context, kind: int, endpoint: str, *, bind: bool):
+    """A ZMQ socket of `kind` bound to, or connected to, `endpoint` (IPv6 enabled when it needs it);
+    closed again if that fails."""
+    import zmq
+
+    sock = context.socket(kind)
+    try:
+        if is_ipv6(endpoint):
+            sock.setsockopt(zmq.IPV6, 1)
+        (sock.bind if bind else sock.connect)(endpoint)
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
+    return sock

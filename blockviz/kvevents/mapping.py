@@ -6,15 +6,16 @@ life, so each event maps as follows.
 
 | blockviz event (engine/events.py)              | vLLM event                                      |
 |------------------------------------------------|-------------------------------------------------|
-| block_hashed, registered, on the GPU           | BlockStored([hash], parent hash, tokens, size)  |
+| block_hashed, registered, on the GPU           | BlockStored([hash], parent hash, tokens, size,  |
+|                                                |   "GPU", group 0, "full_attention")             |
 | block_hashed, not registered (an equal block   | nothing: the hash is already stored once, and  |
 |   is in the hash map already)                  |   this copy never enters the map               |
 | block_hashed after swap_in (parent unknown)    | BlockStored, parent taken from an earlier store |
 | prefix_cache_hit (a hit, or a free-but-cached  | nothing: vLLM publishes no hits; the block     |
 |   block revived)                               |   was stored before and stays stored           |
 | block_freed to free-but-cached (ref 0, cached) | nothing: the block stays in the cache          |
-| block_evicted (LRU eviction of a cached block) | BlockRemoved([hash], "GPU")                    |
-| block_freed, ref 0, not cached, of a registered| BlockRemoved([hash], "GPU"): the block left    |
+| block_evicted (LRU eviction of a cached block) | BlockRemoved([hash], "GPU", group 0)           |
+| block_freed, ref 0, not cached, of a registered| BlockRemoved([hash], ...): the block left      |
 |   block (freed before its K/V was computed)    |   the hash map without an eviction event       |
 | allocate, append, fork, copy-on-write, swap,   | nothing: physical blocks, tables and ref counts |
 |   preemption, tokens, steps                    |   are not part of vLLM's protocol              |
@@ -23,7 +24,11 @@ Batches: vLLM publishes one EventBatch per engine step, and only when the step p
 Within a step, a BlockStored whose parent is the previous BlockStored's last hash joins it (one
 event, several hashes, their tokens in order), as vLLM stores one request's new full blocks at once.
 blockviz never drops its whole cache, so it never sends AllBlocksCleared. Hashes are blockviz's
-xxh64 ints, masked to their low 64 bits as vLLM's int hashes are.
+xxh64 ints, masked to their low 64 bits as vLLM's int hashes are. blockviz's model has one
+KV-cache group of full attention, so every event names group 0 and BlockStored its kind, as vLLM's
+KVCacheManager.take_events annotates them. The other newest fields stay unset, as vLLM's own GPU
+pool leaves them: `locality` (blockviz's blocks are the publisher's own), `ownership` (no
+offloading tier), `session_id` (blockviz's requests belong to no API session).
 
 No torch, no zmq: this reads engine events (it is an EventBus subscriber) and returns records.
 """
@@ -32,10 +37,13 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from blockviz.kvevents.protocol import MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
+import msgspec
+
+from blockviz.kvevents.protocol import KIND_FULL_ATTENTION, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, StepFinished
 
 LOW_64_BITS = (1 << 64) - 1
+GROUP = 0  # blockviz's one KV-cache group
 
 
 def external_hash(block_hash: int) -> int:
@@ -74,13 +82,14 @@ class KVEventMapper:
         self.registered[event.block] = event.block_hash
         self.pending.append(BlockStored(
             (external_hash(event.block_hash),), None if parent is None else external_hash(parent),
-            tuple(event.token_ids), self.block_size, medium=MEDIUM_GPU))
+            tuple(event.token_ids), self.block_size, medium=MEDIUM_GPU, group_idx=GROUP,
+            kv_cache_spec_kind=KIND_FULL_ATTENTION))
 
     def _remove(self, device: str, block: int) -> None:
         if device != "gpu" or block not in self.registered:
             return
         block_hash = self.registered.pop(block)
-        self.pending.append(BlockRemoved((external_hash(block_hash),), medium=MEDIUM_GPU))
+        self.pending.append(BlockRemoved((external_hash(block_hash),), medium=MEDIUM_GPU, group_idx=GROUP))
 
     def take_events(self) -> list[KVCacheEvent]:
         """The events since the last call, chained stores merged; empties `pending`."""
@@ -89,14 +98,17 @@ class KVEventMapper:
 
 
 def merge_chained_stores(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
-    """Consecutive BlockStored events where each continues the previous one's chain become one."""
+    """Consecutive BlockStored events where each continues the previous one's chain (and agrees
+    on every other field: block size, tier, group) become one."""
     out: list[KVCacheEvent] = []
     for event in events:
         last = out[-1] if out else None
         if (isinstance(event, BlockStored) and isinstance(last, BlockStored)
-                and event.parent_block_hash == last.block_hashes[-1] and event.block_size == last.block_size):
-            out[-1] = BlockStored(last.block_hashes + event.block_hashes, last.parent_block_hash,
-                                  last.token_ids + event.token_ids, last.block_size, medium=last.medium)
+                and event.parent_block_hash == last.block_hashes[-1]
+                and msgspec.structs.replace(event, block_hashes=(), parent_block_hash=None, token_ids=())
+                == msgspec.structs.replace(last, block_hashes=(), parent_block_hash=None, token_ids=())):
+            out[-1] = msgspec.structs.replace(last, block_hashes=last.block_hashes + event.block_hashes,
+                                              token_ids=last.token_ids + event.token_ids)
         else:
             out.append(event)
     return out

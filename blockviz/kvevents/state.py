@@ -1,23 +1,56 @@
 """What vLLM told us: the state rebuilt from its KV-cache events alone (the model layer of
 `blockviz attach`; no textual, no zmq, no torch).
 
-vLLM's events say which hashed blocks entered and left its prefix cache, per data-parallel rank.
-From them: the hash-chain forest (each stored block under its parent, with its token ids), which
-blocks are cached now on each rank, stores and removals over time, and eviction churn. Nothing
-else: vLLM does not send physical block ids, block tables, ref counts, hits or preemptions, so
-those are `NotSent` values here, never guessed.
+vLLM's events say which hashed blocks entered and left its prefix cache, per data-parallel rank,
+and in which tier (`medium`: GPU, CPU, ...; `locality`: local or remote to the publisher). From
+them: the hash-chain forest (each stored block under its parent, with its token ids), which blocks
+are cached now where, stores and removals over time, eviction churn, and the wire format seen.
+Nothing else: vLLM does not send physical block ids, block tables, ref counts, hits or
+preemptions, so those are `NotSent` values here, never guessed.
+
+Memory is bounded for a session of any length: the forest keeps every block cached now plus the
+MAX_REMOVED_KEPT most recently removed ones (older removed blocks are forgotten); the store and
+removal log, the timeline, the gaps and the notices keep their newest entries only.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from blockviz.kvevents.protocol import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, UnknownEvent
+from blockviz.kvevents.protocol import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    WIRE_FORMATS,
+    UnknownEvent,
+    WireShape,
+    release_text,
+)
 from blockviz.kvevents.subscriber import ClientUpdate, Gap, Received
 
 NOT_SENT_BY_VLLM = "not sent by vLLM"
 MAX_TIMELINE = 10_000  # batches kept for the over-time view (the oldest go first)
+MAX_REMOVED_KEPT = 10_000  # removed blocks the forest still shows (the longest removed are forgotten)
+MAX_LOG = 100_000  # stores and removals kept in the log
+MAX_GAPS = 1_000  # gaps kept for the view (all are counted)
+MAX_NOTICES = 1_000  # notices kept for the view (all are counted)
+
+Tier = tuple[str, str | None]
+"""Where a cached block lives: (medium, locality), e.g. ("GPU", None) or ("CPU", "REMOTE")."""
+
+
+def tier_of(medium: str | None, locality: str | None) -> Tier:
+    """An event's tier; no medium (vLLM 0.9 sent none) is the GPU, where vLLM's own pool is."""
+    return (medium or MEDIUM_GPU, locality)
+
+
+def tier_label(tier: Tier) -> str:
+    """The medium, and the locality when one was sent: "GPU", "CPU remote"."""
+    medium, locality = tier
+    return medium if locality is None else f"{medium} {locality.lower()}"
 
 
 class NotSent:
@@ -47,25 +80,38 @@ NOT_SENT = (
 
 @dataclass(slots=True)
 class HashNode:
-    """One stored block, known by its hash: its parent, tokens, and the ranks caching it now."""
+    """One stored block, known by its hash: its parent, tokens, and where it is cached now
+    (a set of (rank, tier, KV-cache group))."""
 
     block_hash: BlockHash
     parent_hash: BlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
     medium: str | None
-    ranks: set[int] = field(default_factory=set)
+    places: set[tuple[int, Tier, int | None]] = field(default_factory=set)
     times_stored: int = 0
     times_removed: int = 0
+    session_id: str | None = None
 
     @property
     def cached(self) -> bool:
-        return bool(self.ranks)
+        return bool(self.places)
+
+    @property
+    def ranks(self) -> set[int]:
+        """The data-parallel ranks caching it now (in any tier)."""
+        return {rank for rank, _, _ in self.places}
+
+    @property
+    def tiers(self) -> set[Tier]:
+        """The tiers holding it now (on any rank)."""
+        return {tier for _, tier, _ in self.places}
 
 
 @dataclass(slots=True)
 class RankStats:
-    """Per data-parallel rank: cache size now, block stores and removals, batches seen."""
+    """Per data-parallel rank: cache size now (per tier too), block stores and removals, batches
+    seen, publisher restarts, and the wire shape its batches came in."""
 
     rank: int
     num_cached: int = 0
@@ -73,7 +119,11 @@ class RankStats:
     num_removed: int = 0
     num_cleared: int = 0
     num_batches: int = 0
+    num_restarts: int = 0
     last_seq: int = -1
+    cached_by_tier: dict[Tier, int] = field(default_factory=dict)
+    group_kinds: dict[int, str] = field(default_factory=dict)  # KV-cache group -> its spec kind
+    shape: WireShape | None = None
 
     @property
     def churn(self) -> float:
@@ -97,18 +147,25 @@ class TimelinePoint:
 class KVEventState:
     """The picture vLLM's events allow; feed it `apply_update(client.poll(...))` or `apply(received)`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_removed_kept: int = MAX_REMOVED_KEPT) -> None:
         self.nodes: dict[BlockHash, HashNode] = {}
-        self.children: dict[BlockHash | None, list[BlockHash]] = {}
-        self.cached: dict[int, set[BlockHash]] = {}  # rank -> hashes cached there now
+        self.children: dict[BlockHash | None, dict[BlockHash, None]] = {}  # parent -> children, in order
+        self.cached: dict[tuple[int, Tier, int | None], set[BlockHash]] = {}  # (rank, tier, group) -> hashes
+        self.removed: OrderedDict[BlockHash, None] = OrderedDict()  # nodes cached nowhere, oldest first
+        self.max_removed_kept = max_removed_kept
+        self.num_forgotten = 0  # removed nodes dropped from the forest to bound its size
         self.ranks: dict[int, RankStats] = {}
         self.timeline: deque[TimelinePoint] = deque(maxlen=MAX_TIMELINE)
-        self.log: list[tuple[str, int, BlockHash]] = []  # ("stored" | "removed", rank, hash), in order
-        self.gaps: list[Gap] = []
-        self.notices: list[str] = []
+        self.log: deque[tuple[str, int, BlockHash]] = deque(maxlen=MAX_LOG)  # ("stored" | "removed", rank, hash)
+        self.gaps: deque[Gap] = deque(maxlen=MAX_GAPS)
+        self.notices: deque[str] = deque(maxlen=MAX_NOTICES)
+        self.num_gaps = 0
+        self.num_notices = 0
+        self.num_lost_batches = 0  # batches missed and not recovered through replay
         self.num_batches = 0
         self.num_unknown_events = 0
         self.num_removed_unseen = 0  # removals of hashes whose store was never seen
+        self.replay_topic: bool | None = None  # whether replay answers carried a topic frame
 
     # ------------------------------------------------------------------ what vLLM does not send
 
@@ -123,77 +180,154 @@ class KVEventState:
     def apply_update(self, update: ClientUpdate) -> None:
         for received in update.received:
             self.apply(received)
-        self.gaps += update.gaps
-        self.notices += update.notices
+        for gap in update.gaps:
+            self.gaps.append(gap)
+            self.num_lost_batches += gap.num_lost
+        self.num_gaps += len(update.gaps)
+        self.notices.extend(update.notices)
+        self.num_notices += len(update.notices)
+        if update.replay_topic is not None:
+            self.replay_topic = update.replay_topic
 
     def apply(self, received: Received) -> None:
         """Apply one batch's events in order, for the rank that sent it."""
         rank = received.rank
         stats = self.ranks.setdefault(rank, RankStats(rank))
-        cached = self.cached.setdefault(rank, set())
+        if received.restarted:
+            self.reset_rank(rank)
+        if received.shape is not None:
+            stats.shape = received.shape
         stored = removed = 0
         for event in received.batch.events:
             if isinstance(event, BlockStored):
-                stored += self._store(event, rank, cached)
+                stored += self._store(event, rank)
             elif isinstance(event, BlockRemoved):
-                removed += self._remove(event.block_hashes, rank, cached)
+                removed += self._remove(event.block_hashes, rank, tier_of(event.medium, event.locality),
+                                        event.group_idx)
             elif isinstance(event, AllBlocksCleared):
-                removed += self._remove(tuple(cached), rank, cached)
+                removed += self._clear(rank)
                 stats.num_cleared += 1
             elif isinstance(event, UnknownEvent):
                 self.num_unknown_events += 1
         stats.num_stored += stored
         stats.num_removed += removed
-        stats.num_cached = len(cached)
+        self._count(stats)
         stats.num_batches += 1
-        stats.last_seq = max(stats.last_seq, received.seq)
+        if received.followed:
+            stats.last_seq = received.seq if received.restarted else max(stats.last_seq, received.seq)
         self.num_batches += 1
         self.timeline.append(TimelinePoint(rank, received.seq, received.batch.ts, stored, removed,
-                                           len(cached), received.replayed))
+                                           stats.num_cached, received.replayed))
+        self._forget_removed()
 
-    def _store(self, event: BlockStored, rank: int, cached: set[BlockHash]) -> int:
+    def reset_rank(self, rank: int) -> None:
+        """The rank's publisher restarted: what it cached before is gone (not counted as removals)."""
+        stats = self.ranks.setdefault(rank, RankStats(rank))
+        for place in [p for p in self.cached if p[0] == rank]:
+            for block_hash in self.cached.pop(place):
+                self._leave(block_hash, place)
+        stats.num_restarts += 1
+        stats.last_seq = -1
+        self._count(stats)
+
+    def _count(self, stats: RankStats) -> None:
+        by_tier: dict[Tier, int] = {}
+        for (rank, tier, _), hashes in self.cached.items():
+            if rank == stats.rank and hashes:
+                by_tier[tier] = by_tier.get(tier, 0) + len(hashes)
+        stats.cached_by_tier = by_tier
+        stats.num_cached = sum(by_tier.values())
+
+    def _store(self, event: BlockStored, rank: int) -> int:
+        place = (rank, tier_of(event.medium, event.locality), event.group_idx)
+        cached = self.cached.setdefault(place, set())
+        if event.group_idx is not None and event.kv_cache_spec_kind is not None:
+            self.ranks[rank].group_kinds[event.group_idx] = event.kv_cache_spec_kind
         for block_hash, parent, token_ids in event.blocks():
             node = self.nodes.get(block_hash)
             if node is None:
                 node = self.nodes[block_hash] = HashNode(block_hash, parent, token_ids, event.block_size, event.medium)
-                self.children.setdefault(parent, []).append(block_hash)
-            node.ranks.add(rank)
+                self.children.setdefault(parent, {})[block_hash] = None
+            node.places.add(place)
             node.times_stored += 1
+            node.session_id = event.session_id or node.session_id
+            self.removed.pop(block_hash, None)
             cached.add(block_hash)
             self.log.append(("stored", rank, block_hash))
         return len(event.block_hashes)
 
-    def _remove(self, hashes: tuple[BlockHash, ...], rank: int, cached: set[BlockHash]) -> int:
+    def _remove(self, hashes: tuple[BlockHash, ...], rank: int, tier: Tier, group: int | None) -> int:
+        place = (rank, tier, group)
+        cached = self.cached.get(place, set())
         for block_hash in hashes:
             node = self.nodes.get(block_hash)
             if node is None:
                 self.num_removed_unseen += 1
             else:
-                node.ranks.discard(rank)
                 node.times_removed += 1
             cached.discard(block_hash)
+            self._leave(block_hash, place)
             self.log.append(("removed", rank, block_hash))
         return len(hashes)
+
+    def _clear(self, rank: int) -> int:
+        """AllBlocksCleared: every tier of the rank (vLLM BlockPool.reset_prefix_cache)."""
+        removed = 0
+        for place in [p for p in self.cached if p[0] == rank]:
+            hashes = self.cached.pop(place)
+            for block_hash in hashes:
+                node = self.nodes.get(block_hash)
+                if node is not None:
+                    node.times_removed += 1
+                self._leave(block_hash, place)
+                self.log.append(("removed", rank, block_hash))
+            removed += len(hashes)
+        return removed
+
+    def _leave(self, block_hash: BlockHash, place: tuple[int, Tier, int | None]) -> None:
+        node = self.nodes.get(block_hash)
+        if node is None:
+            return
+        node.places.discard(place)
+        if not node.places:
+            self.removed[block_hash] = None
+            self.removed.move_to_end(block_hash)
+
+    def _forget_removed(self) -> None:
+        """Drop the longest-removed nodes beyond max_removed_kept (the forest stays bounded)."""
+        while len(self.removed) > self.max_removed_kept:
+            block_hash, _ = self.removed.popitem(last=False)
+            node = self.nodes.pop(block_hash)
+            siblings = self.children.get(node.parent_hash)
+            if siblings is not None:
+                siblings.pop(block_hash, None)
+                if not siblings and node.parent_hash not in self.nodes:
+                    del self.children[node.parent_hash]
+            if not self.children.get(block_hash):
+                self.children.pop(block_hash, None)
+            self.num_forgotten += 1
 
     # ------------------------------------------------------------------ queries
 
     @property
     def num_cached(self) -> int:
-        """Blocks cached now, summed over ranks."""
+        """Blocks cached now, summed over ranks and tiers."""
         return sum(len(hashes) for hashes in self.cached.values())
 
     def stored_hashes(self) -> set[BlockHash]:
+        """Hashes stored, as far back as the log goes."""
         return {h for kind, _, h in self.log if kind == "stored"}
 
     def removed_hashes(self) -> set[BlockHash]:
+        """Hashes removed, as far back as the log goes."""
         return {h for kind, _, h in self.log if kind == "removed"}
 
     def roots(self) -> list[BlockHash]:
-        """Hashes whose parent is None (a prompt's first block) or was never seen stored."""
+        """Hashes whose parent is None (a prompt's first block) or is not in the forest."""
         return [h for h, node in self.nodes.items() if node.parent_hash is None or node.parent_hash not in self.nodes]
 
     def children_of(self, block_hash: BlockHash) -> list[BlockHash]:
-        return self.children.get(block_hash, [])
+        return list(self.children.get(block_hash, ()))
 
     def chain_tokens(self, block_hash: BlockHash) -> tuple[int, ...]:
         """The token ids of the whole prefix ending with this block (as far as its parents are known)."""
@@ -205,6 +339,21 @@ class KVEventState:
         return tuple(t for chunk in reversed(chunks) for t in chunk)
 
     @property
-    def num_lost_batches(self) -> int:
-        """Batches missed and not recovered through replay."""
-        return sum(gap.num_lost for gap in self.gaps)
+    def shapes(self) -> set[WireShape]:
+        """The wire shapes batches came in, over all ranks."""
+        return {stats.shape for stats in self.ranks.values() if stats.shape is not None}
+
+    def wire_summary(self) -> str:
+        """What the wire said about the sender's vLLM: the batch shape, and the replay framing
+        once a replay answered ("vLLM 0.26 or later: array batch, map events, topic in replay")."""
+        shapes = self.shapes
+        if not shapes:
+            return "no batch yet"
+        if len(shapes) > 1:
+            return "mixed: " + "; ".join(sorted(shape.describe() for shape in shapes))
+        shape = next(iter(shapes))
+        if self.replay_topic is None or not shape.batch_array or shape.event_arrays is not False:
+            return shape.describe()
+        if self.replay_topic:
+            return f"vLLM {release_text(WIRE_FORMATS[2].first)} or later: array batch, map events, topic in replay"
+        return f"{WIRE_FORMATS[1].releases}: array batch, map events, no topic in replay"

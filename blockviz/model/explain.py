@@ -93,17 +93,16 @@ class Explainer:
 
     def feed(self, event: ev.Event, state: ReducerState) -> None:
         self._fed += 1
-        kind = event.type
-        if kind == "request_added":
+        if isinstance(event, ev.RequestAdded):
             self._pending[event.seq_ids[0]] = event
-        elif kind in ("block_allocated", "prefix_cache_hit") and event.logical_index == 0:
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
             for seq_id in event.seq_ids:
                 request = self._pending.pop(seq_id, None)
                 if request is not None:
                     explanation = _explain(request, seq_id, state, self._evicted_at, self.caching)
                     explanation.position = self._fed
                     self.explained.append(explanation)
-        elif kind == "block_evicted":
+        elif isinstance(event, ev.BlockEvicted):
             self._evicted_at[event.block_hash] = event.seq_no
 
 

@@ -17,6 +17,7 @@ import bisect
 from dataclasses import dataclass, replace
 
 from blockviz.model.reducer import USED, ReducerState
+from engine import events as ev
 
 
 @dataclass(slots=True)
@@ -53,23 +54,22 @@ class Ledger:
 
     def feed(self, event) -> None:
         self._fed += 1
-        kind = event.type
-        if kind == "step_started":
+        if isinstance(event, ev.StepStarted):
             self._step = event.step
             for seq_id in event.seq_ids:
                 entry = self._waiting.pop(seq_id, None)
                 if entry is not None and entry.resumed_step is None:
                     entry.resumed_step, entry.resumed_position = self._step, self._fed
-        elif kind == "preempted":
+        elif isinstance(event, ev.Preempted):
             self._preempted(event)
         self._window.append(event)
-        if kind == "step_finished":
+        if isinstance(event, ev.StepFinished):
             self._window = []
 
     def _preempted(self, event) -> None:
         seqs, window = set(event.seq_ids), self._window
-        swapped = [e for e in window if e.type == "swap_out" and e.request_id == event.request_id]
-        freed = {e.block for e in window if e.type == "block_freed" and e.device == "gpu" and e.seq_id in seqs}
+        swapped = [e for e in window if isinstance(e, ev.SwappedOut) and e.request_id == event.request_id]
+        freed = {e.block for e in window if isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in seqs}
         entry = Preemption(event.seq_no, self._step, event.request_id, event.seq_ids, event.mode, event.reason,
                            len(swapped[-1].mapping) if swapped else 0, len(freed), event.num_tokens_lost,
                            position=self._fed)
@@ -160,9 +160,9 @@ def max_tokens_of(events) -> dict[int, int]:
 
 def note_max_tokens(out: dict[int, int], event) -> None:
     """Keep `out` (seq_id -> max_tokens) up to date with one event."""
-    if event.type == "request_added":
+    if isinstance(event, ev.RequestAdded):
         out.update(dict.fromkeys(event.seq_ids, event.max_tokens))
-    elif event.type == "fork" and event.parent_seq_id in out:
+    elif isinstance(event, ev.Forked) and event.parent_seq_id in out:
         out[event.child_seq_id] = out[event.parent_seq_id]
 
 
@@ -210,7 +210,7 @@ class Insights:
             ledger.feed(event)
             self.fed += 1
             note_max_tokens(self.max_tokens, event)
-            if event.type == "step_finished":
+            if isinstance(event, ev.StepFinished):
                 truth = memory_truth(state, self.max_tokens)
                 gpu = truth.pools["gpu"]
                 self.series.append(MemoryPoint(event.step, self.fed, gpu.block_utilization, gpu.token_utilization,

@@ -1,21 +1,31 @@
-""""What just happened", in one plain sentence: the line a teacher reads out while the engine steps.
+"""Each event in words: one text per event, the line the log shows and the narration starts with.
 
-`narrate(event, state)` turns the event the cursor just passed, and the reducer's state after it,
-into a sentence that says what the block manager did and why it matters (a fork shares blocks, a
-copy-on-write gives a branch its own copy, a hit skips computation...). The event log keeps the
-terse form (blockviz.model.palette.describe); both views and the Jupyter widgets can show this.
-No textual import: a pure function, tested without a terminal.
+`describe(event)` words an event the way vLLM's code names what happened (allocate, append_slot,
+copy-on-write, fork, swap_out / swap_in, free, prefix-cache hit, evict); `narrate(event, state)` is
+the same text plus, where there is one, a sentence of what it means given the reducer's state right
+after it (a fork copies nothing, a hit skips computation, a freed block stays cached...): the line a
+teacher reads out while the engine steps. `FILTERS` are the log's named sets of event records.
+
+Dispatch is by the event's record class, in one registry per function (`_TEXTS`, `_MEANINGS`).
+No textual import: pure functions, tested without a terminal.
 """
 
 from __future__ import annotations
 
-from engine import events as ev
+from typing import Callable
+
+from blockviz.model.palette import short_hash, show_token
 from blockviz.model.reducer import ReducerState
+from engine import events as ev
 
 
-def _blocks(numbers) -> str:
-    numbers = list(numbers)
-    return ("block " if len(numbers) == 1 else "blocks ") + " ".join(str(n) for n in numbers)
+def plural(count: int, word: str) -> str:
+    """"1 block", "2 blocks"."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _ids(ids) -> str:
+    return ",".join(str(i) for i in ids)
 
 
 def _seqs(seq_ids) -> str:
@@ -23,126 +33,204 @@ def _seqs(seq_ids) -> str:
     return ("seq " if len(seq_ids) == 1 else "seqs ") + ", ".join(str(s) for s in seq_ids)
 
 
-def narrate(event: ev.Event | None, state: ReducerState) -> str:
-    """One sentence about `event`, given the state right after it ("" before the first event)."""
-    if event is None:
-        return ""
-    sentence = _SENTENCES.get(event.type)
-    return sentence(event, state) if sentence is not None else event.type.replace("_", " ")
+# ---------------------------------------------------------------------------------- the text
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
+def describe(event: ev.Event, vocab: dict[int, str] | None = None) -> str:
+    """One line of plain words for an event (the log's line; the narration starts with it).
+    `vocab` (token id -> text) words a slot's token."""
+    text = _TEXTS.get(type(event))
+    return text(event, vocab or {}) if text is not None else event.type.replace("_", " ")
 
 
-def _request(e, state):
-    many = f", {e.n} samples" if e.n > 1 else ""
-    return f"request {e.request_id} arrives: {len(e.prompt_token_ids)} prompt tokens{many}; it waits to be admitted"
+def _allocated(e: ev.BlockAllocated, vocab) -> str:
+    return (f"allocate {e.device} {e.block} → seq {_ids(e.seq_ids)} L{e.logical_index} "
+            f"ref {e.ref_count} ({plural(len(e.token_ids), 'token')})")
 
 
-def _allocated(e, state):
-    if e.ref_count > 1:
-        return (f"{_seqs(e.seq_ids)} get {e.device} block {e.block} together for logical block "
-                f"{e.logical_index} (ref {e.ref_count})")
-    return (f"seq {e.seq_ids[0]} gets {e.device} block {e.block} for logical block {e.logical_index}"
-            f" ({len(e.token_ids)}/{state.block_size} slots used)")
+def _hit(e: ev.PrefixCacheHit, vocab) -> str:
+    return (f"prefix-cache HIT {e.device} {e.block} #{short_hash(e.block_hash)} → seq {_ids(e.seq_ids)} "
+            f"L{e.logical_index} ref {e.ref_count}")
 
 
-def _hit(e, state):
-    return (f"prefix-cache hit: {_seqs(e.seq_ids)} reuse block {e.block} for logical block "
-            f"{e.logical_index}, same tokens and same parent hash, now ref {e.ref_count}: "
-            f"{len(e.token_ids)} tokens not computed again")
+def _hashed(e: ev.BlockHashed, vocab) -> str:
+    parent = f"#{short_hash(e.parent_hash)}" if e.parent_hash is not None else "root"
+    return (f"hash {e.device} {e.block} #{short_hash(e.block_hash)} ← {parent}"
+            + ("" if e.registered else " (duplicate: map unchanged)"))
 
 
-def _hashed(e, state):
-    if not e.registered:
-        return f"block {e.block} is full; an equal block is already in the hash map, so the map is unchanged"
-    parent = "no parent (first block)" if e.parent_hash is None else "its parent's hash"
-    return f"block {e.block} is full: hashed over {parent} and its tokens, now findable by later prompts"
+def _slot(e: ev.SlotAppended, vocab) -> str:
+    piece = show_token(vocab.get(e.token_id, f"<{e.token_id}>"))
+    return f"append_slot seq {e.seq_id} L{e.logical_index} → {e.device} {e.block}[{e.offset}] '{piece}'"
 
 
-def _slot(e, state):
-    full = " (block now full)" if e.offset + 1 == state.block_size else ""
-    return f"seq {e.seq_id}'s new token goes into slot {e.offset} of block {e.block} ({e.offset + 1}/{state.block_size}){full}"
+def _cow(e: ev.CopyOnWrite, vocab) -> str:
+    return (f"copy-on-write seq {e.seq_id} L{e.logical_index}: {e.device} {e.src_block} → "
+            f"{e.device} {e.dst_block} (src ref {e.src_ref_count})")
 
 
-def _cow(e, state):
-    return (f"copy-on-write: seq {e.seq_id} writes into block {e.src_block}, shared with "
-            f"{_plural(e.src_ref_count, 'other sequence')}: its {len(e.token_ids)} tokens are copied "
-            f"to block {e.dst_block}, which seq {e.seq_id} owns alone")
+def _fork(e: ev.Forked, vocab) -> str:
+    return f"fork seq {e.parent_seq_id} → seq {e.child_seq_id} shares {e.device} {_ids(e.blocks)}"
 
 
-def _fork(e, state):
-    refs = sorted({state.block(e.device, b).ref_count for b in e.blocks})
-    ref = f" (ref {refs[0]})" if len(refs) == 1 else ""
-    return f"seq {e.child_seq_id} forked from seq {e.parent_seq_id}: {_blocks(e.blocks)} now shared{ref}, nothing copied"
-
-
-def _swap(e, state):
+def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab) -> str:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
     pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
-    if e.type == "swap_out":
-        return (f"swap out request {e.request_id}: {_plural(len(e.mapping), 'block')} copied GPU to CPU "
-                f"({pairs}), the GPU blocks freed")
-    return f"swap in request {e.request_id}: {_plural(len(e.mapping), 'block')} copied back CPU to GPU ({pairs})"
+    return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}"
 
 
-def _freed(e, state):
-    if e.ref_count > 0:
-        return f"seq {e.seq_id} lets go of block {e.block}; {_plural(e.ref_count, 'other reference')} keep it"
-    if e.cached:
-        return f"block {e.block} is free but stays in the prefix cache: a later prompt can revive it"
-    return f"block {e.block} is free again"
+def _freed(e: ev.BlockFreed, vocab) -> str:
+    left = "free-but-cached" if e.cached and e.ref_count == 0 else ("free" if e.ref_count == 0 else "kept")
+    return f"free {e.device} {e.block} by seq {e.seq_id}: ref {e.ref_count} ({left})"
 
 
-def _step(e, state):
-    what = "prefill (whole prompts)" if e.kind == "prefill" else "decode (one token each)"
-    return f"step {e.step}: {what} for {_seqs(e.seq_ids)}, {e.num_tokens} tokens through the model"
+def _request(e: ev.RequestAdded, vocab) -> str:
+    prompt = show_token(e.prompt)[:40]
+    return (f"request {e.request_id} added: '{prompt}' ({plural(len(e.prompt_token_ids), 'token')}, "
+            f"seq {_ids(e.seq_ids)}, n {e.n}, max {e.max_tokens})")
 
 
-def _scheduled(e, state):
+def _preempted(e: ev.Preempted, vocab) -> str:
+    return (f"PREEMPT req {e.request_id} seq {_ids(e.seq_ids)} by {e.mode}: {e.reason}"
+            + (f" ({e.num_tokens_lost} tokens to recompute)" if e.num_tokens_lost else ""))
+
+
+def _scheduled(e: ev.TokensScheduled, vocab) -> str:
     parts = []
     for seq_id, done, new, total in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens):
-        if done + new < total:
-            parts.append(f"seq {seq_id} a prefill chunk of {new} (tokens {done}-{done + new - 1} of {total})")
-        elif done == total - 1 and new == 1:
-            parts.append(f"seq {seq_id} 1 (decode)")
-        else:
-            parts.append(f"seq {seq_id} {new} (the rest of its prompt)")
-    return f"step {e.step} spends its token budget: " + "; ".join(parts)
+        kind = "chunk" if done + new < total else "decode" if (done, new) == (total - 1, 1) else "prefill"
+        parts.append(f"seq {seq_id} {done}+{new}/{total} {kind}")
+    return f"step {e.step} schedules " + ", ".join(parts)
 
 
-def _preempted(e, state):
+_TEXTS: dict[type[ev.Event], Callable[..., str]] = {
+    ev.BlockAllocated: _allocated,
+    ev.PrefixCacheHit: _hit,
+    ev.BlockHashed: _hashed,
+    ev.SlotAppended: _slot,
+    ev.CopyOnWrite: _cow,
+    ev.Forked: _fork,
+    ev.SwappedOut: _swap,
+    ev.SwappedIn: _swap,
+    ev.BlockFreed: _freed,
+    ev.SequenceFreed: lambda e, vocab: f"seq {e.seq_id}: block table freed",
+    ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
+    ev.RequestAdded: _request,
+    ev.StepStarted: lambda e, vocab: f"step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
+    ev.TokensScheduled: _scheduled,
+    ev.TokenGenerated: lambda e, vocab: f"seq {e.seq_id} sampled '{show_token(e.text)}' at position {e.position}",
+    ev.Preempted: _preempted,
+    ev.SequenceFinished: lambda e, vocab: f"seq {e.seq_id} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+    ev.KVDigest: lambda e, vocab: f"K/V digest {e.device} {e.block} = {e.digest}",
+    ev.StepFinished: lambda e, vocab: f"step {e.step} {e.kind} done ({plural(e.num_tokens, 'token')})",
+}
+
+
+# ---------------------------------------------------------------------------------- the meaning
+
+
+def narrate(event: ev.Event | None, state: ReducerState, vocab: dict[int, str] | None = None) -> str:
+    """The event's text (`describe`) and, where there is one, what it means given the state right
+    after it ("" before the first event)."""
+    if event is None:
+        return ""
+    text = describe(event, vocab or {})
+    meaning = _MEANINGS.get(type(event))
+    sentence = meaning(event, state) if meaning is not None else ""
+    return f"{text}: {sentence}" if sentence else text
+
+
+def _allocated_means(e: ev.BlockAllocated, state: ReducerState) -> str:
+    if e.ref_count > 1:
+        return f"{_seqs(e.seq_ids)} share it from the start"
+    return f"{len(e.token_ids)}/{state.block_size} slots used"
+
+
+def _hit_means(e: ev.PrefixCacheHit, state: ReducerState) -> str:
+    return (f"same tokens and same parent hash, so {plural(len(e.token_ids), 'token')} "
+            f"{'is' if len(e.token_ids) == 1 else 'are'} not computed again")
+
+
+def _hashed_means(e: ev.BlockHashed, state: ReducerState) -> str:
+    if not e.registered:
+        return "an equal block is already in the hash map"
+    return "the block is full, now findable by later prompts"
+
+
+def _slot_means(e: ev.SlotAppended, state: ReducerState) -> str:
+    full = ", the block is now full" if e.offset + 1 == state.block_size else ""
+    return f"slot {e.offset + 1} of {state.block_size}{full}"
+
+
+def _cow_means(e: ev.CopyOnWrite, state: ReducerState) -> str:
+    copied = "was" if len(e.token_ids) == 1 else "were"
+    return (f"seq {e.seq_id} was about to write into a block it shared, so its "
+            f"{plural(len(e.token_ids), 'token')} {copied} copied to block {e.dst_block}, which it owns alone; "
+            f"block {e.src_block} keeps {plural(e.src_ref_count, 'other reference')}")
+
+
+def _fork_means(e: ev.Forked, state: ReducerState) -> str:
+    refs = sorted({state.block(e.device, b).ref_count for b in e.blocks})
+    ref = f" (ref {refs[0]})" if len(refs) == 1 else ""
+    return f"nothing copied, every block now shared{ref}"
+
+
+def _freed_means(e: ev.BlockFreed, state: ReducerState) -> str:
+    if e.ref_count > 0:
+        return f"{plural(e.ref_count, 'other reference')} {'keeps' if e.ref_count == 1 else 'keep'} it"
+    if e.cached:
+        return "it stays in the prefix cache: a later prompt can revive it"
+    return ""
+
+
+def _scheduled_means(e: ev.TokensScheduled, state: ReducerState) -> str:
+    chunks = [seq_id for seq_id, done, new, total in
+              zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens) if done + new < total]
+    if not chunks:
+        return "one token budget, every sequence gets all it needs"
+    return f"one token budget: {_seqs(chunks)} prefill a chunk now and the rest in later steps"
+
+
+def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
     if e.mode == "swap":
-        cost = "its blocks go to the CPU pool and come back later"
-    else:
-        cost = f"its blocks are freed and {e.num_tokens_lost} tokens must be computed again"
-    return f"preempted request {e.request_id} ({e.reason}): {cost}"
+        return "its blocks go to the CPU pool and come back later"
+    return f"its blocks are freed and {plural(e.num_tokens_lost, 'token')} must be computed again"
 
 
-def _step_finished(e, state):
-    return f"step {e.step} done: {state.num_used('gpu')} of {len(state.pools['gpu'])} GPU blocks in use"
+_MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
+    ev.RequestAdded: lambda e, state: "it waits to be admitted",
+    ev.BlockAllocated: _allocated_means,
+    ev.PrefixCacheHit: _hit_means,
+    ev.BlockHashed: _hashed_means,
+    ev.SlotAppended: _slot_means,
+    ev.CopyOnWrite: _cow_means,
+    ev.Forked: _fork_means,
+    ev.SwappedOut: lambda e, state: "the request's K/V copied to the CPU pool",
+    ev.SwappedIn: lambda e, state: "the request's K/V copied back to the GPU pool",
+    ev.BlockFreed: _freed_means,
+    ev.BlockEvicted: lambda e, state: "the least recently used cached block, its hash forgotten, to make room",
+    ev.StepStarted: lambda e, state: ("whole prompts through the model" if e.kind == "prefill"
+                                      else "one new token for each sequence"),
+    ev.Preempted: _preempted_means,
+    ev.TokensScheduled: _scheduled_means,
+    ev.KVDigest: lambda e, state: "a fingerprint of the real tensors",
+    ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')} of {len(state.pools['gpu'])} "
+                                       f"GPU blocks in use"),
+}
 
 
-_SENTENCES = {
-    "request_added": _request,
-    "block_allocated": _allocated,
-    "prefix_cache_hit": _hit,
-    "block_hashed": _hashed,
-    "slot_appended": _slot,
-    "copy_on_write": _cow,
-    "fork": _fork,
-    "swap_out": _swap,
-    "swap_in": _swap,
-    "block_freed": _freed,
-    "sequence_freed": lambda e, state: f"seq {e.seq_id} finished with its block table",
-    "block_evicted": lambda e, state: (f"evicted block {e.block}: the least recently used cached block, "
-                                       f"its hash forgotten, to make room"),
-    "step_started": _step,
-    "token_generated": lambda e, state: f"seq {e.seq_id} sampled {e.text!r}",
-    "tokens_scheduled": _scheduled,
-    "preempted": _preempted,
-    "sequence_finished": lambda e, state: f"seq {e.seq_id} finished: {e.detail or e.reason}",
-    "kv_digest": lambda e, state: (f"K/V digest of {e.device} block {e.block}: {e.digest} "
-                                   f"(a fingerprint of the real tensors)"),
-    "step_finished": _step_finished,
+# ---------------------------------------------------------------------------------- the log's filters
+
+MEMORY = frozenset({ev.BlockAllocated, ev.PrefixCacheHit, ev.BlockHashed, ev.SlotAppended, ev.CopyOnWrite,
+                    ev.Forked, ev.SwappedOut, ev.SwappedIn, ev.BlockFreed, ev.SequenceFreed, ev.BlockEvicted})
+FILTERS: dict[str, frozenset[type[ev.Event]] | None] = {
+    "all events": None,
+    "no slots/tokens/digests": frozenset(ev.EVENT_TYPES.values()) - {ev.SlotAppended, ev.TokenGenerated, ev.KVDigest},
+    "memory (block manager)": MEMORY,
+    "sharing: fork, CoW, hits": frozenset({ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.BlockHashed,
+                                           ev.BlockEvicted}),
+    "swap & preemption": frozenset({ev.SwappedOut, ev.SwappedIn, ev.Preempted, ev.KVDigest}),
+    "requests & steps": frozenset({ev.RequestAdded, ev.StepStarted, ev.StepFinished, ev.SequenceFinished,
+                                   ev.Preempted}),
+    **{kind: frozenset({cls}) for kind, cls in ev.EVENT_TYPES.items()},
 }

@@ -41,7 +41,7 @@ class Player:
         self.lookahead = lookahead
         self.pending: Pending | None = None
         self.finished = False  # a live engine said it has nothing left to run
-        self.break_on: frozenset[str] = frozenset()  # event kinds playback stops at (breakpoints)
+        self.break_on: frozenset[type[ev.Event]] = frozenset()  # event records playback stops at (breakpoints)
         self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
         self._budget = 0.0
 

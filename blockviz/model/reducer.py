@@ -132,6 +132,11 @@ class ReducerState:
             return 0.0
         return sum(len(b.token_ids) for b in used) / (len(used) * self.block_size)
 
+    def size(self) -> int:
+        """How many items a snapshot of this state holds: blocks, sequences' tokens, requests."""
+        return (sum(map(len, self.pools.values())) + sum(len(seq.token_ids) for seq in self.seqs.values())
+                + len(self.requests) + len(self.parent_hashes))
+
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
 

@@ -1,7 +1,8 @@
 """Time travel over an event stream: a cursor into the events, and the reducer state at the cursor.
 
-`Timeline` keeps every event it was given, a reducer snapshot every `snapshot_every` events, and the
-state at `position` (the number of events applied). Seeking forward applies events; seeking back
+`Timeline` keeps every event it was given, reducer snapshots spaced by at least `snapshot_every`
+events (and by the state's size: see `_take_snapshot`), and the state at `position` (the number of
+events applied). Seeking forward applies events; seeking back
 restores the nearest snapshot at or before the target and replays from there, so stepping back N
 events and forward N again lands on exactly the same state.
 
@@ -20,16 +21,6 @@ from blockviz.model.reducer import ReducerState
 SNAPSHOT_EVERY = 256
 
 
-def parse_break_on(text: str) -> frozenset[str]:
-    """Event kinds from a comma-separated list ("copy_on_write,swap_out"); a ValueError names an
-    unknown one and lists the kinds."""
-    kinds = frozenset(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(kinds - set(ev.EVENT_TYPES))
-    if unknown:
-        raise ValueError(f"unknown event kind {', '.join(unknown)}: the kinds are {', '.join(sorted(ev.EVENT_TYPES))}")
-    return kinds
-
-
 def state_equal(a: ReducerState, b: ReducerState) -> bool:
     """Two reducer states hold the same picture (every attribute equal)."""
     return vars(a) == vars(b)
@@ -40,6 +31,7 @@ class Timeline:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  snapshot_every: int | None = None) -> None:
+        self._spaced_by_size = snapshot_every is None  # a given spacing is kept exactly (tests)
         if snapshot_every is None:
             # A snapshot costs about a pool's worth of work and replaying an event far less: one
             # snapshot per four pools' worth of events keeps snapshots cheap per event while a seek
@@ -54,7 +46,10 @@ class Timeline:
         self.events: list[ev.Event] = []
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
         self.position = 0
-        self._snapshots: dict[int, tuple] = {0: self.state.freeze()}  # position -> ReducerState.freeze()
+        self._snapshots: dict[int, tuple] = {}  # position -> ReducerState.freeze()
+        self._snapshot_at: list[int] = []  # the positions of the snapshots, in order
+        self._next_snapshot = 0
+        self._take_snapshot(0)
         self.step_ends: list[int] = []  # positions just after each step_finished
         self._step_stats: list[tuple[int, float]] = []  # (tokens generated, duration_s) per step
         self._tokens_since_step = 0
@@ -82,17 +77,22 @@ class Timeline:
         """Add events at the end (the cursor does not move)."""
         for event in events:
             self.events.append(event)
-            kind = event.type
-            if kind == "step_finished":
-                self.step_ends.append(len(self.events))
-                self._step_stats.append((self._tokens_since_step, event.duration_s))
-                self._tokens_since_step = 0
-            elif kind == "token_generated":
-                self._tokens_since_step += 1
-                self.token_texts.setdefault(event.token_id, event.text)
-            elif kind == "request_added":
-                for token_id, text in zip(event.prompt_token_ids, event.prompt_tokens_text):
-                    self.token_texts.setdefault(token_id, text)
+            note = _NOTES.get(type(event))
+            if note is not None:
+                note(self, event)
+
+    def _step_finished(self, event: ev.StepFinished) -> None:
+        self.step_ends.append(len(self.events))
+        self._step_stats.append((self._tokens_since_step, event.duration_s))
+        self._tokens_since_step = 0
+
+    def _token_generated(self, event: ev.TokenGenerated) -> None:
+        self._tokens_since_step += 1
+        self.token_texts.setdefault(event.token_id, event.text)
+
+    def _request_added(self, event: ev.RequestAdded) -> None:
+        for token_id, text in zip(event.prompt_token_ids, event.prompt_tokens_text):
+            self.token_texts.setdefault(token_id, text)
 
     def seek(self, position: int) -> bool:
         """Move the cursor to `position` (clamped to [0, len]); returns whether it moved."""
@@ -100,21 +100,33 @@ class Timeline:
         if position == self.position:
             return False
         if position < self.position:
-            base = position - position % self.snapshot_every
-            while base not in self._snapshots:  # only possible for positions never reached
-                base -= self.snapshot_every
+            index = bisect.bisect_right(self._snapshot_at, position) - 1
+            base = self._snapshot_at[index]
             self.state = ReducerState.thaw(self._snapshots[base])
             self.position = base
-        state, every = self.state, self.snapshot_every
+        state = self.state
         start = self.position
-        while start < position:  # fold up to each snapshot boundary in one batch
-            stop = min(position, (start // every + 1) * every)
+        while start < position:  # fold up to the next snapshot point in one batch
+            stop = min(position, self._next_snapshot) if start < self._next_snapshot else position
             state.apply_all(self.events[start:stop])
-            if stop % every == 0 and stop not in self._snapshots:
-                self._snapshots[stop] = state.freeze()
+            if stop == self._next_snapshot:
+                self._take_snapshot(stop)
             start = stop
         self.position = position
         return True
+
+    def _take_snapshot(self, position: int) -> None:
+        """Keep the state at `position` (the cursor's, just folded) and say where the next one goes:
+        `snapshot_every` events on, or as many events as the snapshot holds items, whichever is
+        more. A snapshot copies the whole state (every block, sequence and request), so spacing
+        them by its size keeps their memory linear in the events of a long live run, where a fixed
+        spacing would grow with the square of it; a seek back replays at most that many events,
+        about what thawing the snapshot costs anyway."""
+        frozen = self.state.freeze()
+        self._snapshots[position] = frozen
+        self._snapshot_at.append(position)
+        size = self.state.size() if self._spaced_by_size else 0
+        self._next_snapshot = position + max(self.snapshot_every, size)
 
     def forward(self, count: int = 1) -> bool:
         return self.seek(self.position + count)
@@ -140,17 +152,17 @@ class Timeline:
         """Engine steps finished at the cursor."""
         return bisect.bisect_right(self.step_ends, self.position)
 
-    def next_of(self, kinds: frozenset[str], start: int, stop: int) -> int | None:
-        """The position just after the first event of one of `kinds` among events[start:stop]."""
+    def next_of(self, kinds: frozenset[type[ev.Event]], start: int, stop: int) -> int | None:
+        """The position just after the first event of one of the records `kinds` among events[start:stop]."""
         for index in range(start, min(stop, len(self.events))):
-            if self.events[index].type in kinds:
+            if type(self.events[index]) in kinds:
                 return index + 1
         return None
 
-    def previous_of(self, kinds: frozenset[str]) -> int | None:
-        """The position just after the last event of one of `kinds` before the cursor's event."""
+    def previous_of(self, kinds: frozenset[type[ev.Event]]) -> int | None:
+        """The position just after the last event of one of the records `kinds` before the cursor's event."""
         for index in range(self.position - 2, -1, -1):
-            if self.events[index].type in kinds:
+            if type(self.events[index]) in kinds:
                 return index + 1
         return None
 
@@ -162,3 +174,11 @@ class Timeline:
         if not stats or duration <= 0:
             return None
         return sum(n for n, _ in stats) / duration
+
+
+# What Timeline.extend notes of an event, by its record.
+_NOTES = {
+    ev.StepFinished: Timeline._step_finished,
+    ev.TokenGenerated: Timeline._token_generated,
+    ev.RequestAdded: Timeline._request_added,
+}

@@ -8,14 +8,24 @@ trace needs no model and no torch (this module imports only `engine.events`).
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
 a trace, a trace from a newer blockviz, or the number of the first corrupted line: a line that does
 not parse, or an event that does not make sense where it stands (blockviz/model/trace_check.py).
+
+A trace may come from anyone, so reading it is bounded by the file, never by what the file claims
+(the limits below, listed in the README's "Traces"): a line is at most MAX_LINE_BYTES and nests at
+most MAX_NESTING deep; the header's block size is at most MAX_BLOCK_SIZE and its pools hold at
+most max(MIN_POOL_BLOCKS, file size / FILE_BYTES_PER_BLOCK) blocks (the reducer keeps a record per
+block), no more than the header's own memory figures hold; every id, count and hash is a
+non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID).
+A UTF-8 byte order mark before the header is skipped.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 from blockviz.model.trace_check import TraceChecker
 from engine.events import Event, event_from_dict
@@ -24,6 +34,15 @@ TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"  # the shipped trace
 FORMAT_NAME = "blockviz-trace"
 FORMAT_VERSION = 1
 REQUIRED_HEADER_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks")
+BOM = b"\xef\xbb\xbf"
+
+# Limits on what a trace may ask of the reader (see the module docstring). Limits, not measurements.
+MAX_LINE_BYTES = 4 << 20  # a swap of a whole pool, a prompt of 100k tokens fit
+MAX_NESTING = 16  # an event nests 3 deep (a swap's mapping), a header a few more
+MAX_BLOCK_SIZE = 1 << 12  # tokens per block (vLLM's largest are a few hundred)
+MIN_POOL_BLOCKS = 1 << 17  # GPU + CPU blocks any trace may declare, however short
+FILE_BYTES_PER_BLOCK = 64  # ... and one more block per this many bytes of a longer file
+MAX_DEVICE_BYTES = 1 << 41  # 2 TiB: more than any one accelerator or host pool holds
 
 
 class TraceError(ValueError):
@@ -80,16 +99,36 @@ class TraceWriter:
 
     >>> with TraceWriter.open(path, header) as writer:
     ...     unsubscribe = engine.events.subscribe(writer)
+
+    `TraceWriter.create(path, header)` writes to a temporary file beside `path` instead, and
+    `commit()` publishes it whole (flushed, fsync'ed, renamed) or `discard()` removes it, so a run
+    cut short never leaves half a trace, and an existing file is kept unless `overwrite`.
     """
 
     def __init__(self, stream: IO[str], header: dict[str, Any]) -> None:
         self._stream = stream
+        self._publish: tuple[Path, Path, bool] | None = None  # (partial, target, overwrite) for create()
         self.num_events = 0
         stream.write(json.dumps(header, separators=(",", ":")) + "\n")
 
     @classmethod
     def open(cls, path: str | Path, header: dict[str, Any]) -> "TraceWriter":
         return cls(open(path, "w", encoding="utf-8"), header)
+
+    @classmethod
+    def create(cls, path: str | Path, header: dict[str, Any], *, overwrite: bool = False) -> "TraceWriter":
+        """A writer whose trace appears at `path` only on commit(); raises TraceError (one line)
+        when `path` exists and not `overwrite`, or cannot be written."""
+        target = Path(path)
+        check_new_trace_path(target, overwrite=overwrite)
+        partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+        try:
+            stream = open(partial, "x", encoding="utf-8")
+        except OSError as exc:
+            raise TraceError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        writer = cls(stream, header)
+        writer._publish = (partial, target, overwrite)
+        return writer
 
     def __call__(self, event: Event) -> None:
         self.write(event)
@@ -105,11 +144,88 @@ class TraceWriter:
     def close(self) -> None:
         self._stream.close()
 
+    def commit(self) -> None:
+        """Flush and fsync the temporary file, then move it to its path in one step (a rename,
+        or a hard link that fails if the path appeared meanwhile when not overwriting)."""
+        partial, target, overwrite = self._published()
+        try:
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
+            self._stream.close()
+            if overwrite:
+                os.replace(partial, target)
+            else:
+                _link_new(partial, target)
+            _fsync_directory(target.parent)
+        except OSError as exc:
+            self.discard()
+            raise TraceError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Close and remove the temporary file: nothing is published."""
+        partial, _, _ = self._published()
+        self._stream.close()
+        partial.unlink(missing_ok=True)
+
+    def _published(self) -> tuple[Path, Path, bool]:
+        if self._publish is None:
+            raise RuntimeError("commit() and discard() are for a writer made by TraceWriter.create()")
+        return self._publish
+
     def __enter__(self) -> "TraceWriter":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info: object) -> None:
+        if self._publish is None:
+            self.close()
+        elif exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def check_new_trace_path(path: str | Path, *, overwrite: bool = False) -> None:
+    """Raise TraceError (one line) when a trace cannot be written at `path`: a directory, a
+    directory that does not exist, or an existing file and not `overwrite` (`record --force`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{str(path)!r} is a directory; give a file name such as trace.jsonl")
+    if not path.parent.is_dir():
+        raise TraceError(f"{str(path)!r}: directory {str(path.parent)!r} does not exist")
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise TraceError(f"{str(path)!r} already exists: give another name, or --force to overwrite it")
+
+
+def _link_new(partial: Path, target: Path) -> None:
+    """Move `partial` to `target` unless `target` exists (checked by the link itself where the
+    file system has hard links)."""
+    try:
+        os.link(partial, target)
+    except FileExistsError:
+        partial.unlink(missing_ok=True)
+        raise TraceError(f"{str(target)!r} already exists: give another name, or --force to overwrite it") from None
+    except OSError:  # no hard links here (FAT, some network file systems): check, then rename
+        check_new_trace_path(target)
+        os.replace(partial, target)
+        return
+    partial.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_trace(path: str | Path, header: dict[str, Any], events: Iterable[Event]) -> None:
@@ -117,13 +233,16 @@ def write_trace(path: str | Path, header: dict[str, Any], events: Iterable[Event
         writer.write_all(events)
 
 
-def parse_header(line: str, name: str) -> dict[str, Any]:
-    """Check line 1 and return the header dict, or raise TraceError."""
+def parse_header(line: str | bytes, name: str, file_bytes: int | None = None) -> dict[str, Any]:
+    """Check line 1 and return the header dict, or raise TraceError. `file_bytes`, the size of the
+    whole file, bounds the pools the header may declare (None: only the fixed limits apply)."""
     not_a_trace = f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)"
     try:
         header = json.loads(line)
     except ValueError:
         raise TraceError(not_a_trace) from None
+    except RecursionError:
+        raise TraceError(f"{name} line 1: values nest more than {MAX_NESTING} deep") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise TraceError(not_a_trace)
     version = header.get("version")
@@ -136,11 +255,96 @@ def parse_header(line: str, name: str) -> dict[str, Any]:
             f"{name} has trace format version {version}, newer than the version {FORMAT_VERSION} "
             f"this blockviz {__version__} reads: upgrade blockviz"
         )
-    for key in REQUIRED_HEADER_FIELDS:
-        value = header.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key != "num_cpu_blocks" else 0):
-            raise TraceError(f"{name} line 1: header field {key!r} is missing or not a valid count ({value!r})")
+    try:
+        _check_nesting(header)
+        for key in REQUIRED_HEADER_FIELDS:
+            value = header.get(key)
+            if not _is_count(value) or value < (1 if key != "num_cpu_blocks" else 0):
+                raise ValueError(f"header field {key!r} is missing or not a valid count ({value!r})")
+        for key in ("block_bytes", "total_bytes", "vocab_size"):
+            value = header.get(key)
+            if value is not None and (not _is_count(value) or value < 1):
+                raise ValueError(f"header field {key!r} is not a positive integer ({value!r})")
+        _check_pools(header, file_bytes)
+    except ValueError as exc:
+        raise TraceError(f"{name} line 1: {exc}") from None
     return header
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value < 1 << 63
+
+
+def _check_pools(header: dict[str, Any], file_bytes: int | None) -> None:
+    """The block size and pools a header may declare: what its own memory figures hold, and what
+    the reader can keep a record of for a file this size."""
+    block_size, num_gpu, num_cpu = (header[key] for key in REQUIRED_HEADER_FIELDS)
+    if block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block size {block_size} is above the {MAX_BLOCK_SIZE} tokens a trace may have")
+    block_bytes, total_bytes = header.get("block_bytes"), header.get("total_bytes")
+    if block_bytes is not None:
+        if total_bytes is not None and num_gpu * block_bytes > total_bytes:
+            raise ValueError(f"{num_gpu} GPU blocks of {block_bytes} bytes do not fit in the "
+                             f"{total_bytes} bytes the header gives them (total_bytes)")
+        for device, count in (("GPU", num_gpu), ("CPU", num_cpu)):
+            if count * block_bytes > MAX_DEVICE_BYTES:
+                raise ValueError(f"{count} {device} blocks of {block_bytes} bytes are more memory than any "
+                                 f"device holds ({MAX_DEVICE_BYTES >> 40} TiB)")
+    allowed = MIN_POOL_BLOCKS if file_bytes is None else max(MIN_POOL_BLOCKS, file_bytes // FILE_BYTES_PER_BLOCK)
+    if num_gpu + num_cpu > allowed:
+        raise ValueError(f"the pools' {num_gpu} GPU + {num_cpu} CPU blocks are more than a trace of this "
+                         f"size may declare ({allowed})")
+
+
+def _check_nesting(value: Any) -> None:
+    """ValueError when lists and objects nest deeper than MAX_NESTING (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, (list, dict)):
+                if depth + 1 > MAX_NESTING:
+                    raise ValueError(f"values nest more than {MAX_NESTING} deep")
+                stack.append((child, depth + 1))
+
+
+def _lines(stream: IO[bytes], name: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line of a binary stream, each at most MAX_LINE_BYTES (a longer
+    one raises TraceError before it is read whole)."""
+    number = 1
+    while True:
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not (len(raw) == MAX_LINE_BYTES + 1 and raw.endswith(b"\n")):
+            raise TraceError(f"{name} line {number} is longer than {MAX_LINE_BYTES >> 20} MiB, "
+                             "the most a trace line may hold")
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{name} is not a blockviz trace (line {number} is not UTF-8 text)") from None
+        yield number, text
+        number += 1
+
+
+def _event(text: str, checker: TraceChecker) -> Event:
+    """One event line decoded, type-checked and checked against the state so far (ValueError)."""
+    if text.count("[") + text.count("{") > MAX_NESTING:  # only then can it nest too deep
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError(f"values nest more than {MAX_NESTING} deep") from None
+        _check_nesting(data)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    event = event_from_dict(data)
+    checker.check(event)
+    return event
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -152,31 +356,36 @@ def read_trace(path: str | Path) -> Trace:
     if path.is_dir():
         raise TraceError(f"{name} is a directory, not a trace file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"{name} is not a blockviz trace (not UTF-8 text)") from None
+        stream = open(path, "rb")
     except OSError as exc:
         raise TraceError(f"cannot read {name}: {exc.strerror or exc}") from None
-    lines = text.splitlines()
-    if not lines or not lines[0].strip():
-        raise TraceError(f"{name} is not a blockviz trace (it is empty)" if not text.strip()
+    with stream:
+        try:
+            return _read_stream(stream, name, str(path), os.fstat(stream.fileno()).st_size)
+        except OSError as exc:
+            raise TraceError(f"cannot read {name}: {exc.strerror or exc}") from None
+
+
+def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Trace:
+    lines = _lines(stream, name)
+    first = next(lines, None)
+    if first is None or not first[1].strip():
+        empty = all(not text.strip() for _, text in lines)
+        raise TraceError(f"{name} is not a blockviz trace (it is empty)" if empty
                          else f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)")
-    header = parse_header(lines[0], name)
-    trace = Trace(header, [], str(path))
+    header = parse_header(first[1], name, file_bytes)
+    trace = Trace(header, [], path)
     try:
         checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                               header.get("kv_manager") or "v0")
+                               vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
+                               kv_manager=header.get("kv_manager") or "v0")
     except ValueError as exc:
         raise TraceError(f"{name} line 1: {exc}") from None
-    for number, line in enumerate(lines[1:], start=2):
+    for number, line in lines:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            event = event_from_dict(data)
-            checker.check(event)
+            event = _event(line, checker)
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TraceError(f"{name} line {number} is corrupted: {reason}") from None

@@ -7,25 +7,50 @@ the same one the views draw), then applies it. The rules are the block manager's
 allocated only when free, a ref count moves by one per reference, a sequence appends into its own
 table, a hit names a registered hash, an eviction a free-but-cached block.
 
+A trace may come from anyone, so the checks also keep what it can ask of the reader in proportion
+to the file: every integer is a non-negative 64-bit value (a token id below the vocabulary's
+size), a block belongs only to sequences a request added, a request has at most
+MAX_SEQS_PER_REQUEST sequences, and the tokens the reducer copies into sequences (a prompt per
+sequence, a parent's tokens per fork) stay within MIN_SEQ_TOKENS plus one per byte of the file.
+
 No torch, no textual: blockviz/model/trace.py calls it on every event it reads.
 """
 
 from __future__ import annotations
 
+import math
+
 from engine import events as ev
 from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
 
+MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
+MAX_HASH = (1 << 64) - 1  # block hashes are unsigned 64-bit (xxh64)
+MAX_TOKEN_ID = (1 << 31) - 1  # when the header gives no vocab_size
+MAX_SEQS_PER_REQUEST = 1 << 12
+MIN_SEQ_TOKENS = 1 << 22  # tokens copied into sequences that any trace may ask for (limits, not measurements)
+TOKEN_FIELDS = ("token_id", "token_ids", "prompt_token_ids")
+HASH_FIELDS = ("block_hash", "parent_hash")
+
 
 class TraceChecker:
-    """Checks events one by one against a ReducerState built from the events before them."""
+    """Checks events one by one against a ReducerState built from the events before them.
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
+    `vocab_size` (from the trace header, when it gives one) bounds token ids; `file_bytes`, the
+    trace file's size, bounds the tokens copied into sequences; `kv_manager` (the header's, "v0"
+    when absent) is the design whose rules apply (in v1 block 0 is the null block)."""
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
+                 vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0") -> None:
         if kv_manager not in ("v0", "v1"):
             raise ValueError(f"header field 'kv_manager' must be 'v0' or 'v1', got {kv_manager!r}")
         if kv_manager == "v1" and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
         self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks, kv_manager)
         self.last_seq_no: int | None = None
+        self.limits = {**dict.fromkeys(TOKEN_FIELDS, vocab_size - 1 if vocab_size else MAX_TOKEN_ID),
+                       **dict.fromkeys(HASH_FIELDS, MAX_HASH)}
+        self.max_seq_tokens = MIN_SEQ_TOKENS + (file_bytes or 0)
+        self.num_seq_tokens = 0
 
     def check(self, event: ev.Event) -> None:
         """Raise ValueError saying what is wrong with `event` here; else apply it. (Field types are
@@ -40,10 +65,44 @@ class TraceChecker:
         rule = _RULES.get(type(event))
         if rule is not None:
             rule(self, event)
+        self._in_range(event)
         self.state.apply(event)
         self.last_seq_no = event.seq_no
 
     # ------------------------------------------------------------------ helpers
+
+    def _in_range(self, event: ev.Event) -> None:
+        """Every integer field (and every integer in a tuple field) within 0..its limit; a float
+        finite and non-negative."""
+        for name in event.__struct_fields__:
+            value = getattr(event, name)
+            if isinstance(value, tuple):
+                if value and isinstance(value[0], tuple):
+                    value = [number for pair in value for number in pair]
+                if not value or not isinstance(value[0], int):
+                    continue
+                low, high = min(value), max(value)
+            elif isinstance(value, float):
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"{name} {value} is not a finite, non-negative number")
+                continue
+            elif isinstance(value, int):
+                low = high = value
+            else:
+                continue
+            limit = self.limits.get(name, MAX_ID)
+            if low < 0 or high > limit:
+                what = "token id" if name in TOKEN_FIELDS else name
+                bad = low if low < 0 else high
+                raise ValueError(f"{what} {bad} is outside 0..{limit}"
+                                 + (" (the vocabulary)" if name in TOKEN_FIELDS else ""))
+
+    def _copy_tokens(self, count: int, what: str) -> None:
+        """Count `count` more tokens copied into sequences; past the budget, refuse."""
+        self.num_seq_tokens += count
+        if self.num_seq_tokens > self.max_seq_tokens:
+            raise ValueError(f"{what} takes the sequences past {self.max_seq_tokens} tokens, "
+                             "more than a trace of this size may hold")
 
     def _block(self, device: str, number: int, what: str = "block"):
         pool = self.state.pools[device]
@@ -84,6 +143,7 @@ class TraceChecker:
     # ------------------------------------------------------------------ rules, one per event kind
 
     def _allocated(self, e: ev.BlockAllocated) -> None:
+        self._known_seqs(e)
         block = self._block(e.device, e.block)
         if block.state != FREE:
             raise ValueError(f"{e.device} block {e.block} is allocated while {block.state}")
@@ -93,6 +153,7 @@ class TraceChecker:
         self._fits(e.token_ids, "the block")
 
     def _hit(self, e: ev.PrefixCacheHit) -> None:
+        self._known_seqs(e)
         block = self._block(e.device, e.block)
         if self.state.hash_map.get(e.block_hash) != e.block or block.state == FREE:
             raise ValueError(f"prefix-cache hit on {e.device} block {e.block}, which does not hold hash {e.block_hash}")
@@ -129,6 +190,14 @@ class TraceChecker:
         table = self._table(e.parent_seq_id)
         if e.child_seq_id in self.state.tables:
             raise ValueError(f"seq {e.child_seq_id} already has a block table")
+        if e.child_seq_id in self.state.seqs:
+            raise ValueError(f"seq {e.child_seq_id} is added twice")
+        parent = self.state.seqs.get(e.parent_seq_id)
+        if parent is None:
+            raise ValueError(f"seq {e.parent_seq_id} was never added")
+        if len(self.state.requests.get(parent.request_id, ())) >= MAX_SEQS_PER_REQUEST:
+            raise ValueError(f"request {parent.request_id!r} gets more than {MAX_SEQS_PER_REQUEST} sequences")
+        self._copy_tokens(len(parent.token_ids), f"forking seq {e.parent_seq_id}")
         if tuple(number for _, number in table) != tuple(e.blocks):
             raise ValueError(f"fork lists blocks {list(e.blocks)}, seq {e.parent_seq_id} holds "
                              f"{[n for _, n in table]}")
@@ -158,12 +227,9 @@ class TraceChecker:
             raise ValueError(f"eviction of {e.device} block {e.block}, which is not free-but-cached with that hash")
 
     def _seq_freed(self, e: ev.SequenceFreed) -> None:
-        self._table(e.seq_id)
-        for pool in self.state.pools.values():
-            for block in pool:
-                if e.seq_id in block.owners:
-                    raise ValueError(f"seq {e.seq_id}'s table is freed while it still holds "
-                                     f"{block.device} block {block.number}")
+        for device, number in self._table(e.seq_id):  # the blocks it holds: a look at each, not the pools
+            if e.seq_id in self.state.pools[device][number].owners:
+                raise ValueError(f"seq {e.seq_id}'s table is freed while it still holds {device} block {number}")
 
     def _finished(self, e: ev.SequenceFinished) -> None:
         self._known_seqs(e)
@@ -173,9 +239,16 @@ class TraceChecker:
     def _request(self, e: ev.RequestAdded) -> None:
         if e.request_id in self.state.requests:
             raise ValueError(f"request {e.request_id!r} is added twice")
+        if not 1 <= len(e.seq_ids) <= MAX_SEQS_PER_REQUEST:
+            raise ValueError(f"a request with {len(e.seq_ids)} sequences (1..{MAX_SEQS_PER_REQUEST})")
+        if len(set(e.seq_ids)) != len(e.seq_ids):
+            raise ValueError("a sequence is listed twice in the request")
         for seq_id in e.seq_ids:
             if seq_id in self.state.seqs:
                 raise ValueError(f"seq {seq_id} is added twice")
+        if len(e.prompt_tokens_text) != len(e.prompt_token_ids):
+            raise ValueError(f"{len(e.prompt_tokens_text)} token texts for {len(e.prompt_token_ids)} prompt tokens")
+        self._copy_tokens(len(e.prompt_token_ids) * len(e.seq_ids), f"request {e.request_id!r}")
 
     def _scheduled(self, e: ev.TokensScheduled) -> None:
         self._known_seqs(e)

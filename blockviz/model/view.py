@@ -1,82 +1,166 @@
-"""One frame of the widgets: a compact, JSON-ready picture of the reducer state.
+"""The view model: the records every front end draws, computed from the reducer state at a cursor.
 
-`snapshot(state, ...)` is a pure function of a `ReducerState` (plus what the cursor just passed and
-the selected block): the pools as columns (one character of state, a ref count, a fill and up to
-two owners per block, so a 4,096-block pool is a few tens of kilobytes), the block tables with the
-token text of each slot, the hash chains, the inspected block, and the counts. `event_log()` and
-`cursor()` add the log and the playback line. The JavaScript only draws what these return, so a
-test can compare them with the reducer without a browser, and a browser test can compare the page
-(each pool canvas's data-states / data-refs, written as it paints) with the kernel.
+One pure function per panel, used by the TUI (blockviz/tui/widgets) and the notebook
+(blockviz/jupyter, whose JavaScript only draws what these return): the pools (`block_cell`,
+`pool_columns`, `pool_counts`), the block tables (`tables`), the hash chains (`hash_chains`), the
+block inspector (`inspect_block`), the event log (`log_row`, `LogIndex`, `event_log`) and the
+playback line (`cursor_line`, with the narration). `snapshot()` puts them into one compact,
+JSON-ready frame (a 4,096-block pool is a few tens of kilobytes), so a test can compare any view
+with the reducer without a terminal or a browser, and a browser test can compare the page with the
+kernel. No textual, no ipywidgets.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+from typing import Any, Callable, NamedTuple
 
-from blockviz.model.narration import narrate
-from blockviz.model.palette import (
-    FILTERS,
-    block_token_texts,
-    describe,
-    event_number,
-    pool_counts,
-    short_hash,
-    show_token,
-    touched_blocks,
-)
-from engine import events as ev
+from blockviz.model.narration import FILTERS, describe, narrate
+from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.reducer import USED, BlockState, ReducerState
+from engine import events as ev
 
 STATE_CODES = {"used": "u", "cached": "c", "free": "f"}  # one character per block in "state"
-MAX_TABLES = 32  # sequences shown in the block tables (those holding blocks first)
-MAX_HASHES = 128  # hashed blocks shown in the hash chains
-MAX_LOG_ROWS = 200  # events shown in the log, ending at the cursor
+STATE_LABELS = {"used": "used", "cached": "cached-free", "free": "free"}  # the words for each state
+MAX_TABLES = 32  # sequences shown in the notebook's block tables (those holding blocks first)
+MAX_HASHES = 128  # hashed blocks shown in the notebook's hash chains
+MAX_LOG_ROWS = 200  # events shown in the notebook's log, ending at the cursor
 MAX_LOG_SCAN = 20_000  # events looked at, going back from the cursor, to fill a filtered log
 
 
+# ------------------------------------------------------------------------------------ blocks and pools
+
+
 def block_state(block: BlockState) -> str:
-    """"used", "cached" (free but still hashed: a prefix-cache hit can revive it) or "free"."""
+    """"used", "cached" (free but still hashed: a prefix-cache hit can revive it until it is
+    evicted) or "free": the one rule every view colours a block by."""
     if block.state == USED:
         return "used"
     return "cached" if block.block_hash is not None else "free"
 
 
+class BlockCell(NamedTuple):
+    """What a pool draws for one block: its state, ref count, slots filled (0 when free), and its
+    first and second owner by sequence id (-1 when none)."""
+
+    state: str
+    ref: int
+    fill: int
+    owner: int
+    owner2: int
+
+
+_FREE_CELL = BlockCell("free", 0, 0, -1, -1)
+
+
+def block_cell(block: BlockState) -> BlockCell:
+    """The cell of one block (BlockCell)."""
+    if block.state == USED:
+        owners = block.owners
+        if len(owners) > 1:
+            first, second = sorted(owners)[:2]
+        else:
+            first, second = (next(iter(owners)) if owners else -1), -1
+        return BlockCell("used", block.ref_count, len(block.token_ids), first, second)
+    if block.block_hash is not None:
+        return BlockCell("cached", 0, len(block.token_ids), -1, -1)
+    return _FREE_CELL
+
+
 def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
-    """A pool as columns: per block its state code, ref count, slots filled, first and second owner."""
-    states, refs, fills, owners, owners2 = [], [], [], [], []
-    for block in pool:
-        name = block_state(block)
-        states.append(STATE_CODES[name])
-        refs.append(block.ref_count)
-        fills.append(len(block.token_ids) if name != "free" else 0)
-        ids = sorted(block.owners) if block.owners else ()
-        owners.append(ids[0] if ids else -1)
-        owners2.append(ids[1] if len(ids) > 1 else -1)
-    return {"n": len(pool), "state": "".join(states), "ref": refs, "fill": fills, "owner": owners,
-            "owner2": owners2}
+    """A pool as columns of its cells (block_cell): per block its state code, ref count, slots
+    filled, first and second owner."""
+    cells = [block_cell(block) for block in pool]
+    return {"n": len(pool), "state": "".join(STATE_CODES[c.state] for c in cells),
+            "ref": [c.ref for c in cells], "fill": [c.fill for c in cells],
+            "owner": [c.owner for c in cells], "owner2": [c.owner2 for c in cells]}
 
 
-def _slot_texts(state: ReducerState, seq_id: int, index: int, block: BlockState) -> list[str]:
+def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
+    """Per device: (used, cached-free, free) blocks, in one pass over each pool."""
+    counts = {}
+    for device, pool in state.pools.items():
+        used = cached = 0
+        for block in pool:
+            if block.state == USED:
+                used += 1
+            elif block.block_hash is not None:
+                cached += 1
+        counts[device] = (used, cached, len(pool) - used - cached)
+    return counts
+
+
+def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
+    return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
+
+
+_TOUCHES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
+    ev.CopyOnWrite: lambda e: {e.device: frozenset((e.src_block, e.dst_block))},
+    ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
+    ev.SwappedOut: _mapping_blocks,
+    ev.SwappedIn: _mapping_blocks,
+}
+
+
+def touched_blocks(event: ev.Event | None) -> dict[str, frozenset[int]]:
+    """The blocks an event changed, per device (the views underline them)."""
+    if event is None:
+        return {}
+    touches = _TOUCHES.get(type(event))
+    if touches is not None:
+        return touches(event)
+    block = getattr(event, "block", None)
+    return {event.device: frozenset((block,))} if block is not None else {}
+
+
+def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, str] | None = None) -> list[str]:
+    """The text piece of each token in `block`, read from an owner sequence when there is one
+    (its position gives the exact piece), else from the id -> text map of the run."""
+    for seq_id in sorted(block.owners):
+        table = state.tables.get(seq_id)
+        seq = state.seqs.get(seq_id)
+        if not table or seq is None:
+            continue
+        for index, where in enumerate(table):
+            if where == (block.device, block.number):
+                start = index * state.block_size
+                texts = seq.token_texts[start:start + len(block.token_ids)]
+                if len(texts) == len(block.token_ids):
+                    return texts
+    vocab = vocab or {}
+    return [vocab.get(token_id, f"<{token_id}>") for token_id in block.token_ids]
+
+
+# ------------------------------------------------------------------------------------ block tables
+
+
+def _slot_texts(state: ReducerState, seq_id: int, index: int, block: BlockState,
+                vocab: dict[int, str] | None) -> list[str]:
     seq = state.seqs.get(seq_id)
     start = index * state.block_size
     if seq is not None:
         texts = seq.token_texts[start:start + len(block.token_ids)]
         if len(texts) == len(block.token_ids):
             return [show_token(t) for t in texts]
-    return [show_token(t) for t in block_token_texts(state, block)]
+    return [show_token(t) for t in block_token_texts(state, block, vocab)]
 
 
-def tables(state: ReducerState, limit: int = MAX_TABLES) -> list[dict[str, Any]]:
-    """Each sequence's block table (logical index -> device, block, the token text in each slot),
-    sequences holding blocks first, then the rest by id, at most `limit`."""
-    seq_ids = sorted(set(state.seqs) | set(state.tables), key=lambda s: (s not in state.tables, s))[:limit]
+def tables(state: ReducerState, limit: int | None = MAX_TABLES,
+           vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Each sequence's block table (vLLM v0 BlockSpaceManager.block_tables: logical index ->
+    device, block, ref count, the token text in each slot), by sequence id; with a `limit`, the
+    sequences holding blocks first, then the rest by id."""
+    seq_ids = set(state.seqs) | set(state.tables)
+    if limit is not None:
+        seq_ids = sorted(seq_ids, key=lambda s: (s not in state.tables, s))[:limit]
     rows = []
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
         blocks = []
         for index, (device, number) in enumerate(state.tables.get(seq_id, ())):
             block = state.pools[device][number]
-            blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block)])
+            blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
         rows.append({
             "seq": seq_id,
             "request": seq.request_id if seq else "?",
@@ -88,18 +172,35 @@ def tables(state: ReducerState, limit: int = MAX_TABLES) -> list[dict[str, Any]]
     return rows
 
 
-def hash_chains(state: ReducerState, limit: int = MAX_HASHES) -> list[dict[str, Any]]:
-    """The hashed GPU blocks in chain order (each after its parent), with the depth of each."""
+# ------------------------------------------------------------------------------------ hash chains
+
+
+def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current: ev.Event | None = None,
+                vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The hashed GPU blocks (nano-vllm's compute_hash chain: each block's hash covers its parent's
+    hash and its tokens) in chain order, each after its parent. A chain runs straight down; where
+    it branches the children indent: `depth` is the indent and `branch` "├" / "└" marks a branch.
+    `hit_now` marks the block the `current` event hit."""
     hashed = [b for b in state.pools["gpu"] if b.block_hash is not None]
     known = {b.block_hash for b in hashed}
     children: dict[int | None, list[BlockState]] = {}
     for block in hashed:
         children.setdefault(block.parent_hash if block.parent_hash in known else None, []).append(block)
+    hit_block = current.block if isinstance(current, ev.PrefixCacheHit) else None
+    stack: list[tuple[BlockState, int, str]] = []
+
+    def push(parent: int | None, depth: int) -> None:
+        kids = sorted(children.get(parent, ()), key=lambda b: b.number)
+        branching = len(kids) > 1
+        for position in range(len(kids) - 1, -1, -1):
+            branch = ("└" if position == len(kids) - 1 else "├") if branching else ""
+            stack.append((kids[position], depth, branch))
+
     rows: list[dict[str, Any]] = []
     seen: set[int] = set()
-    stack = [(b, 0) for b in sorted(children.get(None, []), key=lambda b: -b.number)]
-    while stack and len(rows) < limit:
-        block, depth = stack.pop()
+    push(None, 0)
+    while stack and (limit is None or len(rows) < limit):
+        block, depth, branch = stack.pop()
         if block.number in seen:
             continue
         seen.add(block.number)
@@ -108,18 +209,32 @@ def hash_chains(state: ReducerState, limit: int = MAX_HASHES) -> list[dict[str, 
             "hash": short_hash(block.block_hash),
             "parent": short_hash(block.parent_hash) if block.parent_hash is not None else "",
             "depth": depth,
+            "branch": branch,
             "ref": block.ref_count,
             "hits": block.num_hits,
+            "hit_now": block.number == hit_block,
             "state": block_state(block),
             "registered": block.registered,
-            "tokens": [show_token(t) for t in block_token_texts(state, block)],
+            "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)],
         })
-        stack.extend((b, depth + 1) for b in sorted(children.get(block.block_hash, []), key=lambda b: -b.number))
+        push(block.block_hash, depth + 1 if branch else depth)
     return rows
 
 
-def inspect_block(state: ReducerState, device: str, number: int) -> dict[str, Any]:
-    """Everything about one block: state, refs, owners, fill, hash, parent, hits, tokens, K/V digest."""
+def hash_summary(state: ReducerState) -> dict[str, int]:
+    """The prefix cache in numbers: hashes in the map, prompt blocks that hit, prompt blocks looked up."""
+    return {"in_map": len(state.hash_map), "hits": state.num_prefix_hits,
+            "looked_up": state.num_prompt_blocks_looked_up}
+
+
+# ------------------------------------------------------------------------------------ inspector
+
+
+def inspect_block(state: ReducerState, device: str, number: int,
+                  vocab: dict[int, str] | None = None) -> dict[str, Any]:
+    """Everything about one block: state, refs, owners, fill, hash, parent, hits, tokens, the digest
+    of its real K/V, and the other blocks holding the same digest ("same K/V" while the digest
+    covers every slot the block holds, "same digest" otherwise)."""
     block = state.pools[device][number]
     name = block_state(block)
     filled = len(block.token_ids) if name != "free" else 0
@@ -133,18 +248,18 @@ def inspect_block(state: ReducerState, device: str, number: int) -> dict[str, An
         "hash": short_hash(block.block_hash, 16) if block.block_hash is not None else "",
         "parent": short_hash(block.parent_hash, 16) if block.parent_hash is not None else "",
         "registered": block.registered, "hits": block.num_hits,
-        "tokens": [show_token(t) for t in block_token_texts(state, block)] if filled else [],
-        "digest": block.digest or "", "digest_current": block.digest_slots == filled,
-        "same_kv": same,
+        "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
+        "digest": block.digest or "", "digest_slots": block.digest_slots,
+        "digest_current": block.digest_slots == filled, "same_kv": same,
     }
 
 
 def snapshot(state: ReducerState, *, current: ev.Event | None = None,
-             selected: tuple[str, int] | None = None) -> dict[str, Any]:
+             selected: tuple[str, int] | None = None, vocab: dict[int, str] | None = None) -> dict[str, Any]:
     """The picture of `state`: pools (columns and counts), tables, hash chains, the inspected block.
 
     `current` is the event the cursor just passed (its blocks are marked touched); `selected` the
-    (device, number) the inspector shows."""
+    (device, number) the inspector shows; `vocab` words tokens no sequence holds any more."""
     counts = pool_counts(state)
     pools = {}
     for device, pool in state.pools.items():
@@ -160,11 +275,10 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
         "pools": pools,
         "touched": touched,
         "selected": list(selected) if selected else None,
-        "tables": tables(state),
-        "hashes": hash_chains(state),
-        "hash_summary": {"in_map": len(state.hash_map), "hits": state.num_prefix_hits,
-                         "looked_up": state.num_prompt_blocks_looked_up},
-        "inspector": inspect_block(state, *selected) if selected else None,
+        "tables": tables(state, vocab=vocab),
+        "hashes": hash_chains(state, current=current, vocab=vocab),
+        "hash_summary": hash_summary(state),
+        "inspector": inspect_block(state, *selected, vocab=vocab) if selected else None,
         "step": state.step,
         "step_kind": state.step_kind,
         "num_preemptions": state.num_preemptions,
@@ -172,17 +286,51 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
     }
 
 
+# ------------------------------------------------------------------------------------ event log
+
+
+def log_keeps(kinds: frozenset[type[ev.Event]] | None, event: ev.Event) -> bool:
+    """Whether a log filter (a narration.FILTERS value: event records, None for all) keeps `event`."""
+    return kinds is None or type(event) in kinds
+
+
+def log_row(event: ev.Event, vocab: dict[int, str] | None = None) -> list[Any]:
+    """One line of the log: [event number (palette.event_number), kind, words (narration.describe)]."""
+    return [event_number(event.seq_no), event.type, describe(event, vocab)]
+
+
+class LogIndex:
+    """The indices of the events a filter keeps, kept up to date as the event list grows (each
+    event is looked at once), so a log of 100,000 events draws only the lines on screen."""
+
+    def __init__(self, kinds: frozenset[type[ev.Event]] | None = None) -> None:
+        self.kinds = kinds
+        self.indices: list[int] = []
+        self.scanned = 0
+
+    def update(self, events: list[ev.Event]) -> None:
+        kinds, indices = self.kinds, self.indices
+        for index in range(self.scanned, len(events)):
+            if log_keeps(kinds, events[index]):
+                indices.append(index)
+        self.scanned = len(events)
+
+    def visible(self, position: int) -> int:
+        """How many kept events lie before the cursor at `position`."""
+        return bisect.bisect_left(self.indices, position)
+
+
 def event_log(events: list[ev.Event], position: int, filter_name: str = "all events",
               vocab: dict[int, str] | None = None, limit: int = MAX_LOG_ROWS) -> list[list[Any]]:
-    """The last `limit` events up to the cursor whose kind the filter (a palette.FILTERS name)
-    keeps, oldest first, as [event number (palette.event_number), kind, words]."""
+    """The last `limit` events up to the cursor that the filter (a narration.FILTERS name) keeps,
+    oldest first, as log rows (log_row)."""
     kinds = FILTERS.get(filter_name)
     rows = []
     stop = max(0, position - MAX_LOG_SCAN)
     for index in range(position - 1, stop - 1, -1):
         event = events[index]
-        if kinds is None or event.type in kinds:
-            rows.append([event_number(event.seq_no), event.type, describe(event, vocab)])
+        if log_keeps(kinds, event):
+            rows.append(log_row(event, vocab))
             if len(rows) >= limit:
                 break
     rows.reverse()
@@ -216,7 +364,7 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
     """What the controls show: position, length, step, playing, speed, what the last event did (one
     sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)
-    if there was one. `timeline` / `player` are history's."""
+    if there was one. `timeline` / `player`: blockviz.model.timeline's and blockviz.model.player's."""
     current = timeline.current_event
     return {
         "title": title,
@@ -229,7 +377,7 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
         "finished": finished,
         "speed_index": player.speed_index,
         "speed": player.speed_label,
-        "current": narrate(current, timeline.state),
+        "current": narrate(current, timeline.state, timeline.token_texts),
         "current_type": current.type if current is not None else "",
         "error": error,
     }

@@ -210,7 +210,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
-            narration=narrate(timeline.current_event, timeline.state), memory=memory_fields(truth),
+            narration=narrate(timeline.current_event, timeline.state, timeline.token_texts), memory=memory_fields(truth),
             ledger=ledger_totals(insights.ledger(timeline.position)))
 
     def _moved(self) -> None:

@@ -3,7 +3,8 @@
 A thread worker owns the ZMQ sockets (blockviz/kvevents/subscriber.py): it first asks the replay
 socket for the past (when one is given), then polls, and posts each non-empty poll as a
 KVEventsArrived message; the app applies it to the model layer (KVEventState) and redraws the
-views (blockviz/tui/widgets/kv_attach.py). Nothing here imports torch.
+views (blockviz/tui/widgets/kv_attach.py). A replay in progress checks the worker's cancellation,
+so q quits at once even while a publisher's replay never ends. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class AttachApp(App):
         """Own the sockets: catch up through replay, then poll until the app exits."""
         worker = get_current_worker()
         client = self.client_factory(self.endpoint, self.replay_endpoint, topic=self.topic,
-                                     data_parallel_size=self.data_parallel_size)
+                                     data_parallel_size=self.data_parallel_size,
+                                     should_stop=lambda: worker.is_cancelled)
         try:
             self._post(client.catch_up())
             while not worker.is_cancelled:
@@ -89,7 +91,7 @@ class AttachApp(App):
             client.close()
 
     def _post(self, update) -> None:
-        if update.received or update.gaps or update.notices:
+        if update.received or update.gaps or update.notices or update.replay_topic is not None:
             self.post_message(KVEventsArrived(update))
 
     @on(KVEventsArrived)
@@ -107,7 +109,9 @@ class AttachApp(App):
         ranks = ", ".join(f"rank {r} #{s.last_seq}" for r, s in sorted(state.ranks.items()))
         count = state.num_lost_batches
         lost = f" · {count} batch{'es' if count != 1 else ''} lost" if count else ""
-        return f"{state.num_batches} batches from {self.listening_on} · last {ranks}{lost}"
+        restarts = sum(s.num_restarts for s in state.ranks.values())
+        restarted = f" · publisher restarted {restarts}×" if restarts else ""
+        return f"{state.num_batches} batches from {self.listening_on} · last {ranks}{lost}{restarted}"
 
     def action_catch_up(self) -> None:
         """Ask the replay socket for what came after the last batch seen (the worker does it)."""

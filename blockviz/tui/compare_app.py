@@ -17,7 +17,7 @@ from textual.widgets import Footer, Static
 from blockviz.session.compare import CompareRun, same_step
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth
-from blockviz.model.palette import pool_counts
+from blockviz.model.view import pool_counts
 from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.pool_grid import PoolGrid
 

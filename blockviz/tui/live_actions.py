@@ -4,7 +4,7 @@ Mixins of the App, kept apart so the App reads as layout, messages and playback.
 
 from __future__ import annotations
 
-from blockviz.model.timeline import parse_break_on
+from engine import events as ev
 from blockviz.tui.widgets.screens import AskScreen
 
 
@@ -88,11 +88,13 @@ class BreakpointActions:
             if answer is None:
                 return
             try:
-                self.player.break_on = self.break_on = parse_break_on(answer)
+                kinds = ev.event_classes(answer) if answer.strip() else frozenset()
             except ValueError as exc:
                 self.notify(str(exc), severity="error")
                 return
-            self.notify(f"Breakpoints: {', '.join(sorted(self.break_on)) or 'none'}. ] plays to the next one.")
+            self.player.break_on = self.break_on = kinds
+            self.notify(f"Breakpoints: {', '.join(ev.kind_names(kinds)) or 'none'}. ] plays to the next one.")
 
+        example = ",".join(ev.kind_names((ev.CopyOnWrite, ev.SwappedOut)))
         self.push_screen(AskScreen("Stop at which events? Kinds, comma-separated (empty: none)",
-                                   "copy_on_write,swap_out", ",".join(sorted(self.break_on))), chosen)
+                                   example, ",".join(ev.kind_names(self.break_on))), chosen)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
+from engine.kernels.lm_head import lm_head_logits
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -202,7 +203,7 @@ class GPT2(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, n_embd) -> float32 logits (n, vocab_size) through the (tied) LM head."""
         weight = self.transformer.wte.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return lm_head_logits(hidden, weight).float()  # F.linear(hidden, weight), chunked on the CPU
 
     @torch.no_grad()
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -1,4 +1,4 @@
-// blockviz widgets: draw the frame the kernel sends (blockviz/jupyter/snapshot.py), nothing more.
+// blockviz widgets: draw the frame the kernel sends (blockviz/model/view.py), nothing more.
 // One module for every view, picked by the model's `_kind` (widgets.py appends insights.js and
 // pool_canvas.js to this file: still one plain ES module, no imports, no build).
 // What a pool view drew is in data attributes (pool_canvas.js: data-states / data-refs on each
@@ -216,8 +216,10 @@ function renderHashes(model, el) {
     const s = frame.hash_summary || { in_map: 0, hits: 0, looked_up: 0 };
     summary.textContent = `${s.in_map} in hash map · hits ${s.hits}/${s.looked_up} prompt blocks`;
     const rows = (frame.hashes || []).map((row) => h("div", {
-      class: "bv-hash" + (row.hits ? " bv-hit" : "") + (row.state === "cached" ? " bv-cached-row" : ""),
+      class: "bv-hash" + (row.hits ? " bv-hit" : "") + (row.state === "cached" ? " bv-cached-row" : "")
+        + (row.hit_now ? " bv-hit-now" : ""),
       "data-block": row.block, style: { paddingLeft: `${Math.min(row.depth, 12) * 0.8}em` } },
+      row.branch ? h("span", { class: "bv-dim", text: row.branch + " " }) : null,
       h("span", { class: "bv-hash-id", text: `#${row.hash}` }),
       h("span", { class: "bv-dim", text: row.parent ? ` ← #${row.parent}` : " ← root" }),
       h("span", { text: ` gpu ${row.block}${row.ref ? " ×" + row.ref : ""}` +

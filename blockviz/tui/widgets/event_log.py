@@ -1,13 +1,12 @@
 """The event log: every event up to the cursor, one line each, filterable by kind.
 
-`describe(event)` words each event the way vLLM's code names it (allocate, append_slot, copy-on-write,
-fork, swap_out / swap_in, free, prefix-cache hit). The log is a Line API widget, so a trace of
-100,000 events renders only the lines on screen.
+Each line is the view model's log row (blockviz/model/view.py log_row: the event's number and its
+words, narration.describe), the same the notebook's log shows; which events a filter keeps is the
+view model's LogIndex. The log is a Line API widget, so a trace of 100,000 events renders only the
+lines on screen.
 """
 
 from __future__ import annotations
-
-import bisect
 
 from rich.segment import Segment
 from rich.style import Style
@@ -18,19 +17,21 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Select
 
-from blockviz.model.palette import FILTERS, MEMORY, describe, event_number  # noqa: F401 (the log's words live in palette)
+from blockviz.model.narration import FILTERS
+from blockviz.model.view import LogIndex, log_row
+from blockviz.tui.widgets.panels import DrawnWhenShown
 from engine import events as ev
 
 _KIND_STYLES = {
-    "prefix_cache_hit": Style(color="#000000", bgcolor="#ffd400", bold=True),
-    "copy_on_write": Style(color="#ff79c6", bold=True),
-    "fork": Style(color="#bd93f9", bold=True),
-    "swap_out": Style(color="#ff8c1a", bold=True),
-    "swap_in": Style(color="#2fd12f", bold=True),
-    "preempted": Style(color="#ff3b3b", bold=True),
-    "step_started": Style(color="#61afef", bold=True),
-    "step_finished": Style(color="#61afef"),
-    "block_evicted": Style(color="#e5c07b"),
+    ev.PrefixCacheHit: Style(color="#000000", bgcolor="#ffd400", bold=True),
+    ev.CopyOnWrite: Style(color="#ff79c6", bold=True),
+    ev.Forked: Style(color="#bd93f9", bold=True),
+    ev.SwappedOut: Style(color="#ff8c1a", bold=True),
+    ev.SwappedIn: Style(color="#2fd12f", bold=True),
+    ev.Preempted: Style(color="#ff3b3b", bold=True),
+    ev.StepStarted: Style(color="#61afef", bold=True),
+    ev.StepFinished: Style(color="#61afef"),
+    ev.BlockEvicted: Style(color="#e5c07b"),
 }
 
 
@@ -50,31 +51,27 @@ class EventLog(ScrollView, can_focus=True):
         self.events: list[ev.Event] = []
         self.position = 0
         self.vocab: dict[int, str] = {}
-        self.kinds: frozenset[str] | None = None
-        self._indices: list[int] = []  # indices of events passing the filter, of self.events
-        self._scanned = 0
+        self._index = LogIndex()  # the events passing the filter
         self._visible = 0
 
-    def set_filter(self, kinds: frozenset[str] | None) -> None:
-        self.kinds = kinds
-        self._indices = []
-        self._scanned = 0
+    @property
+    def kinds(self) -> frozenset[type[ev.Event]] | None:
+        return self._index.kinds
+
+    def set_filter(self, kinds: frozenset[type[ev.Event]] | None) -> None:
+        self._index = LogIndex(kinds)
         self._update()
 
     def show(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
         if events is not self.events:
-            self.events, self._indices, self._scanned = events, [], 0
+            self.events, self._index = events, LogIndex(self._index.kinds)
         self.position = position
         self.vocab = vocab
         self._update()
 
     def _update(self) -> None:
-        kinds, events = self.kinds, self.events
-        for index in range(self._scanned, len(events)):
-            if kinds is None or events[index].type in kinds:
-                self._indices.append(index)
-        self._scanned = len(events)
-        self._visible = bisect.bisect_left(self._indices, self.position)
+        self._index.update(self.events)
+        self._visible = self._index.visible(self.position)
         self.virtual_size = Size(self.scrollable_content_region.width, self._visible)
         self._follow_cursor()
         self.call_after_refresh(self._follow_cursor)  # again once laid out (a new or resized log)
@@ -90,27 +87,26 @@ class EventLog(ScrollView, can_focus=True):
 
     def lines(self) -> list[str]:
         """The visible log as plain text (for tests)."""
-        return [self._text(self._indices[i]) for i in range(self._visible)]
+        return [self._text(self._index.indices[i]) for i in range(self._visible)]
 
     def _text(self, index: int) -> str:
-        event = self.events[index]
-        return f"{event_number(event.seq_no):>6} {describe(event, self.vocab)}"
+        number, _, words = log_row(self.events[index], self.vocab)
+        return f"{number:>6} {words}"
 
     def render_line(self, y: int) -> Strip:
         width = self.scrollable_content_region.width
         line = y + self.scroll_offset.y
         if line >= self._visible:
             return Strip.blank(width, self.rich_style)
-        index = self._indices[line]
-        event = self.events[index]
-        style = _KIND_STYLES.get(event.type, Style())
+        index = self._index.indices[line]
+        style = _KIND_STYLES.get(type(self.events[index]), Style())
         if index == self.position - 1:
             style = style + Style(reverse=True)
         text = self._text(index)[:width].ljust(width)
         return Strip([Segment(text, style)], width).apply_style(self.rich_style)
 
 
-class EventLogPanel(Vertical):
+class EventLogPanel(DrawnWhenShown, Vertical):
     """The log with its filter (a Select of event kinds)."""
 
     DEFAULT_CSS = """
@@ -142,13 +138,6 @@ class EventLogPanel(Vertical):
         event.stop()
         self.log_view.set_filter(FILTERS.get(str(event.value)))
 
-    def show(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
-        """Show events up to `position` now if visible, else when the panel is next shown."""
-        self._last = (events, position, vocab)
-        if self.display:
-            self.log_view.show(events, position, vocab)
-
-    def on_show(self) -> None:
-        last = getattr(self, "_last", None)
-        if last is not None:
-            self.log_view.show(*last)
+    def draw(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
+        """Show events up to `position` (DrawnWhenShown.show calls this once the panel is visible)."""
+        self.log_view.show(events, position, vocab)

@@ -10,7 +10,8 @@ from rich.text import Text
 
 from blockviz.model import explain as ex
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals
-from blockviz.model.palette import event_number, seq_style, short_hash, show_token, sparkline
+from blockviz.model.palette import event_number, short_hash, show_token, sparkline
+from blockviz.tui.styles import seq_style
 from blockviz.tui.widgets.panels import StatePanel
 from blockviz.model.reducer import ReducerState
 

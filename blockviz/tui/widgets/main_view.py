@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
 from blockviz.model.timeline import Timeline
-from blockviz.model.palette import pool_counts, touched_blocks
+from blockviz.model.view import pool_counts, touched_blocks
 from blockviz.model.insights import Insights, MemoryTruth
 from blockviz.tui.widgets.event_log import EventLogPanel
 from blockviz.tui.widgets.insight_panels import ExplainPanel, LedgerPanel, MemoryPanel
@@ -67,7 +67,7 @@ class MainView(Horizontal):
         `insights` synced with the timeline, `truth` the memory figures at the cursor."""
         state, vocab, position = timeline.state, timeline.token_texts, timeline.position
         tables, text, hashes, inspector, log = self._panels
-        tables.show(state, seq_id)
+        tables.show(state, seq_id, vocab)
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)

@@ -1,8 +1,10 @@
 """The text panels: block tables, generated text, hash chains, block inspector, status bar.
 
-Each panel is handed the reducer's state from above (`show(...)`) and renders a Rich renderable
-from it; nothing here reads an engine object. `StatePanel` is the reusable base: a scrolling,
-bordered box holding one Static body.
+Each panel is handed the reducer's state from above (`show(...)`) and draws the records the view
+model computes from it (blockviz/model/view.py: tables, hash_chains, inspect_block, pool_counts),
+the same records the notebook draws; nothing here re-derives a block's state, a chain or a table,
+and nothing reads an engine object. `StatePanel` is the reusable base: a scrolling, bordered box
+holding one Static body.
 """
 
 from __future__ import annotations
@@ -17,20 +19,11 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
-from blockviz.model.palette import (
-    block_state_name,
-    block_tint,
-    block_token_texts,
-    fill_glyph,
-    is_cached_free,
-    pool_counts,
-    seq_style,
-    short_hash,
-    show_token,
-    tokens_text,
-)
+from blockviz.model.palette import block_tint, fill_glyph, show_token
+from blockviz.model.reducer import ReducerState
+from blockviz.model.view import STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, tables
+from blockviz.tui.styles import seq_style, tokens_text
 from engine import events as ev
-from blockviz.model.reducer import USED, BlockState, ReducerState
 
 
 def _select_seq_style(seq_id: int) -> Style:
@@ -38,7 +31,25 @@ def _select_seq_style(seq_id: int) -> Style:
     return Style.from_meta({"@click": f"app.select_sequence({seq_id})"})
 
 
-class StatePanel(VerticalScroll):
+class DrawnWhenShown:
+    """`show(...)` draws now if the widget is visible, else keeps the arguments and draws when it is
+    next shown (a hidden view costs nothing per frame). Subclasses define `draw`."""
+
+    def show(self, *args, **kwargs) -> None:
+        self._last = (args, kwargs)
+        if self.display:
+            self.draw(*args, **kwargs)
+
+    def on_show(self) -> None:
+        last = getattr(self, "_last", None)
+        if last is not None:
+            self.draw(*last[0], **last[1])
+
+    def draw(self, *args, **kwargs) -> None:
+        raise NotImplementedError
+
+
+class StatePanel(DrawnWhenShown, VerticalScroll):
     """A bordered, scrolling panel whose body is re-rendered from the reducer's state."""
 
     DEFAULT_CSS = """
@@ -77,20 +88,6 @@ class StatePanel(VerticalScroll):
         """One row per sequence, or a dim line saying there is none yet."""
         self.set_body(Group(*rows) if rows else Text(empty, style="dim"))
 
-    def show(self, *args, **kwargs) -> None:
-        """Render from the given state now if visible, else when the panel is next shown."""
-        self._last = (args, kwargs)
-        if self.display:
-            self.draw(*args, **kwargs)
-
-    def on_show(self) -> None:
-        last = getattr(self, "_last", None)
-        if last is not None:
-            self.draw(*last[0], **last[1])
-
-    def draw(self, *args, **kwargs) -> None:
-        raise NotImplementedError
-
 
 # ---------------------------------------------------------------------------- block tables
 
@@ -102,41 +99,39 @@ class BlockTables(StatePanel):
 
     TITLE = "Block tables (logical → physical)"
 
-    def draw(self, state: ReducerState, selected_seq: int | None = None) -> None:
+    def draw(self, state: ReducerState, selected_seq: int | None = None,
+             vocab: dict[int, str] | None = None) -> None:
         parts: list[RenderableType] = []
         size = state.block_size
-        for seq_id in sorted(state.seqs):
-            seq = state.seqs[seq_id]
-            table = state.tables.get(seq_id)
+        width = len(str(len(state.pools["gpu"]) - 1))
+        for row in tables(state, limit=None, vocab=vocab):
+            seq_id = row["seq"]
             head = Text("▶" if seq_id == selected_seq else " ")
             head.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
-            head.append(f" req {seq.request_id} · {seq.status}"
-                        + (f" ({seq.finish_reason})" if seq.finish_reason else "")
-                        + f" · {len(seq.token_ids)} tokens", style="bold" if seq_id == selected_seq else "")
+            head.append(f" req {row['request']} · {row['status']}"
+                        + (f" ({row['finish']})" if row["finish"] else "")
+                        + f" · {row['num_tokens']} tokens", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
-            if not table:
+            if not row["blocks"]:
                 parts.append(Text("    no blocks", style="dim"))
                 continue
             placement = Text("    blocks ")
-            for index, (device, number) in enumerate(table):
+            for device, number, _, _ in row["blocks"]:
                 placement.append(f"{'C' if device == 'cpu' else ''}{number}",
                                  Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
                 placement.append(" ")
             parts.append(placement)
-            width = len(str(len(state.pools["gpu"]) - 1))
-            for index, (device, number) in enumerate(table):
-                block = state.pools[device][number]
-                texts = seq.token_texts[index * size:index * size + len(block.token_ids)]
-                row = Text(f"  L{index:<2}", style="dim")
-                row.append(f" → {device} {number:<{width}}")
-                row.append(f" ×{block.ref_count}" if block.ref_count > 1 else "   ", style="bold")
-                row.append(" ")
-                row.append_text(tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
-                                            Style(bgcolor=block_tint(device, number, 1))))
-                empty = size - len(block.token_ids)
+            for index, (device, number, ref, texts) in enumerate(row["blocks"]):
+                line = Text(f"  L{index:<2}", style="dim")
+                line.append(f" → {device} {number:<{width}}")
+                line.append(f" ×{ref}" if ref > 1 else "   ", style="bold")
+                line.append(" ")
+                line.append_text(tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
+                                             Style(bgcolor=block_tint(device, number, 1))))
+                empty = size - len(texts)
                 if empty:
-                    row.append(f" +{empty} empty", style="dim")
-                parts.append(row)
+                    line.append(f" +{empty} empty", style="dim")
+                parts.append(line)
         self.set_rows(parts)
 
 
@@ -184,62 +179,37 @@ class HashChains(StatePanel):
     TITLE = "Hash chains (prefix cache)"
 
     def draw(self, state: ReducerState, current: ev.Event | None = None, vocab: dict[int, str] | None = None) -> None:
-        hashed = [b for b in state.pools["gpu"] if b.block_hash is not None]
-        if not hashed:
+        rows = hash_chains(state, limit=None, current=current, vocab=vocab)
+        if not rows:
             self.set_body(Text("no hashed blocks: full blocks get a chained hash with --prefix-caching",
                                style="dim"))
             return
-        hit_block = current.block if isinstance(current, ev.PrefixCacheHit) else None
-        by_parent: dict[int | None, list[BlockState]] = {}
-        known = {b.block_hash for b in hashed}
-        for block in hashed:
-            parent = block.parent_hash if block.parent_hash in known else None
-            by_parent.setdefault(parent, []).append(block)
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True)
         grid.add_column(no_wrap=True)
         grid.add_column()
-        seen: set[int] = set()
-
-        def walk(parent: int | None, depth: int) -> None:
-            children = sorted(by_parent.get(parent, []), key=lambda b: b.number)
-            branching = len(children) > 1
-            for position, block in enumerate(children):
-                if block.number in seen:
-                    continue
-                seen.add(block.number)
-                # A chain continues straight down; only where it branches do children indent.
-                indent = "  " * min(depth, 8)
-                if branching:
-                    indent += "└ " if position == len(children) - 1 else "├ "
-                label = Text(indent)
-                hash_style = "bold #000000 on #ffd400" if block.num_hits else "bold"
-                if block.number == hit_block:
-                    hash_style += " reverse"
-                label.append(f"#{short_hash(block.block_hash)}", hash_style)
-                label.append(f" ← #{short_hash(block.parent_hash)}" if block.parent_hash is not None else " ← root",
-                             "dim")
-                info = Text(f"gpu {block.number}")
-                if block.ref_count:
-                    info.append(f" ×{block.ref_count}")
-                if is_cached_free(block):
-                    info.append(" cached-free", "italic")
-                if block.num_hits:
-                    info.append(f" HIT×{block.num_hits}", "bold #000000 on #ffd400")
-                if not block.registered:
-                    info.append(" dup", "dim")
-                texts = block_token_texts(state, block, vocab)
-                grid.add_row(label, info, tokens_text(texts, Style(bgcolor="#333344"), Style(bgcolor="#44445a")))
-                walk(block.block_hash, depth + 1 if branching else depth)
-
-        walk(None, 0)
-        for block in hashed:  # anything left (a cycle cannot happen, but be safe)
-            if block.number not in seen:
-                walk(block.parent_hash, 0)
-        rate = state.prefix_hit_rate()
-        summary = Text(f"{len(state.hash_map)} in hash map · hits {state.num_prefix_hits}"
-                       f"/{state.num_prompt_blocks_looked_up} prompt blocks ({rate:.0%})", style="dim")
-        self.set_body(Group(summary, grid))
+        for row in rows:
+            label = Text("  " * min(row["depth"], 8)
+                         + (f"{row['branch']} " if row["branch"] else ""))
+            hash_style = "bold #000000 on #ffd400" if row["hits"] else "bold"
+            if row["hit_now"]:
+                hash_style += " reverse"
+            label.append(f"#{row['hash']}", hash_style)
+            label.append(f" ← #{row['parent']}" if row["parent"] else " ← root", "dim")
+            info = Text(f"gpu {row['block']}")
+            if row["ref"]:
+                info.append(f" ×{row['ref']}")
+            if row["state"] == "cached":
+                info.append(" cached-free", "italic")
+            if row["hits"]:
+                info.append(f" HIT×{row['hits']}", "bold #000000 on #ffd400")
+            if not row["registered"]:
+                info.append(" dup", "dim")
+            grid.add_row(label, info, tokens_text(row["tokens"], Style(bgcolor="#333344"), Style(bgcolor="#44445a")))
+        summary = hash_summary(state)
+        rate = summary["hits"] / summary["looked_up"] if summary["looked_up"] else 0.0
+        self.set_body(Group(Text(f"{summary['in_map']} in hash map · hits {summary['hits']}"
+                                 f"/{summary['looked_up']} prompt blocks ({rate:.0%})", style="dim"), grid))
 
 
 # ---------------------------------------------------------------------------- inspector
@@ -258,43 +228,36 @@ class BlockInspector(StatePanel):
                                style="dim"))
             return
         device, number = selection
-        block = state.pools[device][number]
+        info = inspect_block(state, device, number, vocab)
         self.border_title = f"Block inspector · {device} {number}"
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
-        grid.add_row("state", block_state_name(block))
-        grid.add_row("ref count", str(block.ref_count))
+        grid.add_row("state", STATE_LABELS[info["state"]])
+        grid.add_row("ref count", str(info["ref"]))
         owners = Text()
-        for seq_id in sorted(block.owners):
+        for seq_id in info["owners"]:
             owners.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
             owners.append(" ")
-        grid.add_row("owners", owners if block.owners else Text("none", "dim"))
-        filled = len(block.token_ids) if block.state == USED or is_cached_free(block) else 0
-        grid.add_row("fill", f"{filled}/{state.block_size} slots {fill_glyph(filled, state.block_size)}")
-        if block.block_hash is not None:
-            grid.add_row("hash", f"#{short_hash(block.block_hash, 16)}"
-                         + ("" if block.registered else " (duplicate, not in map)"))
-            grid.add_row("parent", f"#{short_hash(block.parent_hash, 16)}" if block.parent_hash is not None
-                         else "none (first block)")
-            grid.add_row("hits", str(block.num_hits))
+        grid.add_row("owners", owners if info["owners"] else Text("none", "dim"))
+        filled, size = info["fill"], info["block_size"]
+        grid.add_row("fill", f"{filled}/{size} slots {fill_glyph(filled, size)}")
+        if info["hash"]:
+            grid.add_row("hash", f"#{info['hash']}" + ("" if info["registered"] else " (duplicate, not in map)"))
+            grid.add_row("parent", f"#{info['parent']}" if info["parent"] else "none (first block)")
+            grid.add_row("hits", str(info["hits"]))
         if filled:
-            texts = block_token_texts(state, block, vocab)
-            grid.add_row("tokens", tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
+            grid.add_row("tokens", tokens_text(info["tokens"], Style(bgcolor=block_tint(device, number, 0)),
                                               Style(bgcolor=block_tint(device, number, 1))))
-        digest = block.digest
+        digest = info["digest"]
         shown = Text(digest, "bold") if digest else Text("none yet", "dim")
         # Slots written since the digest was taken (a live run at full speed digests once per
         # batch of steps, not every step): say what it covers.
-        current = block.digest_slots == filled
-        if digest and not current:
-            shown.append(f" (at {block.digest_slots}/{state.block_size} slots)", "dim")
+        if digest and not info["digest_current"]:
+            shown.append(f" (at {info['digest_slots']}/{size} slots)", "dim")
         grid.add_row("K/V digest", shown)
-        if digest:
-            same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
-                    if b.digest == digest and b is not block and (b.state == USED or is_cached_free(b))]
-            if same:  # equal digests prove equal K/V only while this block's digest is current
-                grid.add_row("same K/V in" if current else "same digest", ", ".join(same))
+        if info["same_kv"]:  # equal digests prove equal K/V only while this block's digest is current
+            grid.add_row("same K/V in" if info["digest_current"] else "same digest", ", ".join(info["same_kv"]))
         self.set_body(grid)
 
 

@@ -22,16 +22,11 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from blockviz.model.palette import fill_glyph, seq_colour
+from blockviz.model.reducer import BlockState, ReducerState
+from blockviz.model.view import BlockCell, block_cell
 from blockviz.tui.messages import BlockSelected
-from blockviz.model.palette import (
-    CACHED_STYLE,
-    FREE_STYLE,
-    SELECTED_STYLE,
-    TOUCHED_STYLE,
-    fill_glyph,
-    seq_colour,
-)
-from blockviz.model.reducer import USED, BlockState, ReducerState
+from blockviz.tui.styles import CACHED_STYLE, FREE_STYLE, SELECTED_STYLE, TOUCHED_STYLE
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
@@ -206,14 +201,7 @@ class PoolGrid(ScrollView, can_focus=True):
 
     def _cell_key(self, block: BlockState) -> tuple:
         number = block.number
-        flags = (number == self.selected, number in self.touched)
-        if block.state == USED:
-            owners = block.owners
-            firsts = tuple(owners) if len(owners) < 2 else tuple(sorted(owners)[:2])
-            return (1, firsts, block.ref_count, len(block.token_ids)) + flags
-        if block.block_hash is not None:
-            return (2, (), 0, len(block.token_ids)) + flags
-        return (0, (), 0, 0) + flags
+        return (block_cell(block), number == self.selected, number in self.touched)
 
     def _row_key(self, row: int) -> tuple:
         if self.state is None:
@@ -270,24 +258,24 @@ class PoolGrid(ScrollView, can_focus=True):
             self._look_styles[key] = style
         return style
 
-    def _looks(self, block: BlockState) -> tuple[int, int | None, int | None, str, bool, bool]:
-        """(kind, first owner, second owner, mark, selected, touched): kind 1 used, 2 cached-free, 0 free."""
+    def _looks(self, block: BlockState) -> tuple[BlockCell, int, int | None, int | None, str, bool, bool]:
+        """(the view model's cell, kind, first owner, second owner, mark, selected, touched): kind 1
+        used, 2 cached-free, 0 free; a block with one owner shows its colour on both parts."""
         number = block.number
         selected, touched = number == self.selected, number in self.touched
-        if block.state == USED:
-            owners = sorted(block.owners) if len(block.owners) > 1 else list(block.owners)
-            first = owners[0] if owners else None
-            second = owners[1] if len(owners) > 1 else first
-            ref = block.ref_count
-            mark = " " if ref < 2 else (SUPERSCRIPTS[ref] if ref < 10 else "⁺")
-            return 1, first, second, mark, selected, touched
-        if block.block_hash is not None:
-            return 2, None, None, "c", selected, touched
-        return 0, None, None, " ", selected, touched
+        cell = block_cell(block)
+        if cell.state == "used":
+            first = cell.owner if cell.owner >= 0 else None
+            second = cell.owner2 if cell.owner2 >= 0 else first
+            mark = " " if cell.ref < 2 else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
+            return cell, 1, first, second, mark, selected, touched
+        if cell.state == "cached":
+            return cell, 2, None, None, "c", selected, touched
+        return cell, 0, None, None, " ", selected, touched
 
     def _cell(self, block: BlockState, sub: int) -> list[Segment]:
-        kind, first, second, mark, selected, touched = self._looks(block)
-        glyph = fill_glyph(len(block.token_ids), self.state.block_size) if kind else " "
+        cell, kind, first, second, mark, selected, touched = self._looks(block)
+        glyph = fill_glyph(cell.fill, self.state.block_size) if kind else " "
         style = self._style
         return [
             Segment(f"{block.number:>{self._digits}}", style(("number", kind, first, selected, touched))),
@@ -296,16 +284,15 @@ class PoolGrid(ScrollView, can_focus=True):
         ]
 
     def _cell_big(self, block: BlockState, sub: int) -> list[Segment]:
-        kind, first, second, mark, selected, touched = self._looks(block)
+        cell, kind, first, second, mark, selected, touched = self._looks(block)
         width = self.cell_width
         style = self._style
         if sub == 0:
-            ref = f"×{block.ref_count}" if block.ref_count > 1 else (" c" if kind == 2 else "  ")
+            ref = f"×{cell.ref}" if cell.ref > 1 else (" c" if kind == 2 else "  ")
             number = f" {block.number:>{self._digits}}"
             return [Segment(number, style(("number", kind, first, selected, touched))),
                     Segment(ref.ljust(width - len(number)), style(("mark", kind, second, selected, touched)))]
-        num_tokens = len(block.token_ids) if kind else 0
-        filled = max(1, round(width * num_tokens / self.state.block_size)) if num_tokens else 0
+        filled = max(1, round(width * cell.fill / self.state.block_size)) if cell.fill else 0
         segments = []
         if filled:
             segments.append(Segment("█" * filled, style(("fill", kind, second, selected, touched))))

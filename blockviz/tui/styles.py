@@ -1,0 +1,26 @@
+"""The palette (blockviz/model/palette.py) as Rich styles: the looks of free, cached, selected and
+touched cells, a sequence's label, token pieces side by side."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+
+from blockviz.model.palette import seq_colour, show_token
+
+FREE_STYLE = Style(color="#6b6b6b")
+CACHED_STYLE = Style(color="#e8e8e8", bgcolor="#3c4a5a", italic=True)
+SELECTED_STYLE = Style(reverse=True, bold=True)
+TOUCHED_STYLE = Style(underline=True, bold=True)
+
+
+def seq_style(seq_id: int, projector: bool = False) -> Style:
+    return Style(color="#000000", bgcolor=seq_colour(seq_id, projector), bold=projector)
+
+
+def tokens_text(texts: list[str], style_a: Style | str = "", style_b: Style | str = "") -> Text:
+    """Token pieces side by side, alternating two styles so each token's edge shows."""
+    text = Text()
+    for index, piece in enumerate(texts):
+        text.append(show_token(piece), style_a if index % 2 == 0 else style_b)
+    return text

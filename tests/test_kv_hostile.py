@@ -1,0 +1,220 @@
+"""`blockviz attach`'s client against publishers the test controls (a pyzmq XPUB and ROUTER that
+send what vLLM never would): deeply nested payloads, sequence numbers that go back, -1, or jump
+by 2**62, replay servers that never end or never answer, 100,000 batches in bounded memory, and
+an IPv6 endpoint. Each case is shown as what it is and never hides the batches after it; the
+attach app stays responsive and q quits while a replay never ends.
+
+Every wait has a timeout (a client that hangs fails the test, never hangs it); no assertion is
+about time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+
+import pytest
+import zmq
+
+from blockviz.kvevents.protocol import MAX_PAYLOAD_BYTES, BlockRemoved, BlockStored, encode_batch, seq_bytes
+from blockviz.kvevents.publisher import KVEventPublisher
+from blockviz.kvevents.state import MAX_REMOVED_KEPT, KVEventState
+from blockviz.kvevents.subscriber import KVEventClient
+from blockviz.tui.attach_app import AttachApp
+from test_kv_attach import wait_until
+from test_kv_round_trip import WAIT_S, collect, free_ports, logged
+from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
+
+TOPIC = b"kv-events"
+
+
+def stored(block_hash: int, parent: int | None = None) -> bytes:
+    return encode_batch([BlockStored((block_hash,), parent, (block_hash,), 1, medium="GPU")], ts=float(block_hash))
+
+
+def send(publisher: KVEventPublisher, seq: int, payload: bytes) -> None:
+    """One frame with whatever number the test chooses."""
+    publisher.pub.send_multipart((TOPIC, seq_bytes(seq), payload))
+
+
+def follow(frames: list[tuple[int, bytes]], until, replay: str | None = None, **client_options) -> KVEventState:
+    """Send `frames` from a publisher the test controls to a KVEventClient; apply what arrives
+    until `until(state)` holds or the wait runs out."""
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    state = KVEventState()
+    with KVEventPublisher(endpoint) as publisher, KVEventClient(endpoint, replay, **client_options) as client:
+        assert publisher.wait_for_subscribers(1, WAIT_S)
+        for seq, payload in frames:
+            send(publisher, seq, payload)
+        deadline = time.monotonic() + WAIT_S
+        while not until(state) and time.monotonic() < deadline:
+            state.apply_update(client.poll(100))
+    return state
+
+
+def test_deeply_nested_and_oversized_payloads_are_notices_and_the_next_batches_arrive():
+    nested = b"\x91" * 100_000 + b"\x01"  # one 100 KB message
+    oversized = b"\x00" * (MAX_PAYLOAD_BYTES + 1)
+    state = follow([(0, stored(1)), (1, nested), (2, oversized), (3, stored(2, 1))], lambda s: s.num_batches == 2)
+    assert logged(state, "stored") == [1, 2] and state.num_lost_batches == 0 and list(state.gaps) == []
+    assert any("#1: nested too deep" in notice for notice in state.notices)
+    assert any(f"#2: a payload of {MAX_PAYLOAD_BYTES + 1} bytes" in notice for notice in state.notices)
+
+
+def test_sequence_numbers_going_back_minus_one_and_jumping_are_shown_and_never_hide_later_batches():
+    frames = [(0, stored(1)), (1, stored(2, 1)), (-1, stored(3)), (2, stored(4)), (2**62, stored(5)), (3, stored(6)),
+              (4, stored(7)), (0, stored(8)), (1, stored(9, 8))]
+    state = follow(frames, lambda s: s.num_batches == 9)
+    assert logged(state, "stored") == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # every batch shown, in the order sent
+    notices = "\n".join(state.notices)
+    assert "sequence number -1 (the replay end marker's number) on the live stream" in notices
+    assert "jumped from #2 to #4611686018427387904" in notices
+    assert "went back from #4 to #0: the publisher restarted" in notices
+    assert state.num_lost_batches == 0 and list(state.gaps) == []
+    assert state.ranks[0].num_restarts == 1 and state.cached[0, ("GPU", None), None] == {8, 9}  # reset at the restart
+    assert state.ranks[0].last_seq == 1
+    assert [p.seq for p in state.timeline] == [0, 1, -1, 2, 2**62, 3, 4, 0, 1]
+
+
+def test_a_jump_that_the_numbers_continue_from_is_followed():
+    frames = [(0, stored(1)), (2**40, stored(2)), (2**40 + 1, stored(3)), (2**40 + 2, stored(4))]
+    state = follow(frames, lambda s: s.num_batches == 4)
+    assert logged(state, "stored") == [1, 2, 3, 4] and state.ranks[0].last_seq == 2**40 + 2
+    assert [g.plausible for g in state.gaps] == [False] and state.num_lost_batches == 0
+    assert "numbers jumped over #1-#1099511627776" in state.gaps[0].describe()
+    assert any("numbering continues from #1099511627776" in notice for notice in state.notices)
+
+
+class ReplayServer:
+    """A ROUTER the test controls: to each request it sends `answers` replies with the topic frame,
+    one every `interval_s`, forever when `answers` is None, and never an end marker."""
+
+    def __init__(self, answers: int | None, interval_s: float = 0.01) -> None:
+        self.endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+        self.answers, self.interval_s = answers, interval_s
+        self.requests = 0
+        self._stop = threading.Event()
+        self._bound = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        assert self._bound.wait(WAIT_S)
+
+    def _serve(self) -> None:
+        router = zmq.Context.instance().socket(zmq.ROUTER)
+        router.bind(self.endpoint)
+        self._bound.set()
+        clients, seq = [], 0
+        try:
+            while not self._stop.is_set():
+                if router.poll(self.interval_s * 1000):
+                    clients.append(router.recv_multipart()[0])
+                    self.requests += 1
+                for client in clients:
+                    if self.answers is None or seq < self.answers:
+                        router.send_multipart((client, b"", TOPIC, seq_bytes(seq), stored(100 + seq)))
+                seq += 1
+        finally:
+            router.close(linger=0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT_S)
+
+
+@pytest.mark.parametrize(("answers", "said"), [(None, "no end marker within 1 s"), (0, "no answer for 0.5 s")])
+def test_a_replay_that_never_ends_is_reported_within_its_deadline(answers, said):
+    server = ReplayServer(answers)
+    done: list = []
+    try:
+        with KVEventClient(f"tcp://127.0.0.1:{free_ports(1)[0]}", server.endpoint, replay_deadline_s=1.0,
+                           replay_timeout_s=0.5) as client:
+            worker = threading.Thread(target=lambda: done.append(client.catch_up()), daemon=True)
+            worker.start()
+            worker.join(WAIT_S)
+    finally:
+        server.close()
+    assert done, "catch_up never returned"
+    update = done[0]
+    assert any(f"replay from #0: {said}" in notice for notice in update.notices), update.notices
+    if answers is None:  # what came before the deadline is shown, and not taken for every batch
+        assert update.received and [r.seq for r in update.received] == list(range(len(update.received)))
+        assert not update.gaps[0].replay_ended and "the replay did not end" in update.gaps[0].describe()
+
+
+class ClosingClient(KVEventClient):
+    """A KVEventClient that says when the attach app's worker closed it (its last act)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        super().close()
+        self.closed.set()
+
+
+@pytest.mark.anyio
+async def test_the_attach_app_stays_responsive_and_q_quits_while_a_replay_never_ends():
+    server = ReplayServer(None)
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    clients: list[ClosingClient] = []
+
+    def client_factory(*args, **kwargs):  # a deadline no test waits for: only the app quitting ends this replay
+        clients.append(ClosingClient(*args, replay_deadline_s=3600, **kwargs))
+        return clients[-1]
+
+    app = AttachApp(endpoint, server.endpoint, client_factory=client_factory)
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: server.requests >= 1)  # the worker is inside the endless replay
+            assert server.requests == 1 and app.state.num_batches == 0
+            before = app.focused
+            await pilot.press("tab")
+            await pilot.pause()
+            assert app.focused is not before  # keys are handled meanwhile
+            assert "waiting for events on" in screen_text(app)
+            await pilot.press("q")
+        assert clients[0].closed.wait(WAIT_S)  # the replay saw the app quit: the worker left it and closed
+    finally:
+        server.close()
+
+
+def test_memory_stays_bounded_under_100k_batches():
+    """Each batch stores a new block and removes the one before: after the forest, the log and the
+    timeline are full, 50,000 more batches add nothing that stays (the forest keeps what is cached
+    plus MAX_REMOVED_KEPT removed blocks)."""
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    state = KVEventState()
+    tracemalloc.start()
+    try:
+        with KVEventPublisher(endpoint) as publisher, KVEventClient(endpoint) as client:
+            assert publisher.wait_for_subscribers(1, WAIT_S)
+            sizes = {}
+            for chunk in range(100):
+                for index in range(chunk * 1000, (chunk + 1) * 1000):
+                    publisher.publish([BlockStored((index + 1,), index or None, (index,), 1),
+                                       *([BlockRemoved((index,))] if index else [])])
+                collect(client, state, (chunk + 1) * 1000)
+                if chunk + 1 in (50, 100):
+                    sizes[chunk + 1] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert state.num_batches == 100_000 and state.num_lost_batches == 0
+    assert len(state.nodes) <= 1 + MAX_REMOVED_KEPT and state.num_cached == 1
+    assert sizes[100] - sizes[50] < 2 * 2**20, sizes
+
+
+def test_an_ipv6_loopback_endpoint_works():
+    port = free_ports(1)[0]
+    endpoint = f"tcp://[::1]:{port}"
+    try:
+        publisher = KVEventPublisher(endpoint)
+    except zmq.ZMQError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    state = KVEventState()
+    with publisher, KVEventClient(endpoint) as client:
+        assert publisher.wait_for_subscribers(1, WAIT_S)
+        publisher.publish([BlockStored((7,), None, (7,), 1)])
+        collect(client, state, 1)
+    assert logged(state, "stored") == [7]

@@ -1,0 +1,86 @@
+"""The layout shows the architecture: each layer imports only the layers below it, event names are
+spelled only in the event module, and only the engine session steps an engine.
+
+engine/ (the engine) < blockviz/model/ (the view model) < blockviz/session/ (the engine session)
+< the front ends: blockviz/tui/, blockviz/jupyter/, blockviz/kvevents/, blockviz/commands/ + cli.py.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from engine.events import EVENT_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+FRONT_ENDS = ("blockviz.tui", "blockviz.jupyter", "blockviz.kvevents", "blockviz.commands", "blockviz.cli",
+              "blockviz.web")
+UI_LIBRARIES = ("textual", "ipywidgets", "anywidget")
+# What each layer may not import (any module whose name starts with one of these).
+FORBIDDEN = {
+    "engine": ("blockviz",) + UI_LIBRARIES + ("rich",),
+    "blockviz.model": ("blockviz.session",) + FRONT_ENDS + UI_LIBRARIES + ("torch",),
+    "blockviz.session": FRONT_ENDS + UI_LIBRARIES,
+    "blockviz.tui": ("blockviz.jupyter", "blockviz.commands", "ipywidgets", "anywidget"),
+    "blockviz.jupyter": ("blockviz.tui", "blockviz.commands", "textual"),
+}
+
+
+def modules(package: str) -> list[tuple[str, Path]]:
+    base = ROOT.joinpath(*package.split("."))
+    return [(package + "." + ".".join(p.relative_to(base).with_suffix("").parts), p) for p in sorted(base.rglob("*.py"))]
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_layer_imports_one_above_it(layer):
+    bad = []
+    for name, path in modules(layer):
+        for module in imported(path):
+            if any(module == f or module.startswith(f + ".") for f in FORBIDDEN[layer]):
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+# "fork" is also the live command's name (vLLM's BlockSpaceManager.fork): the TUI's key binding, the
+# engine process's call names and the help glossary say it as an operation, not as an event kind.
+OPERATION_NAMES = {("blockviz/tui/keys.py", "fork"), ("blockviz/tui/engine_process.py", "fork"),
+                   ("blockviz/tui/widgets/screens.py", "fork")}
+
+
+def test_event_names_are_spelled_only_in_the_event_module():
+    """Consumers dispatch on an event's record class; a kind name as a string appears only in
+    engine/events.py (trace files keep their "type" field, read and written there)."""
+    names = set(EVENT_TYPES)
+    found = []
+    for _, path in modules("blockviz"):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                    and (where, node.value) not in OPERATION_NAMES):
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
+    assert not found, "\n".join(found)
+
+
+def test_only_the_engine_session_steps_an_engine():
+    steppers = []
+    for _, path in modules("blockviz"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
+                    and isinstance(node.func.value, (ast.Name, ast.Attribute))
+                    and "engine" in ast.unparse(node.func.value)):
+                steppers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert {s.split(":")[0] for s in steppers} == {"blockviz/session/engine_session.py"}, steppers
