@@ -68,7 +68,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     """The options shared by the engine commands; `overrides` change their defaults (pool sizes
     default to the memory budget, as vLLM sizes them); `skip` names options a command defines its
     own way (compare takes lists)."""
-    from engine.config import ATTENTION_BACKENDS, PreemptionMode
+    from engine.config import ATTENTION_BACKENDS, KV_MANAGERS, PreemptionMode
 
     d = {**engine_option_defaults(), **overrides}
     parser.add_argument("--model", default=d["model"],
@@ -96,13 +96,19 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help=f"size of the CPU swap pool (default: {cpu if cpu is not None else 'from the swap space'})")
     caching = d["enable_prefix_caching"]
     if "enable_prefix_caching" not in skip:
+        shown = "off in v0, on in v1" if caching is None else "on" if caching else "off"
         parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=caching,
                             dest="enable_prefix_caching",
-                            help=f"share identical prompt prefixes through the chained-hash cache (default {'on' if caching else 'off'})")
+                            help=f"share identical prompt prefixes through the chained-hash cache (default {shown})")
     mode = d["preemption_mode"]
     parser.add_argument("--preemption-mode", choices=[m.value for m in PreemptionMode], default=mode,
+                        action=_GivenChoice,
                         help="how to preempt when blocks run out (default: "
-                             f"{mode or 'recompute a lone sequence, swap a group, as vLLM'})")
+                             f"{mode or 'recompute a lone sequence, swap a group, as vLLM'}; v1: recompute)")
+    parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
+                        help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
+                             "copy-on-write) or v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
+                             f"recompute only) (default {d['kv_manager']})")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=_int_at_least("--seed", 0), default=d["seed"],
@@ -112,6 +118,15 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
                         help="torch (gather + SDPA, the reference) or triton (paged kernels; on the CPU only "
                              "under TRITON_INTERPRET=1) (default: triton on CUDA when installed, else torch)")
+
+
+class _GivenChoice(argparse.Action):
+    """Store the value and note that the option was given (`<dest>_given`), so a command's default
+    (the story's swap preemption) can give way to --kv-manager v1 while a swap asked for cannot."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 def add_break_on_option(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,8 @@ from engine.model_source import DEFAULT_MODEL
 MiB = 1 << 20
 DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks is given
 DTYPES = ("float32", "float16", "bfloat16")
+KV_MANAGERS = ("v0", "v1")  # vLLM v0's BlockSpaceManager, vLLM v1's KVCacheManager (engine/v1/)
+HASH_ALGOS = ("sha256", "xxhash")  # v1's prefix_caching_hash_algo (vLLM's default first)
 ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
 
@@ -37,7 +39,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
     gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None  # None: off in v0, on in v1 (each as vLLM has it)
     preemption_mode: PreemptionMode | None = None
     device: str | None = None
     dtype: str | None = None
@@ -46,6 +48,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     watermark: float = 0.01
     kv_digests: bool = True
+    kv_manager: str = "v0"
+    prefix_caching_hash_algo: str = "sha256"
     attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
     raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
 
@@ -71,6 +75,17 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.watermark < 0:
             raise ValueError(f"watermark must be >= 0, got {self.watermark}")
+        if self.kv_manager not in KV_MANAGERS:
+            raise ValueError(f"kv_manager must be 'v0' or 'v1', got {self.kv_manager!r}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+                             f"got {self.prefix_caching_hash_algo!r}")
+        if self.kv_manager == "v1" and self.num_gpu_blocks == 1:
+            raise ValueError("kv_manager 'v1' needs num_gpu_blocks >= 2: block 0 is the null block")
+        if self.kv_manager == "v1" and self.preemption_mode is PreemptionMode.SWAP:
+            raise ValueError("kv_manager 'v1' preempts by recompute only: preemption_mode 'swap' is v0's")
+        if self.enable_prefix_caching is None:
+            self.enable_prefix_caching = self.kv_manager == "v1"
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:

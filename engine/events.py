@@ -209,6 +209,21 @@ class StepStarted(Event):
     num_tokens: int
 
 
+class TokensScheduled(Event):
+    """vLLM v1 only: the tokens each sequence computes this step, after StepStarted (vLLM v1
+    SchedulerOutput.num_scheduled_tokens). Sequence `seq_ids[i]` had `num_computed_tokens[i]` of its
+    `num_tokens[i]` tokens computed and computes `num_new_tokens[i]` more: fewer than the rest is a
+    prefill chunk; one, the last token, a decode."""
+
+    type: ClassVar[str] = "tokens_scheduled"
+
+    step: int
+    seq_ids: tuple[int, ...]
+    num_computed_tokens: tuple[int, ...]
+    num_new_tokens: tuple[int, ...]
+    num_tokens: tuple[int, ...]
+
+
 class TokenGenerated(Event):
     """`seq_id` sampled `token_id` (its text piece `text`) at position `position`."""
 

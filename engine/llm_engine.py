@@ -3,7 +3,8 @@ nano-vllm's `LLMEngine.step`).
 
 Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools
 (`determine_num_available_blocks`), build the CacheEngine and the scheduler over a
-BlockSpaceManager. Every block operation and every step is an event on `self.events`, so a
+BlockSpaceManager, or, with `kv_manager="v1"`, vLLM v1's Scheduler over a KVCacheManager
+(engine/v1/). Every block operation and every step is an event on `self.events`, so a
 subscriber sees one ordered story.
 """
 
@@ -26,6 +27,7 @@ from engine.events import (
     StepFinished,
     StepStarted,
     TokenGenerated,
+    TokensScheduled,
 )
 from engine.model_loader import LoadedModel, load_model
 from engine.outputs import CompletionOutput, RequestOutput
@@ -60,20 +62,16 @@ class LLMEngine:
             self.model, model_config, config.block_size, self.device, self.loaded.dtype, max_batched,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
-            swap_space_bytes=config.swap_space_bytes, num_cpu_blocks=config.num_cpu_blocks,
+            swap_space_bytes=config.swap_space_bytes,
+            num_cpu_blocks=0 if config.kv_manager == "v1" else config.num_cpu_blocks,  # v1 has no swap
         )
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,
             self.budget.num_gpu_blocks, self.budget.num_cpu_blocks, self.device, self.loaded.dtype,
         )
-        self.block_manager = BlockSpaceManager(
-            config.block_size, self.budget.num_gpu_blocks, self.budget.num_cpu_blocks,
-            watermark=config.watermark, enable_caching=config.enable_prefix_caching, events=self.events,
-        )
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len, config.preemption_mode),
-            self.block_manager,
-        )
+        scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
+                                           config.preemption_mode)
+        self.block_manager, self.scheduler = self._make_scheduler(scheduler_config)
         self.model_runner = ModelRunner(self.model, self.cache_engine, self.block_manager, config.block_size,
                                         self.device, config.attention_backend)
         self.eos_token_id = self._eos_token_id()
@@ -86,6 +84,26 @@ class LLMEngine:
         # set_kv_digests_per_step(False) holds them back for emit_kv_digests()
         self._kv_digests_per_step = True
         self._written: dict[int, None] = {}  # device blocks written since their last digest
+
+    def _make_scheduler(self, scheduler_config: SchedulerConfig):
+        """The block manager and scheduler of the design `config.kv_manager` names: vLLM v0's
+        BlockSpaceManager and Scheduler, or vLLM v1's KVCacheManager and Scheduler (engine/v1/).
+        Both take add_seq_group / schedule / abort_seq_group / free_finished_seq_groups, and
+        both managers free(seq) and give get_block_table(seq)."""
+        config = self.config
+        if config.kv_manager == "v1":
+            from engine.v1.kv_cache_manager import KVCacheManager
+            from engine.v1.scheduler import Scheduler as V1Scheduler
+
+            manager = KVCacheManager(config.block_size, self.budget.num_gpu_blocks, self.max_model_len,
+                                     enable_caching=bool(config.enable_prefix_caching),
+                                     hash_algo=config.prefix_caching_hash_algo, events=self.events)
+            return manager, V1Scheduler(scheduler_config, manager)
+        manager = BlockSpaceManager(
+            config.block_size, self.budget.num_gpu_blocks, self.budget.num_cpu_blocks,
+            watermark=config.watermark, enable_caching=config.enable_prefix_caching, events=self.events,
+        )
+        return manager, Scheduler(scheduler_config, manager)
 
     def _eos_token_id(self) -> int | None:
         hf = self.loaded.hf_config
@@ -162,10 +180,16 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self.config.seed + int(seq.seq_id)
         seq.generator = None if params.greedy else make_generator(seed, 0)
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
+        if self.config.kv_manager == "v1":  # n > 1: n requests sharing the prompt through the cache
+            for branch in range(1, params.n):
+                child = Sequence(next(self._seq_counter), token_ids, self.config.block_size)
+                child.branch = branch
+                child.generator = None if params.greedy else make_generator(seed, branch)
+                group.add(child)
         self._groups[request_id] = group
         self.scheduler.add_seq_group(group)
         if self.events.active:  # the token ids only: their texts are the subscriber's to decode
-            self.events.emit(RequestAdded, request_id=request_id, seq_ids=(seq.seq_id,), prompt=text or "",
+            self.events.emit(RequestAdded, request_id=request_id, seq_ids=group.seq_ids, prompt=text or "",
                              prompt_token_ids=tuple(token_ids), prompt_tokens_text=(),
                              n=params.n, max_tokens=params.max_tokens)
         return request_id
@@ -191,6 +215,8 @@ class LLMEngine:
         """Fork a running sequence now, between steps (vLLM v0 BlockSpaceManager.fork, as a
         request with n > 1 forks after its prefill): the child shares all its blocks. Returns the
         child's seq id."""
+        if self.config.kv_manager == "v1":
+            raise ValueError("vLLM v1 has no fork: n > 1 runs as requests sharing the prompt's cached blocks")
         for group in self.scheduler.running:
             if seq_id in group.seqs_dict and group.seqs_dict[seq_id].status is SequenceStatus.RUNNING:
                 return self._fork(group, group.seqs_dict[seq_id]).seq_id
@@ -222,22 +248,38 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         finished = self._finish_ignored(sched.ignored_seq_groups)
         self._move_blocks(sched)
-        running = [(group, seq) for group in sched.scheduled_seq_groups
-                   for seq in group.get_seqs(SequenceStatus.RUNNING)]
+        running = sched.scheduled_seqs()
         if running:
             seqs = [seq for _, seq in running]
             self._start_step(sched, seqs)
-            logits = self.model_runner.execute_model(seqs, sched.is_prefill)
-            finished += self._process_outputs(running, logits, sched.is_prefill)
+            counts = self._tokens_scheduled(sched, seqs)
+            if counts is None:  # v0: whole prompts or one token each
+                logits = self.model_runner.execute_model(seqs, sched.is_prefill)
+            else:
+                logits = self.model_runner.execute_model(seqs, sched.is_prefill, counts)
+            finished += self._process_outputs(running, logits, sched.is_prefill, counts)
             self._end_step(sched, start)
         return self._outputs(sched.scheduled_seq_groups, finished)
+
+    def _tokens_scheduled(self, sched, seqs: list[Sequence]) -> list[int] | None:
+        """v1: the tokens each sequence computes this step (a prefill chunk, the rest of a prompt
+        or one decode token), announced as TokensScheduled; None in v0."""
+        num_scheduled = sched.num_scheduled_tokens
+        if num_scheduled is None:
+            return None
+        counts = [num_scheduled[seq.seq_id] for seq in seqs]
+        if self.events.active:
+            self.events.emit(TokensScheduled, step=self.num_steps, seq_ids=tuple(s.seq_id for s in seqs),
+                             num_computed_tokens=tuple(s.num_computed_tokens for s in seqs),
+                             num_new_tokens=tuple(counts), num_tokens=tuple(s.get_len() for s in seqs))
+        return counts
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
         """Requests the scheduler refused for good end now, with its reason."""
         for group, reason, seqs in ignored:
             for seq in seqs:
                 self._emit_finished(group, seq, reason)
-        return [group for group, _, _ in ignored]
+        return [group for group, _, _ in ignored if group.is_finished()]
 
     def _move_blocks(self, sched: SchedulerOutputs) -> None:
         """The scheduler's swaps and copy-on-write copies, done on the cache before the forward."""
@@ -264,15 +306,22 @@ class LLMEngine:
                              num_tokens=sched.num_batched_tokens, duration_s=time.perf_counter() - start)
 
     def _process_outputs(self, running: list[tuple[SequenceGroup, Sequence]], logits: torch.Tensor,
-                         is_prefill: bool) -> list[SequenceGroup]:
+                         is_prefill: bool, num_new_tokens: list[int] | None = None) -> list[SequenceGroup]:
         """Append each sequence's sampled token; a request with n > 1 forks its other branches
-        after its prefill, each sampling its own first token from the same logits. Returns the
-        requests that finished."""
+        after its prefill, each sampling its own first token from the same logits (v0). With
+        `num_new_tokens` (v1) a sequence whose tokens were a prefill chunk short of its end
+        samples nothing yet. Returns the requests that finished."""
+        if num_new_tokens is not None:
+            running, logits = self._advance_v1(running, logits, num_new_tokens)
+            if not running:
+                self._after_tokens()
+                return []
         token_ids = self.model_runner.sample(logits, [seq for _, seq in running],
                                              [group.sampling_params for group, _ in running])
         finished: list[SequenceGroup] = []
         for row, ((group, seq), token_id) in enumerate(zip(running, token_ids)):
-            self._mark_computed(seq, is_prefill)
+            if num_new_tokens is None:
+                self._mark_computed(seq, is_prefill)
             children = self._fork_branches(group, seq)
             self._append_token(group, seq, token_id)
             for child in children:
@@ -280,10 +329,29 @@ class LLMEngine:
                 self._append_token(group, child, child_token_id)
             if group.is_finished() and group not in finished:
                 finished.append(group)
+        self._after_tokens()
+        return finished
+
+    def _after_tokens(self) -> None:
         if self._kv_digests_per_step:
             self.emit_kv_digests()
         self.scheduler.free_finished_seq_groups()
-        return finished
+
+    def _advance_v1(self, running: list[tuple[SequenceGroup, Sequence]], logits: torch.Tensor,
+                    num_new_tokens: list[int]) -> tuple[list[tuple[SequenceGroup, Sequence]], torch.Tensor]:
+        """v1: each sequence computed its scheduled tokens (vLLM v1 update_from_output's
+        num_computed_tokens); the ones now at their end sample, with their logits rows."""
+        bs = self.config.block_size
+        rows = []
+        for row, ((_, seq), count) in enumerate(zip(running, num_new_tokens)):
+            start = seq.num_computed_tokens
+            seq.num_computed_tokens = start + count
+            if self.events.active and self.config.kv_digests:
+                table = self.block_manager.get_block_table(seq)
+                self._written.update(dict.fromkeys(table[start // bs : (seq.num_computed_tokens - 1) // bs + 1]))
+            if seq.num_computed_tokens == seq.get_len():
+                rows.append(row)
+        return [running[row] for row in rows], logits[rows]
 
     def _mark_computed(self, seq: Sequence, is_prefill: bool) -> None:
         """The forward wrote the sequence's K/V: its blocks may serve prefix-cache hits, and the

@@ -33,14 +33,22 @@ class ModelRunner:
         # "torch" or "triton" (engine/kernels); None picks the device's default; ValueError if it cannot run here
         self.attention_backend = resolve_attention_backend(attention_backend, device)
 
-    def prepare_inputs(self, seqs: list[Sequence], is_prefill: bool) -> tuple[torch.Tensor, AttentionMetadata]:
-        """The step's new tokens flattened, sequence after sequence, and their attention metadata."""
+    def prepare_inputs(self, seqs: list[Sequence], is_prefill: bool,
+                       num_new_tokens: list[int] | None = None) -> tuple[torch.Tensor, AttentionMetadata]:
+        """The step's new tokens flattened, sequence after sequence, and their attention metadata.
+        `num_new_tokens` (v1) gives each sequence's tokens after its computed ones (vLLM v1
+        GPUModelRunner._prepare_inputs); without it a prefill feeds what the cache did not serve
+        and a decode the newest token (v0)."""
         input_ids: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             length = seq.get_len()
-            if is_prefill:
+            if num_new_tokens is not None:
+                start, length = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens[i]
+                input_ids.extend(seq.get_token_ids()[start:length])
+                query_lens.append(length - start)
+            elif is_prefill:
                 start = min(seq.num_cached_tokens, length - 1)
                 input_ids.extend(seq.get_token_ids()[start:])
                 query_lens.append(length - start)
@@ -54,10 +62,11 @@ class ModelRunner:
         tokens = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # (num_tokens,)
         return tokens, meta
 
-    def execute_model(self, seqs: list[Sequence], is_prefill: bool) -> torch.Tensor:
+    def execute_model(self, seqs: list[Sequence], is_prefill: bool,
+                      num_new_tokens: list[int] | None = None) -> torch.Tensor:
         """Write the step's K/V into the cache and return each sequence's next-token logits,
         (num_seqs, vocab)."""
-        tokens, meta = self.prepare_inputs(seqs, is_prefill)
+        tokens, meta = self.prepare_inputs(seqs, is_prefill, num_new_tokens)
         hidden = self.model(tokens, meta.positions, self.cache_engine.gpu_cache, meta)  # (num_tokens, n_embd)
         return self.model.compute_logits(hidden[meta.last_token_indices])  # (num_seqs, vocab)
 

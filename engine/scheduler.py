@@ -53,6 +53,15 @@ class SchedulerOutputs:
     def is_empty(self) -> bool:
         return not self.scheduled_seq_groups and not self.blocks_to_swap_out
 
+    def scheduled_seqs(self) -> list[tuple[SequenceGroup, Sequence]]:
+        """The sequences the step runs, with their requests: every running one of each group."""
+        return [(group, seq) for group in self.scheduled_seq_groups for seq in group.get_seqs(SequenceStatus.RUNNING)]
+
+    @property
+    def num_scheduled_tokens(self) -> None:
+        """v0 schedules whole prompts or one token per sequence (v1's outputs give a count each)."""
+        return None
+
     @property
     def kind(self) -> str:
         return "prefill" if self.is_prefill else "decode"

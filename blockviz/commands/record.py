@@ -45,7 +45,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
 
     session = EngineSession(spec, engine=engine)
     header = make_header(session.header, **spec.run_header(), **(extra_header or {}))
-    state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+    state = ReducerState.from_header(header)
     writer = TraceWriter.create(out, header, overwrite=overwrite)
 
     def write(batch) -> None:

@@ -95,6 +95,14 @@ def _preempted(e: ev.Preempted, vocab) -> str:
             + (f" ({e.num_tokens_lost} tokens to recompute)" if e.num_tokens_lost else ""))
 
 
+def _scheduled(e: ev.TokensScheduled, vocab) -> str:
+    parts = []
+    for seq_id, done, new, total in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens):
+        kind = "chunk" if done + new < total else "decode" if (done, new) == (total - 1, 1) else "prefill"
+        parts.append(f"seq {seq_id} {done}+{new}/{total} {kind}")
+    return f"step {e.step} schedules " + ", ".join(parts)
+
+
 _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.BlockAllocated: _allocated,
     ev.PrefixCacheHit: _hit,
@@ -109,6 +117,7 @@ _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
     ev.RequestAdded: _request,
     ev.StepStarted: lambda e, vocab: f"step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
+    ev.TokensScheduled: _scheduled,
     ev.TokenGenerated: lambda e, vocab: f"seq {e.seq_id} sampled '{show_token(e.text)}' at position {e.position}",
     ev.Preempted: _preempted,
     ev.SequenceFinished: lambda e, vocab: f"seq {e.seq_id} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
@@ -174,6 +183,14 @@ def _freed_means(e: ev.BlockFreed, state: ReducerState) -> str:
     return ""
 
 
+def _scheduled_means(e: ev.TokensScheduled, state: ReducerState) -> str:
+    chunks = [seq_id for seq_id, done, new, total in
+              zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens) if done + new < total]
+    if not chunks:
+        return "one token budget, every sequence gets all it needs"
+    return f"one token budget: {_seqs(chunks)} prefill a chunk now and the rest in later steps"
+
+
 def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
     if e.mode == "swap":
         return "its blocks go to the CPU pool and come back later"
@@ -195,6 +212,7 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.StepStarted: lambda e, state: ("whole prompts through the model" if e.kind == "prefill"
                                       else "one new token for each sequence"),
     ev.Preempted: _preempted_means,
+    ev.TokensScheduled: _scheduled_means,
     ev.KVDigest: lambda e, state: "a fingerprint of the real tensors",
     ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')} of {len(state.pools['gpu'])} "
                                        f"GPU blocks in use"),

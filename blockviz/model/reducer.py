@@ -16,6 +16,7 @@ from typing import Any, Callable
 from engine import events as ev
 
 FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / free-but-cached
+NULL = "null"  # vLLM v1's block 0: a placeholder, never allocated, freed or counted
 
 
 @dataclass(slots=True)
@@ -62,17 +63,31 @@ class SeqState:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     parent_seq_id: int | None = None
+    num_computed_tokens: int = 0  # v1: tokens with K/V, from TokensScheduled (a chunked prefill's progress)
 
 
 class ReducerState:
-    """Pools, block tables, hash map and the story of requests, rebuilt event by event."""
+    """Pools, block tables, hash map and the story of requests, rebuilt event by event.
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+    `kv_manager` is the design that ran (a trace header's "kv_manager", "v0" when absent). With
+    "v1" block 0 is the null block, `free_queue` holds the free blocks in eviction order (head
+    first: a freed block with a hash joins the tail, one without the head; an allocation or a hit
+    takes a block out), and a hash may sit on several blocks (`hash_blocks`, in the order they were
+    cached), `hash_map` naming the first, as vLLM v1's BlockPool looks them up.
+    """
+
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
         self.block_size = block_size
+        self.kv_manager = kv_manager
         self.pools: dict[str, list[BlockState]] = {
             "gpu": [BlockState("gpu", i) for i in range(num_gpu_blocks)],
             "cpu": [BlockState("cpu", i) for i in range(num_cpu_blocks)],
         }
+        self.free_queue: list[int] = []  # v1: free gpu blocks, the next evicted first
+        self.hash_blocks: dict[int, tuple[int, ...]] = {}  # v1: block_hash -> blocks holding it
+        if kv_manager == "v1" and num_gpu_blocks:
+            self.pools["gpu"][0].state = NULL
+            self.free_queue = list(range(1, num_gpu_blocks))
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
         self.parent_hashes: dict[int, int | None] = {}
@@ -88,11 +103,18 @@ class ReducerState:
         self.num_preemptions = 0
         self.num_tokens_generated = 0
         self.step_time_s = 0.0
+        self.num_scheduled_tokens: dict[int, int] = {}  # v1: seq_id -> tokens the last step computed
+
+    @classmethod
+    def from_header(cls, header: dict) -> "ReducerState":
+        """An empty state for a trace or live run with this header (older traces: v0)."""
+        return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                   header.get("kv_manager") or "v0")
 
     # ------------------------------------------------------------------ queries
 
     def num_free(self, device: str) -> int:
-        return sum(1 for b in self.pools[device] if b.state != USED)
+        return sum(1 for b in self.pools[device] if b.state == FREE or b.state == CACHED)
 
     def num_used(self, device: str) -> int:
         return sum(1 for b in self.pools[device] if b.state == USED)
@@ -173,8 +195,13 @@ class ReducerState:
         else:
             table[index] = (device, number)
 
+    def _leave_queue(self, device: str, number: int) -> None:
+        if device == "gpu" and number in self.free_queue:
+            self.free_queue.remove(number)
+
     def _on_allocated(self, e: ev.BlockAllocated) -> None:
         block = self.pools[e.device][e.block]
+        self._leave_queue(e.device, e.block)
         block.clear()
         block.ref_count = e.ref_count
         block.owners = set(e.seq_ids)
@@ -187,6 +214,7 @@ class ReducerState:
 
     def _on_hit(self, e: ev.PrefixCacheHit) -> None:
         block = self.pools[e.device][e.block]
+        self._leave_queue(e.device, e.block)
         block.ref_count = e.ref_count
         block.owners |= set(e.seq_ids)
         block.state = USED
@@ -206,7 +234,11 @@ class ReducerState:
         block.parent_hash = self.parent_hashes[e.block_hash]
         block.num_hashed_tokens = e.num_hashed_tokens
         block.registered = e.registered
-        if e.registered:
+        if self.kv_manager == "v1":
+            holders = self.hash_blocks.get(e.block_hash, ()) + (e.block,)
+            self.hash_blocks[e.block_hash] = holders
+            self.hash_map[e.block_hash] = holders[0]
+        elif e.registered:
             self.hash_map[e.block_hash] = e.block
 
     def _on_slot(self, e: ev.SlotAppended) -> None:
@@ -280,13 +312,27 @@ class ReducerState:
                 if block.registered and self.hash_map.get(block.block_hash) == block.number:
                     del self.hash_map[block.block_hash]
                 block.clear()
+            if self.kv_manager == "v1" and e.device == "gpu":
+                if e.cached:
+                    self.free_queue.append(e.block)
+                else:
+                    self.free_queue.insert(0, e.block)
 
     def _on_seq_freed(self, e: ev.SequenceFreed) -> None:
         self.tables.pop(e.seq_id, None)
 
     def _on_evicted(self, e: ev.BlockEvicted) -> None:
         block = self.pools[e.device][e.block]
-        if self.hash_map.get(e.block_hash) == e.block:
+        if self.kv_manager == "v1":  # popped from the queue's head; another holder may take over
+            self._leave_queue(e.device, e.block)
+            holders = tuple(b for b in self.hash_blocks.get(e.block_hash, ()) if b != e.block)
+            if holders:
+                self.hash_blocks[e.block_hash] = holders
+                self.hash_map[e.block_hash] = holders[0]
+            else:
+                self.hash_blocks.pop(e.block_hash, None)
+                self.hash_map.pop(e.block_hash, None)
+        elif self.hash_map.get(e.block_hash) == e.block:
             del self.hash_map[e.block_hash]
         block.clear()
 
@@ -318,6 +364,8 @@ class ReducerState:
         for seq_id in e.seq_ids:
             if seq_id in self.seqs:
                 self.seqs[seq_id].status = "swapped" if e.mode == "swap" else "waiting"
+                if e.mode != "swap":
+                    self.seqs[seq_id].num_computed_tokens = 0
 
     def _on_finished(self, e: ev.SequenceFinished) -> None:
         seq = self.seqs.get(e.seq_id)
@@ -332,6 +380,13 @@ class ReducerState:
 
     def _on_step_finished(self, e: ev.StepFinished) -> None:
         self.step_time_s = e.duration_s
+
+    def _on_tokens_scheduled(self, e: ev.TokensScheduled) -> None:
+        """v1: which sequences computed how many tokens this step (a prefill chunk or a decode)."""
+        self.num_scheduled_tokens = dict(zip(e.seq_ids, e.num_new_tokens))
+        for seq_id, done, new in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens):
+            if seq_id in self.seqs:
+                self.seqs[seq_id].num_computed_tokens = done + new
 
 
 _HANDLERS = {
@@ -353,6 +408,7 @@ _HANDLERS = {
     ev.SequenceFinished: ReducerState._on_finished,
     ev.KVDigest: ReducerState._on_digest,
     ev.StepFinished: ReducerState._on_step_finished,
+    ev.TokensScheduled: ReducerState._on_tokens_scheduled,
 }
 
 
@@ -387,18 +443,20 @@ class _Snapshot:
 
 _BLOCKS = _Snapshot(BlockState, owners=(tuple, set))
 _SEQS = _Snapshot(SeqState, token_ids=(tuple, list), token_texts=(tuple, list))
-_DICTS = ("hash_map", "parent_hashes", "requests", "counts")  # values immutable
+_DICTS = ("hash_map", "parent_hashes", "requests", "counts", "hash_blocks", "num_scheduled_tokens")  # values immutable
 # How ReducerState.freeze / thaw turn each container attribute into tuples and back.
 _FREEZE = {
     "pools": lambda pools: tuple((device, tuple(map(_BLOCKS.freeze, blocks))) for device, blocks in pools.items()),
     "tables": lambda tables: tuple((seq_id, tuple(table)) for seq_id, table in tables.items()),
     "seqs": lambda seqs: tuple(map(_SEQS.freeze, seqs.values())),
+    "free_queue": tuple,
     **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
 }
 _THAW = {
     "pools": lambda pools: {device: list(map(_BLOCKS.thaw, blocks)) for device, blocks in pools},
     "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables},
     "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
+    "free_queue": list,
     **{name: dict for name in _DICTS},
 }
 
@@ -431,3 +489,33 @@ def check_reducer_matches(reducer, manager) -> None:
         cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
         assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
         assert reducer.hash_map == {h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()}
+
+
+def check_reducer_matches_v1(reducer, manager) -> None:
+    """The same for vLLM v1's KVCacheManager (engine/v1/): block tables, ref counts, owners, the
+    null block, free / used / free-but-cached blocks, the free queue's order and the hash map
+    (each hash's first cached block)."""
+    from blockviz.model.reducer import CACHED, NULL, USED
+
+    pool = manager.block_pool
+    assert reducer.tables == {
+        seq_id: [("gpu", b.block_id) for b in blocks] for seq_id, blocks in manager.req_to_blocks.items()
+    }, "reducer's block tables differ from the manager's"
+    view = reducer.pools["gpu"]
+    assert view[0].state == NULL, "block 0 is not shown as the null block"
+    assert [b.ref_count for b in view[1:]] == [b.ref_cnt for b in pool.blocks[1:]], "ref counts differ"
+    assert reducer.num_free("gpu") == pool.get_num_free_blocks()
+    assert reducer.free_queue == [b.block_id for b in pool.free_block_queue], (
+        f"free queue: reducer {reducer.free_queue}, manager {[b.block_id for b in pool.free_block_queue]}")
+    for block in pool.blocks[1:]:
+        shown = view[block.block_id]
+        if block.ref_cnt:
+            owners = {s for s, t in manager.req_to_blocks.items() if any(b is block for b in t)}
+            assert shown.state == USED and shown.owners == owners, f"block {block.block_id} differs"
+        else:
+            assert shown.state == (CACHED if block.block_hash is not None else "free"), (
+                f"free block {block.block_id}: reducer {shown.state}")
+    from engine.v1.kv_cache_utils import external_block_hash
+
+    expected = {external_block_hash(h): next(iter(blocks)) for h, blocks in pool.cached_block_hash_to_block.items()}
+    assert reducer.hash_map == expected, "reducer's hash map differs from the manager's"

@@ -375,8 +375,12 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
                          else f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)")
     header = parse_header(first[1], name, file_bytes)
     trace = Trace(header, [], path)
-    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                           vocab_size=header.get("vocab_size"), file_bytes=file_bytes)
+    try:
+        checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                               vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
+                               kv_manager=header.get("kv_manager") or "v0")
+    except ValueError as exc:
+        raise TraceError(f"{name} line 1: {exc}") from None
     for number, line in lines:
         if not line.strip():
             continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from engine import events as ev
-from blockviz.model.reducer import CACHED, FREE, USED, ReducerState
+from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
 
 MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
 MAX_HASH = (1 << 64) - 1  # block hashes are unsigned 64-bit (xxh64)
@@ -36,11 +36,16 @@ class TraceChecker:
     """Checks events one by one against a ReducerState built from the events before them.
 
     `vocab_size` (from the trace header, when it gives one) bounds token ids; `file_bytes`, the
-    trace file's size, bounds the tokens copied into sequences."""
+    trace file's size, bounds the tokens copied into sequences; `kv_manager` (the header's, "v0"
+    when absent) is the design whose rules apply (in v1 block 0 is the null block)."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
-                 vocab_size: int | None = None, file_bytes: int | None = None) -> None:
-        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+                 vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0") -> None:
+        if kv_manager not in ("v0", "v1"):
+            raise ValueError(f"header field 'kv_manager' must be 'v0' or 'v1', got {kv_manager!r}")
+        if kv_manager == "v1" and num_gpu_blocks < 2:
+            raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
+        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks, kv_manager)
         self.last_seq_no: int | None = None
         self.limits = {**dict.fromkeys(TOKEN_FIELDS, vocab_size - 1 if vocab_size else MAX_TOKEN_ID),
                        **dict.fromkeys(HASH_FIELDS, MAX_HASH)}
@@ -103,6 +108,8 @@ class TraceChecker:
         pool = self.state.pools[device]
         if not 0 <= number < len(pool):
             raise ValueError(f"{what} {number} is outside the {device} pool of {len(pool)} blocks")
+        if pool[number].state == NULL:
+            raise ValueError(f"{what} {number} is the null block, which is never allocated, freed or hashed")
         return pool[number]
 
     def _table(self, seq_id: int) -> list[tuple[str, int]]:
@@ -243,6 +250,15 @@ class TraceChecker:
             raise ValueError(f"{len(e.prompt_tokens_text)} token texts for {len(e.prompt_token_ids)} prompt tokens")
         self._copy_tokens(len(e.prompt_token_ids) * len(e.seq_ids), f"request {e.request_id!r}")
 
+    def _scheduled(self, e: ev.TokensScheduled) -> None:
+        self._known_seqs(e)
+        counts = (e.num_computed_tokens, e.num_new_tokens, e.num_tokens)
+        if any(len(c) != len(e.seq_ids) for c in counts):
+            raise ValueError("tokens_scheduled lists differ in length")
+        for seq_id, done, new, total in zip(e.seq_ids, *counts):
+            if done < 0 or new < 1 or done + new > total:
+                raise ValueError(f"seq {seq_id} computes tokens {done}..{done + new} of {total}")
+
     def _known_seqs(self, e) -> None:
         for seq_id in getattr(e, "seq_ids", None) or (e.seq_id,):
             if seq_id not in self.state.seqs:
@@ -265,5 +281,6 @@ _RULES = {
     ev.TokenGenerated: TraceChecker._known_seqs,
     ev.SequenceFinished: TraceChecker._finished,
     ev.Preempted: TraceChecker._known_seqs,
+    ev.TokensScheduled: TraceChecker._scheduled,
     ev.KVDigest: lambda self, e: self._block(e.device, e.block),
 }

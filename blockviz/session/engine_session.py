@@ -45,7 +45,16 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
         "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
         "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
+        **_kv_manager_fields(config),
     }
+
+
+def _kv_manager_fields(config: Any) -> dict[str, Any]:
+    """Which KV cache manager ran: nothing for v0 (a trace without "kv_manager" is v0's, so v0
+    headers are as they always were), else the design and its prefix-caching hash."""
+    if getattr(config, "kv_manager", "v0") == "v0":
+        return {}
+    return {"kv_manager": config.kv_manager, "prefix_caching_hash_algo": config.prefix_caching_hash_algo}
 
 
 class EngineSession:

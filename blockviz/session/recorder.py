@@ -17,7 +17,7 @@ class Recorder:
     """Called with each batch of a run's events (EngineSession.run_to_completion's on_events)."""
 
     def __init__(self, header: dict) -> None:
-        self.state = ReducerState(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+        self.state = ReducerState.from_header(header)
         self.final_tables: dict[int, list[tuple[str, int]]] = {}
         self.peak_used = 0
         self.token_utilization_at_peak = 0.0

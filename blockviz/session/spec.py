@@ -19,7 +19,7 @@ DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 # The EngineConfig fields (engine/config.py) a command line sets, each an option named after it
 # (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
 ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
-                         "preemption_mode", "device", "seed", "attention_backend", "raw_prompt")
+                         "preemption_mode", "device", "seed", "attention_backend", "raw_prompt", "kv_manager")
 
 
 def one_line(exc: BaseException) -> str:
@@ -58,6 +58,8 @@ class EngineSpec:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
+        if options.get("kv_manager") == "v1" and "preemption_mode" not in options:
+            settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
     @classmethod
@@ -68,7 +70,13 @@ class EngineSpec:
             prompts, arrivals = tuple(args.prompts), ()
         else:
             prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
-        config = EngineConfig(**{name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS})
+        options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
+        if options["kv_manager"] == "v1" and not getattr(args, "preemption_mode_given", False):
+            options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
+        try:
+            config = EngineConfig(**options)
+        except ValueError as exc:
+            raise UsageError(one_line(exc)) from None
         return cls(config, prompts=prompts, arrivals=arrivals, n=args.n, max_tokens=args.max_tokens,
                    temperature=args.temperature)
 

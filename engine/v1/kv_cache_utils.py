@@ -1,0 +1,82 @@
+"""A v1 KV cache block and the chained block hash (vLLM v1 `vllm/v1/core/kv_cache_utils.py`:
+KVCacheBlock, hash_block_tokens, init_none_hash; `vllm/utils/hashing.py`: sha256, xxhash).
+
+A full block's hash covers (its parent block's hash, or NONE_HASH for the first block, its token
+ids, its extra keys), so equal hashes mean equal prefixes. vLLM seeds NONE_HASH with
+hash_fn(PYTHONHASHSEED) when that is set and random bytes otherwise; we always seed it, so runs
+and traces are reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+BlockHash = bytes
+HashFunction = Callable[[Any], bytes]
+NONE_HASH_SEED = "0"  # what vLLM's init_none_hash would hash from PYTHONHASHSEED=0
+
+
+def sha256(value: Any) -> bytes:
+    """vLLM's default prefix-caching hash: SHA-256 over the pickled value (hashing.sha256)."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def xxhash_128(value: Any) -> bytes:
+    """vLLM's `xxhash` option: 128-bit xxh3 over the pickled value (hashing.xxhash)."""
+    return xxhash.xxh3_128_digest(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+HASH_FUNCTIONS: dict[str, HashFunction] = {"sha256": sha256, "xxhash": xxhash_128}
+
+
+def get_hash_fn_by_name(name: str) -> HashFunction:
+    """vLLM's get_hash_fn_by_name for `prefix_caching_hash_algo`."""
+    try:
+        return HASH_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_FUNCTIONS)}, "
+                         f"got {name!r}") from None
+
+
+def none_hash(hash_fn: HashFunction) -> BlockHash:
+    """The parent hash of a chain's first block (vLLM's NONE_HASH from init_none_hash)."""
+    return hash_fn(NONE_HASH_SEED)
+
+
+def hash_block_tokens(hash_fn: HashFunction, parent_block_hash: BlockHash | None,
+                      token_ids: Sequence[int], extra_keys: tuple | None = None) -> BlockHash:
+    """vLLM's hash_block_tokens: hash_fn((parent hash or NONE_HASH, token ids, extra keys))."""
+    parent = parent_block_hash if parent_block_hash is not None else none_hash(hash_fn)
+    return hash_fn((parent, tuple(token_ids), extra_keys))
+
+
+def external_block_hash(block_hash: BlockHash) -> int:
+    """The hash as events and traces carry it: its low 64 bits as an int (vLLM's
+    maybe_convert_block_hash with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)."""
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
+
+
+@dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    """One physical block's metadata (vLLM v1 KVCacheBlock): its id, how many requests hold it,
+    its hash once it is full and cached, and its links in the free queue while it is free."""
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+    prev_free_block: KVCacheBlock | None = None
+    next_free_block: KVCacheBlock | None = None
+    is_null: bool = False  # block 0: a placeholder, never allocated, freed or counted
+
+    def reset_hash(self) -> None:
+        """Forget the hash when the block is evicted from the prefix cache."""
+        self.block_hash = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, hashed={self.block_hash is not None})"
