@@ -84,3 +84,14 @@ def test_only_the_engine_session_steps_an_engine():
                     and "engine" in ast.unparse(node.func.value)):
                 steppers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert {s.split(":")[0] for s in steppers} == {"blockviz/session/engine_session.py"}, steppers
+
+
+def test_the_reducer_state_is_built_in_one_place():
+    """ReducerState.from_header turns a run's header into an empty state (v0 or v1 pools): every
+    timeline, insight, explanation and check in blockviz/ gets its state there."""
+    builders = []
+    for _, path in modules("blockviz"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ReducerState":
+                builders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert {b.split(":")[0] for b in builders} <= {"blockviz/model/reducer.py"}, builders

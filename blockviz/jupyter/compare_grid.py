@@ -60,7 +60,7 @@ class CompareGrid:
         self.runs = runs
         self.timelines = []
         for run in runs:
-            timeline = Timeline(run.header["block_size"], run.header["num_gpu_blocks"], run.header["num_cpu_blocks"])
+            timeline = Timeline.for_header(run.header)
             timeline.extend(run.events)
             self.timelines.append(timeline)
         self.num_steps = max(len(t.step_ends) for t in self.timelines)

@@ -141,7 +141,7 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        timeline = Timeline(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"])
+        timeline = Timeline.for_header(header)
         viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling

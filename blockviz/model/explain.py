@@ -107,9 +107,9 @@ class Explainer:
 
 
 def explain_requests(events, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                     enable_prefix_caching: bool = True) -> list[Explanation]:
+                     enable_prefix_caching: bool = True, kv_manager: str = "v0") -> list[Explanation]:
     """An Explanation per request, at its prompt's first allocation, in order of arrival."""
-    state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+    state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
     explainer = Explainer(enable_prefix_caching)
     for event in events:
         explainer.feed(event, state)

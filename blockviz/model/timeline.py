@@ -30,7 +30,7 @@ class Timeline:
     """Events, reducer snapshots, and the state at a cursor."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 snapshot_every: int | None = None) -> None:
+                 snapshot_every: int | None = None, kv_manager: str = "v0") -> None:
         self._spaced_by_size = snapshot_every is None  # a given spacing is kept exactly (tests)
         if snapshot_every is None:
             # A snapshot costs about a pool's worth of work and replaying an event far less: one
@@ -44,7 +44,7 @@ class Timeline:
         self.num_cpu_blocks = num_cpu_blocks
         self.snapshot_every = snapshot_every
         self.events: list[ev.Event] = []
-        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks)
+        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
         self.position = 0
         self._snapshots: dict[int, tuple] = {}  # position -> ReducerState.freeze()
         self._snapshot_at: list[int] = []  # the positions of the snapshots, in order
@@ -56,8 +56,14 @@ class Timeline:
         self.token_texts: dict[int, str] = {}  # token id -> its text piece, from every event seen
 
     @classmethod
+    def for_header(cls, header: dict, snapshot_every: int | None = None) -> "Timeline":
+        """An empty timeline for a run with this trace header (a live engine's, or a trace's)."""
+        return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], snapshot_every,
+                   header.get("kv_manager") or "v0")
+
+    @classmethod
     def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":
-        timeline = cls(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks, snapshot_every)
+        timeline = cls.for_header(trace.header, snapshot_every)
         timeline.extend(trace.events)
         return timeline
 

@@ -45,7 +45,7 @@ class TraceChecker:
             raise ValueError(f"header field 'kv_manager' must be 'v0' or 'v1', got {kv_manager!r}")
         if kv_manager == "v1" and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
-        self.state = ReducerState(block_size, num_gpu_blocks, num_cpu_blocks, kv_manager)
+        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
         self.last_seq_no: int | None = None
         self.limits = {**dict.fromkeys(TOKEN_FIELDS, vocab_size - 1 if vocab_size else MAX_TOKEN_ID),
                        **dict.fromkeys(HASH_FIELDS, MAX_HASH)}

@@ -151,7 +151,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         h = self.header = dict(message.header)
-        self._start(Timeline(h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"]), live=True)
+        self._start(Timeline.for_header(h), live=True)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.error = message.error

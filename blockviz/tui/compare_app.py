@@ -54,7 +54,7 @@ class CompareApp(App[None]):
         super().__init__()
         self.runs = runs
         self.projector = projector
-        self.timelines = [Timeline(r.header["block_size"], r.header["num_gpu_blocks"], r.header["num_cpu_blocks"])
+        self.timelines = [Timeline.for_header(r.header)
                           for r in runs]
         self.max_tokens = [max_tokens_of(r.events) for r in runs]
         for timeline, run in zip(self.timelines, runs):
