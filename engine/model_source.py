@@ -1,8 +1,8 @@
 """Where a model name points, checked without loading anything (and without importing torch).
 
-`blockviz run` calls `check_model` before its app opens, so a model that cannot be found is one
-line and exit 2; this module imports neither torch nor transformers, so that check costs the UI
-process no time. engine/model_loader.py loads what `resolve_model` names (and re-exports these).
+A caller checks a model with `check_model` before anything slow starts, so a model that cannot be
+found is one line; this module imports neither torch nor transformers, so that check costs the
+caller's process no time. engine/model_loader.py loads what `resolve_model` names (and re-exports these).
 
 Names resolve in this order:
 1. "tiny-shakespeare" (DEFAULT_MODEL): the checkpoint bundled in `engine/models/tiny-shakespeare/`;
