@@ -1,4 +1,5 @@
-"""engine: a real paged-KV inference engine (vLLM v0 block-manager semantics, nano-vllm's prefix cache).
+"""engine: a real paged-KV inference engine (vLLM v0 block-manager semantics, nano-vllm's prefix cache;
+vLLM v1's KV cache manager and scheduler in engine/v1/, chosen by EngineConfig.kv_manager).
 
 Memory planning (block.py, sequence.py, block_allocator.py, block_manager.py) is pure Python;
 execution (cache_engine.py, models/, scheduler.py, llm_engine.py, llm.py) uses torch and is
