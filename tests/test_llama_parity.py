@@ -16,6 +16,9 @@ import torch
 from conftest import build_tokenizer
 from test_engine_parity import PROMPTS, hf_greedy, run_checked
 
+from blockviz.jupyter import Visualizer
+from blockviz.model.timeline import Timeline
+from blockviz.model.trace import kv_geometry
 from blockviz.session.engine_session import trace_header
 from engine import LLM, SamplingParams
 from engine import events as ev
@@ -149,6 +152,19 @@ def test_kv_bytes_reported_equal_the_tensors_allocated(tiny):
     k_cache, v_cache = cache.gpu_cache[0]
     assert k_cache.shape == v_cache.shape == (10, 8, hf.num_key_value_heads, head_dim)
     assert expected < 2 * hf.num_hidden_layers * hf.num_attention_heads * head_dim * 8 * 4
+    # what the views show (the block inspector's "bytes" row in the TUI and the notebook): the same
+    # bytes per block, as the sum of what the pools allocate, and the query heads the K/V heads serve
+    allocated = sum(k.numel() + v.numel() for k, v in cache.gpu_cache) * k_cache.element_size() // 10
+    shown = kv_geometry(header)
+    assert shown.endswith(f"= {allocated:,} B") and f"{hf.num_key_value_heads} K/V heads" in shown
+    assert (f"shared by {hf.num_attention_heads} query heads" in shown) == (
+        hf.num_attention_heads != hf.num_key_value_heads)
+    frame = Visualizer(Timeline.for_header(header), header=header)
+    try:
+        frame.select("gpu", 1)
+        assert frame.frame()["inspector"]["bytes"] == shown
+    finally:
+        frame.close()
 
 
 # ---------------------------------------------------------------- bad input

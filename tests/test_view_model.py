@@ -13,7 +13,7 @@ from rich.console import Console
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
 from blockviz.model.palette import fill_glyph
-from blockviz.model.trace import load_trace, shipped_traces
+from blockviz.model.trace import kv_geometry, load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.event_log import EventLog
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, HashChains
@@ -75,15 +75,16 @@ def check_tui(app, state, vocab, current) -> None:
             assert text == f"{number:>{grid.digits}}{mark[cell.state]}{glyph}", (device, number, cell)
 
 
-def check_inspector(app, state, vocab) -> None:
+def check_inspector(app, state, vocab, geometry: str) -> None:
     used = [b for b in state.pools["gpu"] if view.block_state(b) != "free"]
     if not used:
         return
     block = used[len(used) // 2]
     app.selection = ("gpu", block.number)
     app.render_views()
-    info = view.inspect_block(state, "gpu", block.number, vocab)
+    info = view.inspect_block(state, "gpu", block.number, vocab, geometry)
     lines = drawn(app.query_one(BlockInspector))
+    assert geometry and has_line(lines, "bytes", geometry)  # what every block holds, from the header
     assert has_line(lines, "state", view.STATE_LABELS[info["state"]])
     assert has_line(lines, "ref count", str(info["ref"]))
     assert has_line(lines, "fill", f"{info['fill']}/{info['block_size']} slots")
@@ -128,7 +129,7 @@ async def test_the_tui_and_the_notebook_draw_the_same_records(name):
                 rows = view.event_log(timeline.events, position, vocab=vocab, limit=len(trace.events) + 1)
                 assert log == [f"{number:>6} {words}" for number, _, words in rows]
                 check_notebook(viz, state, vocab, current, position)
-                check_inspector(app, state, vocab)
+                check_inspector(app, state, vocab, kv_geometry(trace.header))
     finally:
         viz.close()
 

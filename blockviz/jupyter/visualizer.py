@@ -35,7 +35,7 @@ from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
 from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
-from blockviz.model.trace import Trace, engine_title, load_trace
+from blockviz.model.trace import Trace, engine_title, kv_geometry, load_trace
 from engine import events as ev
 from blockviz.model.reducer import ReducerState
 
@@ -372,7 +372,7 @@ class Visualizer(LiveCommands):
         with self._lock:
             timeline = self.timeline
             snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected,
-                            vocab=timeline.token_texts)
+                            vocab=timeline.token_texts, geometry=kv_geometry(self.header))
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
                                              timeline.token_texts)}

@@ -78,6 +78,26 @@ def engine_title(header: dict[str, Any]) -> str:
             f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks{caching}")
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def kv_geometry(header: dict[str, Any]) -> str:
+    """What one block of the K/V cache holds, in bytes, from a run's header: 2 (K and V) x layers x
+    K/V heads x head_dim x block_size x the dtype's bytes (vLLM's CacheEngine.get_cache_block_size),
+    with the query heads beside the K/V heads when fewer K/V heads serve them (grouped-query
+    attention). "" for a header without the model's geometry (older traces)."""
+    try:
+        layers, kv_heads, head_dim = header["num_layers"], header["num_kv_heads"], header["head_dim"]
+        block_size, block_bytes = header["block_size"], header["block_bytes"]
+        dtype_bytes = DTYPE_BYTES[header["dtype"]]
+    except (KeyError, TypeError):
+        return ""
+    heads = header.get("num_heads")
+    shared = f" (shared by {heads} query heads)" if heads and heads != kv_heads else ""
+    return (f"2 × {layers} layers × {kv_heads} K/V heads{shared} × {head_dim} dims × {block_size} slots"
+            f" × {dtype_bytes} B = {block_bytes:,} B")
+
+
 def make_header(engine_header: dict[str, Any], **run: Any) -> dict[str, Any]:
     """The header line: format name and version, blockviz version, the engine's settings
     (blockviz.session.engine_session.trace_header: model, block_size, num_gpu_blocks,

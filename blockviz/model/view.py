@@ -233,10 +233,11 @@ def hash_summary(state: ReducerState) -> dict[str, int]:
 
 
 def inspect_block(state: ReducerState, device: str, number: int,
-                  vocab: dict[int, str] | None = None) -> dict[str, Any]:
+                  vocab: dict[int, str] | None = None, geometry: str = "") -> dict[str, Any]:
     """Everything about one block: state, refs, owners, fill, hash, parent, hits, tokens, the digest
     of its real K/V, and the other blocks holding the same digest ("same K/V" while the digest
-    covers every slot the block holds, "same digest" otherwise)."""
+    covers every slot the block holds, "same digest" otherwise), and what every block of the pool
+    holds in bytes (`geometry`: trace.kv_geometry of the run's header)."""
     block = state.pools[device][number]
     name = block_state(block)
     filled = len(block.token_ids) if name != "free" else 0
@@ -252,12 +253,13 @@ def inspect_block(state: ReducerState, device: str, number: int,
         "registered": block.registered, "hits": block.num_hits,
         "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
         "digest": block.digest or "", "digest_slots": block.digest_slots,
-        "digest_current": block.digest_slots == filled, "same_kv": same,
+        "digest_current": block.digest_slots == filled, "same_kv": same, "bytes": geometry,
     }
 
 
 def snapshot(state: ReducerState, *, current: ev.Event | None = None,
-             selected: tuple[str, int] | None = None, vocab: dict[int, str] | None = None) -> dict[str, Any]:
+             selected: tuple[str, int] | None = None, vocab: dict[int, str] | None = None,
+             geometry: str = "") -> dict[str, Any]:
     """The picture of `state`: pools (columns and counts), tables, hash chains, the inspected block.
 
     `current` is the event the cursor just passed (its blocks are marked touched); `selected` the
@@ -280,7 +282,7 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
         "tables": tables(state, vocab=vocab),
         "hashes": hash_chains(state, current=current, vocab=vocab),
         "hash_summary": hash_summary(state),
-        "inspector": inspect_block(state, *selected, vocab=vocab) if selected else None,
+        "inspector": inspect_block(state, *selected, vocab=vocab, geometry=geometry) if selected else None,
         "step": state.step,
         "step_kind": state.step_kind,
         "num_preemptions": state.num_preemptions,

@@ -288,6 +288,7 @@ function renderInspector(model, el) {
     rows.push(row("K/V digest", b.digest ? b.digest + (b.digest_current ? "" : " (taken before the last slots)")
       : "none yet"));
     if (b.same_kv.length) rows.push(row("same K/V in", b.same_kv.join(", ")));
+    if (b.bytes) rows.push(row("bytes", b.bytes));
     body.replaceChildren(h("table", {}, h("tbody", {}, rows)));
   };
 }
