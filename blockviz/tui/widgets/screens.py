@@ -36,7 +36,7 @@ GLOSSARY = (
                         "last prompt block (always computed, to sample from), partial block (no hash yet)"),
     ("ledger", "each preemption: the victim, swap (its blocks to CPU) or recompute (blocks freed, tokens lost), "
                "steps until it ran again (vLLM v0 Scheduler._preempt)"),
-    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × heads × head_dim × dtype) (vLLM determine_num_available_blocks)"),
+    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × K/V heads × head_dim × dtype) (vLLM determine_num_available_blocks; K/V heads, not query heads)"),
 )
 
 
