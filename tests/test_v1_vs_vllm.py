@@ -5,7 +5,8 @@ Each sequence builds both managers over the same pool (one full-attention KV cac
 a `KVCacheConfig` holding one `FullAttentionSpec` group on vLLM's side) and applies, in the
 order the random generator picks, what vLLM's v1 scheduler does to a request:
 
-- admit: `get_computed_blocks`, then `allocate_slots` for the tokens not hit;
+- admit: `get_computed_blocks`, then `allocate_slots` for the tokens not hit (or, chunked
+  prefill, for a first chunk of them);
 - decode: append a sampled token, then `allocate_slots` for it (a decode that gets None keeps its
   uncomputed token and retries on its next turn);
 - free: `free` (a finished or preempted request).
@@ -14,8 +15,8 @@ Prompts share prefixes drawn from a few stems over a small vocabulary, so hits, 
 lazy eviction of freed cached blocks and running out of blocks (`allocate_slots` returning None)
 all happen. After every operation the two managers must agree on: the return (None or the ids of
 the new blocks), the hit tokens, the block ids each request holds, the free queue from head to
-tail, the block ids evicted from the prefix cache during the operation, and which blocks hold a
-hash.
+tail, the block ids evicted from the prefix cache during the operation, every block's ref count, and
+which blocks hold a hash.
 
 What is mapped rather than compared:
 
@@ -57,6 +58,15 @@ NUM_SEQUENCES = 300
 NUM_OPS = 40
 
 
+def ref_counts(blocks) -> list[int]:
+    return [b.ref_cnt for b in blocks[1:]]  # block 0: the null block on both sides
+
+
+def hashes(blocks) -> dict[int, object]:
+    """block id -> its hash, for the blocks that hold one (in the prefix cache or evictable)."""
+    return {b.block_id: b.block_hash for b in blocks if b.block_hash is not None}
+
+
 class VllmSide:
     """vLLM's KVCacheManager on the CPU, one FullAttentionSpec group (as vLLM's
     tests/v1/core/test_prefix_caching.py builds it)."""
@@ -93,9 +103,6 @@ class VllmSide:
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.pool.free_block_queue.get_all_free_blocks()]
 
-    def hashes(self) -> dict[int, object]:
-        return {b.block_id: b.block_hash for b in self.pool.blocks if b.block_hash is not None}
-
 
 class BlockvizSide:
     def __init__(self, block_size: int, num_blocks: int) -> None:
@@ -110,9 +117,6 @@ class BlockvizSide:
 
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.pool.free_block_queue]
-
-    def hashes(self) -> dict[int, object]:
-        return {b.block_id: b.block_hash for b in self.pool.blocks if b.block_hash is not None}
 
 
 class Differential:
@@ -129,23 +133,26 @@ class Differential:
         self.log: list[str] = []
         self.counts = {"hits": 0, "evicted": 0, "none": 0}  # how often each case came up
 
-    def admit(self, rid: int, prompt: list[int]) -> None:
+    def admit(self, rid: int, prompt: list[int], chunk: int | None = None) -> None:
+        """Admit a waiting request; with `chunk`, prefill at most that many tokens now (chunked
+        prefill: its next decode turn computes the rest before it samples)."""
         seq, req = Sequence(rid, list(prompt), self.block_size), self.theirs.request(rid, prompt)
         blocks, hit = self.ours.manager.get_computed_blocks(seq)
         vblocks, vhit, _ = self.theirs.manager.get_computed_blocks(req)
         assert hit == vhit, self._where(f"admit {rid}: hits {hit} vs vLLM {vhit}")
         self.counts["hits"] += hit > 0
         assert [b.block_id for b in blocks] == vblocks.get_block_ids()[0], self._where(f"admit {rid}: hit blocks")
-        new = self.ours.manager.allocate_slots(seq, seq.get_len() - hit, hit, blocks)
-        vnew = self.theirs.manager.allocate_slots(req, req.num_tokens - vhit, vhit, vblocks)
-        self._same_result(f"admit {rid} ({len(prompt)} tokens, {hit} hit)", new, vnew)
+        num_new = seq.get_len() - hit if chunk is None else min(chunk, seq.get_len() - hit)
+        new = self.ours.manager.allocate_slots(seq, num_new, hit, blocks)
+        vnew = self.theirs.manager.allocate_slots(req, num_new, vhit, vblocks)
+        self._same_result(f"admit {rid} ({len(prompt)} tokens, {hit} hit, {num_new} new)", new, vnew)
         if new is not None:
-            seq.num_computed_tokens = req.num_computed_tokens = seq.get_len()
+            seq.num_computed_tokens = req.num_computed_tokens = hit + num_new
             self.seqs[rid], self.reqs[rid] = seq, req
 
     def decode(self, rid: int, token: int) -> None:
         seq, req = self.seqs[rid], self.reqs[rid]
-        if seq.num_computed_tokens == seq.get_len():  # else: a decode that got None, retried
+        if seq.num_computed_tokens == seq.get_len():  # else: a retried decode or a prefill's rest
             seq.append_token_id(token)
             req.append_output_token_ids(token)
         num_new = seq.get_len() - seq.num_computed_tokens
@@ -174,11 +181,12 @@ class Differential:
         for rid, seq in self.seqs.items():
             assert self.ours.block_ids(seq) == self.theirs.block_ids(rid), self._where(f"blocks of {rid}")
         assert self.ours.free_queue() == self.theirs.free_queue(), self._where("free queue")
+        assert ref_counts(self.ours.pool.blocks) == ref_counts(self.theirs.pool.blocks), self._where("ref counts")
         assert self.ours.evicted == self.theirs.evicted, self._where("evicted")
         self.counts["evicted"] += len(self.ours.evicted)
         self.ours.evicted.clear()
         self.theirs.evicted.clear()
-        ours, theirs = self.ours.hashes(), self.theirs.hashes()
+        ours, theirs = hashes(self.ours.pool.blocks), hashes(self.theirs.pool.blocks)
         assert sorted(ours) == sorted(theirs), self._where("blocks with a hash")
         for block_id, our_hash in ours.items():  # the hash algorithms differ: map them one to one
             their_hash = theirs[block_id]
@@ -202,7 +210,8 @@ def run_sequence(seed: int) -> Differential:
         if op < 0.4 or not diff.seqs:
             prompt = rng.choice(stems)[: rng.randint(1, 3 * block_size)]
             prompt += [rng.randrange(4) for _ in range(rng.randint(0, 2 * block_size))]
-            diff.admit(next_id, prompt or [0])
+            chunk = rng.randint(1, 2 * block_size) if rng.random() < 0.3 else None
+            diff.admit(next_id, prompt or [0], chunk)
             next_id += 1
         elif op < 0.8:
             diff.decode(rng.choice(sorted(diff.seqs)), rng.randrange(4))
