@@ -20,8 +20,9 @@ which blocks hold a hash.
 
 What is mapped rather than compared:
 
-- The hash algorithm: blockviz hashes with its own sha256 chain over (parent, tokens, extra keys),
-  vLLM with its `sha256` over its pickled tuples, so the hash values differ. The test compares
+- The hash algorithm: blockviz hashes with its own sha256 or xxhash chain over (parent, tokens,
+  extra keys), taken in turn by seed, vLLM with its `sha256` over its pickled tuples, so the hash
+  values differ. The test compares
   block ids and hit counts, and checks that the pairing of blockviz hash to vLLM hash, per block
   that both have hashed, is one to one over the whole sequence (equal prefixes, equal hashes on
   both sides).
@@ -52,10 +53,12 @@ except ImportError as exc:  # an installed vLLM whose v1 core API moved
 from engine.events import BlockEvicted, EventBus
 from engine.sequence import Sequence
 from engine.v1 import KVCacheManager
+from engine.v1.kv_cache_utils import HASH_FUNCTIONS
 
 MAX_MODEL_LEN = 4096
 NUM_SEQUENCES = 300
 NUM_OPS = 40
+HASH_ALGOS = sorted(HASH_FUNCTIONS)
 
 
 def ref_counts(blocks) -> list[int]:
@@ -71,12 +74,12 @@ class VllmSide:
     """vLLM's KVCacheManager on the CPU, one FullAttentionSpec group (as vLLM's
     tests/v1/core/test_prefix_caching.py builds it)."""
 
-    def __init__(self, block_size: int, num_blocks: int) -> None:
+    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool = True) -> None:
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
         config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                                kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
         self.manager = VllmKVCacheManager(config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=block_size,
-                                          hash_block_size=block_size, enable_caching=True)
+                                          hash_block_size=block_size, enable_caching=enable_caching)
         init_none_hash(vllm_sha256)
         self.hasher = get_request_block_hasher(block_size, vllm_sha256)
         self.pool = self.manager.block_pool
@@ -105,11 +108,12 @@ class VllmSide:
 
 
 class BlockvizSide:
-    def __init__(self, block_size: int, num_blocks: int) -> None:
+    def __init__(self, block_size: int, num_blocks: int, hash_algo: str, enable_caching: bool) -> None:
         self.bus = EventBus()
         self.evicted: list[int] = []
         self.bus.subscribe(lambda e: self.evicted.append(e.block) if isinstance(e, BlockEvicted) else None)
-        self.manager = KVCacheManager(block_size, num_blocks, max_model_len=MAX_MODEL_LEN, events=self.bus)
+        self.manager = KVCacheManager(block_size, num_blocks, max_model_len=MAX_MODEL_LEN,
+                                      enable_caching=enable_caching, hash_algo=hash_algo, events=self.bus)
         self.pool = self.manager.block_pool
 
     def block_ids(self, seq: Sequence) -> list[int] | None:
@@ -122,10 +126,11 @@ class BlockvizSide:
 class Differential:
     """Both managers, the requests live on each side, and the hash pairing seen so far."""
 
-    def __init__(self, block_size: int, num_blocks: int) -> None:
+    def __init__(self, block_size: int, num_blocks: int, hash_algo: str = "sha256",
+                 enable_caching: bool = True) -> None:
         self.block_size = block_size
-        self.ours = BlockvizSide(block_size, num_blocks)
-        self.theirs = VllmSide(block_size, num_blocks)
+        self.ours = BlockvizSide(block_size, num_blocks, hash_algo, enable_caching)
+        self.theirs = VllmSide(block_size, num_blocks, enable_caching)
         self.seqs: dict[int, Sequence] = {}
         self.reqs: dict[int, Request] = {}
         self.pairs: dict[object, object] = {}  # blockviz hash -> vLLM hash
@@ -197,12 +202,14 @@ class Differential:
         return f"{what}; after: {self.log[-8:]}"
 
 
-def run_sequence(seed: int) -> Differential:
+def run_sequence(seed: int, enable_caching: bool = True) -> Differential:
     """One random operation sequence: a pool of 4 to 12 blocks of 1 to 4 tokens, prompts from
-    three stems over four token ids."""
+    three stems over four token ids; blockviz's hash algorithm taken in turn (vLLM's stays
+    sha256: the test pairs hashes, it never compares their values)."""
     rng = random.Random(seed)
     block_size = rng.randint(1, 4)
-    diff = Differential(block_size, rng.randint(4, 12))
+    hash_algo = HASH_ALGOS[seed % len(HASH_ALGOS)]
+    diff = Differential(block_size, rng.randint(4, 12), hash_algo, enable_caching)
     stems = [[rng.randrange(4) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
     next_id = 0
     for _ in range(NUM_OPS):
@@ -228,6 +235,13 @@ def test_random_sequences_match_vllm(chunk):
     """NUM_SEQUENCES seeded sequences in six chunks: both managers agree after every operation."""
     for seed in range(chunk, NUM_SEQUENCES, 6):
         run_sequence(seed)
+
+
+def test_random_sequences_match_vllm_without_prefix_caching():
+    """enable_caching=False on both sides: no hits, no hashes, freed blocks go to the head."""
+    for seed in range(40):
+        diff = run_sequence(seed, enable_caching=False)
+        assert diff.counts["hits"] == 0 and not diff.pairs
 
 
 def test_the_sequences_reach_hits_eviction_and_a_full_pool():
