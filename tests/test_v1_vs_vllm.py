@@ -9,7 +9,8 @@ order the random generator picks, what vLLM's v1 scheduler does to a request:
   prefill, for a first chunk of them);
 - decode: append a sampled token, then `allocate_slots` for it (a decode that gets None keeps its
   uncomputed token and retries on its next turn);
-- free: `free` (a finished or preempted request).
+- free: `free` (a finished or preempted request); a request that reaches max_model_len is freed
+  there, as vLLM's scheduler finishes it (neither manager is meant for a request past it).
 
 Prompts share prefixes drawn from a few stems over a small vocabulary, so hits, shared blocks,
 lazy eviction of freed cached blocks and running out of blocks (`allocate_slots` returning None)
@@ -74,11 +75,11 @@ class VllmSide:
     """vLLM's KVCacheManager on the CPU, one FullAttentionSpec group (as vLLM's
     tests/v1/core/test_prefix_caching.py builds it)."""
 
-    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool, max_model_len: int) -> None:
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
         config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                                kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-        self.manager = VllmKVCacheManager(config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=block_size,
+        self.manager = VllmKVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=block_size,
                                           hash_block_size=block_size, enable_caching=enable_caching)
         init_none_hash(vllm_sha256)
         self.hasher = get_request_block_hasher(block_size, vllm_sha256)
@@ -108,11 +109,12 @@ class VllmSide:
 
 
 class BlockvizSide:
-    def __init__(self, block_size: int, num_blocks: int, hash_algo: str, enable_caching: bool) -> None:
+    def __init__(self, block_size: int, num_blocks: int, hash_algo: str, enable_caching: bool,
+                 max_model_len: int) -> None:
         self.bus = EventBus()
         self.evicted: list[int] = []
         self.bus.subscribe(lambda e: self.evicted.append(e.block) if isinstance(e, BlockEvicted) else None)
-        self.manager = KVCacheManager(block_size, num_blocks, max_model_len=MAX_MODEL_LEN,
+        self.manager = KVCacheManager(block_size, num_blocks, max_model_len=max_model_len,
                                       enable_caching=enable_caching, hash_algo=hash_algo, events=self.bus)
         self.pool = self.manager.block_pool
 
@@ -127,10 +129,11 @@ class Differential:
     """Both managers, the requests live on each side, and the hash pairing seen so far."""
 
     def __init__(self, block_size: int, num_blocks: int, hash_algo: str = "sha256",
-                 enable_caching: bool = True) -> None:
+                 enable_caching: bool = True, max_model_len: int = MAX_MODEL_LEN) -> None:
         self.block_size = block_size
-        self.ours = BlockvizSide(block_size, num_blocks, hash_algo, enable_caching)
-        self.theirs = VllmSide(block_size, num_blocks, enable_caching)
+        self.max_model_len = max_model_len
+        self.ours = BlockvizSide(block_size, num_blocks, hash_algo, enable_caching, max_model_len)
+        self.theirs = VllmSide(block_size, num_blocks, enable_caching, max_model_len)
         self.seqs: dict[int, Sequence] = {}
         self.reqs: dict[int, Request] = {}
         self.pairs: dict[object, object] = {}  # blockviz hash -> vLLM hash
@@ -141,6 +144,7 @@ class Differential:
     def admit(self, rid: int, prompt: list[int], chunk: int | None = None) -> None:
         """Admit a waiting request; with `chunk`, prefill at most that many tokens now (chunked
         prefill: its next decode turn computes the rest before it samples)."""
+        prompt = prompt[: self.max_model_len]  # vLLM rejects a longer prompt before the scheduler
         seq, req = Sequence(rid, list(prompt), self.block_size), self.theirs.request(rid, prompt)
         blocks, hit = self.ours.manager.get_computed_blocks(seq)
         vblocks, vhit, _ = self.theirs.manager.get_computed_blocks(req)
@@ -157,6 +161,8 @@ class Differential:
 
     def decode(self, rid: int, token: int) -> None:
         seq, req = self.seqs[rid], self.reqs[rid]
+        if seq.num_computed_tokens == seq.get_len() == self.max_model_len:
+            return self.free(rid)  # it finished at max_model_len (vLLM check_stop)
         if seq.num_computed_tokens == seq.get_len():  # else: a retried decode or a prefill's rest
             seq.append_token_id(token)
             req.append_output_token_ids(token)
@@ -202,14 +208,14 @@ class Differential:
         return f"{what}; after: {self.log[-8:]}"
 
 
-def run_sequence(seed: int, enable_caching: bool = True) -> Differential:
+def run_sequence(seed: int, enable_caching: bool = True, max_model_len: int = MAX_MODEL_LEN) -> Differential:
     """One random operation sequence: a pool of 4 to 12 blocks of 1 to 4 tokens, prompts from
     three stems over four token ids; blockviz's hash algorithm taken in turn (vLLM's stays
     sha256: the test pairs hashes, it never compares their values)."""
     rng = random.Random(seed)
     block_size = rng.randint(1, 4)
     hash_algo = HASH_ALGOS[seed % len(HASH_ALGOS)]
-    diff = Differential(block_size, rng.randint(4, 12), hash_algo, enable_caching)
+    diff = Differential(block_size, rng.randint(4, 12), hash_algo, enable_caching, max_model_len)
     stems = [[rng.randrange(4) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
     next_id = 0
     for _ in range(NUM_OPS):
@@ -242,6 +248,12 @@ def test_random_sequences_match_vllm_without_prefix_caching():
     for seed in range(40):
         diff = run_sequence(seed, enable_caching=False)
         assert diff.counts["hits"] == 0 and not diff.pairs
+
+
+def test_random_sequences_match_vllm_with_a_short_max_model_len():
+    """Requests finish (are freed) when they reach a max_model_len of a few blocks."""
+    for seed in range(60):
+        run_sequence(seed, max_model_len=5 + seed % 9)
 
 
 def test_the_sequences_reach_hits_eviction_and_a_full_pool():
