@@ -72,10 +72,12 @@ class Trace:
 
 def engine_title(header: dict[str, Any]) -> str:
     """A short description for the UI from a trace header or an engine session's header: model,
-    block size, pools, and prefix caching when on."""
+    block size, pools, prefix caching when on, and what a block holds (kv_geometry)."""
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
+    geometry = kv_geometry(header)
     return (f"{header.get('model', '?')} · block size {header['block_size']} · "
-            f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks{caching}")
+            f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks{caching}"
+            + (f" · a block: {geometry}" if geometry else ""))
 
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}

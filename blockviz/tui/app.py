@@ -24,7 +24,7 @@ from blockviz.model.timeline import Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
 from blockviz.model.narration import narrate
-from blockviz.model.trace import Trace, engine_title, kv_geometry
+from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
@@ -202,8 +202,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         insights.sync(timeline.events)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
-            self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth,
-                                   kv_geometry(self.header))
+            self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth)
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
         if player.stopped_at is not None and timeline.current_event is player.stopped_at:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"

@@ -62,7 +62,7 @@ class MainView(Horizontal):
         return counts
 
     def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None,
-                    insights: Insights, truth: MemoryTruth, geometry: str = "") -> None:
+                    insights: Insights, truth: MemoryTruth) -> None:
         """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor;
         `insights` synced with the timeline, `truth` the memory figures at the cursor."""
         state, vocab, position = timeline.state, timeline.token_texts, timeline.position
@@ -70,7 +70,7 @@ class MainView(Horizontal):
         tables.show(state, seq_id, vocab)
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
-        inspector.show(state, selection, vocab, geometry)
+        inspector.show(state, selection, vocab)
         log.show(timeline.events, position, vocab)
         self.query_one(ExplainPanel).show(insights, state, position, seq_id, vocab)
         self.query_one(LedgerPanel).show(insights, position)

@@ -222,13 +222,13 @@ class BlockInspector(StatePanel):
     TITLE = "Block inspector"
 
     def draw(self, state: ReducerState, selection: tuple[str, int] | None,
-             vocab: dict[int, str] | None = None, geometry: str = "") -> None:
+             vocab: dict[int, str] | None = None) -> None:
         if selection is None:
             self.set_body(Text("select a block: click it, or focus a pool (tab) and use the arrow keys",
                                style="dim"))
             return
         device, number = selection
-        info = inspect_block(state, device, number, vocab, geometry)
+        info = inspect_block(state, device, number, vocab)
         self.border_title = f"Block inspector · {device} {number}"
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
@@ -258,8 +258,6 @@ class BlockInspector(StatePanel):
         grid.add_row("K/V digest", shown)
         if info["same_kv"]:  # equal digests prove equal K/V only while this block's digest is current
             grid.add_row("same K/V in" if info["digest_current"] else "same digest", ", ".join(info["same_kv"]))
-        if info["bytes"]:
-            grid.add_row("bytes", info["bytes"])
         self.set_body(grid)
 
 
