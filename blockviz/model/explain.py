@@ -22,6 +22,7 @@ from engine import events as ev
 from engine.block_allocator import compute_block_hash
 from blockviz.model.reducer import ReducerState
 
+MAX_EVICTIONS_KEPT = 4096  # evictions remembered for "why missed" once a capped timeline drops its front
 HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
@@ -90,6 +91,18 @@ class Explainer:
         self._pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
         self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
         self._fed = 0
+
+    def rebase(self, shift: int) -> None:
+        """Count positions from `shift` events later (a capped timeline dropped them): the
+        explanations of requests allocated before then, and evictions before its first kept
+        event, are dropped."""
+        self._fed = max(self._fed - shift, 0)
+        self.explained = [e for e in self.explained if e.position > shift]
+        for explanation in self.explained:
+            explanation.position -= shift
+        if len(self._evicted_at) > MAX_EVICTIONS_KEPT:
+            newest = sorted(self._evicted_at.items(), key=lambda item: item[1])[-MAX_EVICTIONS_KEPT:]
+            self._evicted_at = dict(newest)
 
     def feed(self, event: ev.Event, state: ReducerState) -> None:
         self._fed += 1
