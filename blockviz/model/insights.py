@@ -203,11 +203,11 @@ class Insights:
     cursor `position` (events applied) and answer as of then, so time travel shows the past."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 enable_prefix_caching: bool = True, kv_manager: str = "v0") -> None:
+                 enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
         from blockviz.model.explain import Explainer
 
         self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
-        self.explainer = Explainer(enable_prefix_caching)
+        self.explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo)
         self._ledger = Ledger()
         self.max_tokens: dict[int, int] = {}
         self.series: list[MemoryPoint] = []
@@ -219,7 +219,8 @@ class Insights:
     def for_header(cls, header: dict) -> "Insights":
         """For a trace header (or a live engine's): pool sizes and whether prefix caching is on."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                   bool(header.get("enable_prefix_caching", True)), header.get("kv_manager") or "v0")
+                   bool(header.get("enable_prefix_caching", True)), header.get("kv_manager") or "v0",
+                   header.get("prefix_caching_hash_algo") or "sha256")
 
     def sync(self, source) -> None:
         """Feed what it has not seen yet of `source`: a Timeline (whose capped front may have been
