@@ -21,7 +21,8 @@ from textual.widgets import Static
 
 from blockviz.model.palette import block_tint, fill_glyph, show_token
 from blockviz.model.reducer import ReducerState
-from blockviz.model.view import STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, tables
+from blockviz.model.view import (STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, progress_line,
+                                 tables)
 from blockviz.tui.styles import seq_style, tokens_text
 from engine import events as ev
 
@@ -112,6 +113,9 @@ class BlockTables(StatePanel):
                         + (f" ({row['finish']})" if row["finish"] else "")
                         + f" · {row['num_tokens']} tokens", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
+            if row.get("progress"):  # vLLM v1: chunked prefill progress
+                parts.append(Text(f"    {progress_line(row['progress'])}",
+                                  "bold #ff8c1a" if row["progress"]["prefilling"] else "dim"))
             if not row["blocks"]:
                 parts.append(Text("    no blocks", style="dim"))
                 continue
@@ -234,6 +238,10 @@ class BlockInspector(StatePanel):
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
         grid.add_row("state", STATE_LABELS[info["state"]])
+        if "note" in info:  # vLLM v1's null block
+            grid.add_row("what", info["note"])
+        if "queue" in info:  # vLLM v1: a free block's place in the free queue
+            grid.add_row("free queue", info["queue"])
         grid.add_row("ref count", str(info["ref"]))
         owners = Text()
         for seq_id in info["owners"]:
