@@ -216,24 +216,24 @@ def progress(state: ReducerState, seq_id: int) -> dict[str, Any] | None:
     tokens, and SchedulerOutput.num_scheduled_tokens of the last step): `computed` of
     `num_tokens` tokens have K/V, `scheduled` were computed by the last step (0: not scheduled),
     `prefilling` while more than the next token is still to compute (a prefill cut into chunks,
-    or one recomputed after a preemption). None once the sequence finished."""
+    or one recomputed after a preemption), `text` all that in words. None once the sequence
+    finished."""
     seq = state.seqs.get(seq_id)
     if seq is None or seq.status == "finished":
         return None
     computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
-    return {"computed": computed, "num_tokens": num_tokens, "prompt": seq.num_prompt_tokens,
-            "scheduled": state.num_scheduled_tokens.get(seq_id, 0),
-            "prefilling": num_tokens - computed > 1}
+    info = {"computed": computed, "num_tokens": num_tokens, "prompt": seq.num_prompt_tokens,
+            "scheduled": state.num_scheduled_tokens.get(seq_id, 0), "prefilling": num_tokens - computed > 1}
+    info["text"] = _progress_text(info)
+    return info
 
 
-def progress_line(info: dict[str, Any]) -> str:
-    """A sequence's progress (progress()) in words, for both front ends."""
-    line = f"{info['computed']}/{info['num_tokens']} computed"
+def _progress_text(info: dict[str, Any]) -> str:
+    """A sequence's progress in words, as both front ends write it."""
+    done = f"{info['computed']}/{info['num_tokens']}"
     if info["prefilling"]:
-        line += f" · prefill chunk +{info['scheduled']}" if info["scheduled"] else " · waits to prefill"
-    elif info["scheduled"]:
-        line += f" · +{info['scheduled']} this step"
-    return line
+        return f"prefill {done} · " + (f"chunk +{info['scheduled']}" if info["scheduled"] else "waits")
+    return f"{done} computed" + (f" · +{info['scheduled']} this step" if info["scheduled"] else "")
 
 
 # ------------------------------------------------------------------------------------ hash chains

@@ -21,8 +21,7 @@ from textual.widgets import Static
 
 from blockviz.model.palette import block_tint, fill_glyph, show_token
 from blockviz.model.reducer import ReducerState
-from blockviz.model.view import (STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, progress_line,
-                                 tables)
+from blockviz.model.view import STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, tables
 from blockviz.tui.styles import seq_style, tokens_text
 from engine import events as ev
 
@@ -114,7 +113,7 @@ class BlockTables(StatePanel):
                         + f" · {row['num_tokens']} tokens", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
             if row.get("progress"):  # vLLM v1: chunked prefill progress
-                parts.append(Text(f"    {progress_line(row['progress'])}",
+                parts.append(Text(f"    {row['progress']['text']}",
                                   "bold #ff8c1a" if row["progress"]["prefilling"] else "dim"))
             if not row["blocks"]:
                 parts.append(Text("    no blocks", style="dim"))
