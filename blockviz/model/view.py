@@ -32,7 +32,7 @@ NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point 
 # What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
 V1_NOTES = {
     "swap": "vLLM v1 has no CPU pool: a preempted request is recomputed, not swapped",
-    "copy_on_write": "vLLM v1 has no copy-on-write: n > 1 shares the prompt through the prefix cache",
+    "cow": "vLLM v1 has no copy-on-write: n > 1 shares the prompt through the prefix cache",
 }
 
 
