@@ -171,3 +171,35 @@ def test_v1_snapshot_80x24_chunked_prefill_and_free_queue(snap_compare):
         await pilot.pause()
 
     assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
+
+
+@pytest.mark.anyio
+async def test_the_live_app_plays_the_v1_story_with_its_views():
+    """`blockviz run --kv-manager v1`'s spec, live in the app (the engine in a thread, the bundled
+    model): after the first step ROMEO's prefill is a chunk, the null block and the free queue are
+    drawn; played to the end, every block is back in the queue."""
+    from blockviz.cli import build_parser
+    from blockviz.commands.run import check
+    from blockviz.model.player import SPEEDS
+    from blockviz.tui.engine_bridge import EngineBridge
+    from test_tui_app import _until
+
+    spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)
+    app = BlockvizApp(bridge=EngineBridge(spec), deterministic=True, play=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.player is not None, timeout=60)
+        await pilot.press("s")
+        await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1, timeout=30)
+        app.render_views()
+        await pilot.pause()
+        state = app.player.timeline.state
+        assert view.progress(state, 0)["text"] == "prefill 16/31 · chunk +16"
+        assert any(line.strip() == "prefill 16/31 · chunk +16" for line in drawn(app.query_one(BlockTables)))
+        gpu = app.query_one("#gpu", PoolGrid)
+        assert NULL_MARK in gpu.cell_text(0) and gpu.head == state.free_queue[0]
+        assert app.query_one(FreeQueueRow).content.plain.startswith(f"free queue ▸ {state.free_queue[0]} ")
+        app.player.speed_index = len(SPEEDS) - 1
+        await pilot.press("space")
+        await _until(pilot, lambda: app.player.finished and app.player.timeline.at_end, timeout=120)
+        state = app.player.timeline.state
+        assert state.num_preemptions and len(state.free_queue) == 47 and state.num_used("gpu") == 0
