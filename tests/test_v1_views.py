@@ -110,6 +110,8 @@ def test_the_notes_for_what_v1_has_not_appear_in_v1_only(name):
         assert frame["notes"] == (view.V1_NOTES if v1 else {})
         assert (frame["free_queue"] is not None) == v1 and frame["kv_manager"] == ("v1" if v1 else "v0")
         assert viz.pools.frame["notes"] == frame["notes"] and viz.pools.frame["free_queue"] == frame["free_queue"]
+        summary = viz.summary()  # the plain-text picture too
+        assert ("free queue (next to go first): " in summary) == v1 and (view.V1_NOTES["swap"] in summary) == v1
     finally:
         viz.close()
 

@@ -425,9 +425,19 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     """A plain-text picture (for a notebook without widgets, or nbconvert to text)."""
     lines = [f"{title or 'blockviz'} · event {position}/{length}"
              + (f" · step {state.step} ({state.step_kind})" if state.step_kind else "")]
+    notes = v1_notes(state)
     for device, (used, cached, free) in pool_counts(state).items():
+        if not state.pools[device] and notes:
+            lines.append(f"{device.upper()} pool: {notes['swap']}")
+            continue
         lines.append(f"{device.upper()} pool: {len(state.pools[device])} blocks · {used} used · "
                      f"{cached} cached · {free} free")
+    queue = free_queue(state)
+    if queue is not None:
+        more = queue["num_free"] - len(queue["blocks"])
+        lines.append("free queue (next to go first): " + (" ".join(
+            f"{number}{'c' if cached else ''}" for number, cached in queue["blocks"]) or "empty")
+            + (f" … +{more}" if more > 0 else ""))
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
         where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
