@@ -69,6 +69,28 @@ def _event_block(kind: str, attr: str, device: str) -> Callable[[Trace, int], tu
     return select
 
 
+def after_revived_chunk(trace: Trace) -> int:
+    """vLLM v1: just after the step plan (tokens_scheduled) that gives a preempted sequence a chunk of its prefill."""
+    preempted: set[int] = set()
+    for index, e in enumerate(trace.events):
+        if e.type == "preempted":
+            preempted.update(e.seq_ids)
+        elif e.type == "tokens_scheduled" and any(
+                s in preempted and c + n < t for s, c, n, t in
+                zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
+            return index + 1
+    raise ValueError("no chunk of a recomputed prefill in this trace")
+
+
+def _first_block_of_chunked(trace: Trace, position: int) -> tuple[str, int]:
+    plan = trace.events[position - 1]
+    seq_id = next(s for s, c, n, t in zip(plan.seq_ids, plan.num_computed_tokens, plan.num_new_tokens,
+                                          plan.num_tokens) if c + n < t)
+    first = next(e for e in trace.events[:position][::-1]
+                 if e.type in ("block_allocated", "prefix_cache_hit") and seq_id in e.seq_ids and e.logical_index == 0)
+    return "gpu", first.block
+
+
 SHOTS = [
     Shot("prefill", "prefill", after_step(1)),
     Shot("copy-on-write", "fork-cow", after_first("copy_on_write", ("slot_appended", "kv_digest")),
@@ -79,6 +101,7 @@ SHOTS = [
          select=_event_block("swap_out", "mapping", "cpu")),
     Shot("projector", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
          size=(100, 30), projector=True),
+    Shot("vllm-v1", "v1-story", after_revived_chunk, select=_first_block_of_chunked),
 ]
 
 

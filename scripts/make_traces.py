@@ -36,6 +36,7 @@ class Scenario:
     expect: Callable[[Counter, list], bool]
     expect_text: str
     later_prompts: dict[int, str] = field(default_factory=dict)  # steps done -> prompt to add then
+    story: str | None = None  # a named scenario (blockviz/session/scenario.py) played instead of `spec`
 
 
 def _kinds(*kinds: str) -> Callable[[Counter, list], bool]:
@@ -58,6 +59,13 @@ def _eviction(counts: Counter, events: list) -> bool:
 
     last = explain_requests(events, 4, 18, 8)[-1]
     return counts["block_evicted"] > 0 and last.num_hit_blocks > 0 and last.first_miss.verdict == EVICTED
+
+
+def _v1_story(counts: Counter, events: list) -> bool:
+    """vLLM v1's story: a chunked prefill, hits for n=2's second request, a recompute preemption, an eviction."""
+    chunked = any(e.type == "tokens_scheduled" and any(c + n < t for c, n, t in
+                  zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)) for e in events)
+    return chunked and all(counts[k] for k in ("prefix_cache_hit", "preempted", "block_evicted"))
 
 
 ROMEO = "ROMEO: But soft, what light through yonder window breaks?"
@@ -104,13 +112,22 @@ SCENARIOS = [
         dict(prompts=("ROMEO:", "JULIET:", "HAMLET:"), max_tokens=40, block_size=4, num_gpu_blocks=16,
              num_cpu_blocks=32, preemption_mode="recompute"),
         _recompute, "a recompute preemption"),
+    Scenario(
+        "v1-story", "vLLM v1 (`blockviz run --kv-manager v1`'s story): ROMEO's long prompt prefilled in chunks "
+                    "of the step's token budget; JULIET's n=2 as two requests, the second hitting the first's "
+                    "blocks; the pool runs out, a request is preempted by recompute and revived from its cached "
+                    "blocks; blocks taken from the free queue's head evict their hashes",
+        {}, _v1_story, "a chunked prefill, n=2 hits, a recompute preemption and an eviction", story="story-v1"),
 ]
 
 
 def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Path:
     from blockviz.model.trace import read_trace
 
-    spec = EngineSpec.of(model=model, device=device, seed=0, **scenario.spec)
+    if scenario.story is not None:
+        spec = EngineSpec.for_scenario(scenario.story, model=model, device=device, seed=0)
+    else:
+        spec = EngineSpec.of(model=model, device=device, seed=0, **scenario.spec)
     out = out_dir / f"{scenario.name}.jsonl"
 
     def between_steps(session, steps_done: int) -> None:

@@ -218,7 +218,7 @@ def run_all_cells(page) -> None:
 # Every pool block drawn on the page as [device, block, state, ref]: from each canvas's data-states
 # and data-refs (written by the paint that drew them), or from each cell of the "cells" renderer.
 DRAWN_BLOCKS_JS = """() => {
-    const names = { u: "used", c: "cached", f: "free" };
+    const names = { u: "used", c: "cached", f: "free", n: "null" };
     const out = [];
     for (const pool of document.querySelectorAll('.bv-view-pool .bv-pool')) {
         const canvas = pool.querySelector('canvas.bv-pool-canvas[data-states]');

@@ -16,6 +16,7 @@ EXPECTED = {
     "swap": {"swap_out", "swap_in", "preempted"},
     "recompute": {"preempted"},
     "eviction": {"block_evicted", "prefix_cache_hit", "block_hashed"},
+    "v1-story": {"tokens_scheduled", "prefix_cache_hit", "preempted", "block_evicted"},  # tests/test_v1_story.py
 }
 
 
@@ -28,7 +29,7 @@ def test_shipped_trace_replays_to_the_end(name):
     trace = read_trace(resolve_trace_path(name))
     header = trace.header
     assert header["format"] == "blockviz-trace" and header["model"] == "tiny-shakespeare"
-    assert header["scenario"] == name and header["prompts"]
+    assert header["scenario"] == name and (header["prompts"] or header.get("arrivals"))
     assert EXPECTED[name] <= {e.type for e in trace.events}
     if name == "recompute":
         assert any(e.type == "preempted" and e.mode == "recompute" for e in trace.events)

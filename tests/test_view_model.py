@@ -17,7 +17,7 @@ from blockviz.model.trace import kv_geometry, load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.event_log import EventLog
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, HashChains
-from blockviz.tui.widgets.pool_grid import SUPERSCRIPTS, PoolGrid
+from blockviz.tui.widgets.pool_grid import NULL_MARK, SUPERSCRIPTS, PoolGrid
 
 
 @pytest.fixture
@@ -65,18 +65,22 @@ def check_tui(app, state, vocab, current) -> None:
             text = grid.cell_text(number)
             if grid.big_cells:  # two lines: number and refs, then a fill bar
                 top, bar = text.split("\n")
-                ref = f"×{cell.ref}" if cell.ref > 1 else (" c" if cell.state == "cached" else "  ")
+                ref = f"×{cell.ref}" if cell.ref > 1 else {"cached": " c", "null": f" {NULL_MARK}"}.get(cell.state, "  ")
                 assert top.rstrip() == f" {number:>{grid.digits}}{ref}".rstrip(), (device, number, cell)
+                if cell.state == "null":  # vLLM v1's block 0 says what it is
+                    assert bar.rstrip() == "null", (device, number, cell)
+                    continue
                 filled = max(1, round(len(bar) * cell.fill / state.block_size)) if cell.fill else 0
                 assert bar == "█" * filled + "░" * (len(bar) - filled), (device, number, cell)
                 continue
-            mark = {"used": " " if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)], "cached": "c", "free": " "}
-            glyph = fill_glyph(cell.fill, state.block_size) if cell.state != "free" else " "
+            mark = {"used": " " if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)], "cached": "c", "free": " ",
+                    "null": NULL_MARK}
+            glyph = fill_glyph(cell.fill, state.block_size) if cell.state in ("used", "cached") else " "
             assert text == f"{number:>{grid.digits}}{mark[cell.state]}{glyph}", (device, number, cell)
 
 
 def check_inspector(app, state, vocab, geometry: str) -> None:
-    used = [b for b in state.pools["gpu"] if view.block_state(b) != "free"]
+    used = [b for b in state.pools["gpu"] if view.block_state(b) not in ("free", "null")]
     if not used:
         return
     block = used[len(used) // 2]
@@ -94,6 +98,8 @@ def check_inspector(app, state, vocab, geometry: str) -> None:
         assert has_line(lines, "hash", f"#{info['hash']}")
     if info["same_kv"]:
         assert has_line(lines, ", ".join(info["same_kv"]))
+    if "queue" in info:  # vLLM v1: a free block's place in the free queue
+        assert has_line(lines, "free queue", info["queue"])
 
 
 def check_notebook(viz, state, vocab, current, position) -> None:

@@ -11,7 +11,7 @@ import sys
 from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_keep_events_option
 
 
-from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
+from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS, DEFAULT_V1_SCENARIO, V1_TOKEN_BUDGET
 
 RUN_DEFAULTS = {**DEFAULT_SCENARIO_OPTIONS,
                 "prompts_help": "a built-in scenario of four requests arriving over time"}
@@ -39,7 +39,12 @@ def check(args, *, device: bool = True):
     the EngineSpec. `blockviz serve run` calls it too."""
     from blockviz.session.spec import EngineSpec
 
-    spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
+    v1 = args.kv_manager == "v1"  # vLLM v1 tells its own story (scenario.DEFAULT_V1_SCENARIO)
+    spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_V1_SCENARIO if v1 else DEFAULT_SCENARIO)
+    if v1 and spec.arrivals:
+        from dataclasses import replace
+
+        spec.config = replace(spec.config, max_num_batched_tokens=V1_TOKEN_BUDGET)
     spec.check_all(device=device)
     return spec
 

@@ -81,7 +81,7 @@ class PoolView(_View):
     _kind = traitlets.Unicode("pool").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
     renderer = traitlets.Enum(("canvas", "cells"), "canvas").tag(sync=True)
-    parts = ("block_size", "pools", "touched", "selected")
+    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes")
 
 
 class BlockTableView(_View):

@@ -17,15 +17,23 @@ from typing import Any, Callable, NamedTuple
 
 from blockviz.model.narration import FILTERS, describe, narrate
 from blockviz.model.palette import event_number, short_hash, show_token
-from blockviz.model.reducer import USED, BlockState, ReducerState
+from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
 from engine import events as ev
 
-STATE_CODES = {"used": "u", "cached": "c", "free": "f"}  # one character per block in "state"
-STATE_LABELS = {"used": "used", "cached": "cached-free", "free": "free"}  # the words for each state
+STATE_CODES = {"used": "u", "cached": "c", "free": "f", "null": "n"}  # one character per block in "state"
+STATE_LABELS = {"used": "used", "cached": "cached-free", "free": "free", "null": "null block"}  # the words for each state
 MAX_TABLES = 32  # sequences shown in the notebook's block tables (those holding blocks first)
 MAX_HASHES = 128  # hashed blocks shown in the notebook's hash chains
 MAX_LOG_ROWS = 200  # events shown in the notebook's log, ending at the cursor
 MAX_LOG_SCAN = 20_000  # events looked at, going back from the cursor, to fill a filtered log
+FREE_QUEUE_SHOWN = 12  # blocks of vLLM v1's free queue the views list, head first
+NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point at for a block it skips "
+                   "(sliding-window layers); never allocated, freed, cached or counted as free")
+# What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
+V1_NOTES = {
+    "swap": "vLLM v1 has no CPU pool: a preempted request is recomputed, not swapped",
+    "cow": "vLLM v1 has no copy-on-write: n > 1 shares the prompt through the prefix cache",
+}
 
 
 # ------------------------------------------------------------------------------------ blocks and pools
@@ -33,9 +41,12 @@ MAX_LOG_SCAN = 20_000  # events looked at, going back from the cursor, to fill a
 
 def block_state(block: BlockState) -> str:
     """"used", "cached" (free but still hashed: a prefix-cache hit can revive it until it is
-    evicted) or "free": the one rule every view colours a block by."""
+    evicted), "free", or "null" (vLLM v1's block 0, BlockPool.null_block): the one rule every view
+    colours a block by."""
     if block.state == USED:
         return "used"
+    if block.state == NULL:
+        return "null"
     return "cached" if block.block_hash is not None else "free"
 
 
@@ -51,6 +62,7 @@ class BlockCell(NamedTuple):
 
 
 _FREE_CELL = BlockCell("free", 0, 0, -1, -1)
+_NULL_CELL = BlockCell("null", 0, 0, -1, -1)
 _cell = tuple.__new__  # BlockCell(...) without NamedTuple's Python-level __new__: pools draw thousands
 
 
@@ -65,7 +77,7 @@ def block_cell(block: BlockState) -> BlockCell:
         return _cell(BlockCell, ("used", block.ref_count, len(block.token_ids), first, second))
     if block.block_hash is not None:
         return _cell(BlockCell, ("cached", 0, len(block.token_ids), -1, -1))
-    return _FREE_CELL
+    return _NULL_CELL if block.state == NULL else _FREE_CELL
 
 
 def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
@@ -79,17 +91,39 @@ def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
 
 
 def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
-    """Per device: (used, cached-free, free) blocks, in one pass over each pool."""
+    """Per device: (used, cached-free, free) blocks, in one pass over each pool (v1's null block
+    is none of them: vLLM v1 never counts it)."""
     counts = {}
     for device, pool in state.pools.items():
-        used = cached = 0
+        used = cached = null = 0
         for block in pool:
             if block.state == USED:
                 used += 1
             elif block.block_hash is not None:
                 cached += 1
-        counts[device] = (used, cached, len(pool) - used - cached)
+            elif block.state == NULL:
+                null += 1
+        counts[device] = (used, cached, len(pool) - used - cached - null)
     return counts
+
+
+def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> dict[str, Any] | None:
+    """vLLM v1's free queue (FreeKVCacheBlockQueue) head first, the order get_new_blocks takes
+    blocks in: `blocks` the first `limit` as [block, cached] (cached: still hashed, so taking it
+    evicts its hash), `num_free` and `num_cached` over the whole queue. None for a v0 run."""
+    if state.kv_manager != "v1":
+        return None
+    pool = state.pools["gpu"]
+    queue = state.free_queue if limit is None else state.free_queue[:limit]
+    return {"blocks": [[number, pool[number].block_hash is not None] for number in queue],
+            "num_free": len(state.free_queue),
+            "num_cached": sum(1 for number in state.free_queue if pool[number].block_hash is not None)}
+
+
+def v1_notes(state: ReducerState) -> dict[str, str]:
+    """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
+    copy-on-write); empty for a v0 run."""
+    return dict(V1_NOTES) if state.kv_manager == "v1" else {}
 
 
 def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
@@ -163,15 +197,43 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
         for index, (device, number) in enumerate(state.tables.get(seq_id, ())):
             block = state.pools[device][number]
             blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
-        rows.append({
+        row = {
             "seq": seq_id,
             "request": seq.request_id if seq else "?",
             "status": seq.status if seq else "?",
             "finish": (seq.finish_reason or "") if seq else "",
             "num_tokens": len(seq.token_ids) if seq else 0,
             "blocks": blocks,
-        })
+        }
+        if state.kv_manager == "v1":
+            row["progress"] = progress(state, seq_id)
+        rows.append(row)
     return rows
+
+
+def progress(state: ReducerState, seq_id: int) -> dict[str, Any] | None:
+    """vLLM v1's chunked-prefill progress of a sequence (Request.num_computed_tokens against its
+    tokens, and SchedulerOutput.num_scheduled_tokens of the last step): `computed` of
+    `num_tokens` tokens have K/V, `scheduled` were computed by the last step (0: not scheduled),
+    `prefilling` while more than the next token is still to compute (a prefill cut into chunks,
+    or one recomputed after a preemption), `text` all that in words. None once the sequence
+    finished."""
+    seq = state.seqs.get(seq_id)
+    if seq is None or seq.status == "finished":
+        return None
+    computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
+    info = {"computed": computed, "num_tokens": num_tokens, "prompt": seq.num_prompt_tokens,
+            "scheduled": state.num_scheduled_tokens.get(seq_id, 0), "prefilling": num_tokens - computed > 1}
+    info["text"] = _progress_text(info)
+    return info
+
+
+def _progress_text(info: dict[str, Any]) -> str:
+    """A sequence's progress in words, as both front ends write it."""
+    done = f"{info['computed']}/{info['num_tokens']}"
+    if info["prefilling"]:
+        return f"prefill {done} · " + (f"chunk +{info['scheduled']}" if info["scheduled"] else "waits")
+    return f"{done} computed" + (f" · +{info['scheduled']} this step" if info["scheduled"] else "")
 
 
 # ------------------------------------------------------------------------------------ hash chains
@@ -245,7 +307,7 @@ def inspect_block(state: ReducerState, device: str, number: int,
     if block.digest:
         same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
                 if b.digest == block.digest and b is not block and block_state(b) != "free"]
-    return {
+    info = {
         "device": device, "number": number, "state": name, "ref": block.ref_count,
         "owners": sorted(block.owners), "fill": filled, "block_size": state.block_size,
         "hash": short_hash(block.block_hash, 16) if block.block_hash is not None else "",
@@ -255,6 +317,20 @@ def inspect_block(state: ReducerState, device: str, number: int,
         "digest": block.digest or "", "digest_slots": block.digest_slots,
         "digest_current": block.digest_slots == filled, "same_kv": same, "bytes": geometry,
     }
+    if state.kv_manager == "v1":
+        info.update(_inspect_v1(state, device, number))
+    return info
+
+
+def _inspect_v1(state: ReducerState, device: str, number: int) -> dict[str, str]:
+    """The inspector's v1 rows: what the null block is, and a free block's place in the free queue."""
+    if state.pools[device][number].state == NULL:
+        return {"note": NULL_BLOCK_NOTE}
+    if device == "gpu" and number in state.free_queue:
+        place = state.free_queue.index(number)
+        return {"queue": ("next to go" if place == 0 else f"{place + 1} of {len(state.free_queue)}")
+                + " in the free queue"}
+    return {}
 
 
 def snapshot(state: ReducerState, *, current: ev.Event | None = None,
@@ -287,6 +363,9 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
         "step_kind": state.step_kind,
         "num_preemptions": state.num_preemptions,
         "num_tokens_generated": state.num_tokens_generated,
+        "kv_manager": state.kv_manager,
+        "free_queue": free_queue(state),
+        "notes": v1_notes(state),
     }
 
 
@@ -346,9 +425,19 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     """A plain-text picture (for a notebook without widgets, or nbconvert to text)."""
     lines = [f"{title or 'blockviz'} · event {position}/{length}"
              + (f" · step {state.step} ({state.step_kind})" if state.step_kind else "")]
+    notes = v1_notes(state)
     for device, (used, cached, free) in pool_counts(state).items():
+        if not state.pools[device] and notes:
+            lines.append(f"{device.upper()} pool: {notes['swap']}")
+            continue
         lines.append(f"{device.upper()} pool: {len(state.pools[device])} blocks · {used} used · "
                      f"{cached} cached · {free} free")
+    queue = free_queue(state)
+    if queue is not None:
+        more = queue["num_free"] - len(queue["blocks"])
+        lines.append("free queue (next to go first): " + (" ".join(
+            f"{number}{'c' if cached else ''}" for number, cached in queue["blocks"]) or "empty")
+            + (f" … +{more}" if more > 0 else ""))
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
         where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1

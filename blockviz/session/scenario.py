@@ -10,6 +10,14 @@ minute it shows every idea on the bundled model, on a pool small enough to see w
 - A second JULIET line with the same opening arrives: with prefix caching it hits her blocks.
 - The pool runs out while five sequences grow: the newest request is preempted (swapped out to the
   CPU pool) and swapped back in when blocks free up.
+`DEFAULT_V1_SCENARIO` is the story `blockviz run --kv-manager v1` plays instead, on the same pool
+(vLLM v1's KV cache manager and scheduler, engine/v1/):
+- ROMEO's long line arrives alone and the step's token budget cuts its prefill into chunks.
+- JULIET's arrives with n=2: two requests, the second sharing her prompt's full blocks through
+  the prefix cache (hits, ref 2), never a fork or a copy-on-write.
+- HAMLET and KING RICHARD arrive: the pool runs out, the last running request is preempted by
+  recompute (its blocks freed: hashed ones to the free queue's tail), and when it is admitted again
+  its cached blocks serve it (hits); blocks taken from the queue's head evict their hashes.
 No torch, no textual.
 """
 
@@ -42,9 +50,26 @@ DEFAULT_SCENARIO_OPTIONS = {
 }
 
 
+DEFAULT_V1_SCENARIO: tuple[Arrival, ...] = (
+    Arrival(0, "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."),
+    Arrival(2, "JULIET: O Romeo, Romeo, wherefore art thou Romeo?", n=2),
+    Arrival(4, "HAMLET: To be, or not to be, that is the question."),
+    Arrival(6, "KING RICHARD III: Now is the winter of our discontent made glorious summer by this sun of York."),
+)
+# The v0 story's pool and sampling (so `run --kv-manager v1` takes the same command-line defaults),
+# in vLLM v1's manager, with a token budget per step (SchedulerConfig.max_num_batched_tokens) small
+# enough that a long prompt is prefilled in chunks.
+V1_TOKEN_BUDGET = 16
+DEFAULT_V1_SCENARIO_OPTIONS = {
+    **{k: v for k, v in DEFAULT_SCENARIO_OPTIONS.items() if k not in ("num_cpu_blocks", "preemption_mode")},
+    "kv_manager": "v1", "max_num_batched_tokens": V1_TOKEN_BUDGET,
+}
+
+
 # The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
 # the engine and sampling settings they were written for.
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
+SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 
 
 def scenario(name: str) -> tuple[tuple[Arrival, ...], dict]:

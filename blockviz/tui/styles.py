@@ -12,6 +12,8 @@ FREE_STYLE = Style(color="#6b6b6b")
 CACHED_STYLE = Style(color="#e8e8e8", bgcolor="#3c4a5a", italic=True)
 SELECTED_STYLE = Style(reverse=True, bold=True)
 TOUCHED_STYLE = Style(underline=True, bold=True)
+NULL_STYLE = Style(color="#b08a3e", bgcolor="#1e1a12", bold=True)  # vLLM v1's null block (block 0)
+QUEUE_HEAD_STYLE = Style(color="#ff8c1a", bold=True)  # v1: the free queue's head, the next block taken
 
 
 def seq_style(seq_id: int, projector: bool = False) -> Style:

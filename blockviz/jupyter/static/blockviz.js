@@ -5,7 +5,7 @@
 // canvas; cellGrid: data-block / data-state / data-ref per cell) so a browser test can compare the
 // page with the kernel.
 
-const STATE_NAMES = { u: "used", c: "cached", f: "free" };
+const STATE_NAMES = { u: "used", c: "cached", f: "free", n: "null" };  // n: vLLM v1's null block
 const SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹";
 
 function h(tag, attrs = {}, ...children) {
@@ -85,8 +85,11 @@ function cellGrid(model, device, n) {
     const cell = event.target.closest(".bv-cell");
     if (cell) model.send({ event: "select", device, number: Number(cell.dataset.block) });
   });
-  function draw(data, palette, blockSize, touched, selected) {
+  let headCell = null;
+  function draw(data, palette, blockSize, touched, selected, head = -1) {
     blockSizeShown = blockSize;
+    if (headCell) headCell.classList.remove("bv-head");
+    headCell = cells[head] || null;
     for (let i = 0; i < n; i++) {
       const code = data.state[i], ref = data.ref[i], fill = data.fill[i];
       const owner = data.owner[i], owner2 = data.owner2[i];
@@ -104,7 +107,7 @@ function cellGrid(model, device, n) {
         if (owner2 >= 0) cls += ` bv-p-${colourIndex(palette, owner2)}`;
       }
       cell.className = cls;
-      const sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : "");
+      const sup = ref > 1 ? superscript(ref) : (name === "cached" ? "c" : (name === "null" ? "∅" : ""));
       if (sup) cell.dataset.sup = sup;  // no attribute, no ::after box (most cells have none)
       else if (cell.dataset.sup !== undefined) delete cell.dataset.sup;
     }
@@ -113,6 +116,8 @@ function cellGrid(model, device, n) {
     marked = touched.filter((i) => cells[i]).map((i) => cells[i]);
     for (const cell of marked) cell.classList.add("bv-touched");
     if (cells[selected]) { cells[selected].classList.add("bv-selected"); marked.push(cells[selected]); }
+    if (headCell) headCell.classList.add("bv-head");
+    grid.dataset.head = head >= 0 ? String(head) : "";
   }
   return { element: grid, n, draw, dispose() {} };
 }
@@ -126,9 +131,11 @@ function renderPool(model, el) {
   const pools = {}; // device -> { section, header, grid, renderer }
   let legendPalette = null;
 
-  function drawLegend(palette) {
-    if (palette === legendPalette) return;
+  let legendV1 = false;
+  function drawLegend(palette, v1) {
+    if (palette === legendPalette && v1 === legendV1) return;
     legendPalette = palette;
+    legendV1 = v1;
     legend.replaceChildren(
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-free-swatch" }), "free"),
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch", style: { background: seqColour(palette, 0) } }),
@@ -139,6 +146,9 @@ function renderPool(model, el) {
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-cached-swatch" }), "free but cached"),
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-touched-swatch" }), "last touched"),
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-selected-swatch" }), "selected"),
+      ...(v1 ? [h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-null-swatch" }), "null block (v1)"),
+        h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-head-swatch" }), "next to go (free queue head)")]
+        : []),
     );
   }
 
@@ -149,27 +159,54 @@ function renderPool(model, el) {
     if (pool) { pool.grid.dispose(); pool.section.remove(); }
     const header = h("div", { class: "bv-pool-title" });
     const grid = (renderer === "cells" ? cellGrid : canvasGrid)(model, device, n);
-    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element);
+    const note = h("div", { class: "bv-pool-note", hidden: true });
+    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element, note);
     body.append(section);
-    return (pools[device] = { section, header, grid, renderer });
+    return (pools[device] = { section, header, grid, renderer, note });
+  }
+
+  // vLLM v1: the free queue's first blocks, head first (view.free_queue), under the GPU pool.
+  const queueRow = h("div", { class: "bv-free-queue", hidden: true });
+  function drawQueue(queue, section) {
+    queueRow.hidden = !queue;
+    if (!queue) return;
+    if (queueRow.parentNode !== section) section.append(queueRow);
+    const chips = queue.blocks.map(([number, cached], i) => h("span", {
+      class: "bv-queue-block" + (cached ? " bv-queue-cached" : "") + (i === 0 ? " bv-queue-head" : ""),
+      "data-block": number, title: (i === 0 ? "next to go" : `${i + 1} in the queue`) +
+        (cached ? ": cached, taking it evicts its hash" : ": free, no hash"), text: `${number}${cached ? "c" : ""}` }));
+    const more = queue.num_free - queue.blocks.length;
+    queueRow.replaceChildren(h("span", { class: "bv-free-queue-title", text: "free queue ▸ " }),
+      ...(chips.length ? chips : [h("span", { class: "bv-dim", text: "empty: every block is in use" })]),
+      more > 0 ? h("span", { class: "bv-dim", text: ` … +${more}` }) : null);
+    queueRow.dataset.blocks = queue.blocks.map(([number]) => number).join(",");
+    queueRow.dataset.cached = queue.blocks.map(([, cached]) => (cached ? 1 : 0)).join(",");
+    queueRow.dataset.numFree = String(queue.num_free);
   }
 
   const rules = h("style");
   el.append(rules);
   const draw = (frame) => {
     const palette = model.get("palette");
-    drawLegend(palette);
+    drawLegend(palette, !!frame.free_queue);
     const css = ownerRules(palette);
     if (rules.textContent !== css) rules.textContent = css;
     for (const device of ["gpu", "cpu"]) {
       const data = frame.pools && frame.pools[device];
       if (!data) continue;
       const pool = ensurePool(device, data.n);
-      pool.section.hidden = data.n === 0;
+      // an empty pool says why when the run has a note for it (vLLM v1's CPU pool), else hides
+      const notes = data.n === 0 ? Object.values(frame.notes || {}) : [];
+      pool.section.hidden = data.n === 0 && !notes.length;
+      pool.note.hidden = !notes.length;
+      pool.note.replaceChildren(...notes.map((text) => h("div", { class: "bv-note", text })));
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
         `${data.cached} cached · ${data.free} free`;
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
-      pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected);
+      const queue = device === "gpu" ? frame.free_queue : null;
+      const head = queue && queue.blocks.length ? queue.blocks[0][0] : -1;
+      pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected, head);
+      if (device === "gpu") drawQueue(queue, pool.section);
     }
   };
   draw.dispose = () => { for (const pool of Object.values(pools)) pool.grid.dispose(); };
@@ -200,6 +237,9 @@ function renderTables(model, el) {
         h("div", { class: "bv-table-label" }, seqChip(palette, row.seq),
           h("span", { class: "bv-dim", text: ` req ${row.request} · ${row.status}` +
             (row.finish ? ` (${row.finish})` : "") })),
+        row.progress ? h("div", { class: "bv-progress" + (row.progress.prefilling ? " bv-prefilling" : ""),
+          "data-computed": row.progress.computed, "data-num-tokens": row.progress.num_tokens,
+          "data-scheduled": row.progress.scheduled, text: row.progress.text }) : null,
         h("div", { class: "bv-lblocks" }, blocks.length ? blocks : h("span", { class: "bv-dim", text: "no blocks" })));
     });
     body.replaceChildren(...(rows.length ? rows : [h("div", { class: "bv-dim", text: "no sequences yet" })]));
@@ -275,6 +315,8 @@ function renderInspector(model, el) {
     const rows = [
       row("block", `${b.device} ${b.number}`),
       row("state", b.state),
+      ...(b.note ? [row("what", b.note)] : []),
+      ...(b.queue ? [row("free queue", b.queue)] : []),
       row("ref count", String(b.ref)),
       row("owners", b.owners.length ? b.owners.map((s) => seqChip(palette, s)) : "none"),
       row("fill", `${b.fill}/${b.block_size} slots`),

@@ -9,16 +9,17 @@
 // its full height), so a frame paints the rows in view whatever the pool's size.
 //
 // What it drew is on the canvas as data attributes, written from the same frame data as the
-// picture: data-n, data-states (one character a block: u used, c cached, f free), data-refs
-// (comma-separated), data-touched, data-selected, and the layout (data-cols, data-cell-width,
+// picture: data-n, data-states (one character a block: u used, c cached, f free, n vLLM v1's null
+// block), data-refs (comma-separated), data-touched, data-selected, data-head (v1: the free queue's
+// head, whose number is drawn orange), and the layout (data-cols, data-cell-width,
 // data-cell-height, data-gap, data-pad, in CSS pixels) to find a block's cell.
 
 const CELL_EM = { width: 2.9, height: 2.2, strip: 1.3 };  // as .bv-grid's columns and rows, .bv-p-* shadow
 const GRID_GAP = 3, GRID_PAD = 2, CELL_RADIUS = 3, BAR_HEIGHT = 4;
 const LOOK = {
-  border: "#6b6b6b", cached: "#3c4a5a",
-  text: { u: "#000", c: "#e8e8e8", f: "#6b6b6b" },
-  bar: { u: "#101010", c: "#e8e8e8", f: "#101010" },
+  border: "#6b6b6b", cached: "#3c4a5a", null: "#1e1a12", head: "#ff8c1a",
+  text: { u: "#000", c: "#e8e8e8", f: "#6b6b6b", n: "#b08a3e" },
+  bar: { u: "#101010", c: "#e8e8e8", f: "#101010", n: "#101010" },
   touched: { colour: "#ffd400", width: 2 }, selected: { colour: "#ff3b3b", width: 3 },
 };
 
@@ -58,14 +59,15 @@ function canvasGrid(model, device, n) {
   }
 
   function drawCell(i, x, y) {
-    const { data, palette, blockSize, touched, selected } = shown;
+    const { data, palette, blockSize, touched, selected, head } = shown;
     const { cw, ch, em } = layout;
     const code = data.state[i] in STATE_NAMES ? data.state[i] : "f";
     const ref = data.ref[i], owner = data.owner[i], owner2 = data.owner2[i];
     ctx.save();
     cellPath(x, y, cw, ch, 0);
     ctx.clip();
-    const background = code === "c" ? LOOK.cached : (code === "u" && owner >= 0 ? seqColour(palette, owner) : null);
+    const background = code === "c" ? LOOK.cached : code === "n" ? LOOK.null
+      : (code === "u" && owner >= 0 ? seqColour(palette, owner) : null);
     if (background) { ctx.fillStyle = background; ctx.fillRect(x, y, cw, ch); }
     const steps = Math.round((FILL_STEPS * data.fill[i]) / blockSize);
     if (steps > 0) {  // the fill bar along the bottom, inside the border
@@ -83,10 +85,11 @@ function canvasGrid(model, device, n) {
     ctx.lineWidth = 1;
     ctx.stroke();
     ctx.setLineDash([]);
-    ctx.fillStyle = LOOK.text[code];
+    ctx.fillStyle = i === head ? LOOK.head : LOOK.text[code];
     ctx.textAlign = "left";
     ctx.fillText(String(i), x + 4, y + 3);
-    const sup = ref > 1 ? superscript(ref) : (code === "c" ? "c" : "");
+    ctx.fillStyle = LOOK.text[code];
+    const sup = ref > 1 ? superscript(ref) : (code === "c" ? "c" : code === "n" ? "∅" : "");
     if (sup) { ctx.textAlign = "right"; ctx.fillText(sup, x + cw - 4, y + 2); }
     const mark = i === selected ? LOOK.selected : (touched.has(i) ? LOOK.touched : null);
     if (mark) {  // an outline inside the cell, as outline-offset: -width
@@ -102,7 +105,8 @@ function canvasGrid(model, device, n) {
     const x = a.data, y = b.data;
     return x.state[i] === y.state[i] && x.ref[i] === y.ref[i] && x.fill[i] === y.fill[i] &&
       x.owner[i] === y.owner[i] && x.owner2[i] === y.owner2[i] &&
-      (a.selected === i) === (b.selected === i) && a.touched.has(i) === b.touched.has(i);
+      (a.selected === i) === (b.selected === i) && a.touched.has(i) === b.touched.has(i) &&
+      (a.head === i) === (b.head === i);
   }
 
   // Paint the rows in view from `shown`: every cell in view after a scroll, a resize or a new
@@ -139,6 +143,7 @@ function canvasGrid(model, device, n) {
       if (!before || data.ref.some((ref, i) => ref !== before.ref[i])) canvas.dataset.refs = data.ref.join(",");
       canvas.dataset.touched = [...touched].join(",");
       canvas.dataset.selected = selected >= 0 ? String(selected) : "";
+      canvas.dataset.head = shown.head >= 0 ? String(shown.head) : "";
     }
     painted = { shown, layout, top };
   }
@@ -171,8 +176,8 @@ function canvasGrid(model, device, n) {
     if (i >= 0) model.send({ event: "select", device, number: i });
   });
 
-  function draw(data, palette, blockSize, touched, selected) {
-    shown = { data, palette, blockSize, touched: new Set(touched), selected };
+  function draw(data, palette, blockSize, touched, selected, head = -1) {
+    shown = { data, palette, blockSize, touched: new Set(touched), selected, head };
     if (hovered >= 0) canvas.title = blockTitle(device, hovered, data, blockSize);
     paint();
   }

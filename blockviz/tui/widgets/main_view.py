@@ -9,12 +9,12 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
 from blockviz.model.timeline import Timeline
-from blockviz.model.view import pool_counts, touched_blocks
+from blockviz.model.view import pool_counts, touched_blocks, v1_notes
 from blockviz.model.insights import Insights, MemoryTruth
 from blockviz.tui.widgets.event_log import EventLogPanel
 from blockviz.tui.widgets.insight_panels import ExplainPanel, LedgerPanel, MemoryPanel
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains
-from blockviz.tui.widgets.pool_grid import PoolGrid
+from blockviz.tui.widgets.pool_grid import FreeQueueRow, PoolGrid
 
 RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory")
 
@@ -25,6 +25,7 @@ class MainView(Horizontal):
     def compose(self) -> ComposeResult:
         with Vertical(id="left"):
             yield PoolGrid("gpu", id="gpu")
+            yield FreeQueueRow(id="free-queue")  # vLLM v1 only
             yield PoolGrid("cpu", id="cpu")
         with Vertical(id="right"):
             yield BlockInspector(id="inspector")
@@ -55,10 +56,14 @@ class MainView(Horizontal):
         state = timeline.state
         touched = touched_blocks(timeline.current_event)
         counts = pool_counts(state)
+        notes = v1_notes(state)
         for grid in self.grids:
             used, cached, free = counts[grid.device]
             grid.show(state, touched.get(grid.device, frozenset()),
-                      title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used")
+                      title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used",
+                      note="\n".join(notes.values()) if grid.device == "cpu" else "")
+        for row in self.query(FreeQueueRow):
+            row.show(state)
         return counts
 
     def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None,

@@ -112,6 +112,9 @@ class BlockTables(StatePanel):
                         + (f" ({row['finish']})" if row["finish"] else "")
                         + f" · {row['num_tokens']} tokens", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
+            if row.get("progress"):  # vLLM v1: chunked prefill progress
+                parts.append(Text(f"    {row['progress']['text']}",
+                                  "bold #ff8c1a" if row["progress"]["prefilling"] else "dim"))
             if not row["blocks"]:
                 parts.append(Text("    no blocks", style="dim"))
                 continue
@@ -234,6 +237,10 @@ class BlockInspector(StatePanel):
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
         grid.add_row("state", STATE_LABELS[info["state"]])
+        if "note" in info:  # vLLM v1's null block
+            grid.add_row("what", info["note"])
+        if "queue" in info:  # vLLM v1: a free block's place in the free queue
+            grid.add_row("free queue", info["queue"])
         grid.add_row("ref count", str(info["ref"]))
         owners = Text()
         for seq_id in info["owners"]:

@@ -4,8 +4,11 @@ One cell per physical block (vLLM v0's PhysicalTokenBlock): its block number; it
 the owning sequence's (a shared block shows the first owner's colour on the number and the second's
 on the rest, with the ref count as a superscript); the glyph at the right is the fill, slots holding tokens
 over block_size (▁ … █); a free block is grey, a free-but-cached block (nano-vllm's cache: still in the hash
-map, a prefix-cache hit can revive it) is slate with a 'c'. The block the last event touched is
-underlined; the selected block is reversed.
+map, a prefix-cache hit can revive it) is slate with a 'c'. In a vLLM v1 run, block 0 is the null block
+(dark amber, '∅': never allocated, freed or counted) and the head of the free queue (the block
+get_new_blocks takes next) has an orange number; `FreeQueueRow` lists the queue's first blocks, and
+an empty pool (v1 has no CPU pool) says why in a line (view.v1_notes). The block the last event
+touched is underlined; the selected block is reversed.
 
 Only the visible lines are rendered, each a Strip cached until the state changes, so a 4,096-block
 pool costs what fits on screen, not 4,096 widgets.
@@ -13,20 +16,25 @@ pool costs what fits on screen, not 4,096 widgets.
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual.binding import Binding
 from textual.events import Click
 from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widgets import Static
 
 from blockviz.model.palette import fill_glyph, seq_colour
 from blockviz.model.reducer import BlockState, ReducerState
-from blockviz.model.view import BlockCell, block_cell
+from blockviz.model.view import BlockCell, block_cell, free_queue
 from blockviz.tui.messages import BlockSelected
-from blockviz.tui.styles import CACHED_STYLE, FREE_STYLE, SELECTED_STYLE, TOUCHED_STYLE
+from blockviz.tui.styles import (CACHED_STYLE, FREE_STYLE, NULL_STYLE, QUEUE_HEAD_STYLE, SELECTED_STYLE,
+                                 TOUCHED_STYLE)
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
@@ -34,6 +42,7 @@ FILL_GROUND = "#101010"
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 LEGEND = "█ fill · ² refs · c cached"
 LEGEND_BIG = "█ fill · ×2 refs · c cached"
+NULL_MARK = "∅"
 
 
 class PoolGrid(ScrollView, can_focus=True):
@@ -73,6 +82,8 @@ class PoolGrid(ScrollView, can_focus=True):
         self.device = device
         self.state: ReducerState | None = None
         self.touched: frozenset[int] = frozenset()
+        self.head: int | None = None  # v1: the free queue's head
+        self.note = ""  # what an empty pool says instead (view.v1_notes)
         self._rows: dict[int, tuple[tuple, list[Strip]]] = {}  # row -> (look key, its lines)
         self._look_styles: dict[tuple, Style] = {}
         self._base = Style()
@@ -114,7 +125,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self._invalidate()
         width = self.scrollable_content_region.width or self.size.width or 80
         self._columns = max(1, (width + 1) // (self.cell_width + 1))
-        rows = -(-self.num_blocks // self._columns) if self.num_blocks else 0
+        rows = -(-self.num_blocks // self._columns) if self.num_blocks else len(self._note_lines())
         self.virtual_size = Size(self._columns * (self.cell_width + 1), rows * self.cell_height)
         self._show_page()
 
@@ -126,8 +137,10 @@ class PoolGrid(ScrollView, can_focus=True):
             first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
             last = min(self.num_blocks, (first_row + visible_rows) * self._columns) - 1
             self.border_subtitle = f"blocks {first_row * self._columns}-{last} of {self.num_blocks} · scroll ↕"
-        else:
+        elif self.num_blocks or not self.note:
             self.border_subtitle = LEGEND_BIG if self.big_cells else LEGEND
+        else:  # an empty pool saying why: no legend to read
+            self.border_subtitle = ""
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -155,14 +168,20 @@ class PoolGrid(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ data down
 
-    def show(self, state: ReducerState, touched: frozenset[int] = frozenset(), title: str | None = None) -> None:
-        """Draw `state`'s pool for this device; `touched` are block numbers the last event changed.
+    def show(self, state: ReducerState, touched: frozenset[int] = frozenset(), title: str | None = None,
+             note: str = "") -> None:
+        """Draw `state`'s pool for this device; `touched` are block numbers the last event changed;
+        `note` is what the pool says when it has no blocks (a v1 run's CPU pool).
 
         Only rows whose cells look different from what is on screen are refreshed (a cell's look is
-        a small key: state, first two owners, ref count, fill, selected, touched)."""
-        size_changed = self.state is None or len(state.pools[self.device]) != self.num_blocks
+        a small key: state, first two owners, ref count, fill, selected, touched, queue head)."""
+        size_changed = (self.state is None or len(state.pools[self.device]) != self.num_blocks
+                        or note != self.note)
         self.state = state
         self.touched = touched
+        self.note = note
+        queue = state.free_queue if self.device == "gpu" else ()
+        self.head = queue[0] if queue else None
         if title is not None and title != self.border_title:
             self.border_title = title
         if size_changed:
@@ -190,7 +209,18 @@ class PoolGrid(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ rendering
 
+    def _note_lines(self) -> list[str]:
+        if not self.note or self.num_blocks:
+            return []
+        width = self.scrollable_content_region.width or self.size.width or 80
+        return [line for paragraph in self.note.splitlines() for line in textwrap.wrap(paragraph, max(8, width))]
+
     def render_line(self, y: int) -> Strip:
+        if not self.num_blocks and self.note:
+            lines = self._note_lines()
+            line = lines[y] if y < len(lines) else ""
+            return Strip([Segment(line, self._base + Style(dim=True, italic=True))]).extend_cell_length(
+                self.scrollable_content_region.width, self._base)
         row, sub = divmod(y + int(self.scroll_offset.y), self.cell_height)
         key = self._row_key(row)
         cached = self._rows.get(row)
@@ -201,7 +231,7 @@ class PoolGrid(ScrollView, can_focus=True):
 
     def _cell_key(self, block: BlockState) -> tuple:
         number = block.number
-        return (block_cell(block), number == self.selected, number in self.touched)
+        return (block_cell(block), number == self.selected, number in self.touched, number == self.head)
 
     def _row_key(self, row: int) -> tuple:
         if self.state is None:
@@ -248,6 +278,8 @@ class PoolGrid(ScrollView, can_focus=True):
                     style = Style(color="#000000", bgcolor=colour, bold=self.projector or role == "mark")
             elif kind == 2:
                 style = CACHED_STYLE if role != "fill" else Style(color="#e8e8e8", bgcolor=FILL_GROUND)
+            elif kind == 3:
+                style = NULL_STYLE
             else:
                 style = EMPTY_SLOTS_STYLE if role == "fill" else FREE_STYLE
             style = self._base + style
@@ -255,12 +287,15 @@ class PoolGrid(ScrollView, can_focus=True):
                 style += SELECTED_STYLE
             if touched:
                 style += TOUCHED_STYLE
+            if role == "head":
+                style += QUEUE_HEAD_STYLE
             self._look_styles[key] = style
         return style
 
     def _looks(self, block: BlockState) -> tuple[BlockCell, int, int | None, int | None, str, bool, bool]:
         """(the view model's cell, kind, first owner, second owner, mark, selected, touched): kind 1
-        used, 2 cached-free, 0 free; a block with one owner shows its colour on both parts."""
+        used, 2 cached-free, 3 v1's null block, 0 free; a block with one owner shows its colour on
+        both parts."""
         number = block.number
         selected, touched = number == self.selected, number in self.touched
         cell = block_cell(block)
@@ -271,14 +306,20 @@ class PoolGrid(ScrollView, can_focus=True):
             return cell, 1, first, second, mark, selected, touched
         if cell.state == "cached":
             return cell, 2, None, None, "c", selected, touched
+        if cell.state == "null":
+            return cell, 3, None, None, NULL_MARK, selected, touched
         return cell, 0, None, None, " ", selected, touched
+
+    def _number_role(self, block: BlockState) -> str:
+        """The free queue's head draws its number in QUEUE_HEAD_STYLE ("next to go")."""
+        return "head" if block.number == self.head else "number"
 
     def _cell(self, block: BlockState, sub: int) -> list[Segment]:
         cell, kind, first, second, mark, selected, touched = self._looks(block)
-        glyph = fill_glyph(cell.fill, self.state.block_size) if kind else " "
+        glyph = fill_glyph(cell.fill, self.state.block_size) if kind in (1, 2) else " "
         style = self._style
         return [
-            Segment(f"{block.number:>{self._digits}}", style(("number", kind, first, selected, touched))),
+            Segment(f"{block.number:>{self._digits}}", style((self._number_role(block), kind, first, selected, touched))),
             Segment(mark, style(("mark", kind, second, selected, touched))),
             Segment(glyph, style(("fill" if kind else "mark", kind, second, selected, touched))),
         ]
@@ -288,10 +329,12 @@ class PoolGrid(ScrollView, can_focus=True):
         width = self.cell_width
         style = self._style
         if sub == 0:
-            ref = f"×{cell.ref}" if cell.ref > 1 else (" c" if kind == 2 else "  ")
+            ref = f"×{cell.ref}" if cell.ref > 1 else (f" {mark}" if kind in (2, 3) else "  ")
             number = f" {block.number:>{self._digits}}"
-            return [Segment(number, style(("number", kind, first, selected, touched))),
+            return [Segment(number, style((self._number_role(block), kind, first, selected, touched))),
                     Segment(ref.ljust(width - len(number)), style(("mark", kind, second, selected, touched)))]
+        if kind == 3:
+            return [Segment("null".ljust(width)[:width], style(("mark", kind, None, selected, touched)))]
         filled = max(1, round(width * cell.fill / self.state.block_size)) if cell.fill else 0
         segments = []
         if filled:
@@ -346,3 +389,33 @@ class PoolGrid(ScrollView, can_focus=True):
         self._digits = self.digits
         cell = self._cell_big if self.big_cells else self._cell
         return "\n".join("".join(s.text for s in cell(block, sub)) for sub in range(self.cell_height))
+
+
+class FreeQueueRow(Static):
+    """vLLM v1's free queue in one line, head first: the blocks get_new_blocks takes next
+    (view.free_queue); a cached one ('c', slate) loses its hash when taken. Hidden in a v0 run."""
+
+    DEFAULT_CSS = """
+    FreeQueueRow {
+        height: 1;
+        padding: 0 1;
+        display: none;
+    }
+    """
+
+    def show(self, state: ReducerState) -> None:
+        queue = free_queue(state)
+        self.display = queue is not None
+        if queue is None:
+            return
+        text = Text("free queue ▸ ", "bold", no_wrap=True, overflow="ellipsis")
+        if not queue["blocks"]:
+            text.append("empty: every block is in use", "dim")
+        for index, (number, cached) in enumerate(queue["blocks"]):
+            style = CACHED_STYLE if cached else FREE_STYLE
+            text.append(f"{number}{'c' if cached else ''}", style + QUEUE_HEAD_STYLE if index == 0 else style)
+            text.append(" ")
+        more = queue["num_free"] - len(queue["blocks"])
+        if more > 0:
+            text.append(f"… +{more}", "dim")
+        self.update(text)

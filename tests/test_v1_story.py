@@ -1,0 +1,80 @@
+"""vLLM v1's story (`blockviz run --kv-manager v1`, scenario.DEFAULT_V1_SCENARIO) and the trace shipped
+from it (blockviz/traces/v1-story.jsonl) show each moment they are told for, found by event records
+and fields: n=2 as two requests, the second hitting the first's prompt blocks; a recompute
+preemption, then hits for the same sequence; a chunked prefill; an eviction of the free queue's head."""
+
+from __future__ import annotations
+
+from blockviz.cli import build_parser
+from blockviz.commands.run import check
+from blockviz.model.reducer import ReducerState
+from blockviz.model.trace import load_trace
+from blockviz.session.scenario import DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS, V1_TOKEN_BUDGET
+from engine import events as ev
+
+
+def moments(header: dict, events: list[ev.Event]) -> dict[str, int | None]:
+    """The index of the first event showing each moment of the v1 story (None when it never happens)."""
+    found: dict[str, int | None] = dict.fromkeys(("second_child_hit", "chunked_prefill", "revived", "head_evicted"))
+    state = ReducerState.from_header(header)
+    children: tuple[int, ...] = ()
+    preempted: set[int] = set()
+    for index, e in enumerate(events):
+        if isinstance(e, ev.RequestAdded) and e.n == 2:
+            assert len(e.seq_ids) == 2  # v1: n=2 is two sequences queued together, no fork
+            children = e.seq_ids
+        elif isinstance(e, ev.PrefixCacheHit) and children and children[1] in e.seq_ids and e.logical_index == 0:
+            found["second_child_hit"] = found["second_child_hit"] or index
+        if isinstance(e, ev.TokensScheduled) and any(
+                done + new < total for done, new, total in zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
+            found["chunked_prefill"] = found["chunked_prefill"] or index
+        if isinstance(e, ev.Preempted):
+            assert e.mode == "recompute"
+            preempted.update(e.seq_ids)
+        elif isinstance(e, ev.PrefixCacheHit) and preempted & set(e.seq_ids):
+            found["revived"] = found["revived"] or index
+        if isinstance(e, ev.BlockEvicted) and state.free_queue and state.free_queue[0] == e.block:
+            found["head_evicted"] = found["head_evicted"] or index
+        state.apply(e)
+    return found
+
+
+def test_the_shipped_v1_trace_shows_every_moment_of_the_story():
+    trace = load_trace("v1-story")
+    header = trace.header
+    assert header["kv_manager"] == "v1" and header["num_cpu_blocks"] == 0
+    assert [(a["step"], a["prompt"], a["n"]) for a in header["arrivals"]] == [
+        (a.step, a.prompt, a.n) for a in DEFAULT_V1_SCENARIO]
+    assert (header["block_size"], header["num_gpu_blocks"]) == (
+        DEFAULT_V1_SCENARIO_OPTIONS["block_size"], DEFAULT_V1_SCENARIO_OPTIONS["num_gpu_blocks"])
+    found = moments(header, trace.events)
+    assert all(index is not None for index in found.values()), found
+    assert not any(isinstance(e, (ev.Forked, ev.CopyOnWrite, ev.SwappedOut, ev.SwappedIn)) for e in trace.events)
+
+
+def test_run_with_kv_manager_v1_plays_the_v1_story():
+    args = build_parser().parse_args(["run", "--kv-manager", "v1"])
+    spec = check(args, device=False)
+    assert spec.arrivals == DEFAULT_V1_SCENARIO
+    assert spec.config.kv_manager == "v1" and spec.config.max_num_batched_tokens == V1_TOKEN_BUDGET
+    assert spec.config.enable_prefix_caching and spec.config.preemption_mode is None
+    v0 = check(build_parser().parse_args(["run"]), device=False)
+    assert v0.arrivals != DEFAULT_V1_SCENARIO and v0.config.max_num_batched_tokens is None
+    mine = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--prompt", "ROMEO:"]), device=False)
+    assert not mine.arrivals and mine.config.max_num_batched_tokens is None  # your prompts: no story
+
+
+def test_the_v1_story_run_live_shows_every_moment():
+    """The story as `blockviz run --kv-manager v1` plays it, on the bundled model."""
+    from blockviz.session.engine_session import EngineSession
+
+    spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)
+    session = EngineSession(spec)
+    events: list[ev.Event] = []
+    try:
+        session.start()
+        session.run_to_completion(1000, on_events=events.extend)
+    finally:
+        session.close()
+    found = moments(session.header, events)
+    assert all(index is not None for index in found.values()), found
