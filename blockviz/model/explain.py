@@ -8,7 +8,9 @@ hit length in blocks and tokens, and for the first block that missed, the reason
   computed so that the step has a token to sample from (the one-block floor);
 - "evicted": an equal block was cached but evicted before this request came (the event is named);
 - "different parent": the cache holds a block with these tokens, after a different prefix;
-- "different tokens": nothing cached holds these tokens here.
+- "different tokens": nothing cached holds these tokens here;
+- "not cached: the cache is empty": no block was cached when the lookup ran (the first request, or
+  every earlier block freed uncached), so there was nothing to compare with.
 Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does).
 Pure functions over events: no torch, no textual; `blockviz explain` prints them.
 """
@@ -25,6 +27,7 @@ from blockviz.model.reducer import ReducerState
 HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
+NOT_CACHED = "not cached: the cache is empty"
 AFTER_A_MISS, CACHING_OFF = "not looked up: after the first miss", "not looked up: prefix caching is off"
 
 
@@ -153,6 +156,8 @@ def _why_missed(chunk, block_hash: int, cached: int | None, state: ReducerState,
         return LAST_BLOCK, None
     if block_hash in evicted_at:
         return EVICTED, evicted_at[block_hash]
+    if not state.hash_map:
+        return NOT_CACHED, None
     if any(state.pools["gpu"][number].token_ids == chunk for number in state.hash_map.values()):
         return DIFFERENT_PARENT, None
     return DIFFERENT_TOKENS, None
