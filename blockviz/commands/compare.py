@@ -68,20 +68,9 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.session.compare import configurations, differences, run_all, same_step
-    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
+    from blockviz.session.compare import differences, same_step
 
-    prompts = _prompts(args)
-    if args.workload is not None:
-        args.prompts = prompts
-    spec = EngineSpec.from_args(_first(args))
-    spec.check_all()
-    quiet_model_loading()
-    try:
-        configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
-        runs = run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
-    except ValueError as exc:
-        raise UsageError(one_line(exc)) from None
+    runs = compare_runs(args)
     if args.tui:
         from blockviz.tui.compare_app import CompareApp
 
@@ -96,6 +85,25 @@ def execute(args) -> int:
         _print_table(rows, at_step)
         _print_differences(differ, len(runs))
     return 0
+
+
+def compare_runs(args) -> list:
+    """The parsed options' runs (session.compare.run_all), or UsageError (one line) before or while
+    they run: what `execute` shows as a table, JSON or the split view."""
+    from blockviz.session.compare import configurations, run_all
+    from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
+
+    prompts = _prompts(args)
+    if args.workload is not None:
+        args.prompts = prompts
+    spec = EngineSpec.from_args(_first(args))
+    spec.check_all()
+    quiet_model_loading()
+    try:
+        configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
+        return run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
+    except ValueError as exc:
+        raise UsageError(one_line(exc)) from None
 
 
 def _progress(args, total: int):
