@@ -23,6 +23,9 @@ def execute(args) -> int:
     from blockviz.session.spec import one_line
 
     session = load_session(args)
+    if args.n > 1 and args.temperature == 0:
+        print(f"blockviz: note: --n {args.n} at temperature 0 is greedy, so the {args.n} completions are the "
+              "same; --temperature 1.0 (vLLM's default) samples them, reproducibly for a --seed", file=sys.stderr)
     recorder = Recorder(session.header)
     start = time.perf_counter()
     try:  # every prompt is checked before any is queued

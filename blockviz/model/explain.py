@@ -78,7 +78,8 @@ class Explanation:
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
         miss = self.first_miss
         reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""
-        out.append(f"  prefix hit: {self.num_hit_blocks} blocks, {self.num_hit_tokens} tokens{reason}")
+        blocks = "block" if self.num_hit_blocks == 1 else "blocks"
+        out.append(f"  prefix hit: {self.num_hit_blocks} {blocks}, {self.num_hit_tokens} tokens{reason}")
         return out
 
 
