@@ -82,7 +82,7 @@ def test_compare_v0_v1_table_names_what_differs(tiny_gpt2_dir, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     head = next(line for line in lines if line.split()[:2] == ["kv", "cache"])
-    assert "tok/s" not in out and "fork" in head and "recomp" in head
+    assert "tok/s" not in out and "forks" in head and "recomp" in head
     rows = lines[lines.index(head) + 1:][:2]
     assert [row.split()[:2] for row in rows] == [["v0", "off"], ["v1", "on"]]  # the settings that vary, per row
     assert "what differs, in the rows' order:" in out and "  forks: 1 | 0" in out

@@ -145,7 +145,7 @@ def _print_table(runs: list[dict], at_step: int) -> None:
     columns as wide as their widest cell, so nothing is cut at any terminal width."""
     varying = [s for s in SETTINGS if len({repr(run[s[0]]) for run in runs}) > 1]
     fixed = ", ".join(f"{name} {shown(runs[0][key])}" for key, name, shown in SETTINGS if (key, name, shown) not in varying)
-    header = [name for _, name, _ in varying] + ["steps", "peak", "util", "hits", "hit%", "fork", "cow", "preempt",
+    header = [name for _, name, _ in varying] + ["steps", "peak", "util", "hits", "hit%", "forks", "cow", "preempt",
                                                  "recomp", f"@{at_step}", "same"]
     rows = [[shown(run[key]) for key, _, shown in varying]
             + [str(run["steps"]), str(run["peak_blocks"]), f"{run['token_utilization_at_peak']:.0%}",
@@ -158,7 +158,7 @@ def _print_table(runs: list[dict], at_step: int) -> None:
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
     print(textwrap.fill(
         f"peak: most GPU blocks in use; util: token utilization then; hits: prompt blocks found in the prefix "
-        f"cache; fork, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
+        f"cache; forks, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
         f"@{at_step}: GPU blocks in use after step {at_step}; same: the same text as the first run", width=100))
 
 
