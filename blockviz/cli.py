@@ -105,10 +105,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         action=_GivenChoice,
                         help="how to preempt when blocks run out (default: "
                              f"{mode or 'recompute a lone sequence, swap a group, as vLLM'}; v1: recompute)")
-    parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
-                        help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
-                             "copy-on-write) or v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
-                             f"recompute only) (default {d['kv_manager']})")
+    if "kv_manager" not in skip:
+        parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
+                            help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
+                                 "copy-on-write) or v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
+                                 f"recompute only) (default {d['kv_manager']})")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=_int_at_least("--seed", 0), default=d["seed"],

@@ -58,6 +58,7 @@ class Shot:
     projector: bool = False
     select: Callable[[Trace, int], tuple[str, int] | None] = lambda trace, position: None
     view: str = "tables"
+    seq: Callable[[Trace, int], int] | None = None  # the sequence then selected (its "Why hit or miss")
 
 
 def _event_block(kind: str, attr: str, device: str) -> Callable[[Trace, int], tuple[str, int]]:
@@ -91,12 +92,17 @@ def _first_block_of_chunked(trace: Trace, position: int) -> tuple[str, int]:
     return "gpu", first.block
 
 
+def _hitting_seq(trace: Trace, position: int) -> int:
+    """The sequence of the last prefix-cache hit before `position`: the request that hit."""
+    return next(e for e in trace.events[:position][::-1] if e.type == "prefix_cache_hit").seq_ids[0]
+
+
 SHOTS = [
     Shot("prefill", "prefill", after_step(1)),
     Shot("copy-on-write", "fork-cow", after_first("copy_on_write", ("slot_appended", "kv_digest")),
          select=_event_block("copy_on_write", "dst_block", "gpu")),
     Shot("prefix-hit", "prefix-hit", after_first("prefix_cache_hit", ("prefix_cache_hit",)), view="hashes",
-         select=_event_block("prefix_cache_hit", "block", "gpu")),
+         select=_event_block("prefix_cache_hit", "block", "gpu"), seq=_hitting_seq),
     Shot("swap-out", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
          select=_event_block("swap_out", "mapping", "cpu")),
     Shot("projector", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
@@ -119,6 +125,10 @@ async def take(shot: Shot, traces_dir: Path, out_dir: Path) -> Path:
             app.query_one(f"#{device}").select(number)
         app.render_views()
         await pilot.pause()
+        if shot.seq is not None:  # after the block's selection, which selects its first owner
+            app.selected_seq = shot.seq(trace, position)
+            app.render_views()
+            await pilot.pause()
         out.write_text(app.export_screenshot(title=f"blockviz — {shot.name}"), encoding="utf-8")
     return out
 

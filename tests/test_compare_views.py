@@ -58,3 +58,66 @@ async def test_the_split_view_steps_every_run_together(two_runs):
         assert all(grid.state.num_used("gpu") == 0 for grid in app.query(PoolGrid))  # all freed at the end
         await pilot.press("b", "g")
         assert app.step == 0
+
+
+N2_ARGS = ["--prompt", "To be, or not to be, that is the question", "--n", "2", "--max-tokens", "6",
+           "--block-size", "4", "--num-gpu-blocks", "64"]
+
+
+@pytest.fixture(scope="module")
+def v0_v1_runs(tiny_gpt2_factory):
+    """`blockviz compare --kv-manager v0,v1 --n 2 --tui`'s runs, made as the command makes them."""
+    from blockviz.cli import build_parser
+    from blockviz.commands.compare import compare_runs
+
+    args = build_parser().parse_args(["compare", "--model", str(tiny_gpt2_factory()), *N2_ARGS,
+                                      "--kv-manager", "v0,v1", "--tui"])
+    return compare_runs(args)
+
+
+@pytest.mark.anyio
+async def test_compare_kv_manager_v0_v1_steps_both_managers_together(v0_v1_runs):
+    from blockviz.tui.compare_app import CompareApp
+    from blockviz.tui.widgets.pool_grid import PoolGrid
+
+    v0, v1 = v0_v1_runs
+    assert (v0.config.kv_manager, v1.config.kv_manager) == ("v0", "v1") and v1.label.endswith("· v1")
+    app = CompareApp(v0_v1_runs)
+    async with app.run_test(size=(160, 40)) as pilot:
+        differ = str(app.query_one("#differences").render())
+        assert f"forks {v0.figures['forks']} | 0" in differ and f"prefix hits 0 | {v1.figures['prefix_hits']}" in differ
+        await pilot.press("g")
+        for step in range(0, 4):
+            assert app.step == step
+            grids = [app.query_one(f"#gpu-{i}", PoolGrid) for i in range(2)]
+            for index, (grid, run, timeline) in enumerate(zip(grids, v0_v1_runs, app.timelines)):
+                assert grid.state.num_used("gpu") == run.used_by_step.get(step, 0)
+                figures = str(app.query_one(f"#figures-{index}").render())
+                assert f"hits {timeline.state.num_prefix_hits} · preemptions {timeline.state.num_preemptions}" in figures
+            await pilot.press("s")
+        figures = [str(app.query_one(f"#figures-{i}").render()) for i in range(2)]
+        assert f"forks 1 · copies on write {v0.figures['copies_on_write']}" in figures[0]
+        assert "forks 0 · copies on write 0" in figures[1] and f"hits {v1.figures['prefix_hits']} (" in figures[1]
+        assert "tok/s" not in figures[0] + figures[1]
+
+
+def test_the_notebook_compare_of_v0_and_v1_draws_each_managers_frame(tiny_gpt2_factory):
+    from blockviz.jupyter import compare
+    from blockviz.model.view import snapshot
+
+    grid = compare(["To be, or not to be, that is the question"], kv_manager=["v0", "v1"], n=2, block_size=4,
+                   num_gpu_blocks=64, max_tokens=6, model=str(tiny_gpt2_factory()))
+    v0, v1 = grid.runs
+    assert (v0.config.kv_manager, v0.config.enable_prefix_caching) == ("v0", False)
+    assert (v1.config.kv_manager, v1.config.enable_prefix_caching) == ("v1", True)
+    assert "forks 1 | 0" in grid.differences.value and "prefix hits 0 |" in grid.differences.value
+    for step in range(1, grid.num_steps + 1):
+        grid.seek_step(step)
+        for run, timeline, pool, cell in zip(grid.runs, grid.timelines, grid.pools, grid.cell_figures):
+            reference = Timeline.for_header(run.header)
+            reference.extend(run.events)
+            reference.seek(reference.step_end(step))
+            assert pool.frame == pool.part(snapshot(reference.state))
+            assert f"hits {reference.state.num_prefix_hits} ·" in cell.value
+    assert "<th style='padding:0 8px'>forks</th>" in grid.figures_html() and "tok/s" not in grid.figures_html()
+    grid.close()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from blockviz.cli import main
-from blockviz.model.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, PARTIAL,
-                              explain_requests)
+from blockviz.model.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, NOT_CACHED,
+                                   PARTIAL, explain_requests)
 from engine import LLM, SamplingParams
 
 P = [11, 12, 13, 14, 21, 22, 23, 24]  # two full blocks of 4 in common
@@ -43,10 +43,28 @@ def llm(request, tiny_gpt2_dir):
 
 def test_a_shared_opening_hits_exactly_the_shared_blocks_then_misses_on_different_tokens(llm):
     (first, second), _ = _run(llm, P + [31, 32, 33, 34, 5], P + [41, 42, 43, 44, 6])
-    assert first.num_hit_blocks == 0 and first.first_miss.verdict == DIFFERENT_TOKENS
+    assert first.num_hit_blocks == 0 and first.first_miss.verdict == NOT_CACHED  # nothing to differ from
     assert [b.verdict for b in second.blocks] == [HIT, HIT, DIFFERENT_TOKENS, "not looked up: after the first miss"]
     assert second.num_hit_tokens == 8
     assert "prefix hit: 2 blocks, 8 tokens; first miss at L2: different tokens" in second.lines()[-1]
+
+
+def test_an_empty_cache_says_not_cached_not_different_tokens(llm):
+    (alone,), _ = _run(llm, P + [5])
+    assert [b.verdict for b in alone.blocks][:1] == [NOT_CACHED]
+    assert "first miss at L0: not cached: the cache is empty" in alone.lines()[-1]
+    assert all(DIFFERENT_TOKENS not in line for line in alone.lines())
+
+
+def test_a_cache_emptied_by_uncached_frees_is_empty_again(tiny_gpt2_dir):
+    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64, enable_prefix_caching=False)
+    events = []
+    llm.events.subscribe(events.append)
+    llm.generate([{"prompt_token_ids": P + [5]}], PARAMS)
+    llm.generate([{"prompt_token_ids": [7, 8, 9, 10, 11]}], PARAMS)
+    engine = llm.engine  # the same events explained as if caching were on: nothing was ever hashed
+    explained = explain_requests(events, 4, engine.budget.num_gpu_blocks, engine.budget.num_cpu_blocks, True)
+    assert [x.first_miss.verdict for x in explained] == [NOT_CACHED, NOT_CACHED]
 
 
 def test_the_prompts_last_block_is_never_a_hit(llm):
@@ -92,4 +110,5 @@ def test_blockviz_explain_prints_each_request(tiny_gpt2_dir, capsys):
     out = capsys.readouterr().out
     assert out.count("request ") == 2 and "hit: gpu block" in out
     assert "first miss at" in out and "different tokens" in out
+    assert "L0" in out and "not cached: the cache is empty" in out  # the first request found nothing cached
 

@@ -1,9 +1,10 @@
-"""`blockviz compare --block-size 4,16 --num-gpu-blocks 32,64 --prefix-caching on,off [--prompt ... |
---workload FILE]`: what a setting changes. One workload runs through the real engine once per
-configuration (every combination of the values given, the model loaded once), and the runs are
-shown side by side: steps, peak blocks in use, token utilization at the peak, prefix-cache hit
-rate, preemptions, tokens/s, the device pool at the same step, and whether the text matches the
-first configuration's.
+"""`blockviz compare --kv-manager v0,v1 --block-size 4,16 --num-gpu-blocks 32,64 --prefix-caching on,off
+[--prompt ... | --workload FILE]`: what a setting changes. One workload runs through the real engine
+once per configuration (every combination of the values given, and only of those; the model loaded
+once), and the runs are shown side by side: steps, peak blocks in use, token utilization at the
+peak, prefix-cache hits, forks and copies on write, preemptions and the tokens they made the engine
+compute again, the device pool at the same step, and whether the text matches the first
+configuration's; then which of those figures differ. No tokens/s: see blockviz/session/compare.py.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
-from blockviz.cli import DEFAULT_PROMPTS, UsageError, _int_at_least, add_engine_options
-
-from blockviz.session.compare import SWEPT
+from blockviz.cli import UsageError, _int_at_least, add_engine_options
+from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text
 
 
 def _ints(name: str):
@@ -35,17 +36,30 @@ def _switches(text: str) -> list[bool]:
         raise argparse.ArgumentTypeError(f"--prefix-caching takes on, off or on,off; got {text!r}") from None
 
 
+def _managers(text: str) -> list[str]:
+    from engine.config import KV_MANAGERS
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(name not in KV_MANAGERS for name in names):
+        raise argparse.ArgumentTypeError(f"--kv-manager takes {', '.join(KV_MANAGERS)} or v0,v1; got {text!r}")
+    return names
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "compare", help="run one workload under several settings and compare the runs side by side",
         description="Run the same prompts through the engine once per combination of the settings given "
-                    "as comma-separated lists, and print their figures side by side.")
-    add_engine_options(parser, skip=SWEPT, max_tokens=16)  # these three take lists here:
+                    "as comma-separated lists (a setting not given keeps its default: one value), and print "
+                    "their figures side by side and which of them differ.")
+    add_engine_options(parser, skip=SWEPT, max_tokens=16,  # these four take lists here:
+                       prompts_help="two lines of ROMEO's that share their opening")
+    parser.add_argument("--kv-manager", type=_managers, default=["v0"],
+                        help="v0, v1 or v0,v1: vLLM v0's block manager, v1's KV cache manager, or both side by side")
     parser.add_argument("--block-size", type=_ints("--block-size"), default=[16], help="e.g. 4,16")
     parser.add_argument("--num-gpu-blocks", type=_ints("--num-gpu-blocks"), default=[None],
                         help="e.g. 32,64 (default: from the memory budget)")
-    parser.add_argument("--prefix-caching", dest="enable_prefix_caching", type=_switches, default=[False],
-                        help="on, off or on,off")
+    parser.add_argument("--prefix-caching", dest="enable_prefix_caching", type=_switches, default=[None],
+                        help="on, off or on,off (default: each manager's own, off in v0 and on in v1)")
     parser.add_argument("--workload", type=Path, metavar="FILE", help="a text file, one prompt a line")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--tui", action="store_true",
@@ -54,7 +68,29 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.session.compare import configurations, run_all, same_step
+    from blockviz.session.compare import differences, same_step
+
+    runs = compare_runs(args)
+    if args.tui:
+        from blockviz.tui.compare_app import CompareApp
+
+        CompareApp(runs, projector=args.projector).run()
+        return 0
+    at_step = same_step(runs)
+    rows = [dict(run.figures, gpu_used_at_step=run.used_by_step.get(at_step)) for run in runs]
+    differ = differences(runs)
+    if args.json:
+        print(json.dumps({"at_step": at_step, "runs": rows, "differences": dict(differ)}, indent=2))
+    else:
+        _print_table(rows, at_step)
+        _print_differences(differ, len(runs))
+    return 0
+
+
+def compare_runs(args) -> list:
+    """The parsed options' runs (session.compare.run_all), or UsageError (one line) before or while
+    they run: what `execute` shows as a table, JSON or the split view."""
+    from blockviz.session.compare import configurations, run_all
     from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     prompts = _prompts(args)
@@ -63,23 +99,11 @@ def execute(args) -> int:
     spec = EngineSpec.from_args(_first(args))
     spec.check_all()
     quiet_model_loading()
-    configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
     try:
-        runs = run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
+        configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
+        return run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
-    if args.tui:
-        from blockviz.tui.compare_app import CompareApp
-
-        CompareApp(runs, projector=args.projector).run()
-        return 0
-    at_step = same_step(runs)
-    rows = [dict(run.figures, gpu_used_at_step=run.used_by_step.get(at_step)) for run in runs]
-    if args.json:
-        print(json.dumps({"at_step": at_step, "runs": rows}, indent=2))
-    else:
-        _print_table(rows, at_step)
-    return 0
 
 
 def _progress(args, total: int):
@@ -87,7 +111,7 @@ def _progress(args, total: int):
     if args.json or not sys.stderr.isatty():
         return None
     return lambda index, config: print(
-        f"run {index + 1}/{total}: block size {config.block_size}, "
+        f"run {index + 1}/{total}: {config.kv_manager}, block size {config.block_size}, "
         f"{config.num_gpu_blocks or 'budgeted'} GPU blocks, prefix caching "
         f"{'on' if config.enable_prefix_caching else 'off'} ...", file=sys.stderr, flush=True)
 
@@ -112,18 +136,40 @@ def _first(args) -> argparse.Namespace:
     return first
 
 
-def _print_table(runs: list[dict], at_step: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
+SETTINGS = (("kv_manager", "kv", str), ("block_size", "block", str), ("num_gpu_blocks", "pool", str),
+            ("prefix_caching", "cache", lambda on: "on" if on else "off"))
 
-    table = Table(title=f"one workload, {len(runs)} configurations (GPU pool in use at step {at_step}; "
-                        "token utilization at the peak; text the same as the first run's)", title_justify="left")
-    for column in ("block", "pool", "cache", "steps", "peak", "util", "hits", "preempt", "tok/s",
-                   f"@{at_step}", "same"):
-        table.add_column(column, justify="right")
-    for run in runs:
-        table.add_row(str(run["block_size"]), str(run["num_gpu_blocks"]), "on" if run["prefix_caching"] else "off",
-                      str(run["steps"]), str(run["peak_blocks"]), f"{run['token_utilization_at_peak']:.0%}",
-                      f"{run['prefix_hit_rate']:.0%}", str(run["preemptions"]), f"{run['tokens_per_s']:,.0f}",
-                      str(run["gpu_used_at_step"]), "yes" if run["same_text_as_first"] else "no")
-    Console(highlight=False).print(table)
+
+def _print_table(runs: list[dict], at_step: int) -> None:
+    """One row per run: the settings that vary (the others in the title), then the figures; plain
+    columns as wide as their widest cell, so nothing is cut at any terminal width."""
+    varying = [s for s in SETTINGS if len({repr(run[s[0]]) for run in runs}) > 1]
+    fixed = ", ".join(f"{name} {shown(runs[0][key])}" for key, name, shown in SETTINGS if (key, name, shown) not in varying)
+    header = [name for _, name, _ in varying] + ["steps", "peak", "util", "hits", "hit%", "forks", "cow", "preempt",
+                                                 "recomp", f"@{at_step}", "same"]
+    rows = [[shown(run[key]) for key, _, shown in varying]
+            + [str(run["steps"]), str(run["peak_blocks"]), f"{run['token_utilization_at_peak']:.0%}",
+               str(run["prefix_hits"]), f"{run['prefix_hit_rate']:.0%}", str(run["forks"]), str(run["copies_on_write"]),
+               str(run["preemptions"]), str(run["tokens_recomputed"]), str(run["gpu_used_at_step"]),
+               "yes" if run["same_text_as_first"] else "no"] for run in runs]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    print(f"one workload, {len(runs)} configurations ({fixed})")
+    for row in (header, *rows):
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+    print(textwrap.fill(
+        f"peak: most GPU blocks in use; util: token utilization then; hits: prompt blocks found in the prefix "
+        f"cache; forks, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
+        f"@{at_step}: GPU blocks in use after step {at_step}; same: the same text as the first run", width=100))
+
+
+def _print_differences(differ: list[tuple[str, list]], num_runs: int) -> None:
+    """Which figures the settings changed, one line each in the rows' order (or that none did)."""
+    if num_runs < 2:
+        return
+    if not differ:
+        print("the runs' figures are the same")
+        return
+    print("what differs, in the rows' order:")
+    for name, values in differ:
+        print(f"  {name}: " + " | ".join(map(figure_text, values)))
+

@@ -29,6 +29,9 @@ def execute(args) -> int:
         request_ids = session.start()
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
+    if args.n > 1 and args.temperature == 0:
+        print(f"blockviz: note: --n {args.n} at temperature 0 is greedy, so the {args.n} completions are the "
+              "same; --temperature 1.0 (vLLM's default) samples them, reproducibly for a --seed", file=sys.stderr)
     session.run_to_completion(on_events=recorder)
     summary = _summary(session.spec, session.header, session.num_steps, recorder, time.perf_counter() - start)
     requests = [_request(session.finished[request_id], recorder) for request_id in request_ids]

@@ -82,7 +82,7 @@ def _trace_batches(name: str):
         trace = load_trace(name)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    return list(step_batches(trace.events, trace.block_size))
+    return list(step_batches(trace.events, trace.block_size, trace.header.get("kv_manager")))
 
 
 def _live_batches(args):

@@ -1,8 +1,9 @@
-"""What a setting changes, in a notebook: `compare(prompts, block_size=[4, 16], ...)` runs one
-workload through the real engine once per configuration (blockviz.session.compare.run_all: the model loaded
-once, a fresh engine per configuration, in turn) and returns a `CompareGrid`: one cell per
-configuration (its GPU and CPU pools at the same engine step, and its figures at that step), one
-step slider with ◂ / ▸ that moves every run together, and the figures table of `blockviz compare`.
+"""What a setting changes, in a notebook: `compare(prompts, kv_manager=["v0", "v1"], block_size=[4, 16])`
+runs one workload through the real engine once per configuration (blockviz.session.compare.run_all:
+the model loaded once, a fresh engine per configuration, in turn), varying only the settings given,
+and returns a `CompareGrid`: one cell per configuration (its GPU and CPU pools at the same engine
+step, and its figures at that step), one step slider with ◂ / ▸ that moves every run together, the
+figures table of `blockviz compare` and the line naming the figures that differ.
 
 Each run's events go into a history.Timeline, so moving the step is a seek (to the run's end of that
 step, Timeline.step_ends) and the pools are snapshot()'s frame of the state there.
@@ -15,14 +16,16 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.session.compare import CompareRun, configurations, run_all, same_step
+from blockviz.session.compare import (DEFAULT_PROMPTS, CompareRun, configurations, differences_line, figure_text, run_all,
+                                      same_step)
 from blockviz.model.timeline import Timeline
 from blockviz.model.view import snapshot
 from blockviz.jupyter.widgets import PoolView
 
 FIGURE_COLUMNS = (("steps", "steps"), ("peak_blocks", "peak blocks"), ("token_utilization_at_peak", "util at peak"),
-                  ("prefix_hit_rate", "hit rate"), ("preemptions", "preemptions"), ("tokens_per_s", "tok/s"),
-                  ("same_text_as_first", "same text"))
+                  ("prefix_hits", "hits"), ("prefix_hit_rate", "hit rate"), ("forks", "forks"),
+                  ("copies_on_write", "copies on write"), ("preemptions", "preemptions"),
+                  ("tokens_recomputed", "tokens recomputed"), ("same_text_as_first", "same text"))
 
 
 def _listed(value: Any) -> list | None:
@@ -31,22 +34,25 @@ def _listed(value: Any) -> list | None:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def compare(prompts: str | Iterable[str], block_size: Any = (4, 16), num_gpu_blocks: Any = (32, 64),
-            prefix_caching: Any = (True, False), max_tokens: int = 16, temperature: float = 0.0,
+def compare(prompts: str | Iterable[str] | None = None, *, kv_manager: Any = None, block_size: Any = None,
+            num_gpu_blocks: Any = None, prefix_caching: Any = None, max_tokens: int = 16, temperature: float = 0.0,
             model: str | None = None, n: int = 1, loaded: Any = None, **engine_options: Any) -> "CompareGrid":
-    """Run `prompts` once per combination of the settings (each a value or a list; None keeps the
-    engine's default) and return the grid of the runs. `engine_options` are EngineConfig's others
-    (num_cpu_blocks, preemption_mode, seed, ...); `loaded` a model already loaded
+    """Run `prompts` (default: `blockviz compare`'s two lines with one opening) once per combination
+    of the settings given, each a value or a list: `kv_manager` ("v0" / "v1"), `block_size`,
+    `num_gpu_blocks`, `prefix_caching`. A setting left None is the engine's default, one value,
+    so `compare(p, block_size=[4, 16])` is two runs (prefix caching left None is each manager's
+    own: off in v0, on in v1). Returns the grid of the runs. `engine_options` are EngineConfig's
+    others (num_cpu_blocks, preemption_mode, seed, ...); `loaded` a model already loaded
     (engine.model_loader.load_model) to skip loading it again. Greedy by default, so the texts
     of configurations that only move memory around are the same (figures["same_text_as_first"])."""
     from blockviz.session.spec import EngineSpec, quiet_model_loading
 
     quiet_model_loading()
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = [prompts] if isinstance(prompts, str) else list(DEFAULT_PROMPTS if prompts is None else prompts)
     options = dict(engine_options, **({"model": model} if model is not None else {}))
     spec = EngineSpec.of(max_tokens=max_tokens, temperature=temperature, n=n, **options)
-    configs = configurations(spec.config, block_size=_listed(block_size), num_gpu_blocks=_listed(num_gpu_blocks),
-                             enable_prefix_caching=_listed(prefix_caching))
+    configs = configurations(spec.config, kv_manager=_listed(kv_manager), block_size=_listed(block_size),
+                             num_gpu_blocks=_listed(num_gpu_blocks), enable_prefix_caching=_listed(prefix_caching))
     return CompareGrid(run_all(prompts, configs, spec.sampling_params(), loaded=loaded))
 
 
@@ -80,7 +86,9 @@ class CompareGrid:
         grid = ipywidgets.GridBox(cells, layout=ipywidgets.Layout(
             grid_template_columns=f"repeat({columns}, minmax(0, 1fr))", grid_gap="6px", width="100%"))
         self.table = ipywidgets.HTML(self.figures_html())
-        self.widget = ipywidgets.VBox([ipywidgets.HBox([back, self.slider, on]), grid, self.table],
+        self.differences = ipywidgets.HTML(f"<div class='bv-compare-differences'>"
+                                           f"{html.escape(differences_line(runs))}</div>")
+        self.widget = ipywidgets.VBox([ipywidgets.HBox([back, self.slider, on]), grid, self.table, self.differences],
                                       layout=ipywidgets.Layout(width="100%"))
         self.widget.add_class("blockviz")
         self.slider.observe(lambda change: self._show(change["new"]), names="value")
@@ -113,7 +121,7 @@ class CompareGrid:
         return (f"<span class='bv-compare-cell' data-step='{step}' data-used='{state.num_used('gpu')}'>"
                 f"{html.escape(at)} · GPU blocks in use {state.num_used('gpu')}/{run.header['num_gpu_blocks']} · "
                 f"token utilization {state.kv_utilization():.0%} · peak {run.figures['peak_blocks']} · "
-                f"preemptions {state.num_preemptions}</span>")
+                f"hits {state.num_prefix_hits} · preemptions {state.num_preemptions}</span>")
 
     def figures(self) -> list[dict[str, Any]]:
         """Each run's figures (blockviz compare's), with its label."""
@@ -123,7 +131,7 @@ class CompareGrid:
         head = "".join(f"<th style='padding:0 8px'>{html.escape(name)}</th>" for _, name in FIGURE_COLUMNS)
         rows = []
         for run in self.runs:
-            values = "".join(f"<td style='padding:0 8px;text-align:right'>{html.escape(_shown(run.figures[key], key))}</td>"
+            values = "".join(f"<td style='padding:0 8px;text-align:right'>{html.escape(_shown(run.figures[key]))}</td>"
                              for key, _ in FIGURE_COLUMNS)
             rows.append(f"<tr><td>{html.escape(run.label)}</td>{values}</tr>")
         return f"<table class='bv-compare-figures'><tr><th></th>{head}</tr>{''.join(rows)}</table>"
@@ -132,8 +140,8 @@ class CompareGrid:
         """The figures as plain text (a notebook without widgets)."""
         lines = [f"{len(self.runs)} configurations, at step {self.step}:"]
         for row in self.figures():
-            lines.append(f"  {row['label']}: " + ", ".join(f"{name} {_shown(row[key], key)}" for key, name in FIGURE_COLUMNS))
-        return "\n".join(lines)
+            lines.append(f"  {row['label']}: " + ", ".join(f"{name} {_shown(row[key])}" for key, name in FIGURE_COLUMNS))
+        return "\n".join(lines + [differences_line(self.runs)])
 
     def __repr__(self) -> str:
         return self.summary()
@@ -149,12 +157,5 @@ class CompareGrid:
             pool.close()
 
 
-PERCENTS = {"token_utilization_at_peak", "prefix_hit_rate"}
-
-
-def _shown(value: Any, key: str = "") -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if key in PERCENTS:
-        return f"{value:.0%}"
-    return f"{value:,}" if isinstance(value, (int, float)) else str(value)
+def _shown(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else figure_text(value)

@@ -1,8 +1,18 @@
 """blockviz's engine events as vLLM KV-cache events: what a vLLM v1 engine would have published.
 
 vLLM publishes the life of its prefix cache only: which hashed blocks enter it and which leave it.
-blockviz's cached allocator (engine/block_allocator.py, nano-vllm's chained xxh64) has the same
-life, so each event maps as follows.
+Two mappers, one per KV cache manager (`mapper_for(kv_manager, block_size)`):
+
+- `V1KVEventMapper` (`--kv-manager v1`, engine/v1/): blockviz's v1 BlockPool does what vLLM v1's
+  does, so its events map one to one onto what vLLM's `BlockPool` queues. One `cache_full_blocks`
+  call (a run of block_hashed events with nothing between them) is one BlockStored: every block it
+  hashed, duplicates included (vLLM v1 caches a block under its hash even when another block holds
+  that hash already, and publishes it), its parent the block before the first one (None at a
+  prompt's start), their tokens in order. One block_evicted (a cached block popped from the free
+  queue's head by `get_new_blocks`) is one BlockRemoved. Nothing else: freeing keeps a block's
+  hash (lazy eviction), hits publish nothing. Stores are never merged across calls.
+- `KVEventMapper` (`--kv-manager v0`): the v0 cached allocator (engine/block_allocator.py,
+  nano-vllm's chained xxh64) has a similar life, mapped as below.
 
 | blockviz event (engine/events.py)              | vLLM event                                      |
 |------------------------------------------------|-------------------------------------------------|
@@ -44,6 +54,11 @@ from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, StepFini
 
 LOW_64_BITS = (1 << 64) - 1
 GROUP = 0  # blockviz's one KV-cache group
+
+
+def mapper_for(kv_manager: str | None, block_size: int) -> "KVEventMapper | V1KVEventMapper":
+    """The mapper for a run of `kv_manager` ("v0", None as in an old trace, or "v1")."""
+    return V1KVEventMapper(block_size) if kv_manager == "v1" else KVEventMapper(block_size)
 
 
 def external_hash(block_hash: int) -> int:
@@ -97,6 +112,52 @@ class KVEventMapper:
         return events
 
 
+class V1KVEventMapper:
+    """Turns a v1 run's engine events into what vLLM v1's BlockPool publishes (vLLM
+    `BlockPool.cache_full_blocks` and `_maybe_evict_cached_block`, annotated as
+    `KVCacheManager.take_events` does); `take_events()` once per step. Every field vLLM's GPU pool
+    sets for a single full-attention group is set, `extra_keys` as one None per block (vLLM's
+    `to_event_extra_keys` of blocks with none); `lora_*`, `session_id`, `lookahead_token_ids`,
+    `locality` and `ownership` stay None, as vLLM leaves them for a request with no LoRA, no
+    multimodal input, no cache salt and no API session."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.pending: list[KVCacheEvent] = []
+        self._open: BlockStored | None = None  # the store of the cache_full_blocks call being read
+
+    def __call__(self, event: Event) -> None:
+        self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        """Note one engine event; the vLLM events it means wait in `pending`."""
+        if isinstance(event, BlockHashed) and event.device == "gpu":
+            self._on_hashed(event)
+            return
+        self._open = None  # any other event ends a cache_full_blocks call
+        if isinstance(event, BlockEvicted) and event.device == "gpu":
+            self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_GPU, group_idx=GROUP))
+
+    def _on_hashed(self, event: BlockHashed) -> None:
+        block_hash = external_hash(event.block_hash)
+        last = self._open
+        if last is not None and event.parent_hash is not None and external_hash(event.parent_hash) == last.block_hashes[-1]:
+            self._open = msgspec.structs.replace(last, block_hashes=last.block_hashes + (block_hash,),
+                                                 token_ids=last.token_ids + tuple(event.token_ids),
+                                                 extra_keys=last.extra_keys + (None,))
+            self.pending[-1] = self._open
+            return
+        parent = None if event.parent_hash is None else external_hash(event.parent_hash)
+        self._open = BlockStored((block_hash,), parent, tuple(event.token_ids), self.block_size, medium=MEDIUM_GPU,
+                                 extra_keys=(None,), group_idx=GROUP, kv_cache_spec_kind=KIND_FULL_ATTENTION)
+        self.pending.append(self._open)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events since the last call, in the order vLLM queues them; empties `pending`."""
+        events, self.pending, self._open = self.pending, [], None
+        return events
+
+
 def merge_chained_stores(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
     """Consecutive BlockStored events where each continues the previous one's chain (and agrees
     on every other field: block size, tier, group) become one."""
@@ -114,10 +175,11 @@ def merge_chained_stores(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
     return out
 
 
-def step_batches(events: Iterable[Event], block_size: int) -> Iterator[list[KVCacheEvent]]:
+def step_batches(events: Iterable[Event], block_size: int, kv_manager: str | None = "v0") -> Iterator[list[KVCacheEvent]]:
     """A recorded event stream (a trace) as vLLM's batches: one per engine step that stored or
-    removed blocks (events after the last step_finished form a last batch)."""
-    mapper = KVEventMapper(block_size)
+    removed blocks (events after the last step_finished form a last batch); `kv_manager` is the
+    trace's (its header's "kv_manager", absent in v0's)."""
+    mapper = mapper_for(kv_manager, block_size)
     for event in events:
         mapper.feed(event)
         if isinstance(event, StepFinished) and mapper.pending:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import IO, Callable, Iterable, Iterator
 
-from blockviz.kvevents.mapping import KVEventMapper
+from blockviz.kvevents.mapping import mapper_for
 from blockviz.kvevents.protocol import BlockRemoved, BlockStored, KVCacheEvent
 from blockviz.kvevents.publisher import KVEventPublisher
 
@@ -95,7 +95,7 @@ def live_batches(spec, *, on_event: Callable | None = None, max_steps: int = 100
     from blockviz.session.engine_session import EngineSession
 
     session = EngineSession(spec)
-    mapper = KVEventMapper(session.header["block_size"])
+    mapper = mapper_for(session.header.get("kv_manager"), session.header["block_size"])
 
     def feed() -> None:
         for event in session.take_events():

@@ -8,7 +8,9 @@ hit length in blocks and tokens, and for the first block that missed, the reason
   computed so that the step has a token to sample from (the one-block floor);
 - "evicted": an equal block was cached but evicted before this request came (the event is named);
 - "different parent": the cache holds a block with these tokens, after a different prefix;
-- "different tokens": nothing cached holds these tokens here.
+- "different tokens": nothing cached holds these tokens here;
+- "not cached: the cache is empty": no block was cached when the lookup ran (the first request, or
+  every earlier block freed uncached), so there was nothing to compare with.
 Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does).
 Pure functions over events: no torch, no textual; `blockviz explain` prints them.
 """
@@ -27,6 +29,7 @@ MAX_EVICTIONS_KEPT = 4096  # evictions remembered for "why missed" once a capped
 HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
+NOT_CACHED = "not cached: the cache is empty"
 AFTER_A_MISS, CACHING_OFF = "not looked up: after the first miss", "not looked up: prefix caching is off"
 
 
@@ -77,7 +80,8 @@ class Explanation:
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
         miss = self.first_miss
         reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""
-        out.append(f"  prefix hit: {self.num_hit_blocks} blocks, {self.num_hit_tokens} tokens{reason}")
+        blocks = "block" if self.num_hit_blocks == 1 else "blocks"
+        out.append(f"  prefix hit: {self.num_hit_blocks} {blocks}, {self.num_hit_tokens} tokens{reason}")
         return out
 
 
@@ -198,6 +202,8 @@ def _why_missed(chunk, block_hash: int, cached: int | None, state: ReducerState,
         return LAST_BLOCK, None
     if block_hash in evicted_at:
         return EVICTED, evicted_at[block_hash]
+    if not state.hash_map:
+        return NOT_CACHED, None
     if any(state.pools["gpu"][number].token_ids == chunk for number in state.hash_map.values()):
         return DIFFERENT_PARENT, None
     return DIFFERENT_TOKENS, None

@@ -1,26 +1,41 @@
 """What a setting changes: one workload through the real engine once per configuration.
 
-`configurations(base, block_size=[4, 16], num_gpu_blocks=[32, 64], enable_prefix_caching=[True,
-False])` is every combination of the values given over a base EngineConfig; `run_all(prompts,
-configs, params)` loads the model once and runs the prompts through a fresh engine per
-configuration, in turn, keeping each run's header, events, figures and texts. The CLI prints the
-figures (`blockviz compare`), the TUI shows the runs' pools side by side at the same engine step
+`configurations(base, kv_manager=["v0", "v1"], block_size=[4, 16])` is every combination of the
+values given over a base EngineConfig, and only of those: a setting not given keeps the base's
+value (prefix caching, when not given, is each manager's own default: off in v0, on in v1, as
+vLLM has it). `run_all(prompts, configs, params)` loads the model once and runs the prompts through
+a fresh engine per configuration, in turn, keeping each run's header, events, figures and texts;
+`differences(runs)` names the figures that differ between them. The CLI prints the figures
+(`blockviz compare`), the TUI shows the runs' pools side by side at the same engine step
 (`blockviz compare --tui`), and the notebook a grid of pool widgets (`blockviz.jupyter.compare`).
+
+No tokens/s here: one run of a small workload on a shared machine gives a figure that moves by
+several times from run to run (benchmarks/ measures speed, side by side and repeated).
 Torch is imported only when the runs start.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.recorder import Recorder
 from blockviz.session.spec import EngineSpec
+from engine import events as ev
 
-SWEPT = ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+SWEPT = ("kv_manager", "block_size", "num_gpu_blocks", "enable_prefix_caching")
+_OPENING = "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
+# compare's workload when no --prompt is given: two requests with one opening (31 tokens of the
+# bundled model's tokenizer, so a whole block of 16 is shared), so prefix caching has a hit to show
+DEFAULT_PROMPTS = (f"{_OPENING} Arise, fair sun, and kill the envious moon,",
+                   f"{_OPENING} Who is already sick and pale with grief,")
+# The figures `differences` compares, in the order a table shows them, with their names.
+COMPARED = (("peak_blocks", "peak blocks"), ("prefix_hits", "prefix hits"), ("prefix_hit_rate", "hit rate"),
+            ("forks", "forks"), ("copies_on_write", "copies on write"), ("preemptions", "preemptions"),
+            ("tokens_recomputed", "tokens recomputed"), ("tokens_computed", "tokens computed"), ("steps", "steps"),
+            ("same_text_as_first", "same text"))
 
 
 @dataclass(slots=True)
@@ -36,15 +51,31 @@ class CompareRun:
 
     @property
     def label(self) -> str:
-        """The swept settings, short: "block 4 · pool 32 · cache on"."""
+        """The swept settings, short: "block 4 · pool 32 · cache on · v1"."""
         return (f"block {self.config.block_size} · pool {self.header['num_gpu_blocks']} · "
-                f"cache {'on' if self.config.enable_prefix_caching else 'off'}")
+                f"cache {'on' if self.config.enable_prefix_caching else 'off'} · {self.config.kv_manager}")
 
 
 def configurations(base, **swept: list) -> list:
-    """Every combination of the swept values (keys from SWEPT; a missing one keeps base's)."""
+    """Every combination of the swept values (keys from SWEPT; a missing or empty one keeps base's,
+    so only what is given varies). A prefix-caching value of None is the manager's default; when
+    the managers vary and prefix caching is not given, each gets its own default too.
+    A ValueError names a combination the engine refuses (v1 with swap preemption)."""
     names = [name for name in SWEPT if swept.get(name)]
+    if "kv_manager" in names and "enable_prefix_caching" not in names:
+        names, swept = [*names, "enable_prefix_caching"], {**swept, "enable_prefix_caching": [None]}
     return [replace(base, **dict(zip(names, values))) for values in itertools.product(*(swept[n] for n in names))]
+
+
+def differences(runs: list["CompareRun"]) -> list[tuple[str, list]]:
+    """The figures (COMPARED's names) whose values are not the same in every run, each with the
+    runs' values in order: what the settings changed."""
+    out = []
+    for key, name in COMPARED:
+        values = [run.figures.get(key) for run in runs]
+        if len(set(map(repr, values))) > 1:
+            out.append((name, values))
+    return out
 
 
 def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
@@ -95,20 +126,82 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
         recorder(batch)
         events.extend(batch)
 
-    start = time.perf_counter()
     session.run_to_completion(on_events=keep)
-    seconds = time.perf_counter() - start
     session.close()
     state, config = recorder.state, engine.config
+    work = Work(config.block_size)
+    for event in events:
+        work.feed(event)
     figures = {
-        "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
+        "kv_manager": config.kv_manager, "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
         "prefix_caching": config.enable_prefix_caching, "steps": session.num_steps,
         "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
-        "prefix_hit_rate": round(state.prefix_hit_rate(), 4), "preemptions": state.num_preemptions,
-        "tokens": state.num_tokens_generated, "tokens_per_s": round(state.num_tokens_generated / seconds, 1),
+        "prefix_hits": state.num_prefix_hits, "prefix_hit_rate": round(state.prefix_hit_rate(), 4),
+        "forks": work.forks, "copies_on_write": work.copies_on_write,
+        "preemptions": state.num_preemptions, "tokens_recomputed": work.tokens_recomputed,
+        "tokens_computed": work.tokens_computed, "tokens": state.num_tokens_generated,
     }
     texts = [[c.text for c in session.finished[request_id].outputs] for request_id in request_ids]
     return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))
+
+
+def figure_text(value: Any) -> str:
+    """A figure as the tables show it: yes / no, a rate as a percentage, a count as it is."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:.0%}" if isinstance(value, float) else str(value)
+
+
+def differences_line(runs: list["CompareRun"]) -> str:
+    """`differences` in one line, each figure's values in the runs' order ("" for one run)."""
+    if len(runs) < 2:
+        return ""
+    differ = differences(runs)
+    if not differ:
+        return "the runs' figures are the same"
+    return "differ: " + " · ".join(f"{name} {' | '.join(map(figure_text, values))}" for name, values in differ)
+
+
+class Work:
+    """What the forward passes did, from a run's events: tokens computed (StepStarted.num_tokens:
+    prompt tokens not served by the cache, chunks, decode tokens), forks and copies on write (v0),
+    and tokens recomputed after recompute preemptions: each preemption's computed tokens
+    (Preempted.num_tokens_lost) less those its request got back as prefix-cache hits when it was
+    scheduled again (vLLM v1 revives a preempted request's cached blocks; v0 only with caching on)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.tokens_computed = self.tokens_recomputed = self.forks = self.copies_on_write = 0
+        self._resuming: dict[str, list[int]] = {}  # request -> [tokens lost, tokens hit since]
+        self._request_of: dict[int, str] = {}
+
+    def feed(self, event: ev.Event) -> None:
+        if isinstance(event, ev.StepStarted):
+            self.tokens_computed += event.num_tokens
+        elif isinstance(event, ev.Forked):
+            self.forks += 1
+            self._request_of[event.child_seq_id] = self._request_of.get(event.parent_seq_id, "")
+        elif isinstance(event, ev.CopyOnWrite):
+            self.copies_on_write += 1
+        elif isinstance(event, ev.RequestAdded):
+            self._request_of.update(dict.fromkeys(event.seq_ids, event.request_id))
+        elif isinstance(event, ev.Preempted) and event.mode == "recompute":
+            self._settle(event.request_id, upto=event.num_tokens_lost)  # preempted again before a token
+            self._resuming[event.request_id] = [event.num_tokens_lost, 0]
+        elif isinstance(event, ev.PrefixCacheHit):
+            for request_id in {self._request_of.get(seq_id) for seq_id in event.seq_ids}:
+                if request_id in self._resuming:
+                    self._resuming[request_id][1] += self.block_size
+        elif isinstance(event, ev.TokenGenerated):
+            self._settle(self._request_of.get(event.seq_id, ""))
+        elif isinstance(event, ev.SequenceFinished):  # ended without running again: nothing recomputed
+            self._resuming.pop(event.request_id, None)
+
+    def _settle(self, request_id: str, upto: int | None = None) -> None:
+        """The request ran again: its lost tokens not hit were computed again (`upto` of them when
+        it was preempted again before sampling a token)."""
+        lost, hit = self._resuming.pop(request_id, (0, 0))
+        self.tokens_recomputed += max(0, min(lost, lost if upto is None else upto) - hit)
 
 
 def same_step(runs: list[CompareRun]) -> int:

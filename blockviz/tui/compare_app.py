@@ -1,8 +1,10 @@
 """`blockviz compare --tui`: the runs of one workload side by side, their GPU pools at the same
 engine step. One column per configuration (blockviz/session/compare.py's CompareRun): its settings, its
-figures for the whole run, the memory line at the step, and its pool as the step left it. The keys
-move every run together, so a block size or a pool size is compared at the same moment of the
-same workload; columns that do not fit the terminal scroll sideways."""
+figures for the whole run, what it had done by the step (hits, forks, copies on write, preemptions),
+the memory line at the step, and its pool as the step left it; above them, the figures that differ
+between the runs (`--kv-manager v0,v1`: v0 forks and copies on write where v1 hits the cache). The
+keys move every run together, so a manager, a block size or a pool size is compared at the same
+moment of the same workload; columns that do not fit the terminal scroll sideways."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll, Vertical
 from textual.widgets import Footer, Static
 
-from blockviz.session.compare import CompareRun, same_step
+from blockviz.session.compare import CompareRun, differences_line, same_step
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth
 from blockviz.model.view import pool_counts
@@ -34,6 +36,7 @@ class CompareApp(App[None]):
     .run > PoolGrid { max-height: 1fr; }
     .figures { height: auto; padding: 0 1; }
     #compare-status { height: 1; background: $boost; padding: 0 1; }
+    #differences { height: auto; max-height: 4; padding: 0 1; color: $warning; }
     Screen.-projector PoolGrid { border: heavy $accent; background: #000000; }
     """
     CSS_PATH = Path(__file__).with_name("app.tcss")  # the main app's look for shared widgets
@@ -65,6 +68,7 @@ class CompareApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="title")
+        yield Static(differences_line(self.runs), id="differences")
         with HorizontalScroll(id="runs"):
             for index, run in enumerate(self.runs):
                 with Vertical(classes="run"):
@@ -76,6 +80,7 @@ class CompareApp(App[None]):
 
     def _title(self) -> str:
         return f"blockviz · compare · {len(self.runs)} configurations · one workload, the same engine step"
+
 
     def on_resize(self, event) -> None:
         """Share the width among the runs, but no column under MIN_COLUMN (the rest scroll)."""
@@ -101,11 +106,14 @@ class CompareApp(App[None]):
             grid.show(state, frozenset(), title=f"GPU · {used}/{used + cached + free} used")
             f = run.figures
             text = Text(f"{f['steps']} steps · peak {f['peak_blocks']} blocks\n"
-                        f"util at peak {f['token_utilization_at_peak']:.0%} · hits {f['prefix_hit_rate']:.0%}\n"
-                        f"preemptions {f['preemptions']} · {f['tokens_per_s']:,.0f} tok/s\n"
+                        f"util at peak {f['token_utilization_at_peak']:.0%} · hits {f['prefix_hits']} "
+                        f"({f['prefix_hit_rate']:.0%})\n"
+                        f"forks {f['forks']} · copies on write {f['copies_on_write']}\n"
+                        f"preemptions {f['preemptions']} · recomputed {f['tokens_recomputed']} tokens\n"
                         f"text {'same as' if f.get('same_text_as_first', True) else 'differs from'} the first\n")
             done = " (finished)" if self.step >= f["steps"] else ""
             text.append(f"at step {min(self.step, f['steps'])}{done}:\n", "bold")
+            text.append(f"hits {state.num_prefix_hits} · preemptions {state.num_preemptions}\n")
             text.append("\n".join(field for _, field in memory_fields(memory_truth(state, max_tokens))))
             self.query_one(f"#figures-{index}", Static).update(text)
         playing = "▶ playing" if self._timer is not None else "‖ paused"
@@ -140,3 +148,4 @@ class CompareApp(App[None]):
             self.action_toggle_play()
             return
         self.action_move(1)
+

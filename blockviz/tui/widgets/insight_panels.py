@@ -16,7 +16,8 @@ from blockviz.tui.widgets.panels import StatePanel
 from blockviz.model.reducer import ReducerState
 
 VERDICT_STYLES = {ex.HIT: "bold green", ex.PARTIAL: "yellow", ex.LAST_BLOCK: "yellow", ex.EVICTED: "bold red",
-                  ex.DIFFERENT_PARENT: "bold magenta", ex.DIFFERENT_TOKENS: "bold red"}
+                  ex.DIFFERENT_PARENT: "bold magenta", ex.DIFFERENT_TOKENS: "bold red",
+                  ex.NOT_CACHED: "yellow"}
 
 
 class ExplainPanel(StatePanel):
