@@ -30,6 +30,7 @@ from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
+from blockviz.jupyter.moment import Moment
 from blockviz.model.view import cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.session.engine_session import EngineSession
@@ -61,6 +62,8 @@ class Visualizer(LiveCommands):
         self.player = Player(timeline, live=self.engine is not None)
         self.title = title
         self.error = ""
+        self.zoom = 1.0
+        self.projector = False
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
@@ -386,6 +389,30 @@ class Visualizer(LiveCommands):
             snap = self.frame()
             for view in self.views:
                 view.show(snap)
+
+    # ------------------------------------------------------------------ moments
+
+    def snapshot(self, at: int | None = None) -> Moment:
+        """A moment: the picture at the cursor (or at event position `at`, the cursor left where it
+        is), frozen. It draws the frame the widget draws there, with no link to the engine or the
+        timeline, so later steps leave it as it was (blockviz.jupyter.moment)."""
+        with self._lock:
+            timeline = self.timeline
+            back = timeline.position
+            if at is not None:
+                if not 0 <= int(at) <= len(timeline):
+                    raise ValueError(f"at={at!r} is outside the events known (0 to {len(timeline)})")
+                timeline.seek(int(at))
+            try:
+                frame = self.frame()
+                state = timeline.state.copy()
+            finally:
+                timeline.seek(back)
+        return Moment(frame, state, title=self.title, header=self.header, zoom=self.zoom, projector=self.projector)
+
+    def show(self, at: int | None = None) -> Moment:
+        """The same as snapshot(at): a cell ending in `viz.show(at=12)` shows event 12's picture."""
+        return self.snapshot(at)
 
     # ------------------------------------------------------------------ display
 
