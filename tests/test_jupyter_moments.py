@@ -89,3 +89,48 @@ def test_a_live_moment_stays_while_the_engine_generates(tiny_gpt2_dir):
     assert moment.state.num_used("gpu") == used
     check_snapshot(moment.frame, moment.state)
     viz.close()
+
+
+def test_projector_and_size_reach_every_view_and_a_moment():
+    from blockviz.jupyter.widgets import PALETTE, PROJECTOR_PALETTE, PROJECTOR_ZOOM
+    from blockviz.model.palette import SEQ_COLOURS_BOLD
+
+    viz = Visualizer.from_trace("fork-cow", projector=True)
+    assert viz.projector and viz.zoom == PROJECTOR_ZOOM
+    assert all(view.zoom == PROJECTOR_ZOOM and view.projector for view in viz.views)
+    assert viz.pools.palette["seq"] == list(SEQ_COLOURS_BOLD) == PROJECTOR_PALETTE["seq"]
+    moment = viz.snapshot()
+    assert all(view.zoom == PROJECTOR_ZOOM and view.projector for view in moment.views)
+    viz.set_projector(False)
+    viz.set_zoom(1.5)
+    assert all(view.zoom == 1.5 and not view.projector for view in viz.views)
+    assert viz.pools.palette == PALETTE
+    assert moment.views[1].palette["seq"] == list(SEQ_COLOURS_BOLD)  # the moment keeps its look
+    with pytest.raises(ValueError, match="outside"):
+        viz.set_zoom(40)
+    viz._buttons.on_controls({"event": "zoom", "zoom": 3})
+    viz._buttons.on_controls({"event": "projector", "on": True})
+    viz._buttons.wait(timeout=30)
+    assert viz.zoom == 3.0 and viz.projector and viz.controls.zoom == 3.0 and viz.controls.projector
+    viz.close()
+
+
+def test_an_empty_cpu_pool_collapses_to_one_line_until_something_is_swapped():
+    from blockviz.model.view import empty_pool_line
+
+    trace = load_trace("swap")
+    timeline = Timeline.for_trace(trace)
+    n = trace.num_cpu_blocks
+    lines = []
+    for position in range(len(trace.events) + 1):
+        timeline.seek(position)
+        frame = snapshot(timeline.state)
+        assert frame["pools"]["gpu"]["empty_line"] == ""
+        cpu = frame["pools"]["cpu"]
+        lines.append(cpu["empty_line"])
+        assert bool(cpu["empty_line"]) == (cpu["used"] == 0 and cpu["cached"] == 0)
+    assert lines[0] == f"CPU pool: {n} blocks, never used"
+    swapped = [line for line in lines if line.startswith(f"CPU pool: {n} blocks, empty (")]
+    assert "" in lines and swapped  # swapped out (drawn), then back in (collapsed: it was used)
+    assert lines[-1] == swapped[-1] and "all swapped back in" in lines[-1]
+    assert empty_pool_line(timeline.state, "gpu", (0, 0, 1)) == ""

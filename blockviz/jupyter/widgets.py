@@ -132,10 +132,12 @@ class Inspector(_View):
 
 class Controls(_View):
     """Play/pause, one event, one engine step, back, speed, and a slider over the event position.
-    Buttons send {"event": "action", "action": ...}; the slider {"event": "seek", "position"}."""
+    Buttons send {"event": "action", "action": ...}; the slider {"event": "seek", "position"}; the
+    size menu {"event": "zoom", "zoom"} (one of `zooms`), the projector box {"event": "projector", "on"}."""
 
     _kind = traitlets.Unicode("controls").tag(sync=True)
     speeds = traitlets.List(["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS]).tag(sync=True)
+    zooms = traitlets.List(list(ZOOMS)).tag(sync=True)
     parts = ("cursor",)
 
 
