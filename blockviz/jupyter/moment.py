@@ -11,11 +11,13 @@ inspector, block tables and hash chains as the live widget, under a line naming 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import ipywidgets
 
 from blockviz.jupyter.widgets import BlockTableView, HashChainView, Inspector, MomentHeader, PoolView
+from blockviz.model.export import save_frame
 from blockviz.model.reducer import ReducerState
 
 # The parts of a Visualizer frame a moment keeps: the picture, without the log or the insights.
@@ -60,6 +62,11 @@ class Moment:
             self._widget.add_class("blockviz")
             self._widget.add_class("blockviz-moment")
         return self._widget
+
+    def save(self, path: str | Path, *, overwrite: bool = True) -> Path:
+        """Write this picture to `path` for a slide: .svg, or .png with the [export] extra
+        (blockviz.model.export: the same records drawn by blockviz.model.svg). Returns the path."""
+        return save_frame(self.frame, path, title=self.title, projector=self.projector, overwrite=overwrite)
 
     def summary(self) -> str:
         """The moment in words: its cursor and what the last event did."""

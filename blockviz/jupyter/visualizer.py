@@ -444,6 +444,12 @@ class Visualizer(LiveCommands):
         """The same as snapshot(at): a cell ending in `viz.show(at=12)` shows event 12's picture."""
         return self.snapshot(at)
 
+    def save(self, path: str | Path, at: int | None = None, *, overwrite: bool = True) -> Path:
+        """Write the picture at the cursor (or at `at`) to `path` for a slide: "step.svg", or
+        "step.png" with the [export] extra; the pools, tables and hash chains the widget draws
+        (snapshot(at).save). Returns the path."""
+        return self.snapshot(at).save(path, overwrite=overwrite)
+
     # ------------------------------------------------------------------ display
 
     def summary(self) -> str:
