@@ -95,3 +95,25 @@ def test_projector_mode_draws_big_bold_cells_and_the_unused_cpu_pool_is_one_line
     page.wait_for_selector(".bv-view-pool[data-projector='false']")
     assert kernel_json(page, "viz.projector") is False
     assert drawn_blocks_in(page, LIVE) == kernel_cells(page)
+
+
+def test_the_cpu_pool_opens_while_it_holds_swapped_blocks_and_closes_after(jupyter_server, lab_page):
+    page = lab_page
+    path = jupyter_server.add_notebook("swap-pool.ipynb", [
+        "from blockviz.jupyter import Visualizer\nviz = Visualizer.from_trace('swap')\nviz.pools.renderer = 'cells'",
+        "viz",
+    ])
+    open_notebook(page, jupyter_server, path)
+    run_all_cells(page)
+    cpu = ".bv-view-pool .bv-pool[data-device='cpu']"
+    page.wait_for_selector(f"{cpu}[data-collapsed='true']")
+    assert page.inner_text(f"{cpu} .bv-pool-title").startswith("CPU pool: 32 blocks, never used")
+    wait_for_position(page, kernel_json(page, "[viz.run_until('swap_out'), viz.position][-1]"))
+    page.wait_for_selector(f"{cpu}[data-collapsed='false']")
+    assert page.locator(f"{cpu} .bv-grid").is_visible()
+    assert drawn_blocks_in(page, LIVE) == kernel_cells(page)
+    assert any(d == "cpu" and state == "used" for d, _, state, _ in drawn_blocks_in(page, LIVE))
+    wait_for_position(page, kernel_json(page, "[viz.seek(len(viz)), viz.position][-1]"))
+    page.wait_for_selector(f"{cpu}[data-collapsed='true']")
+    assert "all swapped back in" in page.inner_text(f"{cpu} .bv-pool-title")
+    assert drawn_blocks_in(page, LIVE) == kernel_cells(page)  # the hidden cells were redrawn free

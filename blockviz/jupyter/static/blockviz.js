@@ -178,7 +178,7 @@ function renderPool(model, el) {
       pool.section.hidden = data.n === 0;
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
         `${data.cached} cached · ${data.free} free`;
-      if (drawCollapsed(pool, data, !!expanded[device])) continue;
+      drawCollapsed(pool, data, !!expanded[device]);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
       pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected);
     }

@@ -57,8 +57,8 @@ function lookControls(model) {
 
 // A pool with nothing in it, whose record has an `empty_line` (blockviz/model/view.py
 // empty_pool_line: "CPU pool: 2048 blocks, never used"), collapses to that line; a click on the
-// line opens the grid (and closes it again). The collapsed grid still carries what it stands for:
-// its canvas's data-states / data-refs are the record's (every block free).
+// line opens the grid (and closes it again). The collapsed grid is still drawn (hidden) and carries
+// what it stands for: its canvas's data-states / data-refs are the record's (every block free).
 function drawCollapsed(pool, data, expanded) {
   const collapsed = !!data.empty_line && !expanded;
   pool.section.classList.toggle("bv-collapsed", collapsed);
@@ -76,5 +76,4 @@ function drawCollapsed(pool, data, expanded) {
     canvas.dataset.states = data.state;
     canvas.dataset.refs = data.ref.join(",");
   }
-  return collapsed;
 }
