@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options
+from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_keep_events_option
 
 
 from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, **RUN_DEFAULTS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     add_break_on_option(parser)
+    add_keep_events_option(parser)
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
                              "it does not pre-empt the engine; normal: the UI is scheduled like any process")
@@ -53,7 +54,8 @@ def execute(args) -> int:
     # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).
     bridge = ProcessBridge(spec, leave_cores_once_ready=args.ui_priority == "idle")
     bridge.start()
-    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on)
+    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on,
+                      keep_events=args.keep_events)
     app.run()
     if app.engine_died:  # printed now that the terminal is back
         print(f"blockviz: error: {app.error}", file=sys.stderr)
