@@ -128,7 +128,8 @@ function renderPool(model, el) {
   const legend = h("div", { class: "bv-legend" });
   const body = h("div", { class: "bv-pools" });
   el.append(legend, body);
-  const pools = {}; // device -> { section, header, grid, renderer }
+  const pools = {}; // device -> { section, header, grid, renderer, zoom }
+  const expanded = {}; // device -> a collapsed pool opened by a click
   let legendPalette = null;
 
   let legendV1 = false;
@@ -154,15 +155,22 @@ function renderPool(model, el) {
 
   function ensurePool(device, n) {
     const renderer = model.get("renderer") === "cells" ? "cells" : "canvas";
+    const zoom = model.get("zoom");
     let pool = pools[device];
-    if (pool && pool.grid.n === n && pool.renderer === renderer) return pool;
-    if (pool) { pool.grid.dispose(); pool.section.remove(); }
+    if (pool && pool.grid.n === n && pool.renderer === renderer && pool.zoom === zoom) return pool;
+    if (pool) pool.grid.dispose();
     const header = h("div", { class: "bv-pool-title" });
     const grid = (renderer === "cells" ? cellGrid : canvasGrid)(model, device, n);
     const note = h("div", { class: "bv-pool-note", hidden: true });
     const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element, note);
-    body.append(section);
-    return (pools[device] = { section, header, grid, renderer, note });
+    header.addEventListener("click", () => {
+      if (!lastFrame || !((lastFrame.pools || {})[device] || {}).empty_line) return;
+      expanded[device] = !expanded[device];
+      draw(lastFrame);
+    });
+    if (pool) pool.section.replaceWith(section);
+    else body.append(section);
+    return (pools[device] = { section, header, grid, renderer, zoom, note });
   }
 
   // vLLM v1: the free queue's first blocks, head first (view.free_queue), under the GPU pool.
@@ -186,7 +194,9 @@ function renderPool(model, el) {
 
   const rules = h("style");
   el.append(rules);
+  let lastFrame = null;
   const draw = (frame) => {
+    lastFrame = frame;
     const palette = model.get("palette");
     drawLegend(palette, !!frame.free_queue);
     const css = ownerRules(palette);
@@ -202,6 +212,7 @@ function renderPool(model, el) {
       pool.note.replaceChildren(...notes.map((text) => h("div", { class: "bv-note", text })));
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
         `${data.cached} cached · ${data.free} free`;
+      drawCollapsed(pool, data, !!expanded[device]);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
       const queue = device === "gpu" ? frame.free_queue : null;
       const head = queue && queue.blocks.length ? queue.blocks[0][0] : -1;
@@ -369,7 +380,7 @@ function renderControls(model, el) {
   const current = h("div", { class: "bv-current-event" });
   const error = h("div", { class: "bv-error", hidden: true });
   const dropped = h("div", { class: "bv-dropped", hidden: true });
-  bar.append(speed, slider, where);
+  bar.append(speed, slider, where, lookControls(model));
   el.append(title, bar, current, error, dropped);
   let speedsShown = "";
   return (frame) => {
@@ -409,6 +420,7 @@ const RENDERERS = {
 function render({ model, el }) {
   const kind = model.get("_kind");
   el.classList.add("bv-root", `bv-view-${kind}`);
+  applyLook(model, el);
   const draw = (RENDERERS[kind] || (() => () => {}))(model, el);
   // The pool view times its draw with the layout it causes (data-render-ms), and until the frame
   // after it is painted (data-paint-ms); data-renders counts draws. benchmarks/widgets.py reads them.
@@ -427,9 +439,14 @@ function render({ model, el }) {
   };
   model.on("change:frame", update);
   if (timed) model.on("change:renderer", update);
+  const relook = () => { applyLook(model, el); update(); };
+  model.on("change:zoom", relook);
+  model.on("change:projector", relook);
   update();
   return () => {
     model.off("change:frame", update);
+    model.off("change:zoom", relook);
+    model.off("change:projector", relook);
     if (timed) model.off("change:renderer", update);
     if (draw.dispose) draw.dispose();
   };
