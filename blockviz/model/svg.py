@@ -30,9 +30,9 @@ GAP, PAD, BAR = 3, 12, 4  # px between cells, around the picture, the fill bar's
 MAX_HASH_ROWS = 32  # chains shown on a slide; the rest summed up in one line
 # As pool_canvas.js's LOOK (and the TUI's styles.py): free, cached, outlines.
 LOOK = {
-    "border": "#6b6b6b", "cached": "#3c4a5a", "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
-    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b"},
-    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010"},
+    "border": "#6b6b6b", "cached": "#3c4a5a", "null": "#1e1a12", "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
+    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b", "null": "#c8a040"},
+    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010", "null": "#101010"},
     "touched": ("#ffd400", 2), "selected": ("#ff3b3b", 3), "hit": "#ffd400", "slot": "#61afef",
 }
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -168,7 +168,7 @@ def _cell(canvas: _Canvas, device: str, i: int, pool: dict[str, Any], x: float, 
            f'data-fill="{fill}" data-owner="{owner}" data-owner2="{owner2}">',
            f"<title>{text_of(_block_title(device, i, name, ref, fill, block_size, owner, owner2))}</title>"]
     background = (canvas.colour(owner) if name == "used" and owner >= 0 else LOOK["cached"] if name == "cached"
-                  else LOOK["other"] if name not in LOOK["text"] else "none")
+                  else LOOK["null"] if name == "null" else LOOK["other"] if name not in LOOK["text"] else "none")
     dash = ' stroke-dasharray="3 3"' if look == "free" else ""
     out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cw}" height="{ch}" rx="3" fill="{background}" '
                f'stroke="{LOOK["border"]}" stroke-width="1"{dash}/>')
