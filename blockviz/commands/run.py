@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options
+from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option
 
 
 from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, **RUN_DEFAULTS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     add_break_on_option(parser)
+    add_guided_option(parser, "default: on for the story, off with --prompt")
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
                              "it does not pre-empt the engine; normal: the UI is scheduled like any process")
@@ -38,6 +39,9 @@ def check(args, *, device: bool = True):
     the EngineSpec. `blockviz serve run` calls it too."""
     from blockviz.session.spec import EngineSpec
 
+    if getattr(args, "n_given", False) and not args.prompts:
+        raise UsageError(f"--n {args.n} applies to --prompt requests: the story's requests set their own "
+                         "(give --prompt TEXT, or leave out --n)")
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_SCENARIO)
     spec.check_all(device=device)
     return spec
@@ -53,7 +57,9 @@ def execute(args) -> int:
     # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).
     bridge = ProcessBridge(spec, leave_cores_once_ready=args.ui_priority == "idle")
     bridge.start()
-    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on)
+    guided = args.guided if args.guided is not None else not args.prompts  # the story tells itself
+    app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on,
+                      guided=guided)
     app.run()
     if app.engine_died:  # printed now that the terminal is back
         print(f"blockviz: error: {app.error}", file=sys.stderr)

@@ -34,6 +34,8 @@ KEYS = [
 # Actions that move through the timeline: refused until it exists (a live engine still loading).
 PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "run_to_break", "set_breakpoints", "next_sequence",
                               "fork", "preempt"})
+# The engine's keys: a replay has no engine, so they are not offered there.
+LIVE_ACTIONS = frozenset({"add_request", "fork", "preempt"})
 # Moves of the Player (blockviz/model/timeline.py) that pause playback first: going back in time.
 PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start", "back_to_break"})
 
