@@ -108,8 +108,9 @@ class BlockTables(StatePanel):
 
     def draw(self, state: ReducerState, selected_seq: int | None = None,
              vocab: dict[int, str] | None = None, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
-        """`marked` (device, number): blocks a guide card names, pointed at with ◀."""
+        """`marked` (device, number): blocks a guide card names, pointed at with ◀ and scrolled into view."""
         parts: list[RenderableType] = []
+        first_marked: int | None = None
         size = state.block_size
         width = len(str(len(state.pools["gpu"]) - 1))
         for row in tables(state, limit=None, vocab=vocab):
@@ -141,8 +142,11 @@ class BlockTables(StatePanel):
                     line.append(f" +{empty} empty", style="dim")
                 if (device, number) in marked:
                     line.append(" ◀", "bold reverse")
+                    first_marked = len(parts) if first_marked is None else first_marked
                 parts.append(line)
         self.set_rows(parts)
+        if first_marked is not None:  # one line per row: the row's index is its line
+            self.call_after_refresh(self.scroll_to, y=max(0, first_marked - 2), animate=False)
 
 
 # ---------------------------------------------------------------------------- generated text
