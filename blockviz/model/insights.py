@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
+from blockviz.model.narration import plural
 from blockviz.model.reducer import USED, ReducerState
 from engine import events as ev
 
@@ -279,9 +280,9 @@ def ledger_totals(entries: list[Preemption]) -> str:
     if not entries:
         return "no preemptions"
     swaps = [e for e in entries if e.mode == "swap"]
-    text = f"preemptions {len(entries)}: {len(swaps)} swap ({sum(e.blocks_swapped for e in swaps)} blocks out)"
+    text = f"preemptions {len(entries)}: {len(swaps)} swap ({plural(sum(e.blocks_swapped for e in swaps), 'block')} out)"
     recomputes = [e for e in entries if e.mode != "swap"]
     if recomputes:
-        text += f", {len(recomputes)} recompute ({sum(e.tokens_lost for e in recomputes)} tokens lost)"
+        text += f", {len(recomputes)} recompute ({plural(sum(e.tokens_lost for e in recomputes), 'token')} lost)"
     waiting = sum(e.resumed_step is None for e in entries)
     return text + (f", {waiting} waiting" if waiting else "")

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from blockviz.model import explain as ex
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals
+from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash, show_token, sparkline
 from blockviz.tui.styles import seq_style
 from blockviz.tui.widgets.panels import StatePanel
@@ -49,7 +50,7 @@ class ExplainPanel(StatePanel):
             row.append("  " + "".join(show_token(vocab.get(t, f"<{t}>")) for t in block.token_ids), "italic")
             rows.append(row)
         miss = chosen.first_miss
-        summary = Text(f"hit {chosen.num_hit_blocks} blocks = {chosen.num_hit_tokens} tokens", "bold")
+        summary = Text(f"hit {plural(chosen.num_hit_blocks, 'block')} = {plural(chosen.num_hit_tokens, 'token')}", "bold")
         if miss is not None and miss.verdict == ex.CACHING_OFF:
             summary.append(" · prefix caching is off (--prefix-caching turns it on)")
         elif miss is not None:
