@@ -207,3 +207,19 @@ def test_run_n_without_a_prompt_is_one_line_and_exit_2(capsys):
     assert main(["run", "--n", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--n 3 applies to --prompt" in err
+
+
+def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_replacement_character():
+    from transformers import AutoTokenizer
+
+    from blockviz.model.palette import show_token
+    from blockviz.session.engine_session import token_texts
+    from engine.model_source import check_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(check_model("tiny-shakespeare")))
+    ids = tokenizer.encode("JULIET: ♥ naïve")
+    texts = token_texts(tokenizer, ids)
+    assert "\ufffd" in "".join(tokenizer.batch_decode([[i] for i in ids]))  # alone, they would be �
+    assert "\ufffd" not in "".join(texts) and "\\xe2" in texts and "\\xc3" in texts
+    assert [t for t in texts if "\\x" not in t] == [t for t in tokenizer.batch_decode([[i] for i in ids]) if "\ufffd" not in t]
+    assert show_token("caf\ufffd") == "caf◌"  # an old trace's text
