@@ -61,6 +61,7 @@ class Card:
     function: str  # the vLLM function that did it
     blocks: tuple[tuple[str, int], ...]  # (device, number) of the blocks involved
     seq_no: int  # the first event of the idea
+    start: int  # the index of that event in the stream
     position: int  # the cursor where playback stops: just after the idea's last event
 
     def blocks_on(self, device: str) -> frozenset[int]:
@@ -140,7 +141,8 @@ def _starts(e: ev.Event) -> tuple[str, Callable[[_Run, ev.Event], bool]] | None:
 def _card(run: _Run, kv_manager: str) -> Card:
     title, what, why, blocks = _WORDS[run.idea](run.first, run.events)
     function = FUNCTIONS.get(kv_manager, {}).get(run.idea) or FUNCTIONS["v0"][run.idea]
-    return Card(run.idea, title, what, why, function, tuple(blocks), run.first.seq_no, run.end)
+    return Card(run.idea, title, what, why, function, tuple(blocks), run.first.seq_no,
+                run.end - len(run.events), run.end)
 
 
 def _fork_words(e: ev.Forked, events):
@@ -165,8 +167,8 @@ def _hit_words(e: ev.PrefixCacheHit, events):
     blocks = [h.block for h in events]
     tokens = sum(len(h.token_ids) for h in events)
     return ("Prefix-cache hit",
-            f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: {e.device} "
-            f"{_plural(len(blocks), 'block')} {_numbers(blocks)} found by their hash and shared, so "
+            f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
+            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
             f"{_plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
             "a full block's hash chains its tokens and every token before them: an equal hash means equal K/V",
             [(e.device, b) for b in blocks])
@@ -203,7 +205,7 @@ def _swap_in_words(e: ev.SwappedIn, events):
 def _eviction_words(e: ev.BlockEvicted, events):
     blocks = [x.block for x in events]
     return ("Eviction",
-            f"{e.device} {_plural(len(blocks), 'block')} {_numbers(blocks)} were free but still cached; the pool "
+            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) were free but still cached; the pool "
             f"needed room, so the least recently used lost {'its hash' if len(blocks) == 1 else 'their hashes'} "
             "and were taken",
             "a cached block is kept only while nobody needs the space: a later prompt with its tokens misses",
@@ -277,6 +279,13 @@ class Guide:
         index = bisect.bisect_right(self._positions, start)
         if index < len(self._positions) and self._positions[index] <= stop:
             return self._positions[index]
+        return None
+
+    def spanning(self, position: int) -> Card | None:
+        """The card whose idea is under way at `position` (past its first event, before its last)."""
+        index = bisect.bisect_right(self._positions, position)
+        if index < len(self.cards) and self.cards[index].start < position:
+            return self.cards[index]
         return None
 
     def card_at(self, position: int) -> Card | None:

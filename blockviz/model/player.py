@@ -117,7 +117,10 @@ class Player:
             target = min(target, guide.open_start)  # an idea still arriving: wait for its last event
         stops = []
         if self.break_on and (self.to_break or self.play_stops_at_breaks):
-            stops.append(timeline.next_of(self.break_on, timeline.position, target))
+            stop = timeline.next_of(self.break_on, timeline.position, target)
+            spanning = guide.spanning(stop) if guide is not None and stop is not None else None
+            # a breakpoint inside a card's idea (its second hit, a preemption's swap-out): its card
+            stops.append(stop if spanning is None else spanning.position if spanning.position <= target else None)
         if guide is not None:
             stops.append(guide.next_stop(timeline.position, target))
         stop = min((s for s in stops if s is not None), default=None)
