@@ -328,7 +328,7 @@ async def test_a_pool_that_does_not_fit_says_which_blocks_are_in_view():
         assert grid(app).border_subtitle.startswith("blocks 0-") and "of 200" in grid(app).border_subtitle
         await pilot.press("end")  # the last block: the grid scrolls to it
         await pilot.pause()
-        assert grid(app).border_subtitle.endswith("-199 of 200 · ↑↓ or wheel: more")
+        assert grid(app).border_subtitle.endswith("-199 of 200 · ↑↓ scrolls")
 
 
 async def test_help_screen_lists_the_keys():

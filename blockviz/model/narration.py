@@ -249,7 +249,7 @@ def narrate_step(timeline) -> str:
     parts = [part for e in events if (part := _step_part(e)) is not None]
     counts = [(kind_, count) for kind_, count in _step_counts(events) if count]
     said = parts + [plural(count, word) + rest for (word, rest), count in counts]
-    head = f"step {step} {kind}".rstrip() + ("" if done else " so far")
+    head = f"step {step} {kind}".rstrip() + ("" if done or kind == "scheduling" else " so far")
     return f"{head}: " + "; ".join(said) if said else head
 
 

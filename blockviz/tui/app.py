@@ -220,7 +220,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self._card.show(card, cards.index(card) + 1 if card is not None else 0, len(cards))
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
         if card is not None:
-            note = f"guide: {card.title} (space or ] plays on)"
+            note = ""  # the card says it
         elif player.stopped_at is not None and timeline.current_event is player.stopped_at:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
         step, kind, _ = cursor_step(timeline)
@@ -228,14 +228,15 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
-            narration=self._narration(timeline, player), memory=memory_fields(truth),
+            narration=self._narration(timeline, player, card is not None), memory=memory_fields(truth),
             ledger=ledger_totals(insights.ledger(timeline.position)), step=f"step {step} {kind}".rstrip())
 
     @staticmethod
-    def _narration(timeline: Timeline, player: Player) -> str:
-        """Playing, or at a step's end (`s`): what the step did; one event at a time: that event."""
+    def _narration(timeline: Timeline, player: Player, at_card: bool = False) -> str:
+        """Playing, at a step's end (`s`) or at a card (which tells the event): what the step did
+        so far; one event at a time: that event."""
         event = timeline.current_event
-        if player.playing or isinstance(event, StepFinished):
+        if player.playing or at_card or isinstance(event, StepFinished):
             return narrate_step(timeline)
         return narrate(event, timeline.state, timeline.token_texts)
 

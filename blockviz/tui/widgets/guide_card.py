@@ -18,7 +18,7 @@ class GuideCard(Static):
     GuideCard {
         display: none;
         height: auto;
-        max-height: 10;
+        max-height: 9;
         border: round $warning;
         border-title-color: $warning;
         border-title-style: bold;
@@ -36,9 +36,8 @@ class GuideCard(Static):
             return
         self.border_title = f"guide {number}/{total}: {card.title}"
         self.border_subtitle = "space or ] plays on"
-        blocks = Text(", ".join(f"{device} {n}" for device, n in card.blocks) or "none", "bold")
-        self.update(Group(
+        self.update(Group(  # the blocks are named in `what` and highlighted in the pools
             Text(card.what),
             Text.assemble(("why: ", "bold"), card.why),
-            Text.assemble(("blocks: ", "bold"), blocks, ("  ·  vLLM: ", "bold"), (card.function, "italic")),
+            Text.assemble(("vLLM: ", "bold"), (card.function, "italic")),
         ))

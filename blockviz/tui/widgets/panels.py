@@ -108,7 +108,8 @@ class BlockTables(StatePanel):
 
     def draw(self, state: ReducerState, selected_seq: int | None = None,
              vocab: dict[int, str] | None = None, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
-        """`marked` (device, number): blocks a guide card names, pointed at with ◀ and scrolled into view."""
+        """`marked` (device, number): blocks a guide card names, pointed at with ◀ (first column, so
+        a cut row keeps it) and scrolled into view."""
         parts: list[RenderableType] = []
         first_marked: int | None = None
         size = state.block_size
@@ -131,7 +132,9 @@ class BlockTables(StatePanel):
                 placement.append(" ")
             parts.append(placement)
             for index, (device, number, ref, texts) in enumerate(row["blocks"]):
-                line = _row(f"  L{index:<2}", style="dim")
+                pointed = (device, number) in marked
+                line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
+                line.append(f"L{index:<2}", style="dim")
                 line.append(f" → {device} {number:<{width}}")
                 line.append(f" ×{ref}" if ref > 1 else "   ", style="bold")
                 line.append(" ")
@@ -140,9 +143,8 @@ class BlockTables(StatePanel):
                 empty = size - len(texts)
                 if empty:
                     line.append(f" +{empty} empty", style="dim")
-                if (device, number) in marked:
-                    line.append(" ◀", "bold reverse")
-                    first_marked = len(parts) if first_marked is None else first_marked
+                if pointed and first_marked is None:
+                    first_marked = len(parts)
                 parts.append(line)
         self.set_rows(parts)
         if first_marked is not None:  # one line per row: the row's index is its line
