@@ -223,3 +223,27 @@ def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_re
     assert "\ufffd" not in "".join(texts) and "\\xe2" in texts and "\\xc3" in texts
     assert [t for t in texts if "\\x" not in t] == [t for t in tokenizer.batch_decode([[i] for i in ids]) if "\ufffd" not in t]
     assert show_token("caf\ufffd") == "caf◌"  # an old trace's text
+
+
+@pytest.mark.anyio
+async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
+    from blockviz.session.spec import EngineSpec
+    from blockviz.tui.engine_bridge import EngineBridge
+    from test_tui_fake_engine import FakeEngine
+
+    # The fake engine's n=2 request shares its prompt's blocks from the start: its first idea is
+    # the copy-on-write of the first decode
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), n=2, max_tokens=12)
+    bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8))
+    app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", guided=True, projector=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _until(pilot, lambda: app.player is not None and app.player.card is not None, timeout=30)
+        await pilot.pause()
+        timeline = app.player.timeline
+        assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy_on_write"
+        assert isinstance(timeline.current_event, ev.CopyOnWrite) and not app.player.playing
+        assert "Copy-on-write" in card_text(app)
+        assert app.query_one(GuideCard).styles.border_top[0] == "heavy"  # the projector's large card
+        await pilot.press("space")  # plays on to the end: no other idea in this run
+        await _until(pilot, lambda: app.player.finished and not app.player.playing, timeout=30)
+        assert app.player.card is None and len(app.player.guide.cards) == 1

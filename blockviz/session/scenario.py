@@ -9,7 +9,8 @@ minute it shows every idea on the bundled model, on a pool small enough to see w
   copy-on-write when the shared, partly filled last block is first written.
 - A second JULIET line with the same opening arrives: with prefix caching it hits her blocks.
 - The pool runs out while five sequences grow: the newest request is preempted (swapped out to the
-  CPU pool) and swapped back in when blocks free up.
+  CPU pool); cached blocks are evicted to make room, and it is swapped back in when blocks free up.
+`blockviz run` plays it guided: it stops at each of these ideas the first time (blockviz/model/guide.py).
 No torch, no textual.
 """
 

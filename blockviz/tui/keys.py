@@ -21,7 +21,7 @@ KEYS = [
     Binding("g", "travel('to_start')", "Go to start", show=False, tooltip="Go to the first event"),
     Binding("G", "travel('to_end')", "Go to end", show=False, tooltip="Go to the last event"),
     Binding("right_square_bracket", "run_to_break", "Break ▸", key_display="]", show=False,
-            tooltip="Play until the next breakpoint event (B sets the kinds)"),
+            tooltip="Play to the next breakpoint: a fork, copy-on-write, prefix hit, swap, eviction unless B set others; guided, the next card too"),
     Binding("left_square_bracket", "travel('back_to_break')", "◂ Break", key_display="[", show=False,
             tooltip="Back to the previous breakpoint event"),
     Binding("B", "set_breakpoints", "Breakpoints", show=False, tooltip="Set breakpoints: the event kinds to stop at"),
