@@ -98,4 +98,4 @@ class BreakpointActions:
 
         example = ",".join(ev.kind_names((ev.CopyOnWrite, ev.SwappedOut)))
         self.push_screen(AskScreen("Stop at which events? Kinds, comma-separated (empty: none)",
-                                   example, ",".join(ev.kind_names(self.break_on))), chosen)
+                                   example, ",".join(ev.kind_names(self.player.break_on))), chosen)
