@@ -152,6 +152,25 @@ def add_guided_option(parser: argparse.ArgumentParser, default_text: str) -> Non
                              f"eviction and request that can never run, each with a card saying why ({default_text})")
 
 
+def add_keep_events_option(parser: argparse.ArgumentParser) -> None:
+    """--keep-events N for the live TUI: a long session keeps its last N events (time travel over
+    those), dropping its oldest steps with a notice; 0 keeps every event."""
+    from blockviz.model.timeline import LIVE_MAX_EVENTS, MIN_KEPT_EVENTS
+
+    def count(text: str) -> int | None:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--keep-events must be a whole number, got {text!r}") from None
+        if value and value < MIN_KEPT_EVENTS:
+            raise argparse.ArgumentTypeError(f"--keep-events must be 0 (keep all) or at least {MIN_KEPT_EVENTS}, got {value}")
+        return value or None
+
+    parser.add_argument("--keep-events", type=count, default=LIVE_MAX_EVENTS, metavar="N",
+                        help=f"a long live session keeps its last N events for time travel, dropping its oldest "
+                             f"steps with a notice (default {LIVE_MAX_EVENTS:,}; 0 keeps every event)")
+
+
 def non_negative_number(name: str):
     """An argparse type: a finite float >= 0, with a message naming the option."""
 

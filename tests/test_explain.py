@@ -22,7 +22,8 @@ def _run(llm: LLM, *prompts: list[int]):
         llm.generate([{"prompt_token_ids": prompt}], PARAMS)
     engine = llm.engine
     explanations = explain_requests(events, engine.config.block_size, engine.budget.num_gpu_blocks,
-                                    engine.budget.num_cpu_blocks, engine.config.enable_prefix_caching)
+                                    engine.budget.num_cpu_blocks, engine.config.enable_prefix_caching,
+                                    engine.config.kv_manager, engine.config.prefix_caching_hash_algo)
     hits = {}
     for e in events:
         if e.type == "prefix_cache_hit":
@@ -32,9 +33,12 @@ def _run(llm: LLM, *prompts: list[int]):
     return explanations, events
 
 
-@pytest.fixture
-def llm(tiny_gpt2_dir):
-    return LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True)
+@pytest.fixture(params=[("v0", "sha256"), ("v1", "sha256"), ("v1", "xxhash")], ids=["v0", "v1", "v1-xxhash"])
+def llm(request, tiny_gpt2_dir):
+    """Both managers: v1 hashes as vLLM v1 does (either algorithm) and caps a hit at num_tokens - 1."""
+    kv_manager, algo = request.param
+    return LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True,
+               kv_manager=kv_manager, prefix_caching_hash_algo=algo)
 
 
 def test_a_shared_opening_hits_exactly_the_shared_blocks_then_misses_on_different_tokens(llm):
@@ -64,6 +68,16 @@ def test_the_same_tokens_after_a_different_opening_miss_on_the_parent(llm):
 def test_a_block_evicted_since_misses_and_names_the_eviction(tiny_gpt2_dir):
     llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, enable_prefix_caching=True, watermark=0.0)
     filler = list(range(100, 128))  # 7 blocks: the cached ones are evicted to make room
+    (_, _, again), events = _run(llm, P + [5], filler, P + [6])
+    miss = again.blocks[0]
+    assert miss.verdict == EVICTED
+    evicted = next(e for e in events if e.seq_no == miss.evicted_by)
+    assert evicted.type == "block_evicted" and evicted.block_hash == miss.block_hash
+
+
+def test_v1_a_block_evicted_from_the_free_queue_misses_and_names_the_eviction(tiny_gpt2_dir):
+    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, enable_prefix_caching=True, kv_manager="v1")
+    filler = list(range(100, 124))  # 6 blocks and its decode: every free block, the cached ones too
     (_, _, again), events = _run(llm, P + [5], filler, P + [6])
     miss = again.blocks[0]
     assert miss.verdict == EVICTED

@@ -247,3 +247,22 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
         await pilot.press("space")  # plays on to the end: no other idea in this run
         await _until(pilot, lambda: app.player.finished and not app.player.playing, timeout=30)
         assert app.player.card is None and len(app.player.guide.cards) == 1
+
+
+def test_the_guide_counts_from_a_capped_timelines_front():
+    """A capped live timeline drops its oldest events (Timeline.dropped_events): the guide's stops
+    and cards are asked for by positions from the kept front, as the Player's cursor counts."""
+    events = load_trace("swap").events
+    whole = Guide()
+    whole.scan(events)
+    whole.settle()
+    swap_out = next(card for card in whole.cards if card.idea == "swap_out")
+    cut = swap_out.start - 10
+    guide = Guide()
+    guide.scan(events[:cut])
+    guide.scan(events[cut:], offset=cut)  # the first `cut` events dropped
+    guide.settle()
+    assert [c.idea for c in guide.cards] == [c.idea for c in whole.cards]
+    assert guide.next_stop(0, len(events) - cut) == swap_out.position - cut
+    assert guide.card_at(swap_out.position - cut) == swap_out and guide.stop_of(swap_out) == swap_out.position - cut
+    assert guide.spanning(swap_out.start + 1 - cut) in (None, swap_out)

@@ -63,3 +63,95 @@ def test_a_live_timeline_of_6000_requests_keeps_memory_linear_in_its_events():
         timeline.seek(position)
         fresh = ReducerState(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks)
         assert state_equal(timeline.state, fresh.apply_all(timeline.events[:position])), position
+
+
+# A capped live timeline: what it keeps, besides nothing else, per event it keeps (the events themselves
+# included, as a live run makes them: they are freed once dropped).
+CAP = 20_000
+BYTES_PER_KEPT_EVENT = 400
+
+
+def test_a_capped_live_timeline_of_6000_requests_stays_within_its_cap():
+    trace = load_trace("prefill")
+    timeline = Timeline(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks, max_events=CAP)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        used = {}
+        for k in range(1500):  # 6,000 requests, made as the engine makes them
+            timeline.extend(renumbered(trace, k))
+            timeline.seek(len(timeline))
+            if k + 1 in (300, 1500):
+                gc.collect()
+                used[k + 1] = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    total = 1500 * len(trace.events)
+    assert len(timeline) <= CAP and timeline.dropped_events + len(timeline) == total
+    assert used[1500] < CAP * BYTES_PER_KEPT_EVENT, used
+    assert used[1500] < 1.2 * used[300], used  # flat: bounded by the cap, not by the session
+    # the dropped steps and requests are counted and said; the picture holds only the kept requests
+    finished_steps = sum(isinstance(e, ev.StepFinished) for e in trace.events)
+    assert timeline.dropped_steps + len(timeline.step_ends) == 1500 * finished_steps
+    assert timeline.dropped_requests > 5000 and len(timeline.state.requests) <= 4 * (CAP // len(trace.events) + 1)
+    assert f"steps 1-{timeline.dropped_steps} dropped" in timeline.dropped_note()
+    # time travel over what is kept is exact
+    for position in (len(timeline), len(timeline) // 2, 1, 0):
+        timeline.seek(position)
+        assert state_equal(timeline.state, timeline.base_state().apply_all(timeline.events[:position])), position
+
+
+def test_a_drop_keeps_the_cursors_event_or_moves_a_cursor_left_behind_to_the_first_kept_one():
+    trace = load_trace("prefill")
+    timeline = Timeline(trace.block_size, trace.num_gpu_blocks, trace.num_cpu_blocks, max_events=1000)
+    made: list[ev.Event] = []
+    k = 0
+    while not timeline.dropped_events:  # at the newest event, as a live view follows it
+        made += renumbered(trace, k)
+        timeline.extend(made[-len(trace.events):])
+        k += 1
+        timeline.seek(len(timeline))
+    assert timeline.current_event is made[-1]
+    assert isinstance(made[timeline.dropped_events - 1], ev.StepFinished)  # whole steps dropped
+    assert timeline.events[0] is made[timeline.dropped_events]
+    timeline.seek(5)  # a learner travelled back ...
+    parked = timeline.events[4]
+    while any(e is parked for e in timeline.events):
+        timeline.extend(renumbered(trace, k))  # ... and the engine ran on past the cap
+        k += 1
+    assert timeline.position == 0 and timeline.current_event is None
+    assert state_equal(timeline.state, timeline.base_state())
+    timeline.seek(len(timeline))
+    assert state_equal(timeline.state, timeline.base_state().apply_all(timeline.events))
+
+
+def test_insights_follow_a_capped_timeline_even_when_they_fell_behind():
+    from blockviz.model.insights import Insights
+
+    trace = load_trace("swap")  # preemptions for the ledger
+    header = dict(trace.header)
+    timeline = Timeline.for_header(header, max_events=1000)
+    eager, lazy = Insights.for_header(header), Insights.for_header(header)
+    for k in range(40):
+        timeline.extend(renumbered(trace, k))
+        timeline.seek(len(timeline))
+        eager.sync(timeline)  # every batch, as the TUI does
+    lazy.sync(timeline)  # once, after many drops: it starts again from the first kept state
+    assert timeline.dropped_events > 0
+    for insights in (eager, lazy):
+        assert insights.fed == len(timeline)
+        assert insights.state.pools == timeline.state.pools
+        ledger = insights.ledger(len(timeline))
+        assert ledger and all(0 <= entry.position <= len(timeline) for entry in ledger)
+        assert all(0 < p.position <= len(timeline) for p in insights.memory_series(len(timeline)))
+        assert all(0 < e.position <= len(timeline) for e in insights.explanations(len(timeline)))
+    preempted = sum(isinstance(e, ev.Preempted) for e in timeline.events)
+    assert len(eager.ledger(len(timeline))) >= preempted
+
+
+def test_a_cap_below_the_least_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="max_events must be at least"):
+        Timeline(4, 8, 8, max_events=10)

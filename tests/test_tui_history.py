@@ -88,7 +88,7 @@ def test_clone_is_deep():
     seq.token_ids.append(999)
     seq.token_texts.append("x")
     seq.status = "changed"
-    for name in ("hash_map", "parent_hashes", "requests", "counts"):
+    for name in ("hash_map", "requests", "counts"):
         getattr(clone, name)[999] = 999
     clone.tables.clear()
     assert state_equal(timeline.state, before)

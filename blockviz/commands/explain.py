@@ -46,7 +46,7 @@ def execute(args) -> int:
     header = session.header
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"],
-                                    header.get("kv_manager") or "v0")
+                                    header.get("kv_manager") or "v0", header.get("prefix_caching_hash_algo") or "sha256")
     if args.json:
         print(json.dumps([{
             "request_id": x.request_id, "seq_id": x.seq_id, "num_prompt_tokens": x.num_prompt_tokens,

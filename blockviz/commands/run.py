@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option
+from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
 
 
 from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
@@ -28,6 +28,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     add_break_on_option(parser)
     add_guided_option(parser, "default: on for the story, off with --prompt")
+    add_keep_events_option(parser)
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
                              "it does not pre-empt the engine; normal: the UI is scheduled like any process")
@@ -59,7 +60,7 @@ def execute(args) -> int:
     bridge.start()
     guided = args.guided if args.guided is not None else not args.prompts  # the story tells itself
     app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on,
-                      guided=guided)
+                      guided=guided, keep_events=args.keep_events)
     app.run()
     if app.engine_died:  # printed now that the terminal is back
         print(f"blockviz: error: {app.error}", file=sys.stderr)

@@ -76,7 +76,7 @@ class InsightPanel:
         timeline = viz.timeline
         position = timeline.position
         if names:
-            self.insights.sync(timeline.events)  # only the events it has not seen
+            self.insights.sync(timeline)  # only the events it has not seen
         out: dict[str, Any] = {"breaks": {"on": ev.kind_names(viz.player.break_on), "message": self.break_message}}
         if "explain" in names:
             out["explain"] = explain_part(self.insights, position, self.request_to_explain(), timeline.events,
@@ -106,7 +106,7 @@ class InsightPanel:
         viz = self.viz
         with viz._lock:
             self.picked = None if request_id is None else str(request_id)
-            self.insights.sync(viz.timeline.events)
+            self.insights.sync(viz.timeline)
             found = self.insights.explanation_of(self.request_to_explain() or "", viz.position)
         viz._changed()
         return found
@@ -115,7 +115,7 @@ class InsightPanel:
         """The preemptions by the cursor (blockviz.model.insights.Preemption: victim, mode, blocks,
         tokens lost, steps until resumed), what the ledger view draws."""
         with self.viz._lock:
-            self.insights.sync(self.viz.timeline.events)
+            self.insights.sync(self.viz.timeline)
             return self.insights.ledger(self.viz.position)
 
     def go_to_break(self, direction: str) -> ev.Event | None:

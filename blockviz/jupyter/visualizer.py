@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.model.timeline import Timeline
+from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
@@ -113,14 +113,16 @@ class Visualizer(LiveCommands):
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
-             sampling_params: Any = None, scenario: str | None = None) -> "Visualizer":
+             sampling_params: Any = None, scenario: str | None = None,
+             keep_events: int | None = LIVE_MAX_EVENTS) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
         SamplingParams for all, or a list with one per prompt. `scenario="story"` plays the story
         `blockviz run` tells (blockviz/session/scenario.py): its requests arrive as the engine
         steps, on its engine settings unless the options say otherwise (an LLM given keeps its own),
-        sampled as it samples."""
+        sampled as it samples. A long session keeps its last `keep_events` events (None: all),
+        dropping its oldest steps with a notice under the controls."""
         from engine.llm import LLM
 
         spec = None
@@ -141,7 +143,7 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        timeline = Timeline.for_header(header)
+        timeline = Timeline.for_header(header, max_events=keep_events)
         viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling

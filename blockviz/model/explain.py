@@ -21,8 +21,10 @@ from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
+from engine.v1.kv_cache_utils import external_block_hash, get_hash_fn_by_name, hash_block_tokens
 from blockviz.model.reducer import ReducerState
 
+MAX_EVICTIONS_KEPT = 4096  # evictions remembered for "why missed" once a capped timeline drops its front
 HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
@@ -85,12 +87,26 @@ class Explainer:
     BEFORE the event is applied (the cache as the lookup saw it); `explained` grows in order of
     arrival, each with `position`, the number of events fed up to its allocation."""
 
-    def __init__(self, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
         self.caching = enable_prefix_caching
+        self.hashes = _v1_hashes(hash_algo) if kv_manager == "v1" else _v0_hashes
+        self.kv_manager = kv_manager
         self.explained: list[Explanation] = []
         self._pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
         self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
         self._fed = 0
+
+    def rebase(self, shift: int) -> None:
+        """Count positions from `shift` events later (a capped timeline dropped them): the
+        explanations of requests allocated before then, and evictions before its first kept
+        event, are dropped."""
+        self._fed = max(self._fed - shift, 0)
+        self.explained = [e for e in self.explained if e.position > shift]
+        for explanation in self.explained:
+            explanation.position -= shift
+        if len(self._evicted_at) > MAX_EVICTIONS_KEPT:
+            newest = sorted(self._evicted_at.items(), key=lambda item: item[1])[-MAX_EVICTIONS_KEPT:]
+            self._evicted_at = dict(newest)
 
     def feed(self, event: ev.Event, state: ReducerState) -> None:
         self._fed += 1
@@ -100,7 +116,8 @@ class Explainer:
             for seq_id in event.seq_ids:
                 request = self._pending.pop(seq_id, None)
                 if request is not None:
-                    explanation = _explain(request, seq_id, state, self._evicted_at, self.caching)
+                    explanation = _explain(request, seq_id, state, self._evicted_at, self.caching, self.hashes,
+                                           collision_guard=self.kv_manager != "v1")
                     explanation.position = self._fed
                     self.explained.append(explanation)
         elif isinstance(event, ev.BlockEvicted):
@@ -108,28 +125,57 @@ class Explainer:
 
 
 def explain_requests(events, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                     enable_prefix_caching: bool = True, kv_manager: str = "v0") -> list[Explanation]:
+                     enable_prefix_caching: bool = True, kv_manager: str = "v0",
+                     hash_algo: str = "sha256") -> list[Explanation]:
     """An Explanation per request, at its prompt's first allocation, in order of arrival."""
     state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
-    explainer = Explainer(enable_prefix_caching)
+    explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo)
     for event in events:
         explainer.feed(event, state)
         state.apply(event)
     return explainer.explained
 
 
+def _v0_hashes(chunks: list[tuple[int, ...]], size: int) -> list[int | None]:
+    """Each full block's hash as v0's BlockSpaceManager chains it (engine.block_allocator)."""
+    out, parent = [], None
+    for chunk in chunks:
+        parent = compute_block_hash(chunk, parent) if len(chunk) == size else None
+        out.append(parent)
+    return out
+
+
+def _v1_hashes(hash_algo: str):
+    """Each full block's hash as vLLM v1 chains it (hash_block_tokens with the run's algorithm),
+    as its events carry it (external_block_hash)."""
+    hash_fn = get_hash_fn_by_name(hash_algo)
+
+    def hashes(chunks: list[tuple[int, ...]], size: int) -> list[int | None]:
+        out, parent = [], None
+        for chunk in chunks:
+            if len(chunk) < size:
+                out.append(None)
+                continue
+            parent = hash_block_tokens(hash_fn, parent, chunk)
+            out.append(external_block_hash(parent))
+        return out
+
+    return hashes
+
+
 def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted_at: dict[int, int],
-             caching: bool) -> Explanation:
-    """The lookup as the engine makes it (BlockSpaceManager.allocate), against the cache now."""
+             caching: bool, hashes=_v0_hashes, collision_guard: bool = True) -> Explanation:
+    """The lookup as the engine makes it (v0's BlockSpaceManager.allocate, v1's
+    KVCacheManager.get_computed_blocks), against the cache now. Both leave the prompt's last block
+    to be computed (v1: a hit covers at most num_tokens - 1 tokens); v0 also compares a hit's tokens
+    (its collision guard), v1 trusts the hash."""
     size = state.block_size
     tokens = request.prompt_token_ids
     chunks = [tuple(tokens[i:i + size]) for i in range(0, len(tokens), size)]
     explanation = Explanation(request.request_id, seq_id, len(tokens), size)
-    parent: int | None = None
     looking = caching
-    for index, chunk in enumerate(chunks):
+    for index, (chunk, block_hash) in enumerate(zip(chunks, hashes(chunks, size))):
         full = len(chunk) == size
-        block_hash = compute_block_hash(chunk, parent) if full else None
         verdict, block, evicted_by = HIT, None, None
         if not looking:
             verdict = AFTER_A_MISS if caching else CACHING_OFF
@@ -137,7 +183,7 @@ def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted
             verdict = PARTIAL
         else:
             block = state.hash_map.get(block_hash)
-            if block is not None and state.pools["gpu"][block].token_ids != chunk:
+            if collision_guard and block is not None and state.pools["gpu"][block].token_ids != chunk:
                 block = None  # a hash collision is a miss
             if block is None or index == len(chunks) - 1:
                 verdict, evicted_by = _why_missed(chunk, block_hash, block, state, evicted_at)
@@ -145,7 +191,6 @@ def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted
         if verdict != HIT:
             looking = False
         explanation.blocks.append(BlockVerdict(index, chunk, block_hash, verdict, block, evicted_by))
-        parent = block_hash
     return explanation
 
 

@@ -61,8 +61,8 @@ class Card:
     function: str  # the vLLM function that did it
     blocks: tuple[tuple[str, int], ...]  # (device, number) of the blocks involved
     seq_no: int  # the first event of the idea
-    start: int  # the index of that event in the stream
-    position: int  # the cursor where playback stops: just after the idea's last event
+    start: int  # the index of that event in the stream (from its start, dropped events included)
+    position: int  # the cursor where playback stops: just after the idea's last event (the same way)
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -236,11 +236,18 @@ class Guide:
         self._seen: set[str] = set()
         self._open: _Run | None = None
         self._scanned = 0
+        # Events a capped live timeline dropped from its front (Timeline.dropped_events): cards
+        # count positions from the stream's start, the methods below from the timeline's front
+        self.offset = 0
 
-    def scan(self, events: list[ev.Event]) -> None:
-        """Read events[self._scanned:] (the list only ever grows)."""
-        for index in range(self._scanned, len(events)):
-            e = events[index]
+    def scan(self, events: list[ev.Event], offset: int = 0) -> None:
+        """Read what is new in `events`, the stream after its first `offset` events (the list
+        grows; a capped timeline drops its front and says how many in `offset`)."""
+        self.offset = offset
+        if offset > self._scanned and self._open is not None:
+            self._close()  # dropped before it was read to its end
+        for index in range(max(self._scanned, offset), offset + len(events)):
+            e = events[index - offset]
             run = self._open
             if run is not None:
                 if run.follows(run, e):
@@ -255,7 +262,7 @@ class Guide:
                 self._open = _Run(idea, e, follows, [e], index + 1)
                 if follows is _alone:
                     self._close()
-        self._scanned = len(events)
+        self._scanned = max(self._scanned, offset + len(events))
 
     def settle(self) -> None:
         """The stream has ended: close the idea still open."""
@@ -268,21 +275,26 @@ class Guide:
         self.cards.append(card)
         self._positions.append(card.position)
 
+    def stop_of(self, card: Card) -> int:
+        """Where playback stops for `card`, counted from the timeline's front."""
+        return card.position - self.offset
+
     @property
     def open_start(self) -> int | None:
         """Where the idea still being read starts (its first event's index), if one is open."""
         run = self._open
-        return None if run is None else run.end - len(run.events)
+        return None if run is None else run.end - len(run.events) - self.offset
 
     def next_stop(self, start: int, stop: int) -> int | None:
         """The first card position in (start, stop]."""
-        index = bisect.bisect_right(self._positions, start)
-        if index < len(self._positions) and self._positions[index] <= stop:
-            return self._positions[index]
+        index = bisect.bisect_right(self._positions, start + self.offset)
+        if index < len(self._positions) and self._positions[index] <= stop + self.offset:
+            return self._positions[index] - self.offset
         return None
 
     def spanning(self, position: int) -> Card | None:
         """The card whose idea is under way at `position` (past its first event, before its last)."""
+        position += self.offset
         index = bisect.bisect_right(self._positions, position)
         if index < len(self.cards) and self.cards[index].start < position:
             return self.cards[index]
@@ -290,7 +302,7 @@ class Guide:
 
     def card_at(self, position: int) -> Card | None:
         """The card whose stop is `position`, if any."""
-        index = bisect.bisect_left(self._positions, position)
-        if index < len(self._positions) and self._positions[index] == position:
+        index = bisect.bisect_left(self._positions, position + self.offset)
+        if index < len(self._positions) and self._positions[index] == position + self.offset:
             return self.cards[index]
         return None

@@ -83,6 +83,28 @@ class Ledger:
         if isinstance(event, ev.StepFinished):
             self._window, self._announced = [], []
 
+    def rebase(self, shift: int) -> None:
+        """Count positions from `shift` events later (a capped timeline dropped them): entries
+        before then are dropped, unless still waiting to run again."""
+        self._fed -= shift
+        kept = []
+        for entry in self.entries:
+            if entry.position <= shift and entry.resumed_step is not None:
+                continue
+            entry.position = max(entry.position - shift, 0)
+            if entry.resumed_position is not None:
+                entry.resumed_position -= shift
+            entry.swap_positions = tuple((at - shift, count) for at, count in entry.swap_positions)
+            entry.free_positions = tuple((at - shift, block) for at, block in entry.free_positions)
+            kept.append(entry)
+        self.entries = kept
+        self._window = [(at - shift, event) for at, event in self._window]
+
+    def forget_waiting(self) -> None:
+        """Forget the open preemptions: events that would resume them were dropped unseen."""
+        self._waiting.clear()
+        self._window = []
+
     def _preempted(self, event) -> None:
         """A preemption: its moves already in this step's window (traces recorded before the engine
         announced preemptions first) count now, later ones as they come (`_moved`)."""
@@ -225,25 +247,32 @@ class Insights:
     cursor `position` (events applied) and answer as of then, so time travel shows the past."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 enable_prefix_caching: bool = True, kv_manager: str = "v0") -> None:
+                 enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
         from blockviz.model.explain import Explainer
 
         self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
-        self.explainer = Explainer(enable_prefix_caching)
+        self.explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo)
         self._ledger = Ledger()
         self.max_tokens: dict[int, int] = {}
         self.series: list[MemoryPoint] = []
         self._series_ends: list[int] = []  # each point's position, for bisect
         self.fed = 0
+        self.dropped = 0  # events the followed timeline dropped from its front (a capped live one)
 
     @classmethod
     def for_header(cls, header: dict) -> "Insights":
         """For a trace header (or a live engine's): pool sizes and whether prefix caching is on."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                   bool(header.get("enable_prefix_caching", True)), header.get("kv_manager") or "v0")
+                   bool(header.get("enable_prefix_caching", True)), header.get("kv_manager") or "v0",
+                   header.get("prefix_caching_hash_algo") or "sha256")
 
-    def sync(self, events: list) -> None:
-        """Feed events[self.fed:] (the list only ever grows)."""
+    def sync(self, source) -> None:
+        """Feed what it has not seen yet of `source`: a Timeline (whose capped front may have been
+        dropped since: see `_follow_drop`) or a plain list that only ever grows."""
+        events = getattr(source, "events", source)
+        dropped = getattr(source, "dropped_events", 0)
+        if dropped > self.dropped:
+            self._follow_drop(source, dropped - self.dropped)
         state, explainer, ledger = self.state, self.explainer, self._ledger
         for event in events[self.fed:]:
             explainer.feed(event, state)
@@ -257,6 +286,24 @@ class Insights:
                 self.series.append(MemoryPoint(event.step, self.fed, gpu.block_utilization, gpu.token_utilization,
                                                truth.internal_fragmentation, truth.reservation_waste()))
                 self._series_ends.append(self.fed)
+
+    def _follow_drop(self, timeline, shift: int) -> None:
+        """The timeline dropped its oldest `shift` events: keep what is about the events it kept,
+        with positions counted from its new front, and forget the finished requests it forgot. Had
+        not every dropped event been fed, start again from the timeline's first kept state."""
+        self.dropped += shift
+        if self.fed < shift:  # as if fed up to the timeline's new front
+            self.state = timeline.base_state()
+            self.fed = self.explainer._fed = self._ledger._fed = shift
+            self._ledger.forget_waiting()
+        self.fed -= shift
+        self.state.forget_finished()
+        kept = {seq_id for seq_id in self.state.seqs}
+        self.max_tokens = {seq_id: n for seq_id, n in self.max_tokens.items() if seq_id in kept}
+        self.explainer.rebase(shift)
+        self._ledger.rebase(shift)
+        points = [replace(p, position=p.position - shift) for p in self.series if p.position > shift]
+        self.series, self._series_ends = points, [p.position for p in points]
 
     def explanations(self, position: int) -> list:
         """The requests explained by `position` (allocated by then), in order of arrival."""

@@ -227,12 +227,13 @@ def cursor_step(timeline) -> tuple[int, str, int]:
     kind ("scheduling" while its step_started has not come yet; a step's block moves come before
     it) and the index of its first event. Step 0 before any event."""
     position, done = timeline.position, timeline.num_steps_done()
-    if position == 0:
+    if position == 0 and not timeline.dropped_steps:
         return 0, "", 0
     if isinstance(timeline.current_event, ev.StepFinished):
         step, start = done, timeline.step_ends[done - 2] if done >= 2 else 0
     else:
         step, start = done + 1, timeline.step_ends[done - 1] if done >= 1 else 0
+    step += timeline.dropped_steps  # a capped live timeline's dropped steps still count
     state = timeline.state
     return step, state.step_kind if state.step == step else "scheduling", start
 

@@ -120,7 +120,8 @@ class Player:
             stop = timeline.next_of(self.break_on, timeline.position, target)
             spanning = guide.spanning(stop) if guide is not None and stop is not None else None
             # a breakpoint inside a card's idea (its second hit, a preemption's swap-out): its card
-            stops.append(stop if spanning is None else spanning.position if spanning.position <= target else None)
+            card_stop = guide.stop_of(spanning) if spanning is not None else None
+            stops.append(stop if card_stop is None else card_stop if card_stop <= target else None)
         if guide is not None:
             stops.append(guide.next_stop(timeline.position, target))
         stop = min((s for s in stops if s is not None), default=None)
@@ -139,7 +140,7 @@ class Player:
         """The guide, up to date with the timeline (its last idea closed once no more events come)."""
         guide = self.guide
         if guide is not None:
-            guide.scan(self.timeline.events)
+            guide.scan(self.timeline.events, self.timeline.dropped_events)
             if not self.live or self.finished:
                 guide.settle()
         return guide
@@ -202,7 +203,7 @@ class Player:
         candidates = [self.timeline.previous_of(self.break_on) if self.break_on else None]
         guide = self.scan_guide()
         if guide is not None:
-            earlier = [card.position for card in guide.cards if card.position < self.timeline.position]
+            earlier = [stop for card in guide.cards if 0 < (stop := guide.stop_of(card)) < self.timeline.position]
             candidates.append(earlier[-1] if earlier else None)
         target = max((c for c in candidates if c is not None), default=None)
         return self.timeline.seek(target) if target is not None else False

@@ -90,7 +90,6 @@ class ReducerState:
             self.free_queue = list(range(1, num_gpu_blocks))
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
-        self.parent_hashes: dict[int, int | None] = {}
         self.seqs: dict[int, SeqState] = {}
         self.requests: dict[str, tuple[int, ...]] = {}
         self.counts: dict[str, int] = {}
@@ -135,7 +134,24 @@ class ReducerState:
     def size(self) -> int:
         """How many items a snapshot of this state holds: blocks, sequences' tokens, requests."""
         return (sum(map(len, self.pools.values())) + sum(len(seq.token_ids) for seq in self.seqs.values())
-                + len(self.requests) + len(self.parent_hashes))
+                + len(self.requests))
+
+    def forget_finished(self) -> set[str]:
+        """Drop the requests whose every sequence has finished and let go of its blocks (their
+        sequences and figures): what a capped live timeline no longer shows once the events that
+        made them are dropped. Returns their ids."""
+        gone = {request_id for request_id, seq_ids in self.requests.items()
+                if all(self.seqs[s].status == "finished" and not self.tables.get(s) for s in seq_ids if s in self.seqs)}
+        for request_id in gone:
+            self.forget(request_id)
+        return gone
+
+    def forget(self, request_id: str) -> None:
+        """Drop one request and its sequences from the picture (they hold no block any more)."""
+        for seq_id in self.requests.pop(request_id, ()):
+            self.seqs.pop(seq_id, None)
+            self.tables.pop(seq_id, None)
+            self.num_scheduled_tokens.pop(seq_id, None)
 
     def prefix_hit_rate(self) -> float:
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
@@ -229,9 +245,8 @@ class ReducerState:
     def _on_hashed(self, e: ev.BlockHashed) -> None:
         block = self.pools[e.device][e.block]
         block.block_hash = e.block_hash
-        if e.parent_hash is not None or e.block_hash not in self.parent_hashes:
-            self.parent_hashes[e.block_hash] = e.parent_hash
-        block.parent_hash = self.parent_hashes[e.block_hash]
+        if e.parent_hash is not None:  # None: a root block, or one swapped in (its parent came with it)
+            block.parent_hash = e.parent_hash
         block.num_hashed_tokens = e.num_hashed_tokens
         block.registered = e.registered
         if self.kv_manager == "v1":
@@ -443,7 +458,7 @@ class _Snapshot:
 
 _BLOCKS = _Snapshot(BlockState, owners=(tuple, set))
 _SEQS = _Snapshot(SeqState, token_ids=(tuple, list), token_texts=(tuple, list))
-_DICTS = ("hash_map", "parent_hashes", "requests", "counts", "hash_blocks", "num_scheduled_tokens")  # values immutable
+_DICTS = ("hash_map", "requests", "counts", "hash_blocks", "num_scheduled_tokens")  # values immutable
 # How ReducerState.freeze / thaw turn each container attribute into tuples and back.
 _FREEZE = {
     "pools": lambda pools: tuple((device, tuple(map(_BLOCKS.freeze, blocks))) for device, blocks in pools.items()),

@@ -6,6 +6,12 @@ events applied). Seeking forward applies events; seeking back
 restores the nearest snapshot at or before the target and replays from there, so stepping back N
 events and forward N again lands on exactly the same state.
 
+A live timeline may cap what it keeps (`max_events`): once it holds more, it drops its oldest
+whole steps, keeping the state where the kept events begin as its first snapshot, so time travel
+covers what is kept and memory stays bounded however long a session runs. Requests that had
+finished by then are dropped from the picture with their events; `dropped_events`,
+`dropped_steps` and `dropped_requests` count what went, for the views to say so.
+
 Playback on top of it (play, pause, speed, stepping) is blockviz/model/player.py.
 
 No textual import here: this is the model layer, tested without a terminal.
@@ -19,6 +25,9 @@ from engine import events as ev
 from blockviz.model.reducer import ReducerState
 
 SNAPSHOT_EVERY = 256
+MIN_KEPT_EVENTS = 1000  # the smallest cap: a few steps of a busy engine
+LIVE_MAX_EVENTS = 200_000  # what a live session keeps by default (`run --keep-events`, Visualizer.live)
+KEEP_AFTER_DROP = 0.75  # a capped timeline drops down to this share of its cap (steps at a time)
 
 
 def state_equal(a: ReducerState, b: ReducerState) -> bool:
@@ -30,7 +39,8 @@ class Timeline:
     """Events, reducer snapshots, and the state at a cursor."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 snapshot_every: int | None = None, kv_manager: str = "v0") -> None:
+                 snapshot_every: int | None = None, kv_manager: str = "v0",
+                 max_events: int | None = None) -> None:
         self._spaced_by_size = snapshot_every is None  # a given spacing is kept exactly (tests)
         if snapshot_every is None:
             # A snapshot costs about a pool's worth of work and replaying an event far less: one
@@ -39,6 +49,12 @@ class Timeline:
             snapshot_every = max(SNAPSHOT_EVERY, 4 * (num_gpu_blocks + num_cpu_blocks))
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        if max_events is not None and max_events < MIN_KEPT_EVENTS:
+            raise ValueError(f"max_events must be at least {MIN_KEPT_EVENTS}, got {max_events}")
+        self.max_events = max_events
+        self.dropped_events = 0  # events dropped from the front (a capped live timeline)
+        self.dropped_steps = 0
+        self.dropped_requests = 0
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
@@ -56,10 +72,11 @@ class Timeline:
         self.token_texts: dict[int, str] = {}  # token id -> its text piece, from every event seen
 
     @classmethod
-    def for_header(cls, header: dict, snapshot_every: int | None = None) -> "Timeline":
+    def for_header(cls, header: dict, snapshot_every: int | None = None,
+                   max_events: int | None = None) -> "Timeline":
         """An empty timeline for a run with this trace header (a live engine's, or a trace's)."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], snapshot_every,
-                   header.get("kv_manager") or "v0")
+                   header.get("kv_manager") or "v0", max_events)
 
     @classmethod
     def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":
@@ -86,6 +103,62 @@ class Timeline:
             note = _NOTES.get(type(event))
             if note is not None:
                 note(self, event)
+        if self.max_events is not None and len(self.events) > self.max_events:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """Drop the oldest steps until at most KEEP_AFTER_DROP of the cap is kept (at a step's end
+        where one falls in range). The state where the kept events begin, less the requests that
+        had finished by then, becomes snapshot 0; later snapshots forget the same requests; the
+        cursor keeps its event, or goes to the first kept one if its event was dropped."""
+        total = len(self.events)
+        least, most = total - self.max_events, total - int(self.max_events * KEEP_AFTER_DROP)
+        index = bisect.bisect_right(self.step_ends, most) - 1
+        cut = self.step_ends[index] if index >= 0 and self.step_ends[index] >= least else most
+        base = self._state_at(cut)
+        gone = base.forget_finished()
+        snapshots = {0: base.freeze()}
+        for at in self._snapshot_at:
+            if at > cut:
+                later = ReducerState.thaw(self._snapshots[at])
+                for request_id in gone:
+                    later.forget(request_id)
+                snapshots[at - cut] = later.freeze()
+        self._snapshots, self._snapshot_at = snapshots, sorted(snapshots)
+        self._next_snapshot = max(self._next_snapshot - cut, 1)
+        if self.position >= cut:
+            for request_id in gone:
+                self.state.forget(request_id)
+            self.position -= cut
+        else:
+            self.state, self.position = ReducerState.thaw(snapshots[0]), 0
+        steps = bisect.bisect_right(self.step_ends, cut)
+        self.step_ends = [end - cut for end in self.step_ends[steps:]]
+        self._step_stats = self._step_stats[steps:]
+        self.events = self.events[cut:]  # a new list: views keyed on the old one start over
+        self.dropped_events += cut
+        self.dropped_steps += steps
+        self.dropped_requests += len(gone)
+
+    def _state_at(self, position: int) -> ReducerState:
+        """A fresh copy of the state after `position` events (the cursor does not move)."""
+        index = bisect.bisect_right(self._snapshot_at, position) - 1
+        base = self._snapshot_at[index]
+        return ReducerState.thaw(self._snapshots[base]).apply_all(self.events[base:position])
+
+    def base_state(self) -> ReducerState:
+        """A fresh copy of the state where the kept events begin (the empty pools, uncapped)."""
+        return ReducerState.thaw(self._snapshots[0])
+
+    def dropped_note(self, brief: bool = False) -> str:
+        """What a capped timeline dropped, in words ("" when nothing); `brief`: only the steps."""
+        if not self.dropped_events:
+            return ""
+        steps = "step 1" if self.dropped_steps == 1 else f"steps 1-{self.dropped_steps}"
+        if brief:
+            return f"{steps} dropped"
+        return (f"{steps} dropped ({self.dropped_requests} finished request{'' if self.dropped_requests == 1 else 's'}): "
+                f"a live session keeps its last {self.max_events:,} events")
 
     def _step_finished(self, event: ev.StepFinished) -> None:
         self.step_ends.append(len(self.events))

@@ -65,9 +65,10 @@ class EngineSession:
     """
 
     def __init__(self, spec: EngineSpec | None = None, *, engine: Any = None,
-                 make_engine: Callable[[], Any] | None = None) -> None:
+                 make_engine: Callable[[], Any] | None = None, keep_finished: int | None = None) -> None:
         """Build the engine from `spec` (loads the model: seconds), or with `make_engine()`, or
-        take `engine` as built (tests; several engines over one loaded model)."""
+        take `engine` as built (tests; several engines over one loaded model). `keep_finished`
+        bounds `finished` to the newest outputs (a long live session; None keeps every one)."""
         self.spec = spec if spec is not None else EngineSpec()
         if engine is None:
             engine = (make_engine or self.spec.make_engine)()
@@ -75,6 +76,7 @@ class EngineSession:
         self.header = trace_header(engine)
         self.num_steps = 0  # engine steps this session took
         self.finished: dict[str, Any] = {}  # request id -> its final RequestOutput
+        self.keep_finished = keep_finished
         self._pending = list(self.spec.arrivals)  # arrivals not queued yet
         self._digests_per_step = True
         self._buffer: list[Event] = []
@@ -123,6 +125,9 @@ class EngineSession:
             for output in outputs:
                 if output.finished:
                     self.finished[output.request_id] = output
+            if self.keep_finished is not None:
+                for request_id in list(self.finished)[:max(0, len(self.finished) - self.keep_finished)]:
+                    del self.finished[request_id]
         self._admit_arrivals()
         return outputs
 

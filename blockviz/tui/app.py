@@ -20,7 +20,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Label, LoadingIndicator, Static
 
-from blockviz.model.timeline import Timeline
+from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
 from blockviz.model.guide import Guide
@@ -61,7 +61,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def __init__(self, *, trace: Trace | None = None, bridge: Bridge | None = None, projector: bool = False,
                  deterministic: bool = False, source_name: str = "", play: bool | None = None,
-                 break_on: frozenset[str] = frozenset(), guided: bool = False) -> None:
+                 break_on: frozenset[str] = frozenset(), guided: bool = False,
+                 keep_events: int | None = LIVE_MAX_EVENTS) -> None:
         if (trace is None) == (bridge is None):
             raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
         super().__init__()
@@ -72,6 +73,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.autoplay = bridge is not None if play is None else play  # live runs play once ready
         self.break_on = break_on  # event kinds playback stops at (chosen); else ] plays to the guide's kinds
         self.guided = guided  # playback stops at each idea's first occurrence with a card (blockviz/model/guide.py)
+        self.keep_events = keep_events  # a live timeline's cap (None: keep every event)
         self.controller: PlaybackController | None = None  # once the timeline exists
         self.insights: Insights | None = None  # the explainer, ledger and memory series, with it
         self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
@@ -80,6 +82,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.error: str | None = None
         self.engine_died = False  # the engine stopped mid-run: the app exits 1 with self.error
         self.note = ""
+        self._said_dropped = False
         self._gc = GcPolicy()
         self.set_reactive(BlockvizApp.projector, projector)
 
@@ -161,7 +164,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         h = self.header = dict(message.header)
-        self._start(Timeline.for_header(h), live=True)
+        self._start(Timeline.for_header(h, max_events=self.keep_events), live=True)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.error = message.error
@@ -211,7 +214,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         card = player.card
         marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
         counts = self._main.show_pools(timeline, marked)
-        insights.sync(timeline.events)
+        insights.sync(timeline)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
             self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth,
@@ -219,6 +222,11 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         cards = player.guide.cards if player.guide is not None else []
         self._card.show(card, cards.index(card) + 1 if card is not None else 0, len(cards))
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
+        if timeline.dropped_events:  # a long live session's cap: said on the status line, and once in full
+            note = " · ".join(filter(None, (timeline.dropped_note(brief=True), note)))
+            if not self._said_dropped:
+                self._said_dropped = True
+                self.notify(timeline.dropped_note() + " (run --keep-events N keeps more)", timeout=8)
         if card is not None:
             note = ""  # the card says it
         elif player.stopped_at is not None and timeline.current_event is player.stopped_at:

@@ -22,6 +22,8 @@ from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 from engine.events import Event
 
+KEEP_FINISHED = 1000  # finished outputs the live engine keeps (the TUI shows their text from the events)
+
 
 def leave_a_core_for_the_ui(device: str | None) -> None:
     """On the CPU, give torch one intra-op thread fewer than cores, so the UI thread keeps a core.
@@ -178,7 +180,7 @@ class EngineBridge:
             quiet_model_loading()
             if self.share_cores:
                 leave_a_core_for_the_ui(spec.config.device)
-            session = EngineSession(spec, make_engine=self._make_engine)
+            session = EngineSession(spec, make_engine=self._make_engine, keep_finished=KEEP_FINISHED)
         except Exception as exc:  # noqa: BLE001 - a load failure ends the app with one line
             listener.failed(one_line(exc))
             return None

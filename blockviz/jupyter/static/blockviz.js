@@ -326,8 +326,9 @@ function renderControls(model, el) {
   const where = h("span", { class: "bv-where" });
   const current = h("div", { class: "bv-current-event" });
   const error = h("div", { class: "bv-error", hidden: true });
+  const dropped = h("div", { class: "bv-dropped", hidden: true });
   bar.append(speed, slider, where);
-  el.append(title, bar, current, error);
+  el.append(title, bar, current, error, dropped);
   let speedsShown = "";
   return (frame) => {
     const c = frame.cursor;
@@ -352,6 +353,8 @@ function renderControls(model, el) {
     current.dataset.type = c.current_type;
     error.textContent = c.error;
     error.hidden = !c.error;
+    dropped.textContent = c.dropped || "";
+    dropped.hidden = !c.dropped;
   };
 }
 
