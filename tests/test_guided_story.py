@@ -266,3 +266,15 @@ def test_the_guide_counts_from_a_capped_timelines_front():
     assert guide.next_stop(0, len(events) - cut) == swap_out.position - cut
     assert guide.card_at(swap_out.position - cut) == swap_out and guide.stop_of(swap_out) == swap_out.position - cut
     assert guide.spanning(swap_out.start + 1 - cut) in (None, swap_out)
+
+
+def test_a_replay_of_the_story_is_guided_by_default(story_trace_path):
+    from blockviz.cli import build_parser
+    from blockviz.commands.replay import is_story
+
+    assert is_story(load_trace(story_trace_path).header)
+    assert not is_story(load_trace("fork-cow").header)
+    parser = build_parser()
+    assert parser.parse_args(["replay", "fork-cow"]).guided is None  # the default: on for the story
+    assert parser.parse_args(["replay", "fork-cow", "--guided"]).guided is True
+    assert parser.parse_args(["run", "--no-guided"]).guided is False
