@@ -80,7 +80,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     prompts = d.get("prompts_help") or " / ".join(DEFAULT_PROMPTS)
     parser.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                         help=f"a prompt; repeat for several requests (default: {prompts})")
-    parser.add_argument("--n", type=_positive("--n"), default=d["n"],
+    parser.add_argument("--n", type=_positive("--n"), default=d["n"], action=_GivenChoice,
                         help="completions per prompt; n > 1 forks the sequence (copy-on-write)")
     parser.add_argument("--max-tokens", type=_positive("--max-tokens"), default=d["max_tokens"],
                         help=f"tokens to generate per completion (default {d['max_tokens']})")
@@ -143,6 +143,14 @@ def add_break_on_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--break-on", type=kinds, default=frozenset(), metavar="KINDS",
                         help="stop playback at each event of these kinds (comma-separated, e.g. "
                              "copy_on_write,swap_out); in the app ] plays on to the next, [ goes back, B changes them")
+
+
+def add_guided_option(parser: argparse.ArgumentParser, default_text: str) -> None:
+    """--guided / --no-guided for the TUI commands: playback stops at each idea's first occurrence
+    (a fork, a copy-on-write, a prefix hit, a swap, an eviction...) with a card that explains it."""
+    parser.add_argument("--guided", action=argparse.BooleanOptionalAction, default=None,
+                        help="stop at the first fork, copy-on-write, prefix hit, swap out / in, recompute, "
+                             f"eviction and request that can never run, each with a card saying why ({default_text})")
 
 
 def add_keep_events_option(parser: argparse.ArgumentParser) -> None:

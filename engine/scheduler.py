@@ -266,25 +266,26 @@ class Scheduler:
 
     def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str,
                  mode: PreemptionMode | None = None) -> PreemptionMode:
+        """vLLM v0 Scheduler._preempt: swap the group out (_preempt_by_swap) or free its blocks to
+        compute again (_preempt_by_recompute). `Preempted` is emitted first, the cause before its
+        effects: the swap-out and the frees it causes come after it in the event stream."""
         mode = mode or self.preemption_mode_for(group)
         seqs = group.get_seqs(SequenceStatus.RUNNING)
         outputs.num_preempted += 1
+        lost = 0 if mode is PreemptionMode.SWAP else sum(seq.num_computed_tokens for seq in seqs)
+        if self.events.active:
+            self.events.emit(Preempted, request_id=group.request_id, seq_ids=tuple(s.seq_id for s in seqs),
+                             mode=mode.value, reason=reason, num_tokens_lost=lost)
         if mode is PreemptionMode.SWAP:
             outputs.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in seqs:
                 seq.status = SequenceStatus.SWAPPED
             self.swapped.append(group)
-            lost = 0
         else:
-            lost = 0
             for seq in seqs:
-                lost += seq.num_computed_tokens
                 self.block_manager.free(seq)
                 seq.reset_for_recompute()
             self.waiting.appendleft(group)
-        if self.events.active:
-            self.events.emit(Preempted, request_id=group.request_id, seq_ids=tuple(s.seq_id for s in seqs),
-                             mode=mode.value, reason=reason, num_tokens_lost=lost)
         return mode
 
     def preempt(self, request_id: str, mode: PreemptionMode = PreemptionMode.SWAP) -> list[tuple[int, int]]:

@@ -98,7 +98,7 @@ async def test_the_memory_line_and_sparklines_are_the_figures_at_the_cursor():
             assert status_lines(app)[1].startswith(memory_line(truth))
             text = panel_text(app, "memory")
             assert memory_line(truth) in " ".join(text.split())
-            spark = next(line for line in text.splitlines() if line.startswith("GPU blocks in use"))
+            spark = [line for line in text.splitlines() if line.startswith("GPU blocks in use")][-1]  # after the memory line
             bars = spark.split()[-2]  # one glyph per step so far (the panel is wide enough)
             assert len(bars) == steps
             assert spark.split()[-1] == f"{truth.pools['gpu'].block_utilization:.0%}"

@@ -6,7 +6,7 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
-from blockviz.cli import UsageError, add_break_on_option
+from blockviz.cli import UsageError, add_break_on_option, add_guided_option
 from blockviz.model.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 
@@ -18,6 +18,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("trace", metavar="FILE.jsonl", help="a trace file, or the name of a shipped trace")
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     add_break_on_option(parser)
+    add_guided_option(parser, "default: on for a recording of the story, else off")
 
 
 def check(args):
@@ -32,10 +33,20 @@ def check(args):
         raise UsageError(str(exc)) from None
 
 
+def is_story(header: dict) -> bool:
+    """Whether a trace records `blockviz run`'s story (its arrivals are the story's)."""
+    from blockviz.session.scenario import DEFAULT_SCENARIO
+
+    arrivals = header.get("arrivals") or []
+    return [a.get("prompt") for a in arrivals if isinstance(a, dict)] == [a.prompt for a in DEFAULT_SCENARIO]
+
+
 def execute(args) -> int:
     path, trace = check(args)
     from blockviz.tui.app import BlockvizApp
 
-    app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name, break_on=args.break_on)
+    guided = args.guided if args.guided is not None else is_story(trace.header)
+    app = BlockvizApp(trace=trace, projector=args.projector, source_name=path.name, break_on=args.break_on,
+                      guided=guided)
     app.run()
     return app.return_code or 0

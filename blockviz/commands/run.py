@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_keep_events_option
+from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
 
 
 from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS, DEFAULT_V1_SCENARIO, V1_TOKEN_BUDGET
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, **RUN_DEFAULTS)
     parser.add_argument("--projector", action="store_true", help="big cells, high contrast, fewer panels")
     add_break_on_option(parser)
+    add_guided_option(parser, "default: on for the story, off with --prompt")
     add_keep_events_option(parser)
     parser.add_argument("--ui-priority", choices=("idle", "normal"), default="idle",
                         help="idle (default, Linux): the UI runs only on CPU time nothing else wants, so "
@@ -39,6 +40,9 @@ def check(args, *, device: bool = True):
     the EngineSpec. `blockviz serve run` calls it too."""
     from blockviz.session.spec import EngineSpec
 
+    if getattr(args, "n_given", False) and not args.prompts:
+        raise UsageError(f"--n {args.n} applies to --prompt requests: the story's requests set their own "
+                         "(give --prompt TEXT, or leave out --n)")
     v1 = args.kv_manager == "v1"  # vLLM v1 tells its own story (scenario.DEFAULT_V1_SCENARIO)
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_V1_SCENARIO if v1 else DEFAULT_SCENARIO)
     if v1 and spec.arrivals:
@@ -59,8 +63,9 @@ def execute(args) -> int:
     # is ready, an idle UI leaves the cores to it (the engine process keeps the normal policy).
     bridge = ProcessBridge(spec, leave_cores_once_ready=args.ui_priority == "idle")
     bridge.start()
+    guided = args.guided if args.guided is not None else not args.prompts  # the story tells itself
     app = BlockvizApp(bridge=bridge, projector=args.projector, source_name=spec.model, break_on=args.break_on,
-                      keep_events=args.keep_events)
+                      guided=guided, keep_events=args.keep_events)
     app.run()
     if app.engine_died:  # printed now that the terminal is back
         print(f"blockviz: error: {app.error}", file=sys.stderr)

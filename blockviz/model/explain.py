@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
@@ -71,7 +72,7 @@ class Explanation:
     def lines(self) -> list[str]:
         """The explanation as text, one line per block and a summary line."""
         out = [f"request {self.request_id} (seq {self.seq_id}): {self.num_prompt_tokens} prompt tokens, "
-               f"{len(self.blocks)} blocks of {self.block_size}"]
+               f"{plural(len(self.blocks), 'block')} of {self.block_size}"]
         for b in self.blocks:
             digest = f"#{short_hash(b.block_hash)}" if b.block_hash is not None else "(no hash)"
             what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
@@ -80,8 +81,7 @@ class Explanation:
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
         miss = self.first_miss
         reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""
-        blocks = "block" if self.num_hit_blocks == 1 else "blocks"
-        out.append(f"  prefix hit: {self.num_hit_blocks} {blocks}, {self.num_hit_tokens} tokens{reason}")
+        out.append(f"  prefix hit: {plural(self.num_hit_blocks, 'block')}, {plural(self.num_hit_tokens, 'token')}{reason}")
         return out
 
 

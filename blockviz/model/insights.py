@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
+from blockviz.model.narration import plural
 from blockviz.model.reducer import USED, ReducerState
 from engine import events as ev
 
@@ -36,6 +37,19 @@ class Preemption:
     resumed_step: int | None = None  # the step at which it ran again
     position: int = 0  # events fed up to and including the preempted event (Ledger)
     resumed_position: int | None = None  # events fed up to its resuming step_started
+    # Where its moves came (events fed up to each): the engine announces a preemption before its
+    # swap-out and frees, so a cursor between them has seen only some (old traces: all before).
+    swap_positions: tuple[tuple[int, int], ...] = ()  # (position, blocks swapped out)
+    free_positions: tuple[tuple[int, int], ...] = ()  # (position, GPU block freed)
+
+    def as_of(self, position: int) -> "Preemption":
+        """This preemption as a cursor at `position` sees it: the moves made by then, resumed or not."""
+        swapped = [count for at, count in self.swap_positions if at <= position]
+        freed = {block for at, block in self.free_positions if at <= position}
+        resumed = self.resumed_position is not None and self.resumed_position <= position
+        return replace(self, blocks_swapped=swapped[-1] if swapped else 0, blocks_freed=len(freed),
+                       resumed_step=self.resumed_step if resumed else None,
+                       resumed_position=self.resumed_position if resumed else None)
 
     @property
     def steps_until_resumed(self) -> int | None:
@@ -49,7 +63,8 @@ class Ledger:
         self.entries: list[Preemption] = []
         self._step = 0
         self._fed = 0
-        self._window: list = []  # events since the last step ended: where a preemption's moves are
+        self._window: list = []  # (position, event) since the last step ended: where a preemption's moves are
+        self._announced: list[Preemption] = []  # the preemptions announced since the last step ended
         self._waiting: dict[int, Preemption] = {}  # seq_id -> its open preemption
 
     def feed(self, event) -> None:
@@ -62,9 +77,11 @@ class Ledger:
                     entry.resumed_step, entry.resumed_position = self._step, self._fed
         elif isinstance(event, ev.Preempted):
             self._preempted(event)
-        self._window.append(event)
+        elif isinstance(event, (ev.SwappedOut, ev.BlockFreed)):
+            self._moved(event)
+        self._window.append((self._fed, event))
         if isinstance(event, ev.StepFinished):
-            self._window = []
+            self._window, self._announced = [], []
 
     def rebase(self, shift: int) -> None:
         """Count positions from `shift` events later (a capped timeline dropped them): entries
@@ -77,8 +94,11 @@ class Ledger:
             entry.position = max(entry.position - shift, 0)
             if entry.resumed_position is not None:
                 entry.resumed_position -= shift
+            entry.swap_positions = tuple((at - shift, count) for at, count in entry.swap_positions)
+            entry.free_positions = tuple((at - shift, block) for at, block in entry.free_positions)
             kept.append(entry)
         self.entries = kept
+        self._window = [(at - shift, event) for at, event in self._window]
 
     def forget_waiting(self) -> None:
         """Forget the open preemptions: events that would resume them were dropped unseen."""
@@ -86,14 +106,38 @@ class Ledger:
         self._window = []
 
     def _preempted(self, event) -> None:
-        seqs, window = set(event.seq_ids), self._window
-        swapped = [e for e in window if isinstance(e, ev.SwappedOut) and e.request_id == event.request_id]
-        freed = {e.block for e in window if isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in seqs}
+        """A preemption: its moves already in this step's window (traces recorded before the engine
+        announced preemptions first) count now, later ones as they come (`_moved`)."""
         entry = Preemption(event.seq_no, self._step, event.request_id, event.seq_ids, event.mode, event.reason,
-                           len(swapped[-1].mapping) if swapped else 0, len(freed), event.num_tokens_lost,
-                           position=self._fed)
+                           0, 0, event.num_tokens_lost, position=self._fed)
         self.entries.append(entry)
+        self._announced.append(entry)
         self._waiting.update(dict.fromkeys(event.seq_ids, entry))
+        for position, moved in self._window:
+            self._count_move(entry, moved, position)
+        self._settle(entry)
+
+    def _moved(self, event) -> None:
+        """A swap-out or a free after a preemption announced in this step: one of its moves."""
+        for entry in reversed(self._announced):
+            if self._count_move(entry, event, self._fed):
+                self._settle(entry)
+                return
+
+    def _settle(self, entry: Preemption) -> None:
+        """The entry's totals: every move counted so far."""
+        moved = entry.as_of(self._fed)
+        entry.blocks_swapped, entry.blocks_freed = moved.blocks_swapped, moved.blocks_freed
+
+    @staticmethod
+    def _count_move(entry: Preemption, event, position: int) -> bool:
+        if isinstance(event, ev.SwappedOut) and event.request_id == entry.request_id:
+            entry.swap_positions += ((position, len(event.mapping)),)
+            return True
+        if isinstance(event, ev.BlockFreed) and event.device == "gpu" and event.seq_id in entry.seq_ids:
+            entry.free_positions += ((position, event.block),)
+            return True
+        return False
 
 
 def preemption_ledger(events) -> list[Preemption]:
@@ -271,9 +315,7 @@ class Insights:
 
     def ledger(self, position: int) -> list[Preemption]:
         """The preemptions by `position`; one that resumed later shows as not resumed yet."""
-        return [e if e.resumed_position is None or e.resumed_position <= position
-                else replace(e, resumed_step=None, resumed_position=None)
-                for e in self._ledger.entries if e.position <= position]
+        return [e.as_of(position) for e in self._ledger.entries if e.position <= position]
 
     def memory_series(self, position: int) -> list[MemoryPoint]:
         """The memory figures at each step end by `position`."""
@@ -285,9 +327,9 @@ def ledger_totals(entries: list[Preemption]) -> str:
     if not entries:
         return "no preemptions"
     swaps = [e for e in entries if e.mode == "swap"]
-    text = f"preemptions {len(entries)}: {len(swaps)} swap ({sum(e.blocks_swapped for e in swaps)} blocks out)"
+    text = f"preemptions {len(entries)}: {len(swaps)} swap ({plural(sum(e.blocks_swapped for e in swaps), 'block')} out)"
     recomputes = [e for e in entries if e.mode != "swap"]
     if recomputes:
-        text += f", {len(recomputes)} recompute ({sum(e.tokens_lost for e in recomputes)} tokens lost)"
+        text += f", {len(recomputes)} recompute ({plural(sum(e.tokens_lost for e in recomputes), 'token')} lost)"
     waiting = sum(e.resumed_step is None for e in entries)
     return text + (f", {waiting} waiting" if waiting else "")

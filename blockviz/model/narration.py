@@ -192,9 +192,10 @@ def _scheduled_means(e: ev.TokensScheduled, state: ReducerState) -> str:
 
 
 def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
+    """Said at the preempted event, before its moves: the scheduler's decision, not its effects."""
     if e.mode == "swap":
-        return "its blocks go to the CPU pool and come back later"
-    return f"its blocks are freed and {plural(e.num_tokens_lost, 'token')} must be computed again"
+        return "it gives way, its K/V kept for later (swap)"
+    return f"it gives way, {plural(e.num_tokens_lost, 'computed token')} to compute again (recompute)"
 
 
 _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
@@ -214,9 +215,80 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.Preempted: _preempted_means,
     ev.TokensScheduled: _scheduled_means,
     ev.KVDigest: lambda e, state: "a fingerprint of the real tensors",
-    ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')} of {len(state.pools['gpu'])} "
-                                       f"GPU blocks in use"),
+    ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')}/{len(state.pools['gpu'])} GPU blocks used"),
 }
+
+
+# ---------------------------------------------------------------------------------- per step
+
+
+def cursor_step(timeline) -> tuple[int, str, int]:
+    """The engine step whose events are at the cursor of `timeline` (a Timeline): its number, its
+    kind ("scheduling" while its step_started has not come yet; a step's block moves come before
+    it) and the index of its first event. Step 0 before any event."""
+    position, done = timeline.position, timeline.num_steps_done()
+    if position == 0 and not timeline.dropped_steps:
+        return 0, "", 0
+    if isinstance(timeline.current_event, ev.StepFinished):
+        step, start = done, timeline.step_ends[done - 2] if done >= 2 else 0
+    else:
+        step, start = done + 1, timeline.step_ends[done - 1] if done >= 1 else 0
+    step += timeline.dropped_steps  # a capped live timeline's dropped steps still count
+    state = timeline.state
+    return step, state.step_kind if state.step == step else "scheduling", start
+
+
+def narrate_step(timeline) -> str:
+    """What the step at the cursor did up to the cursor, in one sentence: "step 12 decode: 4 tokens;
+    seq 1 copied block 9 on write (→ 10); 2 new blocks". Playback at speed says this rather than
+    every event; at a step's end it names the whole step."""
+    step, kind, start = cursor_step(timeline)
+    if step == 0:
+        return ""
+    events = timeline.events[start:timeline.position]
+    done = isinstance(timeline.current_event, ev.StepFinished)
+    parts = [part for e in events if (part := _step_part(e)) is not None]
+    counts = [(kind_, count) for kind_, count in _step_counts(events) if count]
+    said = parts + [plural(count, word) + rest for (word, rest), count in counts]
+    head = f"step {step} {kind}".rstrip() + ("" if done or kind == "scheduling" else " so far")
+    return f"{head}: " + "; ".join(said) if said else head
+
+
+_COUNTED = (  # events a step summary counts rather than names: (word, rest of the phrase)
+    (ev.TokenGenerated, ("token", "")),
+    (ev.BlockAllocated, ("new block", "")),
+    (ev.PrefixCacheHit, ("prefix-cache hit", "")),
+    (ev.BlockEvicted, ("cached block", " evicted")),
+)
+
+
+def _step_counts(events) -> list[tuple[tuple[str, str], int]]:
+    counts = {cls: 0 for cls, _ in _COUNTED}
+    freed = 0
+    for e in events:
+        if type(e) in counts:
+            counts[type(e)] += 1
+        elif isinstance(e, ev.BlockFreed) and e.ref_count == 0 and e.device == "gpu":
+            freed += 1
+    return [(words, counts[cls]) for cls, words in _COUNTED] + [(("GPU block", " freed"), freed)]
+
+
+def _step_part(e: ev.Event) -> str | None:
+    """The events a step summary names one by one."""
+    if isinstance(e, ev.CopyOnWrite):
+        return f"seq {e.seq_id} copied block {e.src_block} on write (→ {e.dst_block})"
+    if isinstance(e, ev.Forked):
+        return f"seq {e.parent_seq_id} forked seq {e.child_seq_id} (sharing {plural(len(e.blocks), 'block')})"
+    if isinstance(e, ev.Preempted):
+        return f"request {e.request_id} preempted by {e.mode}"
+    if isinstance(e, (ev.SwappedOut, ev.SwappedIn)):
+        moved = "swapped out" if isinstance(e, ev.SwappedOut) else "swapped in"
+        return f"request {e.request_id} {moved} ({plural(len(e.mapping), 'block')})"
+    if isinstance(e, ev.RequestAdded):
+        return f"request {e.request_id} arrived"
+    if isinstance(e, ev.SequenceFinished):
+        return f"seq {e.seq_id} finished ({e.reason})"
+    return None
 
 
 # ---------------------------------------------------------------------------------- the log's filters

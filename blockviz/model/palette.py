@@ -39,13 +39,15 @@ def block_tint(device: str, number: int, shade: int = 0) -> str:
 
 def show_token(text: str) -> str:
     """A token's text with spaces, newlines and tabs made visible ('·', '⏎', '⇥'); byte-level BPE
-    markers (Ġ, Ċ) and control characters never reach the screen raw."""
+    markers (Ġ, Ċ), control characters and U+FFFD never reach the screen raw."""
     out = []
     for ch in text:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
         elif ord(ch) < 32 or ch == "\x7f":
             out.append(f"\\x{ord(ch):02x}")
+        elif ch == "\ufffd":  # part of a multi-byte character (an old trace's text): never drawn as �
+            out.append("◌")
         else:
             out.append(ch)
     return "".join(out) or "∅"

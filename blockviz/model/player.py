@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from blockviz.model.guide import GUIDE_KINDS, Guide
 from blockviz.model.timeline import Timeline
 from engine import events as ev
 
 SPEEDS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0, math.inf)  # events per second
 DEFAULT_SPEED_INDEX = 4  # 25 events/s
+# Guided playback slows to a stop: within GUIDE_SLOW_EVENTS of a card it plays at most GUIDE_SLOW_SPEED.
+GUIDE_SLOW_EVENTS = 6
+GUIDE_SLOW_SPEED = 4.0
 
 
 @dataclass(slots=True)
@@ -41,9 +45,29 @@ class Player:
         self.lookahead = lookahead
         self.pending: Pending | None = None
         self.finished = False  # a live engine said it has nothing left to run
-        self.break_on: frozenset[type[ev.Event]] = frozenset()  # event records playback stops at (breakpoints)
+        # Breakpoints: the event records `]` plays to (`default_breaks`: the TUI's are the guide's);
+        # once chosen (`break_on = ...`: --break-on, B) playing stops at them too
+        self._break_on: frozenset[type[ev.Event]] = frozenset()
+        self.play_stops_at_breaks = False
+        self.to_break = False  # `]` is playing to the next breakpoint
         self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
+        self.guide: Guide | None = None  # guided playback: stops at each card (blockviz/model/guide.py)
         self._budget = 0.0
+
+    @property
+    def break_on(self) -> frozenset[type[ev.Event]]:
+        return self._break_on
+
+    @break_on.setter
+    def break_on(self, kinds: frozenset[type[ev.Event]]) -> None:
+        """Chosen breakpoints: `]` plays to them, and playing stops at them."""
+        self._break_on = frozenset(kinds)
+        self.play_stops_at_breaks = True
+
+    def default_breaks(self, kinds: frozenset[type[ev.Event]] = GUIDE_KINDS) -> None:
+        """Breakpoints nobody chose: `]` plays to them, playing does not stop at them."""
+        self._break_on = frozenset(kinds)
+        self.play_stops_at_breaks = False
 
     # ------------------------------------------------------------------ speed and play
 
@@ -68,27 +92,42 @@ class Player:
 
     def toggle_play(self) -> bool:
         self.playing = not self.playing
+        self.to_break = False
         self._budget = 0.0
         if self.playing and not self.live and self.timeline.at_end:
             self.timeline.seek(0)  # replay again from the start
         return self.playing
 
     def tick(self, dt: float) -> bool:
-        """Advance playback by `dt` seconds of wall time; returns whether the cursor moved."""
+        """Advance playback by `dt` seconds of wall time; returns whether the cursor moved. Guided,
+        it slows near a card and stops on it; it stops at breakpoints when `]` asked or when they
+        were chosen."""
         if not self.playing:
             return False
         timeline = self.timeline
+        guide = self.scan_guide()
         if math.isinf(self.speed):
             target = len(timeline)
         else:
-            self._budget += self.speed * dt
+            self._budget += self._speed_near_card(guide) * dt
             count = int(self._budget)
             self._budget -= count
             target = min(timeline.position + count, len(timeline))
-        stop = timeline.next_of(self.break_on, timeline.position, target) if self.break_on else None
+        if guide is not None and guide.open_start is not None:
+            target = min(target, guide.open_start)  # an idea still arriving: wait for its last event
+        stops = []
+        if self.break_on and (self.to_break or self.play_stops_at_breaks):
+            stop = timeline.next_of(self.break_on, timeline.position, target)
+            spanning = guide.spanning(stop) if guide is not None and stop is not None else None
+            # a breakpoint inside a card's idea (its second hit, a preemption's swap-out): its card
+            card_stop = guide.stop_of(spanning) if spanning is not None else None
+            stops.append(stop if card_stop is None else card_stop if card_stop <= target else None)
+        if guide is not None:
+            stops.append(guide.next_stop(timeline.position, target))
+        stop = min((s for s in stops if s is not None), default=None)
         moved = timeline.seek(stop if stop is not None else target) if target != timeline.position else False
         if stop is not None:
-            self.playing = False
+            self.playing = self.to_break = False
             self.stopped_at = timeline.current_event
             return moved
         if timeline.at_end and not self.live:
@@ -96,6 +135,29 @@ class Player:
         if timeline.at_end and self.live and self.finished:
             self.playing = False
         return moved
+
+    def scan_guide(self) -> Guide | None:
+        """The guide, up to date with the timeline (its last idea closed once no more events come)."""
+        guide = self.guide
+        if guide is not None:
+            guide.scan(self.timeline.events, self.timeline.dropped_events)
+            if not self.live or self.finished:
+                guide.settle()
+        return guide
+
+    def _speed_near_card(self, guide: Guide | None) -> float:
+        position = self.timeline.position
+        if guide is None or guide.next_stop(position, position + GUIDE_SLOW_EVENTS) is None:
+            return self.speed
+        return min(self.speed, GUIDE_SLOW_SPEED)
+
+    @property
+    def card(self):
+        """The guide's card at the cursor, while playback is not moving (None otherwise)."""
+        guide = self.scan_guide()
+        if guide is None or self.playing:
+            return None
+        return guide.card_at(self.timeline.position)
 
     # ------------------------------------------------------------------ stepping and time travel
 
@@ -129,10 +191,21 @@ class Player:
     def to_end(self) -> bool:
         return self.timeline.seek(len(self.timeline))
 
+    def run_to_break(self) -> None:
+        """The next play (playing = True) runs to the next breakpoint event or, guided, the next card."""
+        self.stopped_at = None
+        self.to_break = True
+        self._budget = 0.0
+
     def back_to_break(self) -> bool:
-        """Back to just after the previous event of a `break_on` kind."""
+        """Back to just after the previous event of a `break_on` kind, or the previous card."""
         self.playing = False
-        target = self.timeline.previous_of(self.break_on) if self.break_on else None
+        candidates = [self.timeline.previous_of(self.break_on) if self.break_on else None]
+        guide = self.scan_guide()
+        if guide is not None:
+            earlier = [stop for card in guide.cards if 0 < (stop := guide.stop_of(card)) < self.timeline.position]
+            candidates.append(earlier[-1] if earlier else None)
+        target = max((c for c in candidates if c is not None), default=None)
         return self.timeline.seek(target) if target is not None else False
 
     def follow(self) -> None:

@@ -177,9 +177,8 @@ class EngineSession:
     def _with_prompt_texts(self, event: RequestAdded) -> RequestAdded:
         """The request's event with each prompt token's text, which the engine leaves to the views
         (the trace format keeps them: the log, the tables and the text panel show them)."""
-        ids = event.prompt_token_ids
-        texts = tuple(self.engine.tokenizer.batch_decode([[token_id] for token_id in ids]))
-        return msgspec.structs.replace(event, prompt_tokens_text=texts)
+        return msgspec.structs.replace(event, prompt_tokens_text=token_texts(self.engine.tokenizer,
+                                                                             event.prompt_token_ids))
 
     def digest_per_step(self, per_step: bool) -> None:
         """The K/V digest policy (LLMEngine.set_kv_digests_per_step): every step digests the blocks
@@ -226,3 +225,34 @@ def _with_n(params: Any, n: int) -> Any:
     import dataclasses
 
     return dataclasses.replace(params, n=n)
+
+
+def token_texts(tokenizer: Any, token_ids) -> tuple[str, ...]:
+    """Each token's text alone; a token holding part of a multi-byte character (its text alone
+    would be U+FFFD) as its bytes, '\\xe2\\x80' (byte-level BPE: the token's string read back through
+    GPT-2's byte-to-character table), else as the tokenizer's token string."""
+    texts = tokenizer.batch_decode([[token_id] for token_id in token_ids])
+    return tuple(_as_bytes(tokenizer, token_id) if "\ufffd" in text else text
+                 for token_id, text in zip(token_ids, texts))
+
+
+def _as_bytes(tokenizer: Any, token_id: int) -> str:
+    token = tokenizer.convert_ids_to_tokens(int(token_id))
+    decoder = _byte_decoder()
+    if not token or any(ch not in decoder for ch in token):
+        return token or f"<{token_id}>"
+    return bytes(decoder[ch] for ch in token).decode("utf-8", errors="backslashreplace")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable character for each byte, inverted (GPT-2 bytes_to_unicode): the
+    printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars

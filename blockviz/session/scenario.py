@@ -9,7 +9,7 @@ minute it shows every idea on the bundled model, on a pool small enough to see w
   copy-on-write when the shared, partly filled last block is first written.
 - A second JULIET line with the same opening arrives: with prefix caching it hits her blocks.
 - The pool runs out while five sequences grow: the newest request is preempted (swapped out to the
-  CPU pool) and swapped back in when blocks free up.
+  CPU pool); cached blocks are evicted to make room, and it is swapped back in when blocks free up.
 `DEFAULT_V1_SCENARIO` is the story `blockviz run --kv-manager v1` plays instead, on the same pool
 (vLLM v1's KV cache manager and scheduler, engine/v1/):
 - ROMEO's long line arrives alone and the step's token budget cuts its prefill into chunks.
@@ -18,6 +18,7 @@ minute it shows every idea on the bundled model, on a pool small enough to see w
 - HAMLET and KING RICHARD arrive: the pool runs out, the last running request is preempted by
   recompute (its blocks freed: hashed ones to the free queue's tail), and when it is admitted again
   its cached blocks serve it (hits); blocks taken from the queue's head evict their hashes.
+`blockviz run` plays it guided: it stops at each of these ideas the first time (blockviz/model/guide.py).
 No torch, no textual.
 """
 

@@ -23,19 +23,22 @@ from textual.widgets import Footer, Label, LoadingIndicator, Static
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
-from blockviz.model.narration import narrate
+from blockviz.model.guide import Guide
+from blockviz.model.narration import cursor_step, narrate, narrate_step
 from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
                                    EngineLoading, EngineNotice, EngineReady, posting_listener)
+from blockviz.tui.widgets.guide_card import GuideCard
 from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
-from blockviz.tui.widgets.panels import StatusBar
+from blockviz.tui.widgets.panels import StatusBar, TitleBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
-from blockviz.tui.keys import KEYS, PAUSING_MOVES, PLAYBACK_ACTIONS, key_rows
+from blockviz.tui.keys import KEYS, LIVE_ACTIONS, PAUSING_MOVES, PLAYBACK_ACTIONS, key_rows
 from blockviz.tui.live_actions import BreakpointActions, LiveActions
 from blockviz.tui.widgets.screens import HelpScreen
+from engine.events import StepFinished
 
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
@@ -58,7 +61,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def __init__(self, *, trace: Trace | None = None, bridge: Bridge | None = None, projector: bool = False,
                  deterministic: bool = False, source_name: str = "", play: bool | None = None,
-                 break_on: frozenset[str] = frozenset(), keep_events: int | None = LIVE_MAX_EVENTS) -> None:
+                 break_on: frozenset[str] = frozenset(), guided: bool = False,
+                 keep_events: int | None = LIVE_MAX_EVENTS) -> None:
         if (trace is None) == (bridge is None):
             raise ValueError("BlockvizApp needs exactly one of trace= (replay) or bridge= (live)")
         super().__init__()
@@ -67,7 +71,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.deterministic = deterministic
         self.source_name = source_name
         self.autoplay = bridge is not None if play is None else play  # live runs play once ready
-        self.break_on = break_on  # event kinds playback stops at
+        self.break_on = break_on  # event kinds playback stops at (chosen); else ] plays to the guide's kinds
+        self.guided = guided  # playback stops at each idea's first occurrence with a card (blockviz/model/guide.py)
         self.keep_events = keep_events  # a live timeline's cap (None: keep every event)
         self.controller: PlaybackController | None = None  # once the timeline exists
         self.insights: Insights | None = None  # the explainer, ledger and memory series, with it
@@ -87,8 +92,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         return self.controller.player if self.controller is not None else None
 
     def compose(self) -> ComposeResult:
-        yield Static("blockviz", id="title")
+        yield TitleBar("blockviz", id="title")
         yield MainView(id="main")
+        yield GuideCard(id="card")
         yield Static("", id="engine-error")
         yield StatusBar(id="status")
         yield Footer(compact=True)
@@ -100,20 +106,25 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             yield Label("the pools appear once the model is loaded · q quits", id="loading-hint")
 
     def on_mount(self) -> None:
-        self._main, self._status = self.query_one(MainView), self.query_one(StatusBar)
+        self._main, self._status, self._card = self.query_one(MainView), self.query_one(StatusBar), self.query_one(GuideCard)
         self.watch_projector(self.projector)
         self.watch_right_view(self.right_view)
         if self.trace is not None:
             self._start(Timeline.for_trace(self.trace), live=False)
         else:
             self.screen.add_class("-loading")
-            self.query_one("#title", Static).update(f"blockviz · live · {self.source_name or 'engine'} · loading")
+            self.query_one("#title", TitleBar).update(f"blockviz · live · {self.source_name or 'engine'} · loading")
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
     def _start(self, timeline: Timeline, live: bool) -> None:
         player = Player(timeline, live=live)
         self.insights = Insights.for_header(self.header)
-        player.break_on = self.break_on
+        if self.break_on:
+            player.break_on = self.break_on
+        else:
+            player.default_breaks()  # ] plays to the next fork, copy-on-write, hit, swap, eviction
+        if self.guided:
+            player.guide = Guide(self.header.get("kv_manager") or "v0")
         self.controller = PlaybackController(player, self.bridge,
                                              set_interval=self.set_interval,
                                              draw=lambda full: self.render_views(full),
@@ -125,7 +136,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         model = self.header.get("model", "?")
         named = self.source_name and self.source_name != model  # a trace file; live runs name the model
         source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
-        self.query_one("#title", Static).update(f"blockviz · {source} · {engine_title(self.header)}")
+        self.query_one("#title", TitleBar).update(f"blockviz · {source} · {engine_title(self.header)}")
         if self.autoplay:
             self.controller.set_playing(True)
         self.render_views()
@@ -200,25 +211,48 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             return
         player = self.controller.player
         timeline, insights = player.timeline, self.insights
-        counts = self._main.show_pools(timeline)
+        card = player.card
+        marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
+        counts = self._main.show_pools(timeline, marked)
         insights.sync(timeline)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
-            self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth)
+            self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth,
+                                   marked=frozenset(card.blocks) if card is not None else frozenset())
+        cards = player.guide.cards if player.guide is not None else []
+        self._card.show(card, cards.index(card) + 1 if card is not None else 0, len(cards))
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
         if timeline.dropped_events:  # a long live session's cap: said on the status line, and once in full
             note = " · ".join(filter(None, (timeline.dropped_note(brief=True), note)))
             if not self._said_dropped:
                 self._said_dropped = True
                 self.notify(timeline.dropped_note() + " (run --keep-events N keeps more)", timeout=8)
-        if player.stopped_at is not None and timeline.current_event is player.stopped_at:
+        if card is not None:
+            note = ""  # the card says it
+        elif player.stopped_at is not None and timeline.current_event is player.stopped_at:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
+        step, kind, _ = cursor_step(timeline)
         self._status.show(
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
-            narration=narrate(timeline.current_event, timeline.state, timeline.token_texts), memory=memory_fields(truth),
-            ledger=ledger_totals(insights.ledger(timeline.position)))
+            narration=self._narration(timeline, player, card is not None), memory=memory_fields(truth),
+            ledger=ledger_totals(insights.ledger(timeline.position)), step=f"step {step} {kind}".rstrip())
+
+    @staticmethod
+    def _narration(timeline: Timeline, player: Player, at_card: bool = False) -> str:
+        """Playing, at a step's end (`s`) or at a card (which tells the event): what the step did
+        so far; one event at a time: that event."""
+        event = timeline.current_event
+        if player.playing or at_card or isinstance(event, StepFinished):
+            return narrate_step(timeline)
+        return narrate(event, timeline.state, timeline.token_texts)
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """One toast at a time: a new one replaces the one shown."""
+        self.clear_notifications()
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def _moved(self) -> None:
         self.note = ""
@@ -240,7 +274,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
     # ------------------------------------------------------------------ actions (bindings)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Moving through the timeline waits for it (None: shown, disabled)."""
+        """Moving through the timeline waits for it (None: shown, disabled); a replay has no engine
+        to act on, so the live keys are not offered (False: hidden)."""
+        if action in LIVE_ACTIONS and self.bridge is None:
+            return False
         return None if action in PLAYBACK_ACTIONS and self.controller is None else True
 
     def action_toggle_play(self) -> None:

@@ -21,7 +21,7 @@ KEYS = [
     Binding("g", "travel('to_start')", "Go to start", show=False, tooltip="Go to the first event"),
     Binding("G", "travel('to_end')", "Go to end", show=False, tooltip="Go to the last event"),
     Binding("right_square_bracket", "run_to_break", "Break ▸", key_display="]", show=False,
-            tooltip="Play until the next breakpoint event (B sets the kinds)"),
+            tooltip="Play to the next breakpoint: a fork, copy-on-write, prefix hit, swap, eviction unless B set others; guided, the next card too"),
     Binding("left_square_bracket", "travel('back_to_break')", "◂ Break", key_display="[", show=False,
             tooltip="Back to the previous breakpoint event"),
     Binding("B", "set_breakpoints", "Breakpoints", show=False, tooltip="Set breakpoints: the event kinds to stop at"),
@@ -34,6 +34,8 @@ KEYS = [
 # Actions that move through the timeline: refused until it exists (a live engine still loading).
 PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "run_to_break", "set_breakpoints", "next_sequence",
                               "fork", "preempt"})
+# The engine's keys: a replay has no engine, so they are not offered there.
+LIVE_ACTIONS = frozenset({"add_request", "fork", "preempt"})
 # Moves of the Player (blockviz/model/timeline.py) that pause playback first: going back in time.
 PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start", "back_to_break"})
 

@@ -75,11 +75,12 @@ class BreakpointActions:
     expect the App's `player`, `controller`, `break_on`, `notify`, `push_screen`, `render_views`."""
 
     def action_run_to_break(self) -> None:
-        """Play until the next event of a breakpoint kind (a live engine steps as needed)."""
-        if not self.player.break_on:
+        """Play until the next event of a breakpoint kind or, guided, the next card (a live engine
+        steps as needed)."""
+        if not self.player.break_on and self.player.guide is None:
             self.notify("No breakpoints: B sets the event kinds to stop at.", severity="warning")
             return
-        self.player.stopped_at = None
+        self.player.run_to_break()
         self.controller.set_playing(True)
         self.render_views(full=False)
 
@@ -97,4 +98,4 @@ class BreakpointActions:
 
         example = ",".join(ev.kind_names((ev.CopyOnWrite, ev.SwappedOut)))
         self.push_screen(AskScreen("Stop at which events? Kinds, comma-separated (empty: none)",
-                                   example, ",".join(ev.kind_names(self.break_on))), chosen)
+                                   example, ",".join(ev.kind_names(self.player.break_on))), chosen)

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from blockviz.model import explain as ex
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals
+from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash, show_token, sparkline
 from blockviz.tui.styles import seq_style
 from blockviz.tui.widgets.panels import StatePanel
@@ -50,7 +51,7 @@ class ExplainPanel(StatePanel):
             row.append("  " + "".join(show_token(vocab.get(t, f"<{t}>")) for t in block.token_ids), "italic")
             rows.append(row)
         miss = chosen.first_miss
-        summary = Text(f"hit {chosen.num_hit_blocks} blocks = {chosen.num_hit_tokens} tokens", "bold")
+        summary = Text(f"hit {plural(chosen.num_hit_blocks, 'block')} = {plural(chosen.num_hit_tokens, 'token')}", "bold")
         if miss is not None and miss.verdict == ex.CACHING_OFF:
             summary.append(" · prefix caching is off (--prefix-caching turns it on)")
         elif miss is not None:
@@ -122,7 +123,9 @@ class MemoryPanel(StatePanel):
     TITLE = "Memory: blocks vs tokens"
 
     def draw(self, insights: Insights, truth: MemoryTruth, position: int) -> None:
-        series = insights.memory_series(position)
+        series, gpu = insights.memory_series(position), truth.pools["gpu"]
+        # each step's end, then the cursor when it is inside a step: the last figure is the memory line's
+        now = [] if series and series[-1].position == position else [gpu.block_utilization, gpu.token_utilization]
         table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
         for column in ("", "blocks", "block util", "token util", "empty in last"):
             table.add_column(column, justify="left" if not column else "right")
@@ -135,15 +138,18 @@ class MemoryPanel(StatePanel):
                           f"{used:.0%}", str(seq.empty_in_last_block))
         self.set_body(Group(
             Text(memory_line(truth), "bold"),
-            Sparkline("GPU blocks in use  ", [p.block_utilization for p in series], "#61afef"),
-            Sparkline("slots with a token ", [p.token_utilization for p in series], "#98c379"),
+            Sparkline(f"{GPU_BLOCKS_IN_USE:<19}", [p.block_utilization for p in series] + now[:1], "#61afef"),
+            Sparkline("slots with a token ", [p.token_utilization for p in series] + now[1:], "#98c379"),
             table))
+
+
+GPU_BLOCKS_IN_USE = "GPU blocks in use"  # the figure's one label: the status bar's memory line and the sparkline
 
 
 def memory_fields(truth: MemoryTruth) -> list[tuple[int, str]]:
     """The memory line's fields, each with its rank (a narrow status bar drops the highest first)."""
     gpu = truth.pools["gpu"]
-    fields = [(0, f"GPU blocks {gpu.block_utilization:.0%}"),
+    fields = [(0, f"{GPU_BLOCKS_IN_USE} {gpu.block_utilization:.0%}"),
               (0, f"tokens fill {gpu.token_utilization:.0%} of slots" if gpu.slots_allocated
                else "no slots in use"),
               (2, f"{truth.internal_fragmentation} slots empty in last blocks")]

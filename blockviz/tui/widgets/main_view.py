@@ -51,10 +51,12 @@ class MainView(Horizontal):
         for name in RIGHT_VIEWS:
             self.query_one(f"#{name}").set_class(name == view, "-shown")
 
-    def show_pools(self, timeline: Timeline) -> dict[str, tuple[int, int, int]]:
-        """Both pools at the cursor, the blocks the last event touched marked; returns pool_counts."""
+    def show_pools(self, timeline: Timeline,
+                   marked: dict[str, frozenset[int]] | None = None) -> dict[str, tuple[int, int, int]]:
+        """Both pools at the cursor, the blocks the last event touched marked (or `marked`: a guide
+        card's blocks); returns pool_counts."""
         state = timeline.state
-        touched = touched_blocks(timeline.current_event)
+        touched = marked if marked is not None else touched_blocks(timeline.current_event)
         counts = pool_counts(state)
         notes = v1_notes(state)
         for grid in self.grids:
@@ -67,12 +69,13 @@ class MainView(Horizontal):
         return counts
 
     def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None,
-                    insights: Insights, truth: MemoryTruth) -> None:
+                    insights: Insights, truth: MemoryTruth, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
         """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor;
-        `insights` synced with the timeline, `truth` the memory figures at the cursor."""
+        `insights` synced with the timeline, `truth` the memory figures at the cursor; `marked`
+        (device, number) blocks are pointed at in the block tables (a guide card's)."""
         state, vocab, position = timeline.state, timeline.token_texts, timeline.position
         tables, text, hashes, inspector, log = self._panels
-        tables.show(state, seq_id, vocab)
+        tables.show(state, seq_id, vocab, marked)
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)

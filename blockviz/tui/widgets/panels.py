@@ -9,8 +9,10 @@ holding one Static body.
 
 from __future__ import annotations
 
+import io
+
 from rich.cells import cell_len
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -92,6 +94,11 @@ class StatePanel(DrawnWhenShown, VerticalScroll):
 # ---------------------------------------------------------------------------- block tables
 
 
+def _row(text: str = "", style: str = "") -> Text:
+    """A table row: cut with an ellipsis at the panel's edge, never wrapped under the next column."""
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis")
+
+
 class BlockTables(StatePanel):
     """Per sequence: its block table, logical block -> physical block, with each slot's token
     (vLLM v0 BlockSpaceManager.block_tables; logical blocks are contiguous, physical
@@ -100,13 +107,16 @@ class BlockTables(StatePanel):
     TITLE = "Block tables (logical → physical)"
 
     def draw(self, state: ReducerState, selected_seq: int | None = None,
-             vocab: dict[int, str] | None = None) -> None:
+             vocab: dict[int, str] | None = None, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """`marked` (device, number): blocks a guide card names, pointed at with ◀ (first column, so
+        a cut row keeps it) and scrolled into view."""
         parts: list[RenderableType] = []
+        first_marked: int | None = None
         size = state.block_size
         width = len(str(len(state.pools["gpu"]) - 1))
         for row in tables(state, limit=None, vocab=vocab):
             seq_id = row["seq"]
-            head = Text("▶" if seq_id == selected_seq else " ")
+            head = _row("▶" if seq_id == selected_seq else " ")
             head.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
             head.append(f" req {row['request']} · {row['status']}"
                         + (f" ({row['finish']})" if row["finish"] else "")
@@ -118,14 +128,16 @@ class BlockTables(StatePanel):
             if not row["blocks"]:
                 parts.append(Text("    no blocks", style="dim"))
                 continue
-            placement = Text("    blocks ")
+            placement = _row("    blocks ")
             for device, number, _, _ in row["blocks"]:
                 placement.append(f"{'C' if device == 'cpu' else ''}{number}",
                                  Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
                 placement.append(" ")
             parts.append(placement)
             for index, (device, number, ref, texts) in enumerate(row["blocks"]):
-                line = Text(f"  L{index:<2}", style="dim")
+                pointed = (device, number) in marked
+                line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
+                line.append(f"L{index:<2}", style="dim")
                 line.append(f" → {device} {number:<{width}}")
                 line.append(f" ×{ref}" if ref > 1 else "   ", style="bold")
                 line.append(" ")
@@ -134,8 +146,12 @@ class BlockTables(StatePanel):
                 empty = size - len(texts)
                 if empty:
                     line.append(f" +{empty} empty", style="dim")
+                if pointed and first_marked is None:
+                    first_marked = len(parts)
                 parts.append(line)
         self.set_rows(parts)
+        if first_marked is not None:  # one line per row: the row's index is its line
+            self.call_after_refresh(self.scroll_to, y=max(0, first_marked - 2), animate=False)
 
 
 # ---------------------------------------------------------------------------- generated text
@@ -277,12 +293,13 @@ class StatusBar(Widget):
     beside slots holding tokens, empty slots in last blocks, what a max-length reservation would
     use) and the preemption ledger's totals. A narrow bar leaves out the least needed fields of
     each (the pool titles repeat the block counts). The third: what just happened
-    (blockviz.model.narration), cut with an ellipsis. `deterministic` hides tokens/s (snapshots never
-    show a clock)."""
+    (blockviz.model.narration), wrapped to as many lines as it needs (up to three). `deterministic`
+    hides tokens/s (snapshots never show a clock)."""
 
     DEFAULT_CSS = """
     StatusBar {
-        height: 3;
+        height: auto;
+        max-height: 5;
         background: $boost;
         color: $text;
         padding: 0 1;
@@ -300,10 +317,13 @@ class StatusBar(Widget):
     def show(self, state: ReducerState, *, position: int, total: int, playing: bool, speed: str,
              tokens_per_s: float | None, deterministic: bool, live: bool, note: str = "",
              counts: dict[str, tuple[int, int, int]] | None = None, narration: str = "",
-             memory: list[tuple[int, str]] = (), ledger: str = "") -> None:
+             memory: list[tuple[int, str]] = (), ledger: str = "", step: str | None = None) -> None:
+        """`step`: the label of the step whose events are at the cursor (narration.cursor_step),
+        else the reducer's last started step."""
         play = Text("▶ playing" if playing else "‖ paused", "bold green" if playing else "bold")
         play.append(f" {speed}")
-        fields = [(0, play), (2, Text(f"step {state.step} {state.step_kind}".rstrip())),
+        step = step if step is not None else f"step {state.step} {state.step_kind}".rstrip()
+        fields = [(0, play), (2, Text(step)),
                   (1, Text(f"event {position}/{total}" + (" live" if live else "")))]
         if note:
             fields.append((1, Text(note, "italic")))
@@ -322,14 +342,34 @@ class StatusBar(Widget):
             preempted = state.num_preemptions
             self._memory.append((1 if preempted else 3, Text(ledger, "bold red" if preempted else "dim")))
         self.narration = narration
-        self.refresh()
+        lines = self._narration_lines()
+        self.refresh(layout=lines != getattr(self, "_lines", None))  # the bar grows or shrinks with it
+        self._lines = lines
+
+    def _narration_lines(self) -> int:
+        """The lines the narration wraps to (at most three: the bar's max-height)."""
+        width = max(1, self.content_size.width or self.size.width or 80)
+        return min(3, len(Text("▸ " + (self.narration or self.IDLE_HINT)).wrap(_MEASURE, width)))
 
     def render(self) -> RenderableType:
         width = max(1, self.content_size.width)
         what = Text("▸ ", "bold")
         what.append(self.narration or self.IDLE_HINT, "" if self.narration else "dim")
-        what.truncate(width, overflow="ellipsis")
         return Group(_fit(self._fields, width, " │ "), _fit(self._memory, width, " · "), what)
+
+
+_MEASURE = Console(file=io.StringIO(), width=400)  # measures wrapped text; prints nothing
+
+
+class TitleBar(Static):
+    """The header line: its parts (" · " between them) fitted to the width, the last ones left out
+    first (the K/V geometry, then the pool sizes...), so a narrow terminal shows a shorter header
+    rather than a cut one. `content` keeps the whole text."""
+
+    def render(self) -> RenderableType:
+        parts = str(self.content).split(" · ")
+        return _fit([(index, Text(part)) for index, part in enumerate(parts)],
+                    max(1, self.content_size.width), " · ")
 
 
 def _fit(fields: list[tuple[int, Text]], width: int, between: str) -> Text:

@@ -136,7 +136,7 @@ class PoolGrid(ScrollView, can_focus=True):
         if self.num_blocks and visible_rows and total_rows > visible_rows:
             first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
             last = min(self.num_blocks, (first_row + visible_rows) * self._columns) - 1
-            self.border_subtitle = f"blocks {first_row * self._columns}-{last} of {self.num_blocks} · scroll ↕"
+            self.border_subtitle = f"blocks {first_row * self._columns}-{last} of {self.num_blocks} · ↑↓ scrolls"
         elif self.num_blocks or not self.note:
             self.border_subtitle = LEGEND_BIG if self.big_cells else LEGEND
         else:  # an empty pool saying why: no legend to read

@@ -1,0 +1,43 @@
+"""The guide's card: what just happened, the blocks involved, why, and the vLLM function that did it
+(blockviz/model/guide.py computes the Card; this only draws it). Shown while guided playback rests
+on a card; the app's CSS makes it large in projector mode."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from blockviz.model.guide import Card
+
+
+class GuideCard(Static):
+    """One card at a time; `show(None)` hides it."""
+
+    DEFAULT_CSS = """
+    GuideCard {
+        display: none;
+        height: auto;
+        max-height: 9;
+        border: round $warning;
+        border-title-color: $warning;
+        border-title-style: bold;
+        padding: 0 1;
+    }
+    GuideCard.-shown {
+        display: block;
+    }
+    """
+
+    def show(self, card: Card | None, number: int = 0, total: int = 0) -> None:
+        self.card = card
+        self.set_class(card is not None, "-shown")
+        if card is None:
+            return
+        self.border_title = f"guide {number}/{total}: {card.title}"
+        self.border_subtitle = "space or ] plays on"
+        self.update(Group(  # the blocks are named in `what` and highlighted in the pools
+            Text(card.what),
+            Text.assemble(("why: ", "bold"), card.why),
+            Text.assemble(("vLLM: ", "bold"), (card.function, "italic")),
+        ))

@@ -1,0 +1,280 @@
+"""Guided playback (issue 28 item 1): the default story stops once at each idea's first occurrence,
+in order, with a card naming the event's blocks, which the pools highlight; `]` from the start lands
+on the first fork without `B`; playback slows near a card; per-step narration; the traps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from blockviz.model.guide import Guide
+from blockviz.model.narration import cursor_step, describe, narrate_step
+from blockviz.model.player import GUIDE_SLOW_SPEED, SPEEDS, Player
+from blockviz.model.timeline import Timeline
+from blockviz.model.trace import load_trace
+from blockviz.tui.app import BlockvizApp
+from blockviz.tui.widgets.guide_card import GuideCard
+from engine import events as ev
+from story_fixtures import story_trace_path  # noqa: F401 (fixture)
+from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401 (anyio_backend: the fixture)
+
+# What starts each idea, read plainly off the events (the guide's own reading is under test).
+STARTS = (
+    ("fork", lambda e: isinstance(e, ev.Forked)),
+    ("copy_on_write", lambda e: isinstance(e, ev.CopyOnWrite)),
+    ("prefix_hit", lambda e: isinstance(e, ev.PrefixCacheHit)),
+    ("swap_out", lambda e: isinstance(e, ev.Preempted) and e.mode == "swap"),
+    ("recompute", lambda e: isinstance(e, ev.Preempted) and e.mode == "recompute"),
+    ("swap_in", lambda e: isinstance(e, ev.SwappedIn)),
+    ("eviction", lambda e: isinstance(e, ev.BlockEvicted)),
+    ("never_runs", lambda e: isinstance(e, ev.SequenceFinished) and e.reason == "ignored"),
+)
+
+
+def first_occurrences(events) -> list[tuple[str, int]]:
+    """(idea, index of its first event), in the order they happen."""
+    firsts = {}
+    for index, event in enumerate(events):
+        for idea, starts in STARTS:
+            if idea not in firsts and starts(event):
+                firsts[idea] = index
+    return sorted(firsts.items(), key=lambda item: item[1])
+
+
+def card_text(app) -> str:
+    """The card as drawn on the screen, its lines joined (wrapped words rejoin)."""
+    card = app.query_one(GuideCard)
+    if not card.display:
+        return ""
+    region = card.region
+    lines = screen_text(app).splitlines()[region.y:region.y + region.height]
+    return " ".join(" ".join(line[region.x:region.x + region.width].strip("│╭╮╰╯─┃┏┓┗┛━ ") for line in lines).split())
+
+
+@pytest.mark.anyio
+async def test_the_story_played_guided_stops_once_per_idea_in_order_with_its_blocks_highlighted(story_trace_path):
+    trace = load_trace(story_trace_path)
+    expected = first_occurrences(trace.events)
+    assert {"fork", "copy_on_write", "prefix_hit", "swap_out"} <= {idea for idea, _ in expected}
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    stops = []
+    async with app.run_test(size=(200, 60)) as pilot:
+        app.player.speed_index = len(SPEEDS) - 1  # no waiting: the stops are what is under test
+        timeline = app.player.timeline
+        while not timeline.at_end:
+            await pilot.press("space")
+            await _until(pilot, lambda: not app.player.playing, timeout=30)
+            await pilot.pause()
+            card = app.player.card
+            if card is None:
+                assert timeline.at_end
+                break
+            stops.append((card.idea, card.seq_no))
+            assert card.seq_no < timeline.position and timeline.position == card.position
+            text = card_text(app)
+            assert card.title in text and card.function in text
+            for device, number in card.blocks:  # the card names the blocks ...
+                assert device in text.lower() and re.search(rf"\b{number}\b", card.what), (device, number, text)
+            for grid in app._main.grids:  # ... and the pools highlight them
+                assert grid.touched == card.blocks_on(grid.device)
+            in_tables = {where for table in timeline.state.tables.values() for where in table}
+            if in_tables & set(card.blocks):  # ... and the block tables point at those a sequence holds
+                await pilot.pause()
+                assert "◀" in screen_text(app), card
+    assert stops == [(idea, trace.events[index].seq_no) for idea, index in expected]
+
+
+@pytest.mark.anyio
+async def test_the_bracket_key_from_the_start_lands_on_the_first_fork_without_setting_breakpoints(story_trace_path):
+    trace = load_trace(story_trace_path)
+    fork = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.Forked))
+    for guided in (True, False):
+        app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=guided)
+        async with app.run_test(size=(80, 24)) as pilot:
+            notes = []
+            app.notify = lambda message, **kwargs: notes.append(message)
+            await pilot.press("right_square_bracket")
+            await _until(pilot, lambda: not app.player.playing, timeout=30)
+            await pilot.pause()
+            assert app.break_on == frozenset() and notes == []  # no B, no "no breakpoints"
+            assert app.player.timeline.position == fork + 1
+            assert (app.player.card is not None) == guided
+            if guided:
+                assert app.player.card.idea == "fork" and "Fork" in card_text(app)
+
+
+@pytest.mark.anyio
+async def test_three_presses_of_a_refused_key_leave_one_toast():
+    trace = load_trace("fork-cow")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.player.default_breaks(frozenset())  # nothing to play to: ] says so
+        await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
+        await pilot.pause()
+        assert len(app._notifications) == 1
+
+
+def test_guided_playback_slows_near_a_card_and_stops_on_it():
+    trace = load_trace("fork-cow")
+    player = Player(Timeline.for_trace(trace))
+    player.guide = Guide()
+    first = player.scan_guide().cards[0]
+    player.playing = True
+    player.timeline.seek(first.position - 7)
+    player.tick(1.0)  # 25 events/s would pass the card; within reach of it playback slows down
+    assert first.position - 7 < player.timeline.position <= first.position - 7 + 25
+    assert player.timeline.position == first.position or player._speed_near_card(player.guide) == GUIDE_SLOW_SPEED
+    while player.playing:
+        player.tick(1.0)
+    assert player.timeline.position == first.position and player.card == first
+
+
+def test_cards_of_the_shipped_traces_name_what_happened():
+    for name, idea, words in (("swap", "swap_out", "copied to CPU blocks"), ("recompute", "recompute", "freed"),
+                              ("eviction", "eviction", "least recently used"), ("prefix-hit", "prefix_hit", "not computed again"),
+                              ("fork-cow", "copy_on_write", "copied to block")):
+        trace = load_trace(name)
+        guide = Guide()
+        guide.scan(trace.events)
+        guide.settle()
+        card = next(c for c in guide.cards if c.idea == idea)
+        assert words in card.what and card.blocks, (name, card)
+        timeline = Timeline.for_trace(trace)
+        timeline.seek(card.position)
+        if idea in ("swap_out", "recompute"):  # the pools show the whole move at the stop
+            victim = next(e for e in trace.events if isinstance(e, ev.Preempted))
+            gpu = [number for device, number in card.blocks if device == "gpu"]
+            assert gpu and all(not set(victim.seq_ids) & timeline.state.pools["gpu"][b].owners for b in gpu)
+
+
+def test_a_request_that_can_never_run_gets_a_card(tiny_gpt2_dir):
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
+
+    spec = EngineSpec.of(model=str(tiny_gpt2_dir), device="cpu", prompts=("ROMEO: " + "a b c d " * 6,),
+                         block_size=4, num_gpu_blocks=4, num_cpu_blocks=4, max_tokens=2)
+    session = EngineSession(spec)
+    session.start()
+    session.run_to_completion()
+    guide = Guide()
+    guide.scan(session.take_events())
+    guide.settle()
+    (card,) = guide.cards
+    assert card.idea == "never_runs" and "ignored" in card.what and "AllocStatus.NEVER" in card.function
+    session.close()
+
+
+def test_the_step_at_the_cursor_is_the_step_whose_events_are_on_screen():
+    trace = load_trace("fork-cow")
+    timeline = Timeline.for_trace(trace)
+    ends = timeline.step_ends
+    timeline.seek(ends[0] + 1)  # the first event of step 2: before its step_started
+    assert cursor_step(timeline)[:2] == (2, "scheduling") and timeline.state.step == 1
+    timeline.seek(ends[1])
+    assert cursor_step(timeline)[:2] == (2, timeline.state.step_kind)
+    cow = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.CopyOnWrite))
+    timeline.seek(timeline.step_ends[next(k for k, end in enumerate(ends) if end > cow)])
+    said = narrate_step(timeline)
+    e = trace.events[cow]
+    assert f"seq {e.seq_id} copied block {e.src_block} on write (→ {e.dst_block})" in said
+    assert "so far" not in said and "1 tokens" not in said and "1 blocks" not in said
+
+
+@pytest.mark.anyio
+async def test_s_names_what_the_step_did_and_playing_narrates_steps():
+    trace = load_trace("fork-cow")
+    cow = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.CopyOnWrite))
+    app = BlockvizApp(trace=trace, deterministic=True, play=False)
+    async with app.run_test(size=(200, 60)) as pilot:
+        app.player.timeline.seek(cow)  # the copy-on-write is the next event
+        await pilot.press("s")
+        await pilot.pause()
+        e = trace.events[cow]
+        assert f"copied block {e.src_block} on write" in " ".join(screen_text(app).split())
+        await pilot.press("full_stop")  # one event: that event's own sentence
+        await pilot.pause()
+        timeline = app.player.timeline
+        assert app._status.narration.startswith(describe(timeline.current_event, timeline.token_texts))
+        await pilot.press("space")  # playing: what the step has done so far, not each token
+        await pilot.pause(0.3)
+        assert app.player.playing and re.match(r"step \d+ \w+( so far)?(:|$)", app._status.narration)
+
+
+def test_run_n_without_a_prompt_is_one_line_and_exit_2(capsys):
+    from blockviz.cli import main
+
+    assert main(["run", "--n", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--n 3 applies to --prompt" in err
+
+
+def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_replacement_character():
+    from transformers import AutoTokenizer
+
+    from blockviz.model.palette import show_token
+    from blockviz.session.engine_session import token_texts
+    from engine.model_source import check_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(check_model("tiny-shakespeare")))
+    ids = tokenizer.encode("JULIET: ♥ naïve")
+    texts = token_texts(tokenizer, ids)
+    assert "\ufffd" in "".join(tokenizer.batch_decode([[i] for i in ids]))  # alone, they would be �
+    assert "\ufffd" not in "".join(texts) and "\\xe2" in texts and "\\xc3" in texts
+    assert [t for t in texts if "\\x" not in t] == [t for t in tokenizer.batch_decode([[i] for i in ids]) if "\ufffd" not in t]
+    assert show_token("caf\ufffd") == "caf◌"  # an old trace's text
+
+
+@pytest.mark.anyio
+async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
+    from blockviz.session.spec import EngineSpec
+    from blockviz.tui.engine_bridge import EngineBridge
+    from test_tui_fake_engine import FakeEngine
+
+    # The fake engine's n=2 request shares its prompt's blocks from the start: its first idea is
+    # the copy-on-write of the first decode
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), n=2, max_tokens=12)
+    bridge = EngineBridge(spec, make_engine=lambda: FakeEngine(block_size=4, num_gpu_blocks=24, num_cpu_blocks=8))
+    app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", guided=True, projector=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _until(pilot, lambda: app.player is not None and app.player.card is not None, timeout=30)
+        await pilot.pause()
+        timeline = app.player.timeline
+        assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy_on_write"
+        assert isinstance(timeline.current_event, ev.CopyOnWrite) and not app.player.playing
+        assert "Copy-on-write" in card_text(app)
+        assert app.query_one(GuideCard).styles.border_top[0] == "heavy"  # the projector's large card
+        await pilot.press("space")  # plays on to the end: no other idea in this run
+        await _until(pilot, lambda: app.player.finished and not app.player.playing, timeout=30)
+        assert app.player.card is None and len(app.player.guide.cards) == 1
+
+
+def test_the_guide_counts_from_a_capped_timelines_front():
+    """A capped live timeline drops its oldest events (Timeline.dropped_events): the guide's stops
+    and cards are asked for by positions from the kept front, as the Player's cursor counts."""
+    events = load_trace("swap").events
+    whole = Guide()
+    whole.scan(events)
+    whole.settle()
+    swap_out = next(card for card in whole.cards if card.idea == "swap_out")
+    cut = swap_out.start - 10
+    guide = Guide()
+    guide.scan(events[:cut])
+    guide.scan(events[cut:], offset=cut)  # the first `cut` events dropped
+    guide.settle()
+    assert [c.idea for c in guide.cards] == [c.idea for c in whole.cards]
+    assert guide.next_stop(0, len(events) - cut) == swap_out.position - cut
+    assert guide.card_at(swap_out.position - cut) == swap_out and guide.stop_of(swap_out) == swap_out.position - cut
+    assert guide.spanning(swap_out.start + 1 - cut) in (None, swap_out)
+
+
+def test_a_replay_of_the_story_is_guided_by_default(story_trace_path):
+    from blockviz.cli import build_parser
+    from blockviz.commands.replay import is_story
+
+    assert is_story(load_trace(story_trace_path).header)
+    assert not is_story(load_trace("fork-cow").header)
+    parser = build_parser()
+    assert parser.parse_args(["replay", "fork-cow"]).guided is None  # the default: on for the story
+    assert parser.parse_args(["replay", "fork-cow", "--guided"]).guided is True
+    assert parser.parse_args(["run", "--no-guided"]).guided is False
