@@ -6,26 +6,19 @@ from __future__ import annotations
 from blockviz.lessons.checks import Slip, exercise
 from blockviz.lessons.engines import fresh
 
-# Exercise 1's prompt: the first 30 tokens of this line
-EXERCISE_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-                 "First Citizen:\nYou are all resolved rather to die than to famish?")
-EXERCISE_TOKENS = 30
+# Exercise 1's prompt: 30 tokens of the bundled model's tokenizer
+EXERCISE_PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak."
 OPTIONS = {"block_size": 4, "num_gpu_blocks": 16, "num_cpu_blocks": 0}
 
 
-def exercise_prompt(encode) -> dict:
-    """The exercise's 30-token prompt, as token ids (`encode`: the engine's tokenizer)."""
-    return {"prompt_token_ids": encode(EXERCISE_TEXT)[:EXERCISE_TOKENS]}
-
-
-@exercise("02", "my_blocks", "a prompt of t tokens takes ceil(t / 4) blocks of 4.",
+@exercise("02", "my_blocks", "every token printed above needs a slot, and a block has 4.",
           slips=[Slip(7, "a partly filled last block is still a whole block: round up, not down.")])
 def check_blocks():
-    """The blocks a fresh engine's prefill of the 30-token prompt allocates."""
+    """The blocks a fresh engine's prefill of the exercise's prompt allocates."""
     from engine.sequence import SamplingParams
 
     with fresh(OPTIONS) as viz:
-        request_id = viz.add_request(exercise_prompt(viz.llm.engine.encode), SamplingParams(max_tokens=4))
+        request_id = viz.add_request(EXERCISE_PROMPT, SamplingParams(max_tokens=4))
         viz.step()
         return len(viz.state.tables[viz.state.requests[request_id][0]])
 
