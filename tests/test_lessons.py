@@ -279,3 +279,28 @@ def test_a_lesson_filled_with_the_key_prints_correct_in_its_own_check_cells(kern
     execute(notebook)
     (check,) = tagged(notebook, "check")
     assert text_of(check).startswith("Correct"), text_of(check)
+
+
+def readme_notebook_block() -> str:
+    """The README's "In Jupyter" Python block, as a reader would paste it."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## In Jupyter"):]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_notebook_block_pasted_as_one_cell_shows_the_widget(kernel_env):
+    """One cell, run as pasted: no error, and its last expression is the Visualizer, so the cell
+    shows the widget; `compare`, which the text after it calls, is imported by the block."""
+    block = readme_notebook_block()
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index(block) + len(block):].split("\n## ", 1)[0]
+    if "compare(" in after:
+        assert re.search(r"^from blockviz\.jupyter import .*\bcompare\b", block, re.M)
+        assert "blockviz.jupyter.compare(" not in after
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(block)]
+    execute(notebook)
+    (result,) = [o for o in notebook.cells[0].outputs if o.output_type == "execute_result"]
+    assert "application/vnd.jupyter.widget-view+json" in result.data
+    assert result.data["text/plain"].startswith("live ")
