@@ -320,6 +320,15 @@ def page_cells(page) -> list[list]:
     return page.evaluate(DRAWN_BLOCKS_JS)
 
 
+def drawn_blocks_in(page, root: str) -> list[list]:
+    """The same, for the pools inside the first element matching `root` only (".blockviz-moment":
+    a moment, viz.snapshot(); ".blockviz:not(.blockviz-moment)": a live Visualizer)."""
+    scoped = DRAWN_BLOCKS_JS.replace("() => {", "(root) => {", 1).replace(
+        "document.querySelectorAll('.bv-view-pool .bv-pool')",
+        "document.querySelector(root).querySelectorAll('.bv-view-pool .bv-pool')", 1)
+    return page.evaluate(scoped, root)
+
+
 KERNEL_CELLS = ("[[b.device, b.number, __import__('blockviz.model.view', fromlist=['x']).block_state(b), "
                 "b.ref_count] for p in {viz}.state.pools.values() for b in p]")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "serve", "publish", "attach")
+COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "serve", "publish", "attach", "export")
 
 
 def _module(name: str):

@@ -49,6 +49,10 @@ class Buttons:
         elif kind == "speed":
             index = max(0, min(int(message.get("index", 0)), len(SPEEDS) - 1))
             self._in_background(lambda: viz.set_speed(SPEEDS[index]))
+        elif kind == "zoom":
+            self._in_background(lambda: viz.set_zoom(float(message.get("zoom", 1.0))))
+        elif kind == "projector":
+            self._in_background(lambda: viz.set_projector(bool(message.get("on"))))
 
     def on_pools(self, message: dict[str, Any]) -> None:
         if message.get("event") == "select":

@@ -30,14 +30,19 @@ from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
+from blockviz.jupyter.moment import Moment
 from blockviz.model.view import cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
-from blockviz.jupyter.widgets import BlockTableView, Controls, EventLogView, HashChainView, Inspector, PoolView
+from blockviz.jupyter.widgets import (PROJECTOR_ZOOM, BlockTableView, Controls, EventLogView, HashChainView, Inspector,
+                                     PoolView)
 from blockviz.model.trace import Trace, engine_title, kv_geometry, load_trace
 from engine import events as ev
 from blockviz.model.reducer import ReducerState
+
+MIN_ZOOM, MAX_ZOOM = 0.5, 4.0  # set_zoom's range
+
 
 class Visualizer(LiveCommands):
     """Pools, block tables, hash chains, event log, inspector, controls and breakpoints over one
@@ -49,7 +54,8 @@ class Visualizer(LiveCommands):
     """
 
     def __init__(self, timeline: Timeline, *, llm: Any = None, session: EngineSession | None = None,
-                 title: str = "", header: dict[str, Any] | None = None) -> None:
+                 title: str = "", header: dict[str, Any] | None = None, projector: bool = False,
+                 zoom: float | None = None) -> None:
         self.timeline = timeline
         self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
                                  "num_cpu_blocks": timeline.num_cpu_blocks}
@@ -61,6 +67,8 @@ class Visualizer(LiveCommands):
         self.player = Player(timeline, live=self.engine is not None)
         self.title = title
         self.error = ""
+        self.projector = bool(projector)
+        self.zoom = float(zoom) if zoom is not None else (PROJECTOR_ZOOM if projector else 1.0)
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
@@ -99,28 +107,30 @@ class Visualizer(LiveCommands):
         ], layout=ipywidgets.Layout(width="100%"))
         self.widget.add_class("blockviz")
         self.frames = FrameThrottle(self._send_frame)
+        self._set_look()
         self._send_frame()
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_trace(cls, name_or_path: str | Path | Trace) -> "Visualizer":
-        """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...)."""
+    def from_trace(cls, name_or_path: str | Path | Trace, *, projector: bool = False) -> "Visualizer":
+        """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...).
+        `projector=True`: big cells and the projector palette (set_projector)."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
         return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}",
-                   header=trace.header)
+                   header=trace.header, projector=projector)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
-             sampling_params: Any = None, scenario: str | None = None) -> "Visualizer":
+             sampling_params: Any = None, scenario: str | None = None, *, projector: bool = False) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
         SamplingParams for all, or a list with one per prompt. `scenario="story"` plays the story
         `blockviz run` tells (blockviz/session/scenario.py): its requests arrive as the engine
         steps, on its engine settings unless the options say otherwise (an LLM given keeps its own),
-        sampled as it samples."""
+        sampled as it samples. `projector=True`: big cells and the projector palette."""
         from engine.llm import LLM
 
         spec = None
@@ -142,7 +152,8 @@ class Visualizer(LiveCommands):
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
         timeline = Timeline.for_header(header)
-        viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header)
+        viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header,
+                  projector=projector)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
@@ -386,6 +397,58 @@ class Visualizer(LiveCommands):
             snap = self.frame()
             for view in self.views:
                 view.show(snap)
+
+    # ------------------------------------------------------------------ size and projector
+
+    def set_zoom(self, zoom: float) -> None:
+        """Draw every view `zoom` times its normal size (the size menu: widgets.ZOOMS)."""
+        zoom = float(zoom)
+        if not MIN_ZOOM <= zoom <= MAX_ZOOM:
+            raise ValueError(f"zoom {zoom:g} is outside {MIN_ZOOM:g} to {MAX_ZOOM:g}")
+        self.zoom = zoom
+        self._set_look()
+
+    def set_projector(self, on: bool = True) -> None:
+        """Projector mode (the TUI's `P` / `--projector`): the projector palette (palette.SEQ_COLOURS_BOLD),
+        high contrast, and cells at least PROJECTOR_ZOOM times their size, read from the back of a room."""
+        self.projector = bool(on)
+        if on:
+            self.zoom = max(self.zoom, PROJECTOR_ZOOM)
+        self._set_look()
+
+    def _set_look(self) -> None:
+        for view in self.views:
+            view.set_look(self.zoom, self.projector)
+
+    # ------------------------------------------------------------------ moments
+
+    def snapshot(self, at: int | None = None) -> Moment:
+        """A moment: the picture at the cursor (or at event position `at`, the cursor left where it
+        is), frozen. It draws the frame the widget draws there, with no link to the engine or the
+        timeline, so later steps leave it as it was (blockviz.jupyter.moment)."""
+        with self._lock:
+            timeline = self.timeline
+            back = timeline.position
+            if at is not None:
+                if not 0 <= int(at) <= len(timeline):
+                    raise ValueError(f"at={at!r} is outside the events known (0 to {len(timeline)})")
+                timeline.seek(int(at))
+            try:
+                frame = self.frame()
+                state = timeline.state.copy()
+            finally:
+                timeline.seek(back)
+        return Moment(frame, state, title=self.title, header=self.header, zoom=self.zoom, projector=self.projector)
+
+    def show(self, at: int | None = None) -> Moment:
+        """The same as snapshot(at): a cell ending in `viz.show(at=12)` shows event 12's picture."""
+        return self.snapshot(at)
+
+    def save(self, path: str | Path, at: int | None = None, *, overwrite: bool = True) -> Path:
+        """Write the picture at the cursor (or at `at`) to `path` for a slide: "step.svg", or
+        "step.png" with the [export] extra; the pools, tables and hash chains the widget draws
+        (snapshot(at).save). Returns the path."""
+        return self.snapshot(at).save(path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ display
 

@@ -19,12 +19,12 @@ import traitlets
 
 from blockviz.model.player import SPEEDS
 from blockviz.model.narration import FILTERS
-from blockviz.model.palette import CPU_TINTS, SEQ_COLOURS
+from blockviz.model.palette import CPU_TINTS, SEQ_COLOURS, SEQ_COLOURS_BOLD
 from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
-# One ES module: insights.js and pool_canvas.js use blockviz.js's helpers, blockviz.js their renderers.
-ESM_FILES = ("blockviz.js", "insights.js", "pool_canvas.js")
+# One ES module: insights.js, pool_canvas.js and display.js use blockviz.js's helpers, blockviz.js their renderers.
+ESM_FILES = ("blockviz.js", "insights.js", "pool_canvas.js", "display.js")
 ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ESM_FILES)
 CSS = STATIC / "blockviz.css"
 
@@ -34,6 +34,10 @@ PALETTE = {
     "cached": "#3c4a5a",
     "cpu": list(CPU_TINTS),
 }
+# Projector mode (the TUI's `--projector`): fewer, stronger sequence colours.
+PROJECTOR_PALETTE = {**PALETTE, "seq": list(SEQ_COLOURS_BOLD)}
+ZOOMS = (1.0, 1.5, 2.0, 3.0)  # the size control's choices: the views' font size, and with it every cell
+PROJECTOR_ZOOM = 2.0  # a projector's size: cells read from the back of a room
 
 Handler = Callable[[dict[str, Any]], None]
 
@@ -45,6 +49,8 @@ class _View(anywidget.AnyWidget):
     _css = CSS
     _kind = traitlets.Unicode("").tag(sync=True)
     frame = traitlets.Dict().tag(sync=True)
+    zoom = traitlets.Float(1.0).tag(sync=True)
+    projector = traitlets.Bool(False).tag(sync=True)
     parts: tuple[str, ...] = ()
 
     def __init__(self, **kwargs: Any) -> None:
@@ -59,6 +65,14 @@ class _View(anywidget.AnyWidget):
         """Draw the part of `snap` (a snapshot(), maybe with "log" and "cursor") this view shows."""
         with self.hold_sync():
             self.frame = self.part(snap)
+
+    def set_look(self, zoom: float, projector: bool) -> None:
+        """Draw at `zoom` times the normal size; `projector`: the projector palette, high contrast."""
+        with self.hold_sync():
+            self.zoom = float(zoom)
+            self.projector = bool(projector)
+            if self.has_trait("palette"):
+                self.palette = PROJECTOR_PALETTE if projector else PALETTE
 
     def on_action(self, handler: Handler | None) -> None:
         """Call `handler(message)` for each message the frontend sends (a click, a slider move)."""
@@ -118,10 +132,20 @@ class Inspector(_View):
 
 class Controls(_View):
     """Play/pause, one event, one engine step, back, speed, and a slider over the event position.
-    Buttons send {"event": "action", "action": ...}; the slider {"event": "seek", "position"}."""
+    Buttons send {"event": "action", "action": ...}; the slider {"event": "seek", "position"}; the
+    size menu {"event": "zoom", "zoom"} (one of `zooms`), the projector box {"event": "projector", "on"}."""
 
     _kind = traitlets.Unicode("controls").tag(sync=True)
     speeds = traitlets.List(["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS]).tag(sync=True)
+    zooms = traitlets.List(list(ZOOMS)).tag(sync=True)
+    parts = ("cursor",)
+
+
+class MomentHeader(_View):
+    """A moment's line (blockviz.jupyter.moment): the title, the cursor it was taken at, the step,
+    and what the last event did; its element carries data-position / data-length."""
+
+    _kind = traitlets.Unicode("moment").tag(sync=True)
     parts = ("cursor",)
 
 

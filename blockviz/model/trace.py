@@ -209,12 +209,13 @@ class TraceWriter:
             self.discard()
 
 
-def check_new_trace_path(path: str | Path, *, overwrite: bool = False) -> None:
+def check_new_trace_path(path: str | Path, *, overwrite: bool = False, example: str = "trace.jsonl") -> None:
     """Raise TraceError (one line) when a trace cannot be written at `path`: a directory, a
-    directory that does not exist, or an existing file and not `overwrite` (`record --force`)."""
+    directory that does not exist, or an existing file and not `overwrite` (`record --force`).
+    `example`: the file name a directory's message suggests (a picture's: step.svg)."""
     path = Path(path)
     if path.is_dir():
-        raise TraceError(f"{str(path)!r} is a directory; give a file name such as trace.jsonl")
+        raise TraceError(f"{str(path)!r} is a directory; give a file name such as {example}")
     if not path.parent.is_dir():
         raise TraceError(f"{str(path)!r}: directory {str(path.parent)!r} does not exist")
     if not overwrite and (path.exists() or path.is_symlink()):

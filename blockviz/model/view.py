@@ -92,6 +92,19 @@ def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
     return counts
 
 
+def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, int]) -> str:
+    """The one line a swap pool with nothing in it collapses to ("CPU pool: 2048 blocks, never
+    used" when nothing was ever swapped out to it), or "" when it holds a block. The GPU pool is
+    always drawn: its free blocks are the lesson. `counts`: pool_counts' (used, cached, free)."""
+    pool = state.pools[device]
+    if device != "cpu" or not pool or counts[0] or counts[1]:
+        return ""
+    swapped = state.counts.get(ev.SwappedOut.type, 0)
+    if not swapped:
+        return f"CPU pool: {len(pool)} blocks, never used"
+    return f"CPU pool: {len(pool)} blocks, empty ({swapped} swap-out{'s' if swapped > 1 else ''}, all swapped back in)"
+
+
 def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
     src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
     return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
@@ -268,7 +281,8 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
     pools = {}
     for device, pool in state.pools.items():
         used, cached, free = counts[device]
-        pools[device] = {**pool_columns(pool), "used": used, "cached": cached, "free": free}
+        pools[device] = {**pool_columns(pool), "used": used, "cached": cached, "free": free,
+                         "empty_line": empty_pool_line(state, device, counts[device])}
     touched = {device: sorted(blocks) for device, blocks in touched_blocks(current).items()}
     if selected is not None:
         device, number = selected

@@ -123,7 +123,8 @@ function renderPool(model, el) {
   const legend = h("div", { class: "bv-legend" });
   const body = h("div", { class: "bv-pools" });
   el.append(legend, body);
-  const pools = {}; // device -> { section, header, grid, renderer }
+  const pools = {}; // device -> { section, header, grid, renderer, zoom }
+  const expanded = {}; // device -> a collapsed pool opened by a click
   let legendPalette = null;
 
   function drawLegend(palette) {
@@ -144,19 +145,28 @@ function renderPool(model, el) {
 
   function ensurePool(device, n) {
     const renderer = model.get("renderer") === "cells" ? "cells" : "canvas";
+    const zoom = model.get("zoom");
     let pool = pools[device];
-    if (pool && pool.grid.n === n && pool.renderer === renderer) return pool;
-    if (pool) { pool.grid.dispose(); pool.section.remove(); }
+    if (pool && pool.grid.n === n && pool.renderer === renderer && pool.zoom === zoom) return pool;
+    if (pool) pool.grid.dispose();
     const header = h("div", { class: "bv-pool-title" });
     const grid = (renderer === "cells" ? cellGrid : canvasGrid)(model, device, n);
     const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element);
-    body.append(section);
-    return (pools[device] = { section, header, grid, renderer });
+    header.addEventListener("click", () => {
+      if (!lastFrame || !((lastFrame.pools || {})[device] || {}).empty_line) return;
+      expanded[device] = !expanded[device];
+      draw(lastFrame);
+    });
+    if (pool) pool.section.replaceWith(section);
+    else body.append(section);
+    return (pools[device] = { section, header, grid, renderer, zoom });
   }
 
   const rules = h("style");
   el.append(rules);
+  let lastFrame = null;
   const draw = (frame) => {
+    lastFrame = frame;
     const palette = model.get("palette");
     drawLegend(palette);
     const css = ownerRules(palette);
@@ -168,6 +178,7 @@ function renderPool(model, el) {
       pool.section.hidden = data.n === 0;
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
         `${data.cached} cached · ${data.free} free`;
+      drawCollapsed(pool, data, !!expanded[device]);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
       pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected);
     }
@@ -326,7 +337,7 @@ function renderControls(model, el) {
   const where = h("span", { class: "bv-where" });
   const current = h("div", { class: "bv-current-event" });
   const error = h("div", { class: "bv-error", hidden: true });
-  bar.append(speed, slider, where);
+  bar.append(speed, slider, where, lookControls(model));
   el.append(title, bar, current, error);
   let speedsShown = "";
   return (frame) => {
@@ -364,6 +375,7 @@ const RENDERERS = {
 function render({ model, el }) {
   const kind = model.get("_kind");
   el.classList.add("bv-root", `bv-view-${kind}`);
+  applyLook(model, el);
   const draw = (RENDERERS[kind] || (() => () => {}))(model, el);
   // The pool view times its draw with the layout it causes (data-render-ms), and until the frame
   // after it is painted (data-paint-ms); data-renders counts draws. benchmarks/widgets.py reads them.
@@ -382,9 +394,14 @@ function render({ model, el }) {
   };
   model.on("change:frame", update);
   if (timed) model.on("change:renderer", update);
+  const relook = () => { applyLook(model, el); update(); };
+  model.on("change:zoom", relook);
+  model.on("change:projector", relook);
   update();
   return () => {
     model.off("change:frame", update);
+    model.off("change:zoom", relook);
+    model.off("change:projector", relook);
     if (timed) model.off("change:renderer", update);
     if (draw.dispose) draw.dispose();
   };

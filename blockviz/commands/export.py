@@ -1,0 +1,97 @@
+"""`blockviz export TRACE --at N --out step.svg [--frames A:B] [--projector] [--force]`: the picture at
+a cursor of a trace, for a slide.
+
+No model and no torch: the trace's events are folded to the cursor (event N: N events applied, as
+`Visualizer.seek(N)` and the status bar's "event N/total"), and the frame the notebook draws there
+is written as SVG, or PNG with the [export] extra (blockviz/model/export.py). `--frames A:B` writes
+one picture per event from A to B, numbered (step-0012.svg ...), for an animation on a slide.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from blockviz.cli import UsageError
+
+MAX_FRAMES = 1000  # --frames: a short sequence for a slide, not a film of a long run
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write the picture at an event of a trace as SVG or PNG, for slides",
+        description="Write the pools, block tables and hash chains at one event of a trace (what the "
+                    "notebook's widget draws there) as an SVG, or a PNG with blockviz[export].")
+    parser.add_argument("trace", metavar="TRACE", help="a trace file, or the name of a shipped trace")
+    parser.add_argument("--at", metavar="N", help="events applied: 0 (the start) to the trace's length "
+                                                  "(default: the end)")
+    parser.add_argument("--frames", metavar="A:B", help="one picture per event from A to B (both included), "
+                                                        "numbered after --out's name")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the picture: a .svg or .png name")
+    parser.add_argument("--projector", action="store_true", help="big cells, the projector palette")
+    parser.add_argument("--force", action="store_true", help="overwrite existing pictures")
+
+
+def _position(text: str, length: int, option: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{option} must be an event position (an integer), got {text!r}") from None
+    if not 0 <= value <= length:
+        raise UsageError(f"{option} {value} is out of range: this trace has events 0 to {length}")
+    return value
+
+
+def positions(args, length: int) -> list[int]:
+    """The event positions to draw: --at's (default the end), or --frames A:B's."""
+    if args.frames is None:
+        return [length if args.at is None else _position(args.at, length, "--at")]
+    if args.at is not None:
+        raise UsageError("give --at N or --frames A:B, not both")
+    first, sep, last = args.frames.partition(":")
+    if not sep:
+        raise UsageError(f"--frames must be A:B (event positions), got {args.frames!r}")
+    start, stop = _position(first, length, "--frames"), _position(last, length, "--frames")
+    if stop < start:
+        raise UsageError(f"--frames {args.frames}: the end comes before the start")
+    if stop - start + 1 > MAX_FRAMES:
+        raise UsageError(f"--frames {args.frames} is {stop - start + 1} pictures; at most {MAX_FRAMES}")
+    return list(range(start, stop + 1))
+
+
+def out_paths(out: Path, chosen: list[int], numbered: bool) -> list[Path]:
+    """--out itself, or one numbered name per position: step.svg -> step-0012.svg ..."""
+    if not numbered:
+        return [out]
+    digits = max(4, len(str(chosen[-1])))
+    return [out.with_name(f"{out.stem}-{position:0{digits}d}{out.suffix}") for position in chosen]
+
+
+def execute(args) -> int:
+    from blockviz.commands.replay import check
+    from blockviz.model.export import ExportError, check_out_path, png_bytes, save_frame, trace_frame, trace_title
+    from blockviz.model.timeline import Timeline
+
+    out = Path(args.out)
+    try:
+        check_out_path(out, overwrite=True)  # the format and the directory, before reading the trace
+        if out.suffix.lower() == ".png":
+            png_bytes('<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>')  # resvg is there
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    _, trace = check(args)
+    timeline = Timeline.for_trace(trace)
+    chosen = positions(args, len(timeline))
+    paths = out_paths(out, chosen, numbered=args.frames is not None)
+    try:
+        for path in paths:
+            check_out_path(path, overwrite=args.force)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    title = trace_title(trace)
+    for position, path in zip(chosen, paths):
+        timeline.seek(position)
+        save_frame(trace_frame(timeline, trace.header, title), path, projector=args.projector, overwrite=args.force)
+    where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} pictures, {paths[0]} to {paths[-1]}"
+    print(f"wrote {where}", file=sys.stdout)
+    return 0

@@ -1,0 +1,298 @@
+"""A frame as an SVG picture for slides: the pools, block tables and hash chains at a cursor.
+
+It draws the records of blockviz.model.view.snapshot() (the frame the notebook's widgets draw and a
+Moment keeps, with its "cursor" line when there is one) in the notebook's look: the canvas pools of
+blockviz/jupyter/static/pool_canvas.js (number, ref count², fill bar, owner colour, second owner's
+strip, free dashed, cached slate, last touched and selected outlined), the block tables and the hash
+chains, in palette.py's sequence colours (the projector's with `projector=True`). Every block is a
+`<g class="block">` carrying data-device / data-block / data-state / data-ref / data-fill, every pool
+a `<g class="pool">` with its data-states / data-refs, so a test can read the picture back and
+compare it with the reducer state. Pure: a string out, no file, no UI import.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from blockviz.model.palette import SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.view import STATE_CODES, STATE_LABELS
+
+WIDTH = 1280  # px: a 16:9 slide's width at 1x; the height follows the content
+FONT_PX = 13  # the notebook's font size is 12 px; a slide is read from further away
+PROJECTOR_SCALE = 1.5  # projector: every size this much bigger (fewer cells to a row)
+MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+CHAR_EM = 0.6  # a monospace character's advance, in em
+CELL_EM = (2.9, 2.2)  # a pool cell's width and height in em, as pool_canvas.js
+STRIP_EM = 1.3  # the second owner's strip, as pool_canvas.js
+GAP, PAD, BAR = 3, 12, 4  # px between cells, around the picture, the fill bar's height
+MAX_HASH_ROWS = 32  # chains shown on a slide; the rest summed up in one line
+# As pool_canvas.js's LOOK (and the TUI's styles.py): free, cached, outlines.
+LOOK = {
+    "border": "#6b6b6b", "cached": "#3c4a5a", "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
+    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b"},
+    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010"},
+    "touched": ("#ffd400", 2), "selected": ("#ff3b3b", 3), "hit": "#ffd400", "slot": "#61afef",
+}
+CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
+_NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def text_of(value: Any) -> str:
+    """Text safe inside an XML element (characters XML cannot hold become '�')."""
+    return escape(_NOT_XML.sub("\ufffd", str(value)))
+
+
+def attr(value: Any) -> str:
+    return quoteattr(_NOT_XML.sub("\ufffd", str(value)))
+
+
+class _Canvas:
+    """The picture being laid out top to bottom: SVG elements, a font size, the y reached."""
+
+    def __init__(self, width: int, scale: float, projector: bool) -> None:
+        self.width = width
+        self.font = FONT_PX * scale
+        self.char = CHAR_EM * self.font
+        self.line = round(self.font * 1.45)
+        self.colours = SEQ_COLOURS_BOLD if projector else SEQ_COLOURS
+        self.ink = "#000000" if projector else LOOK["ink"]
+        self.dim = "#000000" if projector else LOOK["dim"]
+        self.weight = "bold" if projector else "normal"
+        self.parts: list[str] = []
+        self.y = PAD
+
+    def colour(self, seq_id: int) -> str:
+        return self.colours[seq_id % len(self.colours)]
+
+    def text(self, x: float, y: float, words: Any, *, fill: str | None = None, size: float | None = None,
+             bold: bool = False, anchor: str = "start", cls: str = "") -> None:
+        weight = "bold" if bold else self.weight
+        extra = f' class="{cls}"' if cls else ""
+        self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}" fill="{fill or self.ink}" font-size="{size or self.font:.1f}" '
+                          f'font-weight="{weight}" text-anchor="{anchor}" dominant-baseline="hanging"{extra}>'
+                          f"{text_of(words)}</text>")
+
+    def fit(self, words: str, width: float) -> str:
+        """`words` cut with '…' to fit `width` px."""
+        most = max(1, int(width / self.char))
+        return words if len(words) <= most else words[:most - 1] + "…"
+
+    def heading(self, words: str) -> None:
+        self.text(PAD, self.y, words, bold=True)
+        self.y += self.line
+
+
+def frame_svg(frame: dict[str, Any], *, title: str = "", projector: bool = False, width: int = WIDTH) -> str:
+    """The SVG picture of `frame` (view.snapshot()'s records, maybe with a "cursor" line): its
+    title and cursor, the pools, the block tables and the hash chains, top to bottom."""
+    canvas = _Canvas(width, PROJECTOR_SCALE if projector else 1.0, projector)
+    _draw_title(canvas, frame, title)
+    for device in ("gpu", "cpu"):
+        pool = (frame.get("pools") or {}).get(device)
+        if pool and pool["n"]:
+            _draw_pool(canvas, device, pool, frame)
+    _draw_tables(canvas, frame)
+    _draw_hashes(canvas, frame)
+    height = round(canvas.y + PAD)
+    return "\n".join([
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'font-family={attr(MONO)} data-step="{frame.get("step", 0)}" data-position="{_cursor(frame).get("position", "")}">',
+        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        *canvas.parts,
+        "</svg>",
+    ]) + "\n"
+
+
+def _cursor(frame: dict[str, Any]) -> dict[str, Any]:
+    return frame.get("cursor") or {}
+
+
+def _draw_title(canvas: _Canvas, frame: dict[str, Any], title: str) -> None:
+    cursor = _cursor(frame)
+    name = cursor.get("title") or title or "blockviz"
+    canvas.text(PAD, canvas.y, canvas.fit(name, canvas.width - 2 * PAD), bold=True, cls="title")
+    canvas.y += canvas.line
+    if cursor:
+        where = (f"event {cursor['position']}/{cursor['length']} · step {cursor['steps_done']}/{cursor['num_steps']}"
+                 f" · {cursor.get('current') or 'start: no event applied yet'}")
+    else:
+        where = f"step {frame.get('step', 0)}" + (f" ({frame['step_kind']})" if frame.get("step_kind") else "")
+    canvas.text(PAD, canvas.y, canvas.fit(where, canvas.width - 2 * PAD), fill=canvas.dim, cls="cursor")
+    canvas.y += canvas.line * 1.4
+
+
+# ------------------------------------------------------------------------------------ pools
+
+
+def _draw_pool(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[str, Any]) -> None:
+    """A pool's header line and its grid of cells; a pool with an `empty_line` is only that line."""
+    n = pool["n"]
+    states = "".join(pool["state"])
+    canvas.parts.append(f'<g class="pool" data-device="{device}" data-n="{n}" data-states={attr(states)} '
+                        f'data-refs="{",".join(map(str, pool["ref"]))}" data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
+    if pool.get("empty_line"):
+        canvas.text(PAD, canvas.y, pool["empty_line"], fill=canvas.dim, cls="pool-line")
+        canvas.y += canvas.line * 1.4
+        canvas.parts.append("</g>")
+        return
+    canvas.text(PAD, canvas.y, f"{device.upper()} pool · {n} blocks · {pool['used']} used · {pool['cached']} cached"
+                               f" · {pool['free']} free", bold=True, cls="pool-line")
+    canvas.y += canvas.line
+    cw, ch = round(CELL_EM[0] * canvas.font), round(CELL_EM[1] * canvas.font)
+    cols = max(1, int((canvas.width - 2 * PAD + GAP) // (cw + GAP)))
+    touched = set((frame.get("touched") or {}).get(device, ()))
+    selected = frame.get("selected")
+    chosen = selected[1] if selected and selected[0] == device else -1
+    block_size = frame.get("block_size") or 1
+    for i in range(n):
+        x = PAD + (i % cols) * (cw + GAP)
+        y = canvas.y + (i // cols) * (ch + GAP)
+        mark = LOOK["selected"] if i == chosen else LOOK["touched"] if i in touched else None
+        canvas.parts.append(_cell(canvas, device, i, pool, x, y, cw, ch, block_size, mark))
+    canvas.y += ((n + cols - 1) // cols) * (ch + GAP) - GAP + canvas.line
+    canvas.parts.append("</g>")
+
+
+def _cell(canvas: _Canvas, device: str, i: int, pool: dict[str, Any], x: float, y: float, cw: int, ch: int,
+          block_size: int, mark: tuple[str, int] | None) -> str:
+    """One block: background (owner colour, cached slate, nothing when free), the fill bar, the
+    second owner's strip, the border (dashed when free), number and ref count, an outline when marked."""
+    code = pool["state"][i]
+    name = CODE_NAMES.get(code, code)
+    ref, fill, owner, owner2 = pool["ref"][i], pool["fill"][i], pool["owner"][i], pool["owner2"][i]
+    look = name if name in LOOK["text"] else "free"
+    out = [f'<g class="block" data-device="{device}" data-block="{i}" data-state={attr(name)} data-ref="{ref}" '
+           f'data-fill="{fill}" data-owner="{owner}" data-owner2="{owner2}">',
+           f"<title>{text_of(_block_title(device, i, name, ref, fill, block_size, owner, owner2))}</title>"]
+    background = (canvas.colour(owner) if name == "used" and owner >= 0 else LOOK["cached"] if name == "cached"
+                  else LOOK["other"] if name not in LOOK["text"] else "none")
+    dash = ' stroke-dasharray="3 3"' if look == "free" else ""
+    out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cw}" height="{ch}" rx="3" fill="{background}" '
+               f'stroke="{LOOK["border"]}" stroke-width="1"{dash}/>')
+    if name == "used" and owner >= 0 and owner2 >= 0:
+        strip = STRIP_EM * canvas.font
+        out.append(f'<rect x="{x + cw - 1 - strip:.1f}" y="{y + 1:.1f}" width="{strip:.1f}" height="{ch - 2}" '
+                   f'fill="{canvas.colour(owner2)}"/>')
+    if fill > 0 and look != "free":
+        bar = (cw - 2) * min(fill, block_size) / block_size
+        out.append(f'<rect class="fill" x="{x + 1:.1f}" y="{y + ch - 1 - BAR:.1f}" width="{bar:.1f}" height="{BAR}" '
+                   f'fill="{LOOK["bar"][look]}"/>')
+    size = canvas.font * 0.92
+    out.append(f'<text x="{x + 4:.1f}" y="{y + 3:.1f}" fill="{LOOK["text"][look]}" font-size="{size:.1f}" '
+               f'font-weight="bold" dominant-baseline="hanging">{i}</text>')
+    sup = str(ref).translate(_SUPERSCRIPT) if ref > 1 else ("c" if name == "cached" else "")
+    if sup:
+        out.append(f'<text x="{x + cw - 4:.1f}" y="{y + 2:.1f}" fill="{LOOK["text"][look]}" font-size="{size:.1f}" '
+                   f'font-weight="bold" text-anchor="end" dominant-baseline="hanging">{sup}</text>')
+    if mark is not None:
+        colour, width = mark
+        inset = width / 2
+        out.append(f'<rect class="mark" x="{x + inset:.1f}" y="{y + inset:.1f}" width="{cw - width}" '
+                   f'height="{ch - width}" rx="2" fill="none" stroke="{colour}" stroke-width="{width}"/>')
+    out.append("</g>")
+    return "".join(out)
+
+
+def _block_title(device: str, i: int, name: str, ref: int, fill: int, block_size: int, owner: int, owner2: int) -> str:
+    """A block's tooltip, as the notebook's (blockviz.js blockTitle)."""
+    owners = [str(s) for s in (owner, owner2) if s >= 0]
+    return (f"{device} block {i} · {STATE_LABELS.get(name, name)} · ref {ref} · {fill}/{block_size} slots"
+            + (f" · seq {','.join(owners)}" if owners else ""))
+
+
+# ------------------------------------------------------------------------------------ tables and chains
+
+
+def _draw_tables(canvas: _Canvas, frame: dict[str, Any]) -> None:
+    """Each sequence's block table: its chip and status, then logical block -> physical block boxes
+    holding the token in each slot, wrapped to the width."""
+    rows = frame.get("tables") or []
+    canvas.heading("Block tables (logical → physical)")
+    if not rows:
+        canvas.text(PAD, canvas.y, "no sequences yet", fill=canvas.dim)
+        canvas.y += canvas.line * 1.4
+        return
+    block_size = frame.get("block_size") or 1
+    for row in rows:
+        chip = f"seq {row['seq']}"
+        chip_w = len(chip) * canvas.char + 8
+        canvas.parts.append(f'<g class="table" data-seq="{row["seq"]}">')
+        canvas.parts.append(f'<rect x="{PAD}" y="{canvas.y - 1:.1f}" width="{chip_w:.1f}" height="{canvas.line}" rx="3" '
+                            f'fill="{canvas.colour(row["seq"])}"/>')
+        canvas.text(PAD + 4, canvas.y + 1, chip, fill="#000000")
+        label = f" req {row['request']} · {row['status']}" + (f" ({row['finish']})" if row.get("finish") else "")
+        canvas.text(PAD + chip_w, canvas.y + 1, label, fill=canvas.dim)
+        canvas.y += canvas.line + 2
+        _draw_lblocks(canvas, row, block_size)
+        canvas.parts.append("</g>")
+    canvas.y += canvas.line * 0.4
+
+
+def _draw_lblocks(canvas: _Canvas, row: dict[str, Any], block_size: int) -> None:
+    if not row["blocks"]:
+        canvas.text(PAD, canvas.y, "no blocks", fill=canvas.dim)
+        canvas.y += canvas.line * 1.3
+        return
+    x, box_h = PAD, 2 * canvas.line + 4
+    for index, (device, number, ref, texts) in enumerate(row["blocks"]):
+        head = f"L{index} → {device} {number}" + (f" ×{ref}" if ref > 1 else "")
+        slots = [texts[s] if s < len(texts) else "·" for s in range(block_size)]
+        widths = [max(1, len(piece)) * canvas.char + 4 for piece in slots]
+        box_w = max(len(head) * canvas.char, sum(widths) + len(widths) - 1) + 8
+        if x > PAD and x + box_w > canvas.width - PAD:
+            x, canvas.y = PAD, canvas.y + box_h + 4
+        dash = ' stroke-dasharray="2 2"' if device == "cpu" else ""
+        canvas.parts.append(f'<g class="lblock" data-device="{device}" data-block="{number}" data-ref="{ref}" '
+                            f'data-logical="{index}"><rect x="{x:.1f}" y="{canvas.y:.1f}" width="{box_w:.1f}" '
+                            f'height="{box_h}" rx="3" fill="none" stroke="#888888"{dash}/>')
+        canvas.text(x + 4, canvas.y + 2, head, fill=canvas.dim, size=canvas.font * 0.92)
+        sx = x + 4
+        for s, (piece, w) in enumerate(zip(slots, widths)):
+            filled = s < len(texts)
+            if filled:
+                canvas.parts.append(f'<rect x="{sx:.1f}" y="{canvas.y + canvas.line + 1:.1f}" width="{w:.1f}" '
+                                    f'height="{canvas.line - 2}" rx="2" fill="{LOOK["slot"]}" fill-opacity="0.25"/>')
+            canvas.text(sx + 2, canvas.y + canvas.line + 2, piece, fill=canvas.ink if filled else "#999999")
+            sx += w + 1
+        canvas.parts.append("</g>")
+        x += box_w + 4
+    canvas.y += box_h + 8
+
+
+def _draw_hashes(canvas: _Canvas, frame: dict[str, Any]) -> None:
+    """The hash chains: each hashed block's hash after its parent's, indented where a chain branches,
+    hits lit; at most MAX_HASH_ROWS rows."""
+    rows = frame.get("hashes") or []
+    summary = frame.get("hash_summary") or {}
+    if not rows and not summary.get("in_map"):
+        return
+    canvas.heading("Hash chains (prefix cache)")
+    canvas.text(PAD, canvas.y, f"{summary.get('in_map', 0)} hashes in the map · hits {summary.get('hits', 0)}"
+                               f"/{summary.get('looked_up', 0)} prompt blocks looked up", fill=canvas.dim)
+    canvas.y += canvas.line
+    for row in rows[:MAX_HASH_ROWS]:
+        x = PAD + row["depth"] * 2 * canvas.char
+        lead = f"{row['branch']} " if row["branch"] else ""
+        hash_x = x + len(lead) * canvas.char
+        hit = row["hits"] > 0
+        canvas.parts.append(f'<g class="hash" data-block="{row["block"]}" data-hits="{row["hits"]}" '
+                            f'data-state={attr(row["state"])}>')
+        if hit or row["hit_now"]:
+            stroke = ' stroke="#000000" stroke-width="2"' if row["hit_now"] else ""
+            canvas.parts.append(f'<rect x="{hash_x - 1:.1f}" y="{canvas.y - 1:.1f}" width="{len(row["hash"]) * canvas.char + 2:.1f}" '
+                                f'height="{canvas.line - 2}" fill="{LOOK["hit"] if hit else "none"}"{stroke}/>')
+        canvas.text(x, canvas.y, lead, fill=canvas.dim)
+        canvas.text(hash_x, canvas.y, row["hash"], bold=True)
+        rest = (f" ← {row['parent'] or 'root'} · block {row['block']} · ref {row['ref']}"
+                + (f" · {row['hits']} hit{'s' if row['hits'] > 1 else ''}" if hit else "")
+                + (" · cached" if row["state"] == "cached" else "") + "  " + " ".join(row["tokens"]))
+        rest_x = hash_x + (len(row["hash"]) + 0.5) * canvas.char
+        canvas.text(rest_x, canvas.y, canvas.fit(rest, canvas.width - PAD - rest_x), fill=canvas.ink)
+        canvas.parts.append("</g>")
+        canvas.y += canvas.line
+    if len(rows) > MAX_HASH_ROWS:
+        canvas.text(PAD, canvas.y, f"… {len(rows) - MAX_HASH_ROWS} more hashed blocks", fill=canvas.dim)
+        canvas.y += canvas.line
