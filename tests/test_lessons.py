@@ -304,3 +304,16 @@ def test_the_readme_notebook_block_pasted_as_one_cell_shows_the_widget(kernel_en
     (result,) = [o for o in notebook.cells[0].outputs if o.output_type == "execute_result"]
     assert "application/vnd.jupyter.widget-view+json" in result.data
     assert result.data["text/plain"].startswith("live ")
+
+
+def test_lessons_show_moments_where_their_text_discusses_a_state():
+    """Every lesson that steps an engine and discusses what it did shows moments (a frozen
+    picture, `.snapshot()` / `.show(at=...)`), so Run All leaves each picture at its paragraph's state."""
+    for path in LESSONS:
+        if path.name[:2] in ("01", "08"):  # one picture after the last step / no picture at all
+            continue
+        last_lines = [cell.source.strip().splitlines()[-1] for cell in read(path).cells
+                      if cell.cell_type == "code" and cell.source.strip()]
+        assert any(re.match(r"\w+(\[\"v1\"\])?\.(snapshot\(\)|show\(at=)", line) for line in last_lines), path.name
+    lesson09 = "\n".join(cell.source for cell in read(LESSONS_DIR / "09_asking_the_engine.ipynb").cells)
+    assert "viz.show(at=at)" in lesson09 and "viz.seek(" not in lesson09.split("## 2.")[0].replace("`viz.seek(at)`", "")
