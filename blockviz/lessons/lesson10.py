@@ -78,18 +78,18 @@ def check_evicted():
 @cache
 def preemption_run(kv_manager: str) -> dict:
     """The two requests on a 14-block pool: tokens lost per preemption, tokens the cache served back
-    to each victim when it was admitted again, and the tokens run through the model."""
+    to the first victim when it was admitted again, and the tokens run through the model."""
     from engine import events as ev
     from engine.sequence import SamplingParams
 
-    with fresh(options(kv_manager, 14), prompts=PREEMPT_PROMPTS,
-               sampling_params=SamplingParams(max_tokens=20, ignore_eos=True)) as viz:
+    config = options(kv_manager, 14)
+    with fresh(config, prompts=PREEMPT_PROMPTS, sampling_params=SamplingParams(max_tokens=20, ignore_eos=True)) as viz:
         viz.run_to_completion()
         preempted = events_of(viz, ev.Preempted)
         served = 0
         if preempted:
             victim, after = preempted[0].seq_ids[0], preempted[0].seq_no
-            served = 4 * sum(1 for e in events_of(viz, ev.PrefixCacheHit) if victim in e.seq_ids and e.seq_no > after)
+            served = config["block_size"] * sum(1 for e in events_of(viz, ev.PrefixCacheHit) if victim in e.seq_ids and e.seq_no > after)
         return {"lost": [e.num_tokens_lost for e in preempted], "served": served,
                 "computed": sum(e.num_tokens for e in events_of(viz, ev.StepStarted))}
 
