@@ -1,5 +1,7 @@
-"""Lesson 02 in a real browser: JupyterLab runs a temporary copy of lessons/02 top to bottom, chromium
-clicks the widget's step button, and the page's pool cells equal the reducer state in the kernel.
+"""Lessons 02 and 04 in a real browser: JupyterLab runs a temporary copy of each top to bottom; every
+moment on the page (viz.snapshot(), viz.show(at=N)) draws the reducer state at its own cursor, the
+live widget draws the kernel's state now, and in lesson 02 chromium clicks the live widget's step
+button, which steps the engine and leaves the moments as they were.
 
 Fixtures and helpers: tests/jupyter_fixtures.py (one server per session, a fresh page per test)."""
 
@@ -7,19 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from jupyter_fixtures import (
+    DRAWN_BLOCKS_JS,
     UI_LIMIT_MS,
     click_and_wait,
+    drawn_blocks_in,
     kernel_cells,
     kernel_json,
     open_notebook,
-    page_cells,
     run_all_cells,
     wait_for_position,
     wait_for_visualizer,
 )
 
-LESSON = Path(__file__).resolve().parent.parent / "lessons" / "02_logical_vs_physical.ipynb"
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+LIVE = ".blockviz:not(.blockviz-moment)"
 
 ALL_CELLS_RAN = """() => {
     const cells = window.jupyterapp.shell.currentWidget.content.widgets;
@@ -30,34 +35,75 @@ ERRORS = """() => window.jupyterapp.shell.currentWidget.content.widgets
     .flatMap((c) => c.model.outputs.toJSON())
     .filter((o) => o.output_type === 'error')
     .map((o) => o.ename + ': ' + o.evalue)"""
+# Each moment on the page, in page order: its cursor and the blocks its pools drew.
+MOMENTS_JS = ("() => Array.from(document.querySelectorAll('.blockviz-moment')).map((m) => ({"
+              "position: Number(m.querySelector('.bv-view-moment').dataset.position), blocks: ("
+              + DRAWN_BLOCKS_JS.replace("() => {", "(root) => {", 1).replace(
+                  "document.querySelectorAll('.bv-view-pool .bv-pool')", "root.querySelectorAll('.bv-view-pool .bv-pool')", 1)
+              + ")(m) }))")
+MOMENTS_DRAWN = """(n) => {
+    const moments = document.querySelectorAll('.blockviz-moment');
+    return moments.length === n && Array.from(moments).every((m) =>
+        m.querySelector('.bv-view-moment[data-position]') && m.querySelector("canvas.bv-pool-canvas[data-states]"));
+}"""
 
 
-def same_as_kernel(page) -> None:
-    """Every view of the Visualizer on the page (the lesson displays it more than once) draws the
-    kernel's pools."""
-    kernel = kernel_cells(page)
-    shown = page_cells(page)
-    assert shown and len(shown) % len(kernel) == 0
-    assert shown == kernel * (len(shown) // len(kernel))
+def num_moments(path: Path) -> int:
+    """Code cells of the lesson whose last line shows a moment of `viz`."""
+    import nbformat
+
+    cells = nbformat.read(path, as_version=4).cells
+    return sum(1 for c in cells if c.cell_type == "code" and c.source.strip()
+               and c.source.strip().splitlines()[-1].startswith(("viz.snapshot()", "viz.show(")))
 
 
-def test_lesson_02_runs_in_jupyterlab_and_its_step_button_steps_the_engine(jupyter_server, lab_page):
-    page = lab_page
-    path = jupyter_server.copy_notebook(LESSON)
-    open_notebook(page, jupyter_server, path)
+def run_lesson(page, server, name: str) -> int:
+    """Open a copy of the lesson, run all its cells, wait for every moment; returns how many."""
+    path = server.copy_notebook(LESSONS / name)
+    open_notebook(page, server, path)
     run_all_cells(page)
     wait_for_visualizer(page)
     page.wait_for_function(ALL_CELLS_RAN, timeout=UI_LIMIT_MS)
     position = kernel_json(page, "viz.position")  # queued behind the lesson's cells: they are done
     assert page.evaluate(ERRORS) == []
     wait_for_position(page, position)
-    same_as_kernel(page)
+    expected = num_moments(LESSONS / name)
+    page.wait_for_function(MOMENTS_DRAWN, arg=expected, timeout=UI_LIMIT_MS)
+    return expected
 
+
+def moments_equal_the_kernel(page) -> list[dict]:
+    """Every moment draws the reducer state at its cursor (asked of the kernel afresh)."""
+    moments = page.evaluate(MOMENTS_JS)
+    for moment in moments:
+        assert moment["blocks"] == kernel_cells(page, f"viz.snapshot(at={moment['position']})"), moment["position"]
+    return moments
+
+
+@pytest.mark.parametrize("name", ["02_logical_vs_physical.ipynb", "04_fork_copy_on_write.ipynb"])
+def test_the_moments_of_a_lesson_show_the_states_their_cells_captured(jupyter_server, lab_page, name):
+    page = lab_page
+    expected = run_lesson(page, jupyter_server, name)
+    moments = moments_equal_the_kernel(page)
+    assert len(moments) == expected >= 2
+    positions = [m["position"] for m in moments]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions), positions
+    assert drawn_blocks_in(page, LIVE) == kernel_cells(page)
+    assert any(m["blocks"] != kernel_cells(page) for m in moments), "every moment equals the end: nothing frozen"
+
+
+def test_lesson_02_step_button_steps_the_engine_and_leaves_the_moments(jupyter_server, lab_page):
+    page = lab_page
+    run_lesson(page, jupyter_server, "02_logical_vs_physical.ipynb")
+    moments = moments_equal_the_kernel(page)
+    kernel_json(page, "viz.add_request('JULIET: and', SamplingParams(max_tokens=4, ignore_eos=True))")
+    wait_for_position(page, kernel_json(page, "viz.position"))  # the request's frame has arrived
     steps_before = kernel_json(page, "viz.state.step")
     for _ in range(2):
         position = click_and_wait(page, "step")
         assert kernel_json(page, "viz.position") == position
         wait_for_position(page, position)
-        same_as_kernel(page)
+        assert drawn_blocks_in(page, LIVE) == kernel_cells(page)
     assert kernel_json(page, "viz.state.step") == steps_before + 2
-    assert any(state == "used" for _, _, state, _ in page_cells(page))
+    assert any(state == "used" for _, _, state, _ in drawn_blocks_in(page, LIVE))
+    assert page.evaluate(MOMENTS_JS) == moments

@@ -1,0 +1,15 @@
+"""Lesson 08 (lessons/08_why_paging.ipynb): the share of a reservation that holds no token."""
+
+from __future__ import annotations
+
+from blockviz.lessons.checks import Slip, close_to, exercise
+
+
+@exercise("08", "my_fraction", "wasted = (reserved - used) / reserved.",
+          slips=[Slip(0.25, "that is the share used: 64 of 256 slots hold a token."),
+                 Slip(192, "a fraction, between 0 and 1: divide the empty slots by the slots reserved.")],
+          praise="paging would hold exactly 16 blocks of 4 for it: nothing wasted.", same=close_to)
+def check_fraction():
+    """A reservation of 256 slots for a request that ends at 64 tokens."""
+    reserved, used = 256, 64
+    return (reserved - used) / reserved

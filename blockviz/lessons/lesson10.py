@@ -1,0 +1,136 @@
+"""Lesson 10 (lessons/10_vllm_v1.ipynb): vLLM v1's KV cache manager beside v0's, on fresh engines
+(`kv_manager="v1"`: engine/v1/, after vLLM v1 `KVCacheManager`, `BlockPool`,
+`FreeKVCacheBlockQueue` and the v1 `Scheduler`)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from blockviz.lessons.checks import Slip, exercise
+from blockviz.lessons.engines import events_of, fresh
+
+WINTER = "Now is the winter of our discontent"  # 10 tokens
+HAMLET = "HAMLET: To be, or not to be,"  # 12 tokens: 3 full blocks of 4
+CITIZEN = "First Citizen:\nBefore we proceed any further, hear me speak."  # 20 tokens
+PREEMPT_PROMPTS = [WINTER, "ROMEO: What light through yonder window breaks?"]
+
+
+def options(kv_manager: str, num_gpu_blocks: int = 16, **more) -> dict:
+    """The lesson's engine: 4-token blocks, no CPU pool, v0's or v1's manager."""
+    return {"block_size": 4, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": 0, "kv_manager": kv_manager, **more}
+
+
+@exercise("10", "my_child_hits", "both children are admitted in the same step, and the first one caches each block "
+                                 "as soon as it is full.",
+          slips=[Slip(3, "only full blocks get a hash: the third block holds 2 of 4 tokens, so each child has "
+                         "its own."),
+                 Slip(0, "v1 caches a full block as soon as its tokens have slots, so the second child, planned "
+                         "in the same step, already finds it.")],
+          praise="the full blocks are shared through the cache; the partly filled one never is, so no copy is needed.")
+def check_child_hits():
+    """Prefix-cache hits of n=2's second child in v1 for the 10-token prompt."""
+    from engine.sequence import SamplingParams
+
+    with fresh(options("v1"), prompts=WINTER,
+               sampling_params=SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=8)) as viz:
+        viz.step()
+        return viz.state.num_prefix_hits
+
+
+@cache
+def hamlet_then_citizen() -> tuple[list[int], int]:
+    """Hamlet's table on a 9-block v1 pool (block 0 the null block), and the first block evicted
+    when the 20-token request follows it."""
+    from engine import events as ev
+    from engine.sequence import SamplingParams
+
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    with fresh(options("v1", 9)) as viz:
+        request_id = viz.add_request(HAMLET, params)
+        viz.run_to_completion()
+        table = _table_of(viz, request_id)
+        viz.add_request(CITIZEN, params)
+        return table, viz.run_until(ev.BlockEvicted.type).block
+
+
+def _table_of(viz, request_id: str) -> list[int]:
+    """The blocks a finished request held, in table order, from its allocation and hit events."""
+    from engine import events as ev
+
+    seq_id = viz.state.requests[request_id][0]
+    held = [(e.logical_index, e.block) for e in viz.events
+            if isinstance(e, (ev.BlockAllocated, ev.PrefixCacheHit)) and seq_id in e.seq_ids]
+    return [block for _, block in sorted(held)]
+
+
+@exercise("10", "my_evicted", "v1 frees a request's blocks last first, and hashed blocks join the tail of the free "
+                              "queue in that order; blocks are popped from the head.",
+          slips=[Slip(lambda: hamlet_then_citizen()[0][0], "the chain's head went to the queue last, behind its "
+                                                           "tail: the tail is evicted first."),
+                 Slip(lambda: hamlet_then_citizen()[0][3], "the partly filled block had no hash: popping it evicts "
+                                                           "nothing.")],
+          praise="the chain loses its tail first, so its head, the part other prompts share, lives longest.")
+def check_evicted():
+    """The first of Hamlet's cached blocks the pool evicts."""
+    return hamlet_then_citizen()[1]
+
+
+@cache
+def preemption_run(kv_manager: str) -> dict:
+    """The two requests on a 14-block pool: tokens lost per preemption, tokens the cache served back
+    to the first victim when it was admitted again, and the tokens run through the model."""
+    from engine import events as ev
+    from engine.sequence import SamplingParams
+
+    config = options(kv_manager, 14)
+    with fresh(config, prompts=PREEMPT_PROMPTS, sampling_params=SamplingParams(max_tokens=20, ignore_eos=True)) as viz:
+        viz.run_to_completion()
+        preempted = events_of(viz, ev.Preempted)
+        served = 0
+        if preempted:
+            victim, after = preempted[0].seq_ids[0], preempted[0].seq_no
+            served = config["block_size"] * sum(1 for e in events_of(viz, ev.PrefixCacheHit) if victim in e.seq_ids and e.seq_no > after)
+        return {"lost": [e.num_tokens_lost for e in preempted], "served": served,
+                "computed": sum(e.num_tokens for e in events_of(viz, ev.StepStarted))}
+
+
+@exercise("10", "my_served", "count the victim's prefix-cache hits when it is admitted again, 4 tokens each; tail-first "
+                             "eviction took the end of its chain.",
+          slips=[Slip(lambda: preemption_run("v1")["lost"][0], "the other request kept growing after the preemption "
+                                                               "and took some of the freed blocks: their hashes are "
+                                                               "gone."),
+                 Slip(0, "freed blocks keep their hash in v1 until the pool hands them out again.")])
+def check_served():
+    """Tokens the prefix cache served back to the v1 victim when it was admitted again."""
+    return preemption_run("v1")["served"]
+
+
+@exercise("10", "my_aligned_hits", "v1 serves at most num_tokens - 1 tokens from the cache, and hits come in whole "
+                                   "blocks.",
+          slips=[Slip(3, "all 3 blocks are cached, but serving all 12 tokens would leave nothing to compute the "
+                         "next token's logits from.")])
+def check_aligned_hits():
+    """Hits of the 12-token prompt sent a second time, in v1."""
+    from engine.sequence import SamplingParams
+
+    with fresh(options("v1")) as viz:
+        viz.add_request(HAMLET, SamplingParams(max_tokens=4))
+        viz.run_to_completion()
+        before = viz.state.num_prefix_hits
+        viz.add_request(HAMLET, SamplingParams(max_tokens=4))
+        viz.step()
+        return viz.state.num_prefix_hits - before
+
+
+@exercise("10", "my_chunk_steps", "each step computes at most max_num_batched_tokens tokens: 8 here.",
+          slips=[Slip(1, "that is v0's prefill: the whole prompt in one step. v1 cuts it to the token budget."),
+                 Slip(2, "20 tokens at 8 a step: 8, 8, then the last 4.")])
+def check_chunk_steps():
+    """Steps the 20-token prompt's prefill takes in v1 with a budget of 8 tokens a step."""
+    from engine import events as ev
+    from engine.sequence import SamplingParams
+
+    with fresh(options("v1", max_num_batched_tokens=8), prompts=CITIZEN,
+               sampling_params=SamplingParams(max_tokens=3)) as viz:
+        viz.run_to_completion()
+        return sum(1 for e in events_of(viz, ev.TokensScheduled) if e.num_computed_tokens[0] < e.num_tokens[0] - 1)
