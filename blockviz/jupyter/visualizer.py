@@ -124,7 +124,8 @@ class Visualizer(LiveCommands):
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
              sampling_params: Any = None, scenario: str | None = None,
-             keep_events: int | None = LIVE_MAX_EVENTS, *, projector: bool = False) -> "Visualizer":
+             keep_events: int | None = LIVE_MAX_EVENTS, *, projector: bool = False,
+             kv_manager: str | None = None) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
@@ -133,8 +134,14 @@ class Visualizer(LiveCommands):
         steps, on its engine settings unless the options say otherwise (an LLM given keeps its own),
         sampled as it samples. A long session keeps its last `keep_events` events (None: all),
         dropping its oldest steps with a notice under the controls. `projector=True`: big cells and
-        the projector palette."""
+        the projector palette. `kv_manager="v1"` runs vLLM v1's KV cache manager and scheduler
+        (`LLM(kv_manager=...)`; with `scenario="story"`, v1's own story)."""
         from engine.llm import LLM
+
+        if kv_manager is not None:
+            if isinstance(llm_or_options, LLM):
+                raise ValueError("kv_manager= goes with LLM options, not a built LLM (build it with kv_manager=...)")
+            llm_or_options = {**(llm_or_options or {}), "kv_manager": kv_manager}
 
         spec = None
         if scenario is not None:

@@ -52,7 +52,10 @@ class EngineSpec:
     def for_scenario(cls, name: str, **options: Any) -> "EngineSpec":
         """A named scenario's spec (scenario.SCENARIOS): its arrivals, on its engine and sampling
         settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
-        say otherwise. A ValueError names an unknown scenario or option."""
+        say otherwise. A ValueError names an unknown scenario or option. The story under
+        `kv_manager="v1"` is vLLM v1's story ("story-v1"), as `blockviz run --kv-manager v1` plays."""
+        if name == "story" and options.get("kv_manager") == "v1":
+            name = "story-v1"
         arrivals, settings = scenario(name)
         known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
         unknown = sorted(set(options) - known)
