@@ -21,14 +21,14 @@ from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401 (anyio
 
 # What starts each idea, read plainly off the events (the guide's own reading is under test).
 STARTS = (
-    ("fork", lambda e: isinstance(e, ev.Forked)),
-    ("copy_on_write", lambda e: isinstance(e, ev.CopyOnWrite)),
-    ("prefix_hit", lambda e: isinstance(e, ev.PrefixCacheHit)),
-    ("swap_out", lambda e: isinstance(e, ev.Preempted) and e.mode == "swap"),
+    ("forking", lambda e: isinstance(e, ev.Forked)),
+    ("copy-on-write", lambda e: isinstance(e, ev.CopyOnWrite)),
+    ("prefix-hit", lambda e: isinstance(e, ev.PrefixCacheHit)),
+    ("swap-out", lambda e: isinstance(e, ev.Preempted) and e.mode == "swap"),
     ("recompute", lambda e: isinstance(e, ev.Preempted) and e.mode == "recompute"),
-    ("swap_in", lambda e: isinstance(e, ev.SwappedIn)),
+    ("swap-in", lambda e: isinstance(e, ev.SwappedIn)),
     ("eviction", lambda e: isinstance(e, ev.BlockEvicted)),
-    ("never_runs", lambda e: isinstance(e, ev.SequenceFinished) and e.reason == "ignored"),
+    ("never-runs", lambda e: isinstance(e, ev.SequenceFinished) and e.reason == "ignored"),
 )
 
 
@@ -56,7 +56,7 @@ def card_text(app) -> str:
 async def test_the_story_played_guided_stops_once_per_idea_in_order_with_its_blocks_highlighted(story_trace_path):
     trace = load_trace(story_trace_path)
     expected = first_occurrences(trace.events)
-    assert {"fork", "copy_on_write", "prefix_hit", "swap_out"} <= {idea for idea, _ in expected}
+    assert {"forking", "copy-on-write", "prefix-hit", "swap-out"} <= {idea for idea, _ in expected}
     app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
     stops = []
     async with app.run_test(size=(200, 60)) as pilot:
@@ -101,7 +101,7 @@ async def test_the_bracket_key_from_the_start_lands_on_the_first_fork_without_se
             assert app.player.timeline.position == fork + 1
             assert (app.player.card is not None) == guided
             if guided:
-                assert app.player.card.idea == "fork" and "Fork" in card_text(app)
+                assert app.player.card.idea == "forking" and "Fork" in card_text(app)
 
 
 @pytest.mark.anyio
@@ -131,9 +131,9 @@ def test_guided_playback_slows_near_a_card_and_stops_on_it():
 
 
 def test_cards_of_the_shipped_traces_name_what_happened():
-    for name, idea, words in (("swap", "swap_out", "copied to CPU blocks"), ("recompute", "recompute", "freed"),
-                              ("eviction", "eviction", "least recently used"), ("prefix-hit", "prefix_hit", "not computed again"),
-                              ("fork-cow", "copy_on_write", "copied to block")):
+    for name, idea, words in (("swap", "swap-out", "copied to CPU blocks"), ("recompute", "recompute", "freed"),
+                              ("eviction", "eviction", "least recently used"), ("prefix-hit", "prefix-hit", "not computed again"),
+                              ("fork-cow", "copy-on-write", "copied to block")):
         trace = load_trace(name)
         guide = Guide()
         guide.scan(trace.events)
@@ -142,7 +142,7 @@ def test_cards_of_the_shipped_traces_name_what_happened():
         assert words in card.what and card.blocks, (name, card)
         timeline = Timeline.for_trace(trace)
         timeline.seek(card.position)
-        if idea in ("swap_out", "recompute"):  # the pools show the whole move at the stop
+        if idea in ("swap-out", "recompute"):  # the pools show the whole move at the stop
             victim = next(e for e in trace.events if isinstance(e, ev.Preempted))
             gpu = [number for device, number in card.blocks if device == "gpu"]
             assert gpu and all(not set(victim.seq_ids) & timeline.state.pools["gpu"][b].owners for b in gpu)
@@ -161,7 +161,7 @@ def test_a_request_that_can_never_run_gets_a_card(tiny_gpt2_dir):
     guide.scan(session.take_events())
     guide.settle()
     (card,) = guide.cards
-    assert card.idea == "never_runs" and "ignored" in card.what and "AllocStatus.NEVER" in card.function
+    assert card.idea == "never-runs" and "ignored" in card.what and "AllocStatus.NEVER" in card.function
     session.close()
 
 
@@ -240,7 +240,7 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
         await _until(pilot, lambda: app.player is not None and app.player.card is not None, timeout=30)
         await pilot.pause()
         timeline = app.player.timeline
-        assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy_on_write"
+        assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy-on-write"
         assert isinstance(timeline.current_event, ev.CopyOnWrite) and not app.player.playing
         assert "Copy-on-write" in card_text(app)
         assert app.query_one(GuideCard).styles.border_top[0] == "heavy"  # the projector's large card
@@ -256,7 +256,7 @@ def test_the_guide_counts_from_a_capped_timelines_front():
     whole = Guide()
     whole.scan(events)
     whole.settle()
-    swap_out = next(card for card in whole.cards if card.idea == "swap_out")
+    swap_out = next(card for card in whole.cards if card.idea == "swap-out")
     cut = swap_out.start - 10
     guide = Guide()
     guide.scan(events[:cut])

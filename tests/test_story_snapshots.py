@@ -19,8 +19,8 @@ from blockviz.tui.widgets.panels import BlockTables, StatusBar, TitleBar
 from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401 (anyio_backend: the fixture)
 
 # (trace, presses of ] from the start, the idea it stops on)
-MOMENTS = {"fork": ("fork-cow", 1, "fork"), "copy-on-write": ("fork-cow", 2, "copy_on_write"),
-           "hit": ("prefix-hit", 1, "prefix_hit"), "swap": ("swap", 1, "swap_out")}
+MOMENTS = {"fork": ("fork-cow", 1, "forking"), "copy-on-write": ("fork-cow", 2, "copy-on-write"),
+           "hit": ("prefix-hit", 1, "prefix-hit"), "swap": ("swap", 1, "swap-out")}
 SIZES = [(80, 24), (200, 60)]
 # What a block-table line starts with: a sequence's head, its placement, a logical block, or none
 TABLE_ROW = re.compile(r"^(\s*$|[ ▶] seq \d+ |    blocks |    no blocks|[ ◀] L\d)")

@@ -23,7 +23,7 @@ from typing import Callable
 from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
-IDEAS = ("fork", "copy_on_write", "prefix_hit", "swap_out", "eviction", "swap_in", "recompute", "never_runs")
+IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
     ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted})
@@ -32,20 +32,20 @@ GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
 # vllm/core/scheduler.py; v1: vllm/v1/core/kv_cache_manager.py, block_pool.py, sched/scheduler.py).
 FUNCTIONS = {
     "v0": {
-        "fork": "BlockSpaceManager.fork",
-        "copy_on_write": "BlockSpaceManager.append_slots (copy-on-write)",
-        "prefix_hit": "BlockSpaceManager.allocate → CachedBlockAllocator.allocate(block_hash)",
-        "swap_out": "Scheduler._preempt_by_swap → BlockSpaceManager.swap_out",
-        "swap_in": "Scheduler._swap_in → BlockSpaceManager.swap_in",
+        "forking": "BlockSpaceManager.fork",
+        "copy-on-write": "BlockSpaceManager.append_slots (copy-on-write)",
+        "prefix-hit": "BlockSpaceManager.allocate → CachedBlockAllocator.allocate(block_hash)",
+        "swap-out": "Scheduler._preempt_by_swap → BlockSpaceManager.swap_out",
+        "swap-in": "Scheduler._swap_in → BlockSpaceManager.swap_in",
         "recompute": "Scheduler._preempt_by_recompute → BlockSpaceManager.free",
         "eviction": "CachedBlockAllocator.allocate → LRUEvictor.evict",
-        "never_runs": "BlockSpaceManager.can_allocate → AllocStatus.NEVER (Scheduler._schedule_prefills)",
+        "never-runs": "BlockSpaceManager.can_allocate → AllocStatus.NEVER (Scheduler._schedule_prefills)",
     },
     "v1": {
-        "prefix_hit": "KVCacheManager.get_computed_blocks",
+        "prefix-hit": "KVCacheManager.get_computed_blocks",
         "recompute": "Scheduler._preempt_request → KVCacheManager.free",
         "eviction": "BlockPool.get_new_blocks → BlockPool._maybe_evict_cached_block",
-        "never_runs": "Scheduler.schedule (the request cannot fit the pool)",
+        "never-runs": "Scheduler.schedule (the request cannot fit the pool)",
     },
 }
 
@@ -117,21 +117,21 @@ def _alone(run: _Run, e: ev.Event) -> bool:
 def _starts(e: ev.Event) -> tuple[str, Callable[[_Run, ev.Event], bool]] | None:
     """The idea an event starts, with what continues it (None: it starts none)."""
     if isinstance(e, ev.Forked):
-        return "fork", _alone
+        return "forking", _alone
     if isinstance(e, ev.CopyOnWrite):
-        return "copy_on_write", _alone
+        return "copy-on-write", _alone
     if isinstance(e, ev.PrefixCacheHit):
-        return "prefix_hit", _more_hits
+        return "prefix-hit", _more_hits
     if isinstance(e, ev.Preempted):
-        return ("swap_out" if e.mode == "swap" else "recompute"), _moves_of_preemption
+        return ("swap-out" if e.mode == "swap" else "recompute"), _moves_of_preemption
     if isinstance(e, ev.SwappedOut):  # a swap-out with no preemption announced (a user's `p` in old traces)
-        return "swap_out", _alone
+        return "swap-out", _alone
     if isinstance(e, ev.SwappedIn):
-        return "swap_in", _swap_in_follows
+        return "swap-in", _swap_in_follows
     if isinstance(e, ev.BlockEvicted):
         return "eviction", _more_evictions
     if isinstance(e, ev.SequenceFinished) and e.reason == "ignored":
-        return "never_runs", _alone
+        return "never-runs", _alone
     return None
 
 
@@ -220,9 +220,9 @@ def _never_words(e: ev.SequenceFinished, events):
 
 
 _WORDS = {
-    "fork": _fork_words, "copy_on_write": _cow_words, "prefix_hit": _hit_words, "swap_out": _preempt_words,
-    "recompute": _preempt_words, "swap_in": _swap_in_words, "eviction": _eviction_words,
-    "never_runs": _never_words,
+    "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
+    "recompute": _preempt_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
+    "never-runs": _never_words,
 }
 
 
