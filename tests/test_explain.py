@@ -112,3 +112,37 @@ def test_blockviz_explain_prints_each_request(tiny_gpt2_dir, capsys):
     assert "first miss at" in out and "different tokens" in out
     assert "L0" in out and "not cached: the cache is empty" in out  # the first request found nothing cached
 
+
+
+@pytest.mark.parametrize("name", ["v1-story", "recompute"])
+def test_each_lookup_is_explained_n_gt_1_children_and_recomputed_requests_too(name):
+    """Every lookup the engine made: vLLM v1's n > 1 children each look up (the second hits the
+    first's blocks), and a request preempted by recompute looks up all its tokens again when it is
+    admitted; each explanation's hits are exactly the prefix_cache_hit events of that lookup."""
+    from blockviz.model.trace import load_trace
+    from engine import events as ev
+
+    trace = load_trace(name)
+    h, events = trace.header, trace.events
+    explained = explain_requests(events, h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"],
+                                 h["enable_prefix_caching"], h.get("kv_manager") or "v0",
+                                 h.get("prefix_caching_hash_algo") or "sha256")
+    lookups = [i for i, e in enumerate(events) if isinstance(e, (ev.BlockAllocated, ev.PrefixCacheHit))
+               and e.logical_index == 0]
+    assert [x.position - 1 for x in explained] == [i for i in lookups
+                                                   if any(x.position - 1 == i for x in explained)]
+    recomputed = [x for x in explained if x.recomputed]
+    preempted = {s for e in events if isinstance(e, ev.Preempted) and e.mode != "swap" for s in e.seq_ids}
+    assert recomputed and {x.seq_id for x in recomputed} <= preempted
+    for x in explained:
+        hits, i = [], x.position - 1
+        while i < len(events) and isinstance(events[i], ev.PrefixCacheHit) and x.seq_id in events[i].seq_ids:
+            hits.append(events[i].logical_index)
+            i += 1
+        assert [b.index for b in x.blocks if b.verdict == HIT] == hits, x.lines()
+        assert x.recomputed or x.num_prompt_tokens == next(
+            len(e.prompt_token_ids) for e in events if isinstance(e, ev.RequestAdded) and x.seq_id in e.seq_ids)
+    if name == "v1-story":
+        children = [x for x in explained if x.request_id == "1"]
+        assert [x.seq_id for x in children] == [1, 2] and children[1].num_hit_blocks == 4
+        assert "again after a recompute preemption" in recomputed[0].lines()[0]

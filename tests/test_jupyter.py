@@ -454,3 +454,26 @@ def test_play_and_pause_hammered_from_two_threads_never_fail_and_end_paused(monk
     assert not viz.playing and viz._play_thread is None
     assert not [t for t in threading.enumerate() if t.name == "blockviz-play"]
     viz.close()
+
+
+def test_the_notebook_shows_the_guides_card_at_each_stop_and_nowhere_else():
+    """The cards the TUI's guided playback stops on (blockviz/model/guide.py) are drawn under the
+    notebook's controls at the same cursors: one per idea, naming its blocks and vLLM function."""
+    from blockviz.model.guide import Guide
+
+    trace = load_trace("swap")
+    guide = Guide(trace.header.get("kv_manager") or "v0")
+    guide.scan(trace.events)
+    guide.settle()
+    stops = {card.position: card for card in guide.cards}
+    assert {card.idea for card in guide.cards} >= {"swap-out", "swap-in"}
+    viz = Visualizer.from_trace(trace)
+    for position in range(len(trace.events) + 1):
+        viz.seek(position)
+        card = viz.frame()["card"]
+        if position in stops:
+            expected = stops[position]
+            assert card["idea"] == expected.idea and card["function"] == expected.function
+            assert card["blocks"] == [list(b) for b in expected.blocks] and card["what"]
+        else:
+            assert card is None, position

@@ -31,11 +31,11 @@ def check_explain(part, viz, position):
     h = viz.header
     expected = explain_requests(viz.events[:position], h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"],
                                 h["enable_prefix_caching"])
-    assert part["requests"] == [x.request_id for x in expected]
+    assert part["requests"] == list(dict.fromkeys(x.request_id for x in expected))
     if not expected:
         assert part["request"] is None
         return
-    chosen = next(x for x in expected if x.request_id == part["request"])
+    chosen = next(x for x in reversed(expected) if x.request_id == part["request"])  # its latest lookup
     assert (part["seq"], part["hit_blocks"], part["hit_tokens"]) == (chosen.seq_id, chosen.num_hit_blocks,
                                                                      chosen.num_hit_tokens)
     assert part["first_miss"] == (None if chosen.first_miss is None else

@@ -184,7 +184,7 @@ async def test_the_live_app_plays_the_v1_story_with_its_views():
     from blockviz.commands.run import check
     from blockviz.model.player import SPEEDS
     from blockviz.tui.engine_bridge import EngineBridge
-    from test_tui_app import _until
+    from test_tui_app import _until, screen_text
 
     spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)
     app = BlockvizApp(bridge=EngineBridge(spec), deterministic=True, play=False)
@@ -199,6 +199,8 @@ async def test_the_live_app_plays_the_v1_story_with_its_views():
         assert any(line.strip() == "prefill 16/31 · chunk +16" for line in drawn(app.query_one(BlockTables)))
         gpu = app.query_one("#gpu", PoolGrid)
         assert NULL_MARK in gpu.cell_text(0) and gpu.head == state.free_queue[0]
+        footer = screen_text(app).splitlines()[-1]  # v0's fork and swap are not offered in v1
+        assert "a Add" in footer and "f Fork" not in footer and "p Swap" not in footer
         assert app.query_one(FreeQueueRow).content.plain.startswith(f"free queue ▸ {state.free_queue[0]} ")
         app.player.speed_index = len(SPEEDS) - 1
         await pilot.press("space")

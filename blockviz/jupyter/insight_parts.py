@@ -31,8 +31,9 @@ def explain_part(insights: Insights, position: int, request_id: str | None, even
     is None or not explained yet): the requests to pick from, and the chosen one's lookup.
     `events` are the timeline's (to name an evicting event), `vocab` token id -> text."""
     explained = insights.explanations(position)
-    requests = [x.request_id for x in explained]
-    chosen = next((x for x in explained if x.request_id == request_id), explained[-1] if explained else None)
+    requests = list(dict.fromkeys(x.request_id for x in explained))  # once each, in order of arrival
+    # a request's latest lookup (one preempted by recompute looks up again when admitted)
+    chosen = next((x for x in reversed(explained) if x.request_id == request_id), explained[-1] if explained else None)
     if chosen is None:
         return {"requests": requests, "request": None}
     blocks = []
@@ -46,7 +47,7 @@ def explain_part(insights: Insights, position: int, request_id: str | None, even
     miss = chosen.first_miss
     return {
         "requests": requests, "request": chosen.request_id, "seq": chosen.seq_id,
-        "num_prompt_tokens": chosen.num_prompt_tokens, "block_size": chosen.block_size,
+        "num_prompt_tokens": chosen.num_prompt_tokens, "recomputed": chosen.recomputed, "block_size": chosen.block_size,
         "blocks": blocks, "hit_blocks": chosen.num_hit_blocks, "hit_tokens": chosen.num_hit_tokens,
         "first_miss": None if miss is None else {"index": miss.index, "verdict": miss.verdict},
         "caching": insights.explainer.caching,

@@ -25,13 +25,14 @@ from typing import Any, Iterable
 
 import ipywidgets
 
+from blockviz.model.guide import Guide
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
-from blockviz.model.view import cursor_line, event_log, snapshot, summary_text
+from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
 from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -65,6 +66,7 @@ class Visualizer(LiveCommands):
         if self.engine is not None and session is None:
             session = EngineSession(_spec_of(self.engine), engine=self.engine)
         self.player = Player(timeline, live=self.engine is not None)
+        self._guide = Guide(self.header.get("kv_manager") or "v0")  # the card at the cursor (guide.py)
         self.title = title
         self.error = ""
         self.projector = bool(projector)
@@ -400,6 +402,11 @@ class Visualizer(LiveCommands):
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
+            guide = self._guide
+            guide.scan(timeline.events, timeline.dropped_events)
+            if self.engine is None or self.finished:
+                guide.settle()  # no more events: the last idea is whole
+            snap["card"] = card_record(guide.card_at(timeline.position))
         return snap
 
     def _send_frame(self) -> None:

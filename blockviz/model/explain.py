@@ -56,6 +56,7 @@ class Explanation:
     block_size: int
     blocks: list[BlockVerdict] = field(default_factory=list)
     position: int = 0  # events up to and including its first allocation (Explainer)
+    recomputed: bool = False  # the lookup of a request preempted by recompute, admitted again
 
     @property
     def num_hit_blocks(self) -> int:
@@ -71,7 +72,8 @@ class Explanation:
 
     def lines(self) -> list[str]:
         """The explanation as text, one line per block and a summary line."""
-        out = [f"request {self.request_id} (seq {self.seq_id}): {self.num_prompt_tokens} prompt tokens, "
+        what = "tokens again after a recompute preemption" if self.recomputed else "prompt tokens"
+        out = [f"request {self.request_id} (seq {self.seq_id}): {self.num_prompt_tokens} {what}, "
                f"{plural(len(self.blocks), 'block')} of {self.block_size}"]
         for b in self.blocks:
             digest = f"#{short_hash(b.block_hash)}" if b.block_hash is not None else "(no hash)"
@@ -95,7 +97,8 @@ class Explainer:
         self.hashes = _v1_hashes(hash_algo) if kv_manager == "v1" else _v0_hashes
         self.kv_manager = kv_manager
         self.explained: list[Explanation] = []
-        self._pending: dict[int, ev.RequestAdded] = {}  # seq_id -> its request, until allocated
+        # seq_id -> (request id, the tokens it will look up, recomputed), until its first block is placed
+        self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}
         self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
         self._fed = 0
 
@@ -113,16 +116,21 @@ class Explainer:
 
     def feed(self, event: ev.Event, state: ReducerState) -> None:
         self._fed += 1
-        if isinstance(event, ev.RequestAdded):
-            self._pending[event.seq_ids[0]] = event
-        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
+        if isinstance(event, ev.RequestAdded):  # every sequence: v1's n > 1 children look up one by one
             for seq_id in event.seq_ids:
-                request = self._pending.pop(seq_id, None)
-                if request is not None:
-                    explanation = _explain(request, seq_id, state, self._evicted_at, self.caching, self.hashes,
-                                           collision_guard=self.kv_manager != "v1")
-                    explanation.position = self._fed
-                    self.explained.append(explanation)
+                self._pending[seq_id] = (event.request_id, tuple(event.prompt_token_ids), False)
+        elif isinstance(event, ev.Preempted) and event.mode != "swap":  # it will look up all its tokens again
+            for seq_id in event.seq_ids:
+                if (seq := state.seqs.get(seq_id)) is not None:
+                    self._pending[seq_id] = (event.request_id, tuple(seq.token_ids), True)
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
+            placed = [(seq_id, self._pending.pop(seq_id)) for seq_id in event.seq_ids if seq_id in self._pending]
+            if placed:  # sequences placed together share one lookup (v0's n > 1 before a fork)
+                seq_id, (request_id, tokens, recomputed) = placed[0]
+                explanation = _explain(request_id, tokens, seq_id, state, self._evicted_at, self.caching,
+                                       self.hashes, collision_guard=self.kv_manager != "v1")
+                explanation.position, explanation.recomputed = self._fed, recomputed
+                self.explained.append(explanation)
         elif isinstance(event, ev.BlockEvicted):
             self._evicted_at[event.block_hash] = event.seq_no
 
@@ -166,16 +174,15 @@ def _v1_hashes(hash_algo: str):
     return hashes
 
 
-def _explain(request: ev.RequestAdded, seq_id: int, state: ReducerState, evicted_at: dict[int, int],
-             caching: bool, hashes=_v0_hashes, collision_guard: bool = True) -> Explanation:
+def _explain(request_id: str, tokens: tuple[int, ...], seq_id: int, state: ReducerState,
+             evicted_at: dict[int, int], caching: bool, hashes=_v0_hashes, collision_guard: bool = True) -> Explanation:
     """The lookup as the engine makes it (v0's BlockSpaceManager.allocate, v1's
     KVCacheManager.get_computed_blocks), against the cache now. Both leave the prompt's last block
     to be computed (v1: a hit covers at most num_tokens - 1 tokens); v0 also compares a hit's tokens
     (its collision guard), v1 trusts the hash."""
     size = state.block_size
-    tokens = request.prompt_token_ids
     chunks = [tuple(tokens[i:i + size]) for i in range(0, len(tokens), size)]
-    explanation = Explanation(request.request_id, seq_id, len(tokens), size)
+    explanation = Explanation(request_id, seq_id, len(tokens), size)
     looking = caching
     for index, (chunk, block_hash) in enumerate(zip(chunks, hashes(chunks, size))):
         full = len(chunk) == size

@@ -17,7 +17,7 @@ import bisect
 from dataclasses import dataclass, replace
 
 from blockviz.model.narration import plural
-from blockviz.model.reducer import USED, ReducerState
+from blockviz.model.reducer import NULL, USED, ReducerState
 from engine import events as ev
 
 
@@ -202,7 +202,8 @@ def memory_truth(state: ReducerState, max_tokens: dict[int, int]) -> MemoryTruth
     pools = {}
     for device, blocks in state.pools.items():
         used = [b for b in blocks if b.state == USED]
-        pools[device] = PoolTruth(len(blocks), len(used), sum(len(b.token_ids) for b in used), len(used) * size)
+        usable = sum(b.state != NULL for b in blocks)  # vLLM v1's null block is never counted
+        pools[device] = PoolTruth(usable, len(used), sum(len(b.token_ids) for b in used), len(used) * size)
     seqs = {}
     for seq_id, table in state.tables.items():
         tokens = [len(state.pools[device][number].token_ids) for device, number in table]
@@ -309,9 +310,13 @@ class Insights:
         """The requests explained by `position` (allocated by then), in order of arrival."""
         return [e for e in self.explainer.explained if e.position <= position]
 
-    def explanation_of(self, request_id: str, position: int):
-        """The explanation of `request_id`'s prefix lookup, if it was allocated by `position`."""
-        return next((e for e in self.explanations(position) if e.request_id == request_id), None)
+    def explanation_of(self, request_id: str, position: int, seq_id: int | None = None):
+        """The explanation of `request_id`'s latest prefix lookup by `position` (a request preempted
+        by recompute looks up again when admitted), of sequence `seq_id` where it has its own
+        (vLLM v1's n > 1 children), else None."""
+        mine = [e for e in self.explanations(position) if e.request_id == request_id]
+        own = [e for e in mine if e.seq_id == seq_id]
+        return (own or mine or [None])[-1]
 
     def ledger(self, position: int) -> list[Preemption]:
         """The preemptions by `position`; one that resumed later shows as not resumed yet."""

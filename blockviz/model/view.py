@@ -467,6 +467,15 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     return "\n".join(lines)
 
 
+def card_record(card) -> dict[str, Any] | None:
+    """A guided stop's card (blockviz.model.guide.Card) as the notebook draws it under its controls:
+    the idea, what happened with which blocks, one line of why, the vLLM function; None for none."""
+    if card is None:
+        return None
+    return {"idea": card.idea, "title": card.title, "what": card.what, "why": card.why,
+            "function": card.function, "blocks": [list(block) for block in card.blocks]}
+
+
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
     """What the controls show: position, length, step, playing, speed, what the last event did (one
     sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)

@@ -35,7 +35,7 @@ from blockviz.tui.widgets.insight_panels import memory_fields
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar, TitleBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
-from blockviz.tui.keys import KEYS, LIVE_ACTIONS, PAUSING_MOVES, PLAYBACK_ACTIONS, key_rows
+from blockviz.tui.keys import KEYS, LIVE_ACTIONS, PAUSING_MOVES, PLAYBACK_ACTIONS, V0_ONLY_ACTIONS, key_rows
 from blockviz.tui.live_actions import BreakpointActions, LiveActions
 from blockviz.tui.widgets.screens import HelpScreen
 from engine.events import StepFinished
@@ -165,6 +165,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         h = self.header = dict(message.header)
         self._start(Timeline.for_header(h, max_events=self.keep_events), live=True)
+        self.refresh_bindings()  # the footer offers what this run's KV manager can do
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.error = message.error
@@ -275,8 +276,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Moving through the timeline waits for it (None: shown, disabled); a replay has no engine
-        to act on, so the live keys are not offered (False: hidden)."""
+        to act on, so the live keys are not offered (False: hidden), nor v0's fork and swap in a v1 run."""
         if action in LIVE_ACTIONS and self.bridge is None:
+            return False
+        if action in V0_ONLY_ACTIONS and self.header.get("kv_manager") == "v1":
             return False
         return None if action in PLAYBACK_ACTIONS and self.controller is None else True
 

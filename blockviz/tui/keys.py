@@ -36,6 +36,9 @@ PLAYBACK_ACTIONS = frozenset({"toggle_play", "travel", "run_to_break", "set_brea
                               "fork", "preempt"})
 # The engine's keys: a replay has no engine, so they are not offered there.
 LIVE_ACTIONS = frozenset({"add_request", "fork", "preempt"})
+# Live commands vLLM v1's engine has no counterpart for (n > 1 is separate requests; preemption is
+# the scheduler's): not offered when the run's KV manager is v1.
+V0_ONLY_ACTIONS = frozenset({"fork", "preempt"})
 # Moves of the Player (blockviz/model/timeline.py) that pause playback first: going back in time.
 PAUSING_MOVES = frozenset({"back_event", "back_step", "to_start", "back_to_break"})
 

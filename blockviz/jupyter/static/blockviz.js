@@ -380,8 +380,10 @@ function renderControls(model, el) {
   const current = h("div", { class: "bv-current-event" });
   const error = h("div", { class: "bv-error", hidden: true });
   const dropped = h("div", { class: "bv-dropped", hidden: true });
+  // a guided stop's card (blockviz/model/guide.py): the first time an idea happened, at its cursor
+  const card = h("div", { class: "bv-card", hidden: true });
   bar.append(speed, slider, where, lookControls(model));
-  el.append(title, bar, current, error, dropped);
+  el.append(title, bar, current, error, dropped, card);
   let speedsShown = "";
   return (frame) => {
     const c = frame.cursor;
@@ -408,6 +410,14 @@ function renderControls(model, el) {
     error.hidden = !c.error;
     dropped.textContent = c.dropped || "";
     dropped.hidden = !c.dropped;
+    const k = frame.card;
+    card.hidden = !k;
+    card.dataset.idea = k ? k.idea : "";
+    if (k) {
+      card.replaceChildren(h("div", { class: "bv-card-title", text: k.title }),
+        h("div", { text: k.what }), h("div", { class: "bv-card-why", text: `why: ${k.why}` }),
+        h("div", { class: "bv-dim", text: `in vLLM: ${k.function}` }));
+    }
   };
 }
 

@@ -25,7 +25,8 @@ function renderExplain(model, el) {
     body.dataset.request = x.request;
     body.dataset.hitBlocks = String(x.hit_blocks);
     body.dataset.hitTokens = String(x.hit_tokens);
-    head.textContent = `seq ${x.seq} · ${x.num_prompt_tokens} prompt tokens in ${x.blocks.length} blocks of ` +
+    head.textContent = `seq ${x.seq} · ${x.num_prompt_tokens} ` +
+      `${x.recomputed ? "tokens again after a recompute preemption" : "prompt tokens"} in ${x.blocks.length} blocks of ` +
       `${x.block_size}, looked up when it was allocated` + (x.caching ? "" : " (prefix caching is off)");
     const rows = x.blocks.map((b) => {
       let what = b.verdict === "hit" ? `hit: gpu block ${b.block}` : b.verdict;

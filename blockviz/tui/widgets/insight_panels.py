@@ -30,7 +30,7 @@ class ExplainPanel(StatePanel):
     def draw(self, insights: Insights, state: ReducerState, position: int, seq_id: int | None,
              vocab: dict[int, str]) -> None:
         seq = state.seqs.get(seq_id) if seq_id is not None else None
-        chosen = insights.explanation_of(seq.request_id, position) if seq is not None else None
+        chosen = insights.explanation_of(seq.request_id, position, seq.seq_id) if seq is not None else None
         if chosen is None:  # no selection, or not allocated yet: the newest request explained
             explained = insights.explanations(position)
             chosen = explained[-1] if explained else None
@@ -39,7 +39,8 @@ class ExplainPanel(StatePanel):
             return
         head = Text(f"request {chosen.request_id} ")
         head.append(f" seq {chosen.seq_id} ", seq_style(chosen.seq_id))
-        head.append(f"  {chosen.num_prompt_tokens} prompt tokens in {len(chosen.blocks)} "
+        what = "tokens again after a recompute preemption" if chosen.recomputed else "prompt tokens"
+        head.append(f"  {chosen.num_prompt_tokens} {what} in {len(chosen.blocks)} "
                     f"block{'s' if len(chosen.blocks) != 1 else ''} of "
                     f"{chosen.block_size}" + ("" if seq is None or chosen.request_id == seq.request_id
                                               else "  (n selects a sequence)"), "dim")
