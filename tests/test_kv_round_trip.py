@@ -44,10 +44,11 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def trace_hashes(events) -> tuple[list[int], list[int]]:
-    """Read from the trace's own events: the hashes registered in the GPU hash map, in order, and
-    the hashes evicted from it."""
-    stored = [e.block_hash for e in events if isinstance(e, ev.BlockHashed) and e.registered and e.device == "gpu"]
+def trace_hashes(events, kv_manager: str | None = "v0") -> tuple[list[int], list[int]]:
+    """Read from the trace's own events: the hashes registered in the GPU hash map, in order (vLLM
+    v1: every block cached, a duplicate of a hash too), and the hashes evicted from it."""
+    stored = [e.block_hash for e in events if isinstance(e, ev.BlockHashed) and e.device == "gpu"
+              and (e.registered or kv_manager == "v1")]
     removed = [e.block_hash for e in events if isinstance(e, ev.BlockEvicted)]
     return stored, removed
 
@@ -110,10 +111,11 @@ TRACES = [*shipped_traces(), "evicting"]
 def test_publish_then_attach_directly_after_a_gap_and_late(name, evicting_trace, tmp_path):
     path = evicting_trace if name == "evicting" else TRACES_DIR / f"{name}.jsonl"
     trace = read_trace(path)
-    stored, removed = trace_hashes(trace.events)
+    kv_manager = trace.header.get("kv_manager")
+    stored, removed = trace_hashes(trace.events, kv_manager)
     if name in ("prefix-hit", "evicting"):
         assert stored and (removed or name == "prefix-hit")  # the traces that have something to send
-    num_batches = len(list(step_batches(trace.events, trace.block_size)))
+    num_batches = len(list(step_batches(trace.events, trace.block_size, kv_manager)))
     with publishing(path, tmp_path / "publish.log", "--wait-for-subscribers", "2") as (endpoint, replay, log):
         with KVEventClient(endpoint, replay) as direct, KVEventClient(endpoint, replay) as gapped:
             clean, with_gap = KVEventState(), KVEventState()

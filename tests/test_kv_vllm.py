@@ -90,8 +90,10 @@ def publish_sources(evicting_trace):
 @pytest.mark.parametrize("name", [*shipped_traces(), "evicting"])
 def test_vllms_decoder_reads_every_batch_of_every_trace(name, evicting_trace):
     trace = read_trace(publish_sources(evicting_trace)[name])
-    stored, removed = trace_hashes(trace.events)
-    decoded = [decoder.decode(encode_batch(events)) for events in step_batches(trace.events, trace.block_size)]
+    kv_manager = trace.header.get("kv_manager")
+    stored, removed = trace_hashes(trace.events, kv_manager)
+    decoded = [decoder.decode(encode_batch(events))
+               for events in step_batches(trace.events, trace.block_size, kv_manager)]
     assert vllm_hashes(decoded, kv_events.BlockStored) == [h & (2**64 - 1) for h in stored]
     assert vllm_hashes(decoded, kv_events.BlockRemoved) == [h & (2**64 - 1) for h in removed]
     assert all(e.group_idx == 0 and e.medium == "GPU" for batch in decoded for e in batch.events)
@@ -159,7 +161,7 @@ def publishes_something(name: str) -> bool:
     """Whether a shipped trace stores a block (those run without a prefix cache publish nothing,
     as vLLM publishes nothing without one: test_kv_round_trip.py covers them)."""
     trace = read_trace(TRACES_DIR / f"{name}.jsonl")
-    return next(step_batches(trace.events, trace.block_size), None) is not None
+    return next(step_batches(trace.events, trace.block_size, trace.header.get("kv_manager")), None) is not None
 
 
 @pytest.mark.parametrize("name", [*filter(publishes_something, shipped_traces()), "evicting", "--live"])
@@ -179,8 +181,8 @@ def test_vllms_example_subscriber_reads_blockviz_publish(name, evicting_trace, t
     else:
         path = publish_sources(evicting_trace)[name]
         trace = read_trace(path)
-        stored, removed = trace_hashes(trace.events)
-        batches = list(step_batches(trace.events, trace.block_size))
+        stored, removed = trace_hashes(trace.events, trace.header.get("kv_manager"))
+        batches = list(step_batches(trace.events, trace.block_size, trace.header.get("kv_manager")))
         source = str(path)
     assert batches
     port, replay_port = free_ports(2)
