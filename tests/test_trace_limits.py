@@ -1,7 +1,7 @@
 """Hostile trace files: each is refused by `blockviz replay` in one line naming the line, exit 2, no
 traceback, in bounded time and memory (a subprocess under an address-space limit and a timeout),
 never by allocating what the file claims. A UTF-8 byte order mark and CRLF line ends are accepted.
-The limits are blockviz/model/trace.py's and blockviz/model/trace_check.py's (README, "Traces")."""
+The limits are blockviz/model/trace.py's and blockviz/model/trace_check.py's (docs/traces.md)."""
 
 from __future__ import annotations
 
