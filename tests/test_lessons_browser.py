@@ -107,3 +107,26 @@ def test_lesson_02_step_button_steps_the_engine_and_leaves_the_moments(jupyter_s
     assert kernel_json(page, "viz.state.step") == steps_before + 2
     assert any(state == "used" for _, _, state, _ in drawn_blocks_in(page, LIVE))
     assert page.evaluate(MOMENTS_JS) == moments
+
+
+def test_the_readme_notebook_block_pasted_as_one_cell_renders_the_widget(jupyter_server, lab_page, tmp_path):
+    """The README's "In Jupyter" block, pasted as one cell in JupyterLab and run: no error, and the
+    cell shows the live Visualizer (its last expression) drawing the kernel's state."""
+    import nbformat
+    from test_lessons import readme_notebook_block
+
+    page = lab_page
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(readme_notebook_block())]
+    source = tmp_path / "readme_block.ipynb"
+    nbformat.write(notebook, source)
+    path = jupyter_server.copy_notebook(source)
+    open_notebook(page, jupyter_server, path)
+    run_all_cells(page)
+    wait_for_visualizer(page)
+    page.wait_for_function(ALL_CELLS_RAN, timeout=UI_LIMIT_MS)
+    position = kernel_json(page, "viz.position")
+    assert page.evaluate(ERRORS) == []
+    wait_for_position(page, position)
+    assert position > 0 and drawn_blocks_in(page, LIVE) == kernel_cells(page)
