@@ -75,7 +75,6 @@ class BlockSpaceManager:
         # The swap pool only holds copies: it never serves prefix-cache hits.
         self.cpu_allocator = UncachedBlockAllocator(Device.CPU, block_size, num_cpu_blocks, self.events)
         self.block_tables: dict[int, BlockTable] = {}
-        self.num_cached_tokens: dict[int, int] = {}
         self._num_slots: dict[int, int] = {}  # seq_id -> tokens that have a slot
         self._clock = 0  # logical time for LRU (deterministic: no wall clock)
 
@@ -169,7 +168,6 @@ class BlockSpaceManager:
         num_cached_tokens = num_hits * self.block_size
         for s in waiting:
             self.block_tables[s.seq_id] = table.copy()
-            self.num_cached_tokens[s.seq_id] = num_cached_tokens
             self._num_slots[s.seq_id] = s.get_len()
             s.num_cached_tokens = num_cached_tokens
 
@@ -224,7 +222,8 @@ class BlockSpaceManager:
         token_id = seq.get_last_token_id()
         block.token_ids += (token_id,)
         if self.events.active:
-            self.events.emit(SlotAppended, seq_id, "gpu", index, block.block_number, offset, token_id)
+            self.events.emit(SlotAppended, seq_id=seq_id, device="gpu", logical_index=index,
+                             block=block.block_number, offset=offset, token_id=token_id)
         if self.enable_caching and offset == self.block_size - 1:
             parent_hash = table[index - 1].block_hash if index else None
             self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash, num_tokens)
@@ -234,8 +233,9 @@ class BlockSpaceManager:
         """A fresh block for the token that starts a new logical block."""
         block = self.gpu_allocator.allocate()
         table.append(block)
-        if self.events.active:  # fields in order: device, block, seq_ids, logical_index, ref_count, block_hash, token_ids
-            self.events.emit(BlockAllocated, "gpu", block.block_number, (seq_id,), len(table) - 1, 1, None, ())
+        if self.events.active:
+            self.events.emit(BlockAllocated, device="gpu", block=block.block_number, seq_ids=(seq_id,),
+                             logical_index=len(table) - 1, ref_count=1, block_hash=None, token_ids=())
 
     def _copy_on_write(self, seq_id: int, table: BlockTable, index: int, offset: int) -> tuple[int, int]:
         """The shared block at `index` is replaced in this table by a fresh copy of its first
@@ -262,7 +262,6 @@ class BlockSpaceManager:
         for block in table:
             block.ref_count += 1
         self.block_tables[child_seq.seq_id] = table.copy()
-        self.num_cached_tokens[child_seq.seq_id] = self.num_cached_tokens[parent_seq.seq_id]
         self._num_slots[child_seq.seq_id] = self._num_slots[parent_seq.seq_id]
         if self.events.active:
             self.events.emit(Forked, parent_seq_id=parent_seq.seq_id, child_seq_id=child_seq.seq_id,
@@ -368,7 +367,6 @@ class BlockSpaceManager:
             self._release(allocator, block, seq.seq_id)
         del self.block_tables[seq.seq_id]
         del self._num_slots[seq.seq_id]
-        self.num_cached_tokens.pop(seq.seq_id, None)
         if self.events.active:
             self.events.emit(SequenceFreed, seq_id=seq.seq_id)
 
@@ -385,7 +383,3 @@ class BlockSpaceManager:
 
     def get_num_free_cpu_blocks(self) -> int:
         return self.cpu_allocator.get_num_free_blocks()
-
-    def get_num_cached_tokens(self, seq: Sequence) -> int:
-        """Leading prompt tokens of the sequence that the prefix cache served at allocation."""
-        return self.num_cached_tokens.get(seq.seq_id, 0)

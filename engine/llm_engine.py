@@ -34,7 +34,8 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.model_runner import ModelRunner
 from engine.output_processor import Detokenizer, StopChecker
 from engine.sampler import make_generator
-from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
 
 logger = logging.getLogger("engine")
@@ -71,9 +72,9 @@ class LLMEngine:
         )
         scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
                                            config.preemption_mode)
-        self.block_manager, self.scheduler = self._make_scheduler(scheduler_config)
-        self.model_runner = ModelRunner(self.model, self.cache_engine, self.block_manager, config.block_size,
-                                        self.device, config.attention_backend)
+        self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config)
+        self.model_runner = ModelRunner(self.model, self.cache_engine, config.block_size, self.device,
+                                        config.attention_backend)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()
@@ -88,9 +89,13 @@ class LLMEngine:
     def _make_scheduler(self, scheduler_config: SchedulerConfig):
         """The block manager and scheduler of the design `config.kv_manager` names: vLLM v0's
         BlockSpaceManager and Scheduler, or vLLM v1's KVCacheManager and Scheduler (engine/v1/).
-        Both take add_seq_group / schedule / abort_seq_group / free_finished_seq_groups, and
-        both managers free(seq) and give get_block_table(seq)."""
+        Both schedulers take add_seq_group / schedule / update_from_output / free_seq /
+        abort_seq_group / free_finished_seq_groups and return one step plan (SchedulerOutput);
+        the engine reaches the manager only through its scheduler. vLLM v1 runs n > 1 as n
+        requests sharing the prompt through the cache (its ParentRequest fan-out in add_request);
+        v0 forks the request's other sequences after its prefill."""
         config = self.config
+        self._fans_out_n = config.kv_manager == "v1"
         if config.kv_manager == "v1":
             from engine.v1.kv_cache_manager import KVCacheManager
             from engine.v1.scheduler import Scheduler as V1Scheduler
@@ -180,7 +185,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self.config.seed + int(seq.seq_id)
         seq.generator = None if params.greedy else make_generator(seed, 0)
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
-        if self.config.kv_manager == "v1":  # n > 1: n requests sharing the prompt through the cache
+        if self._fans_out_n:  # vLLM v1: n > 1 as n requests sharing the prompt through the cache
             for branch in range(1, params.n):
                 child = Sequence(next(self._seq_counter), token_ids, self.config.block_size)
                 child.branch = branch
@@ -215,11 +220,12 @@ class LLMEngine:
         """Fork a running sequence now, between steps (vLLM v0 BlockSpaceManager.fork, as a
         request with n > 1 forks after its prefill): the child shares all its blocks. Returns the
         child's seq id."""
-        if self.config.kv_manager == "v1":
+        if not hasattr(self.scheduler, "fork_seq"):
             raise ValueError("vLLM v1 has no fork: n > 1 runs as requests sharing the prompt's cached blocks")
-        for group in self.scheduler.running:
-            if seq_id in group.seqs_dict and group.seqs_dict[seq_id].status is SequenceStatus.RUNNING:
-                return self._fork(group, group.seqs_dict[seq_id]).seq_id
+        for group in self._groups.values():
+            seq = group.seqs_dict.get(seq_id)
+            if seq is not None and seq.status is SequenceStatus.RUNNING:
+                return self._fork(group, seq).seq_id
         raise ValueError(f"sequence {seq_id} is not running")
 
     def preempt(self, request_id: str) -> list[tuple[int, int]]:
@@ -233,7 +239,7 @@ class LLMEngine:
     def _fork(self, group: SequenceGroup, parent: Sequence) -> Sequence:
         child = parent.fork(next(self._seq_counter))
         group.add(child)
-        self.block_manager.fork(parent, child)
+        self.scheduler.fork_seq(parent, child)
         child.branch = len(group.seqs) - 1
         params = group.sampling_params
         child.generator = None if params.greedy else make_generator(group.seed, child.branch)
@@ -243,36 +249,17 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One engine step (vLLM v0 / nano-vllm LLMEngine.step): schedule, move blocks between
-        and within the pools, run the model over the scheduled sequences, process their tokens."""
+        and within the pools, run the model over the plan, process the sampled tokens."""
         start = time.perf_counter()
-        sched = self.scheduler.schedule()
-        finished = self._finish_ignored(sched.ignored_seq_groups)
-        self._move_blocks(sched)
-        running = sched.scheduled_seqs()
-        if running:
-            seqs = [seq for _, seq in running]
-            self._start_step(sched, seqs)
-            counts = self._tokens_scheduled(sched, seqs)
-            if counts is None:  # v0: whole prompts or one token each
-                logits = self.model_runner.execute_model(seqs, sched.is_prefill)
-            else:
-                logits = self.model_runner.execute_model(seqs, sched.is_prefill, counts)
-            finished += self._process_outputs(running, logits, sched.is_prefill, counts)
-            self._end_step(sched, start)
-        return self._outputs(sched.scheduled_seq_groups, finished)
-
-    def _tokens_scheduled(self, sched, seqs: list[Sequence]) -> list[int] | None:
-        """v1: the tokens each sequence computes this step (a prefill chunk, the rest of a prompt
-        or one decode token), announced as TokensScheduled; None in v0."""
-        num_scheduled = sched.num_scheduled_tokens
-        if num_scheduled is None:
-            return None
-        counts = [num_scheduled[seq.seq_id] for seq in seqs]
-        if self.events.active:
-            self.events.emit(TokensScheduled, step=self.num_steps, seq_ids=tuple(s.seq_id for s in seqs),
-                             num_computed_tokens=tuple(s.num_computed_tokens for s in seqs),
-                             num_new_tokens=tuple(counts), num_tokens=tuple(s.get_len() for s in seqs))
-        return counts
+        plan = self.scheduler.schedule()
+        finished = self._finish_ignored(plan.ignored_seq_groups)
+        self._move_blocks(plan)
+        if plan.scheduled:
+            self._start_step(plan)
+            logits = self.model_runner.execute_model(plan)
+            finished += self._process_outputs(plan, logits)
+            self._end_step(plan, start)
+        return self._outputs(plan.scheduled_seq_groups, finished)
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
         """Requests the scheduler refused for good end now, with its reason."""
@@ -281,47 +268,57 @@ class LLMEngine:
                 self._emit_finished(group, seq, reason)
         return [group for group, _, _ in ignored if group.is_finished()]
 
-    def _move_blocks(self, sched: SchedulerOutputs) -> None:
-        """The scheduler's swaps and copy-on-write copies, done on the cache before the forward."""
+    def _move_blocks(self, plan: SchedulerOutput) -> None:
+        """The plan's swaps and copy-on-write copies, done on the cache before the forward."""
         cache = self.cache_engine
-        if sched.blocks_to_swap_out:
-            cache.swap_out(sched.blocks_to_swap_out)
-            self._emit_digests("cpu", [dst for _, dst in sched.blocks_to_swap_out])
-        if sched.blocks_to_swap_in:
-            cache.swap_in(sched.blocks_to_swap_in)
-            self._emit_digests("gpu", [dst for _, dst in sched.blocks_to_swap_in])
-        if sched.blocks_to_copy:
-            cache.copy(sched.blocks_to_copy)
-            self._emit_digests("gpu", [dst for _, dst in sched.blocks_to_copy])
+        if plan.blocks_to_swap_out:
+            cache.swap_out(plan.blocks_to_swap_out)
+            self._emit_digests("cpu", [dst for _, dst in plan.blocks_to_swap_out])
+        if plan.blocks_to_swap_in:
+            cache.swap_in(plan.blocks_to_swap_in)
+            self._emit_digests("gpu", [dst for _, dst in plan.blocks_to_swap_in])
+        if plan.blocks_to_copy:
+            cache.copy(plan.blocks_to_copy)
+            self._emit_digests("gpu", [dst for _, dst in plan.blocks_to_copy])
 
-    def _start_step(self, sched: SchedulerOutputs, seqs: list[Sequence]) -> None:
+    def _start_step(self, plan: SchedulerOutput) -> None:
+        """StepStarted, then (v1's token budget) TokensScheduled: each sequence's tokens this step."""
         self.num_steps += 1
-        if self.events.active:
-            self.events.emit(StepStarted, step=self.num_steps, kind=sched.kind,
-                             seq_ids=tuple(s.seq_id for s in seqs), num_tokens=sched.num_batched_tokens)
+        if not self.events.active:
+            return
+        scheduled = plan.scheduled
+        seq_ids = tuple(s.seq.seq_id for s in scheduled)
+        self.events.emit(StepStarted, step=self.num_steps, kind=plan.kind, seq_ids=seq_ids,
+                         num_tokens=plan.num_batched_tokens)
+        if plan.announces_tokens:
+            self.events.emit(TokensScheduled, step=self.num_steps, seq_ids=seq_ids,
+                             num_computed_tokens=tuple(s.num_computed_tokens for s in scheduled),
+                             num_new_tokens=tuple(s.num_new_tokens for s in scheduled),
+                             num_tokens=tuple(s.seq.get_len() for s in scheduled))
 
-    def _end_step(self, sched: SchedulerOutputs, start: float) -> None:
+    def _end_step(self, plan: SchedulerOutput, start: float) -> None:
         if self.events.active:
-            self.events.emit(StepFinished, step=self.num_steps, kind=sched.kind,
-                             num_tokens=sched.num_batched_tokens, duration_s=time.perf_counter() - start)
+            self.events.emit(StepFinished, step=self.num_steps, kind=plan.kind,
+                             num_tokens=plan.num_batched_tokens, duration_s=time.perf_counter() - start)
 
-    def _process_outputs(self, running: list[tuple[SequenceGroup, Sequence]], logits: torch.Tensor,
-                         is_prefill: bool, num_new_tokens: list[int] | None = None) -> list[SequenceGroup]:
-        """Append each sequence's sampled token; a request with n > 1 forks its other branches
-        after its prefill, each sampling its own first token from the same logits (v0). With
-        `num_new_tokens` (v1) a sequence whose tokens were a prefill chunk short of its end
-        samples nothing yet. Returns the requests that finished."""
-        if num_new_tokens is not None:
-            running, logits = self._advance_v1(running, logits, num_new_tokens)
-            if not running:
-                self._after_tokens()
-                return []
-        token_ids = self.model_runner.sample(logits, [seq for _, seq in running],
-                                             [group.sampling_params for group, _ in running])
+    def _process_outputs(self, plan: SchedulerOutput, logits: torch.Tensor) -> list[SequenceGroup]:
+        """The scheduler learns what the step computed (update_from_output); the blocks written
+        wait for their K/V digests. Each sequence that reached its last token appends the token
+        it sampled (a prefill chunk short of its end samples nothing yet); a v0 request with
+        n > 1 forks its other branches after its prefill, each sampling its own first token
+        from the same logits. Returns the requests that finished."""
+        self.scheduler.update_from_output(plan)
+        if self.events.active and self.config.kv_digests:
+            self._note_written(plan)
+        rows = [row for row, s in enumerate(plan.scheduled) if s.samples]
+        if len(rows) < len(plan.scheduled):
+            logits = logits[rows]
+        sampled = [plan.scheduled[row] for row in rows]
+        token_ids = self.model_runner.sample(logits, [s.seq for s in sampled],
+                                             [s.group.sampling_params for s in sampled]) if sampled else []
         finished: list[SequenceGroup] = []
-        for row, ((group, seq), token_id) in enumerate(zip(running, token_ids)):
-            if num_new_tokens is None:
-                self._mark_computed(seq, is_prefill)
+        for row, (s, token_id) in enumerate(zip(sampled, token_ids)):
+            group, seq = s.group, s.seq
             children = self._fork_branches(group, seq)
             self._append_token(group, seq, token_id)
             for child in children:
@@ -329,39 +326,19 @@ class LLMEngine:
                 self._append_token(group, child, child_token_id)
             if group.is_finished() and group not in finished:
                 finished.append(group)
-        self._after_tokens()
-        return finished
-
-    def _after_tokens(self) -> None:
         if self._kv_digests_per_step:
             self.emit_kv_digests()
         self.scheduler.free_finished_seq_groups()
+        return finished
 
-    def _advance_v1(self, running: list[tuple[SequenceGroup, Sequence]], logits: torch.Tensor,
-                    num_new_tokens: list[int]) -> tuple[list[tuple[SequenceGroup, Sequence]], torch.Tensor]:
-        """v1: each sequence computed its scheduled tokens (vLLM v1 update_from_output's
-        num_computed_tokens); the ones now at their end sample, with their logits rows."""
+    def _note_written(self, plan: SchedulerOutput) -> None:
+        """The blocks the step wrote K/V into, read from the plan's tables: those holding tokens
+        num_computed_tokens .. num_tokens - 1 of each scheduled sequence."""
         bs = self.config.block_size
-        rows = []
-        for row, ((_, seq), count) in enumerate(zip(running, num_new_tokens)):
-            start = seq.num_computed_tokens
-            seq.num_computed_tokens = start + count
-            if self.events.active and self.config.kv_digests:
-                table = self.block_manager.get_block_table(seq)
-                self._written.update(dict.fromkeys(table[start // bs : (seq.num_computed_tokens - 1) // bs + 1]))
-            if seq.num_computed_tokens == seq.get_len():
-                rows.append(row)
-        return [running[row] for row in rows], logits[rows]
-
-    def _mark_computed(self, seq: Sequence, is_prefill: bool) -> None:
-        """The forward wrote the sequence's K/V: its blocks may serve prefix-cache hits, and the
-        blocks written wait for their K/V digests."""
-        self.block_manager.mark_blocks_as_computed(seq)
-        if self.events.active and self.config.kv_digests:
-            table = self.block_manager.block_tables[seq.seq_id]
-            first = seq.num_cached_tokens // self.config.block_size if is_prefill else len(table) - 1
-            self._written.update(dict.fromkeys(b.block_number for b in table[first:]))
-        seq.num_computed_tokens = seq.get_len()
+        written = self._written
+        for s in plan.scheduled:
+            table = s.block_ids[0]
+            written.update(dict.fromkeys(table[s.num_computed_tokens // bs : (s.num_tokens - 1) // bs + 1]))
 
     def _fork_branches(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
         """A request with n > 1 forks its other n - 1 branches once its prompt is computed."""
@@ -375,11 +352,12 @@ class LLMEngine:
         seq.append_token_id(token_id)
         stop = self.stop_checker.stop_reason(seq, group.sampling_params)
         piece = self.detokenizer.decode_sequence_inplace(seq, final=stop is not None)
-        if self.events.active:  # fields in order: seq_id, token_id, text, position
-            self.events.emit(TokenGenerated, seq.seq_id, token_id, piece, seq.get_len() - 1)
+        if self.events.active:
+            self.events.emit(TokenGenerated, seq_id=seq.seq_id, token_id=token_id, text=piece,
+                             position=seq.get_len() - 1)
         if stop is not None:
             seq.status, detail = stop
-            self.block_manager.free(seq)
+            self.scheduler.free_seq(seq)
             self._emit_finished(group, seq, detail)
 
     def _emit_finished(self, group: SequenceGroup, seq: Sequence, detail: str) -> None:
@@ -417,7 +395,7 @@ class LLMEngine:
         if not (self.events.active and self.config.kv_digests and blocks):
             return
         for block, digest in zip(blocks, self.cache_engine.kv_digests(device, blocks)):
-            self.events.emit(KVDigest, device, block, digest)  # per written block: positional, as above
+            self.events.emit(KVDigest, device=device, block=block, digest=digest)
 
     # ------------------------------------------------------------------ outputs
 

@@ -10,11 +10,12 @@ or as `preemption_mode` says.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.block_manager import AllocStatus, BlockSpaceManager
 from engine.config import PreemptionMode
 from engine.events import Preempted
+from engine.scheduler_output import SchedulerOutput, plan_entry
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -36,37 +37,6 @@ class SchedulerConfig:
             self.preemption_mode = PreemptionMode(self.preemption_mode)
 
 
-@dataclass(slots=True)
-class SchedulerOutputs:
-    """What one step runs and which block moves the cache engine must make first."""
-
-    scheduled_seq_groups: list[SequenceGroup]
-    is_prefill: bool
-    num_batched_tokens: int
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    num_preempted: int = 0
-    # requests that can never run, with the reason and the sequences finished as ignored just now
-    ignored_seq_groups: list[tuple[SequenceGroup, str, list[Sequence]]] = field(default_factory=list)
-
-    def is_empty(self) -> bool:
-        return not self.scheduled_seq_groups and not self.blocks_to_swap_out
-
-    def scheduled_seqs(self) -> list[tuple[SequenceGroup, Sequence]]:
-        """The sequences the step runs, with their requests: every running one of each group."""
-        return [(group, seq) for group in self.scheduled_seq_groups for seq in group.get_seqs(SequenceStatus.RUNNING)]
-
-    @property
-    def num_scheduled_tokens(self) -> None:
-        """v0 schedules whole prompts or one token per sequence (v1's outputs give a count each)."""
-        return None
-
-    @property
-    def kind(self) -> str:
-        return "prefill" if self.is_prefill else "decode"
-
-
 class Scheduler:
     """FCFS scheduling over waiting / running / swapped queues (vLLM v0 Scheduler)."""
 
@@ -86,9 +56,6 @@ class Scheduler:
     def has_unfinished_seqs(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def get_num_unfinished_seq_groups(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     def abort_seq_group(self, group: SequenceGroup) -> list[Sequence]:
         """Take the request out of every queue, free its blocks and finish its unfinished
         sequences as aborted; returns those sequences. Safe on a request left half-scheduled by a
@@ -107,26 +74,55 @@ class Scheduler:
     def free_finished_seq_groups(self) -> None:
         self.running = deque(group for group in self.running if not group.is_finished())
 
+    def free_seq(self, seq: Sequence) -> None:
+        """A sequence finished: release its blocks (vLLM v0 Scheduler.free_seq)."""
+        self.block_manager.free(seq)
+
+    def fork_seq(self, parent_seq: Sequence, child_seq: Sequence) -> None:
+        """The child shares every block of the parent (vLLM v0 Scheduler.fork_seq)."""
+        self.block_manager.fork(parent_seq, child_seq)
+
+    def update_from_output(self, plan: SchedulerOutput) -> None:
+        """The step ran: the scheduled sequences' K/V are in their blocks, which may now serve
+        prefix-cache hits (vLLM v0 mark_blocks_as_computed), and their tokens are computed."""
+        for s in plan.scheduled:
+            self.block_manager.mark_blocks_as_computed(s.seq)
+            s.seq.num_computed_tokens = s.num_tokens
+
     # ------------------------------------------------------------------ scheduling
 
     def _num_running_seqs(self) -> int:
         return sum(group.get_max_num_running_seqs() for group in self.running)
 
-    def schedule(self) -> SchedulerOutputs:
+    def schedule(self) -> SchedulerOutput:
         """Admit prompts if nothing is swapped out and some fit; otherwise run a decode step.
 
         A request that can never run is finished as ignored with its reason; when nothing can run
         and nothing runs (no block will ever be freed), the request at the head of the line is
         ignored too, so the engine always makes progress and never loops on an empty step."""
-        ignored: list[tuple[SequenceGroup, str, list[Sequence]]] = []
+        outputs = SchedulerOutput()
         if not self.swapped:
-            outputs = self._schedule_prefills(ignored)
-            if outputs.scheduled_seq_groups:
-                return outputs
-        outputs = self._schedule_decodes(ignored)
-        outputs.ignored_seq_groups = ignored
-        if not self.running and not outputs.num_preempted and not ignored:
-            self._ignore_stuck_head(ignored)
+            scheduled = self._schedule_prefills(outputs.ignored_seq_groups)
+            if scheduled:
+                return self._plan(scheduled, outputs, is_prefill=True)
+        self._schedule_decodes(outputs)
+        if not self.running and not outputs.preempted_seq_ids and not outputs.ignored_seq_groups:
+            self._ignore_stuck_head(outputs.ignored_seq_groups)
+        return self._plan(list(self.running), outputs, is_prefill=False)
+
+    def _plan(self, groups: list[SequenceGroup], outputs: SchedulerOutput, is_prefill: bool) -> SchedulerOutput:
+        """The step plan over the groups' running sequences (vLLM v0 SequenceGroupMetadata):
+        a prefill computes what the prefix cache did not serve (at least the last prompt token),
+        a decode the newest token (token_chunk_size 1); each with its block table as it stands
+        after this step's allocations and copy-on-writes."""
+        outputs.kind = "prefill" if is_prefill else "decode"
+        tables = self.block_manager.block_tables
+        for group in groups:
+            for seq in group.get_seqs(SequenceStatus.RUNNING):
+                num_tokens = seq.get_len()
+                start = min(seq.num_cached_tokens, num_tokens - 1) if is_prefill else num_tokens - 1
+                table = [block.block_number for block in tables[seq.seq_id]]
+                outputs.scheduled.append(plan_entry(group, seq, start, num_tokens - start, table))
         return outputs
 
     def _ignore_stuck_head(self, ignored: list) -> None:
@@ -149,7 +145,8 @@ class Scheduler:
                       f"blocks with a watermark of {manager.watermark_blocks}")
             self._ignore(group, reason, ignored)
 
-    def _schedule_prefills(self, ignored: list) -> SchedulerOutputs:
+    def _schedule_prefills(self, ignored: list) -> list[SequenceGroup]:
+        """Admit waiting requests in order while they fit the pool and the batch limits."""
         scheduled: list[SequenceGroup] = []
         num_batched_tokens = 0
         num_seqs = self._num_running_seqs()
@@ -188,7 +185,7 @@ class Scheduler:
             self.running.append(group)
             scheduled.append(group)
             num_seqs += new_seqs
-        return SchedulerOutputs(scheduled, True, num_batched_tokens, ignored_seq_groups=ignored)
+        return scheduled
 
     def _ignore(self, group: SequenceGroup, reason: str, ignored: list, queue: deque | None = None) -> None:
         """Finish the request's unfinished sequences as ignored (a sequence that already finished
@@ -201,8 +198,9 @@ class Scheduler:
             seq.status = SequenceStatus.FINISHED_IGNORED
         ignored.append((group, reason, seqs))
 
-    def _schedule_decodes(self, ignored: list) -> SchedulerOutputs:
-        outputs = SchedulerOutputs([], False, 0)
+    def _schedule_decodes(self, outputs: SchedulerOutput) -> None:
+        """A slot for each running sequence's next token, preempting the newest requests while
+        one does not fit; then swapped requests back in when nothing was preempted."""
         running = self.running
         self.running = deque()
         preempted = False
@@ -221,12 +219,9 @@ class Scheduler:
                 self._append_slots(group, outputs)
                 self.running.append(group)
         if not preempted:
-            self._schedule_swap_ins(outputs, ignored)
-        outputs.scheduled_seq_groups = list(self.running)
-        outputs.num_batched_tokens = sum(g.num_seqs(SequenceStatus.RUNNING) for g in self.running)
-        return outputs
+            self._schedule_swap_ins(outputs)
 
-    def _schedule_swap_ins(self, outputs: SchedulerOutputs, ignored: list) -> None:
+    def _schedule_swap_ins(self, outputs: SchedulerOutput) -> None:
         num_seqs = self._num_running_seqs()
         while self.swapped:
             group = self.swapped[0]
@@ -235,7 +230,7 @@ class Scheduler:
                 blocks = self.block_manager.num_blocks_to_swap_in(group)
                 reason = (f"cannot swap back in: {blocks} blocks plus one per sequence to grow "
                           f"exceed the pool of {self.block_manager.num_total_gpu_blocks}")
-                self._ignore(group, reason, ignored, self.swapped)
+                self._ignore(group, reason, outputs.ignored_seq_groups, self.swapped)
                 continue
             if status is not AllocStatus.OK:
                 break
@@ -249,7 +244,7 @@ class Scheduler:
             self.running.append(group)
             num_seqs += group.get_max_num_running_seqs()
 
-    def _append_slots(self, group: SequenceGroup, outputs: SchedulerOutputs) -> None:
+    def _append_slots(self, group: SequenceGroup, outputs: SchedulerOutput) -> None:
         for seq in group.get_seqs(SequenceStatus.RUNNING):
             outputs.blocks_to_copy.extend(self.block_manager.append_slots(seq))
 
@@ -264,14 +259,14 @@ class Scheduler:
             mode = PreemptionMode.RECOMPUTE
         return mode
 
-    def _preempt(self, group: SequenceGroup, outputs: SchedulerOutputs, reason: str,
+    def _preempt(self, group: SequenceGroup, outputs: SchedulerOutput, reason: str,
                  mode: PreemptionMode | None = None) -> PreemptionMode:
         """vLLM v0 Scheduler._preempt: swap the group out (_preempt_by_swap) or free its blocks to
         compute again (_preempt_by_recompute). `Preempted` is emitted first, the cause before its
         effects: the swap-out and the frees it causes come after it in the event stream."""
         mode = mode or self.preemption_mode_for(group)
         seqs = group.get_seqs(SequenceStatus.RUNNING)
-        outputs.num_preempted += 1
+        outputs.preempted_seq_ids.extend(seq.seq_id for seq in seqs)
         lost = 0 if mode is PreemptionMode.SWAP else sum(seq.num_computed_tokens for seq in seqs)
         if self.events.active:
             self.events.emit(Preempted, request_id=group.request_id, seq_ids=tuple(s.seq_id for s in seqs),
@@ -300,6 +295,6 @@ class Scheduler:
         if mode is PreemptionMode.SWAP and not self.block_manager.can_swap_out(group):
             raise ValueError(f"the CPU swap pool has no room for request {request_id!r}")
         self.running.remove(group)
-        outputs = SchedulerOutputs([], False, 0)
+        outputs = SchedulerOutput()
         self._preempt(group, outputs, "preempted by the user", mode=mode)
         return outputs.blocks_to_swap_out

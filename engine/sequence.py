@@ -170,14 +170,21 @@ class Sequence:
     def get_len(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def get_prompt_len(self) -> int:
-        return len(self.prompt_token_ids)
-
     def get_output_len(self) -> int:
         return len(self.output_token_ids)
 
     def get_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def get_token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens start..end-1, without joining prompt and output when they lie in one of them
+        (a decode step's one token)."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
 
     def get_last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

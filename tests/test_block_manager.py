@@ -191,14 +191,14 @@ def test_prefix_cache_hits_leading_blocks_but_never_the_last():
     assert t2[:3] == t1[:3]
     assert [manager.gpu_allocator.blocks[b].ref_count for b in t2[:3]] == [2, 2, 2]
     assert t2[3] != t1[3]
-    assert manager.get_num_cached_tokens(second.get_seqs()[0]) == 3 * block_size
+    assert second.get_seqs()[0].num_cached_tokens == 3 * block_size
 
     # A prompt that is exactly the cached three blocks: its last block is recomputed, not hit.
     third = make_group(0, block_size, tokens=prefix)
     manager.allocate(third)
     t3 = manager.get_block_table(third.get_seqs()[0])
     assert t3[:2] == t1[:2] and t3[2] != t1[2]
-    assert manager.get_num_cached_tokens(third.get_seqs()[0]) == 2 * block_size
+    assert third.get_seqs()[0].num_cached_tokens == 2 * block_size
     check_invariants(manager)
 
 
@@ -217,7 +217,7 @@ def test_requests_allocated_in_one_step_share_a_common_prefix_before_it_is_compu
     ta, tb = manager.get_block_table(a.get_seqs()[0]), manager.get_block_table(b.get_seqs()[0])
     assert tb[:3] == ta[:3] and tb[3] != ta[3]
     assert [manager.gpu_allocator.blocks[n].ref_count for n in ta] == [2, 2, 2, 1]
-    assert manager.get_num_cached_tokens(b.get_seqs()[0]) == 3 * block_size
+    assert b.get_seqs()[0].num_cached_tokens == 3 * block_size
     assert len(manager.gpu_allocator.cached_blocks) == 5  # each hash registered once
     check_invariants(manager)
     check_reducer_matches(reducer, manager)
@@ -248,7 +248,7 @@ def test_requests_allocated_in_one_step_share_a_common_prefix_before_it_is_compu
     again = make_group(0, block_size, tokens=prefix + [9])
     manager.allocate(again)
     assert manager.get_block_table(again.get_seqs()[0])[:3] == ta[:3]
-    assert manager.get_num_cached_tokens(again.get_seqs()[0]) == 3 * block_size
+    assert again.get_seqs()[0].num_cached_tokens == 3 * block_size
     check_invariants(manager)
     check_reducer_matches(reducer, manager)
 
@@ -327,7 +327,7 @@ def test_hash_collision_is_not_a_hit(monkeypatch):
     run(a, manager)
     b = make_group(0, 2, tokens=[9, 9, 3])
     manager.allocate(b)
-    assert manager.get_num_cached_tokens(b.get_seqs()[0]) == 0
+    assert b.get_seqs()[0].num_cached_tokens == 0
     assert manager.get_block_table(b.get_seqs()[0])[0] != manager.get_block_table(a.get_seqs()[0])[0]
 
 

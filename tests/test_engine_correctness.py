@@ -85,7 +85,7 @@ def test_a_request_that_can_never_swap_back_in_ends_with_its_reason():
         llm = LLM("tiny-shakespeare", block_size=16, num_gpu_blocks=2, num_cpu_blocks=4, preemption_mode="swap")
         (out,) = llm.generate([{"prompt_token_ids": list(range(1, 21))}], SamplingParams(max_tokens=30, ignore_eos=True))
         c = out.outputs[0]
-        m = llm.engine.block_manager
+        m = llm.engine.kv_manager
         print(c.finish_reason, "|", c.finish_detail, "|", len(c.token_ids), m.get_num_free_gpu_blocks(), m.get_num_free_cpu_blocks())
     """)
     assert result.returncode == 0, result.stderr
@@ -186,16 +186,16 @@ def test_a_failing_step_aborts_the_requests_and_frees_their_blocks(tiny_gpt2_dir
     real_run_model = engine.model_runner.execute_model
     calls = []
 
-    def failing(seqs, is_prefill):
-        calls.append(is_prefill)
+    def failing(plan):
+        calls.append(plan.kind)
         if len(calls) == 3:
             raise RuntimeError("boom in the forward")
-        return real_run_model(seqs, is_prefill)
+        return real_run_model(plan)
 
     engine.model_runner.execute_model = failing
     with pytest.raises(RuntimeError, match="boom"):
         llm.generate(["To be, or not", "The quick"], SamplingParams(max_tokens=8, n=2))
-    manager = engine.block_manager
+    manager = engine.kv_manager
     assert manager.block_tables == {} and manager.get_num_free_gpu_blocks() == 32
     assert not engine.has_unfinished_requests()
     check_invariants(manager)
@@ -290,7 +290,7 @@ def test_every_generate_terminates_and_frees_everything(tiny_llm_cache, block_si
         nonlocal steps
         steps += 1
         assert steps < 2_000, "generate() does not terminate"
-        check_invariants(engine.block_manager)
+        check_invariants(engine.kv_manager)
 
     events = []
     unsubscribe = engine.events.subscribe(events.append)
@@ -298,7 +298,7 @@ def test_every_generate_terminates_and_frees_everything(tiny_llm_cache, block_si
         outputs = llm.generate(prompts, params, on_step=on_step)
     finally:
         unsubscribe()
-    manager = engine.block_manager
+    manager = engine.kv_manager
     assert manager.block_tables == {}
     assert manager.get_num_free_gpu_blocks() == manager.num_total_gpu_blocks
     assert manager.get_num_free_cpu_blocks() == manager.num_total_cpu_blocks

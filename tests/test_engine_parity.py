@@ -40,8 +40,8 @@ def run_checked(llm: LLM, prompts, params):
     events = []
     engine.events.subscribe(reducer.apply)
     engine.events.subscribe(events.append)
-    outputs = llm.generate(prompts, params, on_step=lambda e: check_invariants(e.block_manager))
-    manager = engine.block_manager
+    outputs = llm.generate(prompts, params, on_step=lambda e: check_invariants(e.kv_manager))
+    manager = engine.kv_manager
     assert manager.block_tables == {}
     assert manager.get_num_free_gpu_blocks() == manager.num_total_gpu_blocks
     assert manager.get_num_free_cpu_blocks() == manager.num_total_cpu_blocks
@@ -125,7 +125,7 @@ def test_lone_sequence_that_cannot_grow_preempts_itself_without_crashing(tiny_gp
     (output,) = llm.generate(["To be"], SamplingParams(max_tokens=30, ignore_eos=True))
     # 4 blocks x 2 slots: the request is preempted, readmitted, and can never fit; it ends with a reason.
     assert output.finished and output.outputs[0].finish_reason in ("ignored", "length")
-    assert llm.engine.block_manager.get_num_free_gpu_blocks() == 4
+    assert llm.engine.kv_manager.get_num_free_gpu_blocks() == 4
 
 
 def test_n2_branches_each_equal_a_single_sequence_run(hf, tiny_gpt2_dir):

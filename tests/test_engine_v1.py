@@ -40,7 +40,7 @@ def v1_engine(loaded, tiny_gpt2_dir, **options) -> LLMEngine:
 def run_checked(engine: LLMEngine, prompts, params):
     """generate() with the v1 invariants and reducer == manager after every step, and the trace
     checker on every event; ends with every block free."""
-    manager = engine.block_manager
+    manager = engine.kv_manager
     reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, "v1")
     checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager="v1")
     events: list = []
@@ -184,5 +184,5 @@ def test_random_v1_configurations_terminate_with_every_block_free(loaded, tiny_g
     engine.events.subscribe(lambda e: None)
     outputs = LLM.from_engine(engine).generate(prompts, params, on_step=bounded)
     assert all(o.finished for o in outputs)
-    assert engine.block_manager.get_num_free_gpu_blocks() == num_blocks - 1
-    check_kv_cache_invariants(engine.block_manager)
+    assert engine.kv_manager.get_num_free_gpu_blocks() == num_blocks - 1
+    check_kv_cache_invariants(engine.kv_manager)

@@ -236,5 +236,5 @@ def test_v1_mode_matches_transformers(tiny, options):
     assert any(isinstance(e, ev.PrefixCacheHit) for e in events)  # the second sample and the repeat hit the cache
     if options["num_gpu_blocks"] == 16:
         assert any(isinstance(e, ev.Preempted) and e.mode == "recompute" for e in events)
-    manager = llm.engine.block_manager
+    manager = llm.engine.kv_manager
     assert manager.get_num_free_gpu_blocks() == manager.num_usable_blocks  # every block but the null one free

@@ -73,7 +73,7 @@ async def test_the_live_app_matches_the_block_manager(tiny_gpt2_dir, loaded):
         await _until(pilot, lambda: app.player.timeline.num_steps_done() == 1, timeout=30)
         state = app.player.timeline.state
         assert state.step_kind == "prefill" and len(state.seqs) == 4  # n=2 forked after the prefill
-        tables = {s: [b.block_number for b in t] for s, t in bridge.engine.block_manager.block_tables.items()}
+        tables = {s: [b.block_number for b in t] for s, t in bridge.engine.kv_manager.block_tables.items()}
         assert {s: state.table_blocks(s) for s in state.tables} == tables
         assert f"GPU pool · {state.num_used('gpu')}/32 used" in screen_text(app)
         await pilot.press("n")  # seq 0

@@ -34,10 +34,10 @@ def add(scheduler: Scheduler, seq_id: int, tokens, n: int = 1) -> SequenceGroup:
 def advance(scheduler: Scheduler, out) -> dict[int, int]:
     """What the engine does after the forward: computed tokens move on; a sequence at its end
     samples a token (id 7). Returns the step's {seq_id: tokens}."""
-    for _, seq in out.scheduled:
-        seq.num_computed_tokens += out.num_scheduled_tokens[seq.seq_id]
-        if seq.num_computed_tokens == seq.get_len():
-            seq.append_token_id(7)
+    scheduler.update_from_output(out)
+    for s in out.scheduled:
+        if s.samples:
+            s.seq.append_token_id(7)
     check_kv_cache_invariants(scheduler.kv_cache_manager)
     return dict(out.num_scheduled_tokens)
 
@@ -61,7 +61,7 @@ def test_preemption_takes_the_last_running_request_and_admits_nothing_that_step(
     assert advance(scheduler, scheduler.schedule()) == {0: 8, 10: 8, 20: 8}
     add(scheduler, 30, [1])  # waits
     out = scheduler.schedule()  # the first decode needs a third block for seq 0: seq 20 gives way
-    assert [s.seq_id for s in out.preempted] == [20]
+    assert out.preempted_seq_ids == [20]
     assert out.num_scheduled_tokens == {0: 1, 10: 1}
     assert [s.seq_id for s in scheduler.waiting] == [20, 30]  # back at the front; 30 not admitted
     (preempted,) = [e for e in events if e.type == "preempted"]
@@ -77,7 +77,7 @@ def test_a_lone_request_that_cannot_grow_preempts_itself():
     add(scheduler, 0, range(8))
     advance(scheduler, scheduler.schedule())
     out = scheduler.schedule()  # the ninth token needs a third block
-    assert [s.seq_id for s in out.preempted] == [0] and not out.scheduled
+    assert out.preempted_seq_ids == [0] and not out.scheduled
     out = scheduler.schedule()  # nine tokens need three blocks, the pool has two: ignored, no loop
     assert [g.request_id for g, _, _ in out.ignored_seq_groups] == ["r0"]
     assert not scheduler.has_unfinished_seqs()
@@ -97,4 +97,4 @@ def test_children_of_n_hit_the_first_childs_blocks_in_the_same_step():
     assert out.num_scheduled_tokens == {0: 9, 1: 1, 2: 1}  # two full blocks cached by the first
     hits = [(e.seq_ids, e.block) for e in events if e.type == "prefix_cache_hit"]
     assert hits == [((1,), 1), ((1,), 2), ((2,), 1), ((2,), 2)]
-    assert scheduler.kv_cache_manager.get_num_common_prefix_blocks(out.scheduled[0][1], 3) == 2
+    assert scheduler.kv_cache_manager.get_num_common_prefix_blocks(out.scheduled[0].seq, 3) == 2

@@ -40,7 +40,7 @@ def test_the_views_follow_a_live_v1_run_step_by_step(loaded, tiny_gpt2_dir):
                                     num_gpu_blocks=14, max_num_batched_tokens=8), loaded=loaded)
     state = ReducerState(4, engine.budget.num_gpu_blocks, 0, "v1")
     engine.events.subscribe(state.apply)
-    manager, scheduler = engine.block_manager, engine.scheduler
+    manager, scheduler = engine.kv_manager, engine.scheduler
     seen = {"chunk": 0, "cached_in_queue": 0, "steps": 0}
 
     def on_step(_):

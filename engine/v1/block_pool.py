@@ -132,6 +132,3 @@ class BlockPool:
         """The fraction of blocks in use, the null block left out (vLLM get_usage)."""
         total = self.num_gpu_blocks - 1
         return 1.0 - self.get_num_free_blocks() / total
-
-    def num_cached_hashes(self) -> int:
-        return len(self.cached_block_hash_to_block)

@@ -161,13 +161,11 @@ class KVCacheManager:
             num_common += 1
         return num_common
 
-    # ------------------------------------------------------------------ what the runner reads
+    # ------------------------------------------------------------------ what the step plan reads
 
     def get_block_ids(self, seq: Sequence) -> list[int]:
         """The sequence's block table as block ids (vLLM get_block_ids)."""
         return [block.block_id for block in self.req_to_blocks.get(seq.seq_id, [])]
-
-    get_block_table = get_block_ids  # the name the model runner calls, as on v0's manager
 
     def has_blocks(self, seq: Sequence) -> bool:
         return seq.seq_id in self.req_to_blocks

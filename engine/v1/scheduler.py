@@ -18,60 +18,19 @@ from dataclasses import dataclass, field
 
 from engine.events import Preempted
 from engine.scheduler import SchedulerConfig
+from engine.scheduler_output import SchedulerOutput, plan_entry
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import KVCacheManager, cdiv
 
 
 @dataclass(slots=True)
-class SchedulerOutput:
-    """One step's plan (vLLM v1 SchedulerOutput): the requests scheduled, in order, and the tokens
-    each computes. The fields the engine reads from v0's SchedulerOutputs are here too (no swaps or
-    copies: v1 has neither)."""
+class _Scheduling:
+    """What one schedule() call decided so far: the sequences with their token counts, in order,
+    and the preempted ones; turned into the step plan (SchedulerOutput) at the end."""
 
-    scheduled: list[tuple[SequenceGroup, Sequence]] = field(default_factory=list)
-    num_scheduled_tokens: dict[int, int] = field(default_factory=dict)  # seq_id -> tokens this step
+    scheduled: list[tuple[SequenceGroup, Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     ignored_seq_groups: list[tuple[SequenceGroup, str, list[Sequence]]] = field(default_factory=list)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def scheduled_seq_groups(self) -> list[SequenceGroup]:
-        groups: list[SequenceGroup] = []
-        for group, _ in self.scheduled:
-            if not any(g is group for g in groups):
-                groups.append(group)
-        return groups
-
-    def scheduled_seqs(self) -> list[tuple[SequenceGroup, Sequence]]:
-        return self.scheduled
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-    @property
-    def num_preempted(self) -> int:
-        return len(self.preempted)
-
-    def is_chunk(self, seq: Sequence) -> bool:
-        """Whether the sequence's tokens this step stop short of its end (a prefill chunk)."""
-        return seq.num_computed_tokens + self.num_scheduled_tokens[seq.seq_id] < seq.get_len()
-
-    @property
-    def is_prefill(self) -> bool:
-        return bool(self.scheduled) and all(n > 1 or self.is_chunk(s) for s, n in self._counts())
-
-    @property
-    def kind(self) -> str:
-        """"prefill", "decode", or "mixed" (v1 batches both in one step)."""
-        counts = list(self._counts())
-        decodes = sum(1 for seq, n in counts if n == 1 and seq.num_computed_tokens == seq.get_len() - 1)
-        return "decode" if decodes == len(counts) else "prefill" if decodes == 0 else "mixed"
-
-    def _counts(self):
-        return ((seq, self.num_scheduled_tokens[seq.seq_id]) for _, seq in self.scheduled)
 
 
 class Scheduler:
@@ -80,7 +39,6 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
-        self.block_manager = kv_cache_manager  # the name the engine uses for either design
         self.events = kv_cache_manager.events
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -96,9 +54,6 @@ class Scheduler:
 
     def has_unfinished_seqs(self) -> bool:
         return bool(self.waiting or self.running)
-
-    def get_num_unfinished_seq_groups(self) -> int:
-        return len({id(self.groups[s.seq_id]) for s in (*self.waiting, *self.running)})
 
     def abort_seq_group(self, group: SequenceGroup) -> list[Sequence]:
         """Take the request's sequences out of the queues, free their blocks, finish the
@@ -125,6 +80,16 @@ class Scheduler:
             self.running.remove(seq)
             self.groups.pop(seq.seq_id, None)
 
+    def free_seq(self, seq: Sequence) -> None:
+        """A sequence finished: its blocks go back to the pool (vLLM v1 _free_request)."""
+        self.kv_cache_manager.free(seq)
+
+    def update_from_output(self, plan: SchedulerOutput) -> None:
+        """The step ran: each scheduled sequence computed its tokens (vLLM v1 update_from_output
+        advancing num_computed_tokens)."""
+        for s in plan.scheduled:
+            s.seq.num_computed_tokens = s.num_tokens
+
     def preempt(self, request_id: str, mode=None) -> list[tuple[int, int]]:
         raise ValueError("vLLM v1 preempts by recompute only, when a step runs out of blocks; "
                          "there is no swap to ask for")
@@ -132,8 +97,9 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self) -> SchedulerOutput:
-        """Running requests first, then waiting ones, within one token budget (vLLM v1 schedule)."""
-        out = SchedulerOutput()
+        """Running requests first, then waiting ones, within one token budget (vLLM v1 schedule).
+        Returns the step plan: each scheduled sequence's tokens and block table."""
+        out = _Scheduling()
         token_budget = self.config.max_num_batched_tokens
         index = 0
         while index < len(self.running) and token_budget > 0:
@@ -148,9 +114,20 @@ class Scheduler:
             token_budget = self._admit_waiting(token_budget, out)
         if not out.scheduled and not out.preempted and self.waiting:
             self._ignore_stuck_head(out)
-        return out
+        return self._plan(out)
 
-    def _allocate_or_preempt(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
+    def _plan(self, out: _Scheduling) -> SchedulerOutput:
+        """The step plan, with each sequence's block ids as allocate_slots left them (vLLM v1
+        SchedulerOutput: num_scheduled_tokens and the requests' block ids)."""
+        manager = self.kv_cache_manager
+        scheduled = [plan_entry(group, seq, seq.num_computed_tokens, n, manager.get_block_ids(seq))
+                     for group, seq, n in out.scheduled]
+        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
+        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
+        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=[seq.seq_id for seq in out.preempted],
+                               ignored_seq_groups=out.ignored_seq_groups)
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new_tokens: int, out: _Scheduling) -> bool:
         """allocate_slots for a running request, preempting the last running request until it
         fits; False when the request preempted itself."""
         while self.kv_cache_manager.allocate_slots(seq, num_new_tokens) is None:
@@ -160,7 +137,7 @@ class Scheduler:
                 return False
         return True
 
-    def _admit_waiting(self, token_budget: int, out: SchedulerOutput) -> int:
+    def _admit_waiting(self, token_budget: int, out: _Scheduling) -> int:
         manager = self.kv_cache_manager
         while self.waiting and token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -182,11 +159,10 @@ class Scheduler:
             token_budget -= num_new_tokens
         return token_budget
 
-    def _schedule(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> None:
-        out.scheduled.append((self.groups[seq.seq_id], seq))
-        out.num_scheduled_tokens[seq.seq_id] = num_new_tokens
+    def _schedule(self, seq: Sequence, num_new_tokens: int, out: _Scheduling) -> None:
+        out.scheduled.append((self.groups[seq.seq_id], seq, num_new_tokens))
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: _Scheduling) -> None:
         """Recompute preemption (vLLM v1 _preempt_request): free the blocks, back to the front of
         the waiting queue with nothing computed."""
         group = self.groups[seq.seq_id]
@@ -199,14 +175,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
-    def _ignore(self, seq: Sequence, reason: str, out: SchedulerOutput) -> None:
+    def _ignore(self, seq: Sequence, reason: str, out: _Scheduling) -> None:
         """Finish a waiting request that can never run as ignored."""
         self.waiting.remove(seq)
         group = self.groups.pop(seq.seq_id)
         seq.status = SequenceStatus.FINISHED_IGNORED
         out.ignored_seq_groups.append((group, reason, [seq]))
 
-    def _ignore_stuck_head(self, out: SchedulerOutput) -> None:
+    def _ignore_stuck_head(self, out: _Scheduling) -> None:
         """Nothing runs and nothing was admitted: the head of the line waits on a limit that will
         not change (max_num_seqs with nothing running cannot be it), so end it with the reason."""
         if self.running:
