@@ -57,7 +57,7 @@ def test_no_layer_imports_one_above_it(layer):
 
 # "fork" is also the live command's name (vLLM's BlockSpaceManager.fork): the TUI's key binding, the
 # engine process's call names and the help glossary say it as an operation, not as an event kind.
-OPERATION_NAMES = {("blockviz/tui/keys.py", "fork"), ("blockviz/tui/engine_process.py", "fork"),
+OPERATION_NAMES = {("blockviz/tui/keys.py", "fork"), ("blockviz/session/engine_process.py", "fork"),
                    ("blockviz/tui/widgets/screens.py", "fork")}
 
 

@@ -1,4 +1,4 @@
-"""Time travel (blockviz/model/timeline.py) and the engine bridge (blockviz/tui/engine_bridge.py): the model layer,
+"""Time travel (blockviz/model/timeline.py) and the engine bridge (blockviz/session/engine_thread.py): the model layer,
 tested without a terminal."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from blockviz.model.timeline import Timeline, state_equal
 from blockviz.model.player import Player
 from blockviz.session.spec import EngineSpec
-from blockviz.tui.engine_bridge import EngineBridge, Listener
+from blockviz.session.engine_thread import EngineBridge, Listener
 from blockviz.tui.messages import EngineEvents
 from blockviz.model.reducer import ReducerState
 from blockviz.session.engine_session import trace_header

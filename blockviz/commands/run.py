@@ -54,7 +54,7 @@ def check(args, *, device: bool = True):
 
 
 def execute(args) -> int:
-    from blockviz.tui.engine_process import ProcessBridge
+    from blockviz.session.engine_process import ProcessBridge
 
     spec = check(args)
     from blockviz.tui.app import BlockvizApp

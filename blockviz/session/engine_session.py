@@ -1,6 +1,6 @@
 """EngineSession: the one thing in blockviz/ that owns an engine and its event stream.
 
-Every way of driving an engine goes through it: the TUI's bridge (engine_bridge.py, in a thread or
+Every way of driving an engine goes through it: the TUI's bridge (engine_thread.py, in a thread or
 the child process of engine_process.py), the notebook (jupyter/playback.py), `record`, `explain`,
 `generate`, `compare` and `publish --live`. It builds the engine from an EngineSpec (or takes a
 built one), subscribes once to `engine.events` and buffers what the engine emits until the caller
