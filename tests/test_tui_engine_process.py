@@ -21,7 +21,7 @@ from blockviz.commands.record import record_trace
 from blockviz.session.engine_process import ProcessBridge
 from blockviz.model.player import SPEEDS
 from blockviz.session.spec import EngineSpec
-from blockviz.session.engine_thread import Listener
+from blockviz.session.engine_driver import Listener
 from test_tui_app import _until, screen_text
 
 pytestmark = pytest.mark.anyio

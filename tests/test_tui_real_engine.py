@@ -131,7 +131,7 @@ def test_a_free_running_bridge_digests_once_per_batch_and_ends_with_every_blocks
         tiny_gpt2_dir, loaded):
     import threading
 
-    from blockviz.session.engine_thread import Listener
+    from blockviz.session.engine_driver import Listener
 
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=24)
     bridge = EngineBridge(spec, make_engine=lambda: _engine(spec, loaded), flush_interval=10.0,

@@ -27,8 +27,9 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from blockviz.session.engine_driver import Listener
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.session.spec import EngineSpec, one_line
-from blockviz.session.engine_thread import EngineBridge, Listener
 
 STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)
 # What the child may be asked to call on its EngineBridge.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from blockviz.session.engine_thread import Listener
+    from blockviz.session.engine_driver import Listener
 
 
 class Bridge(Protocol):
