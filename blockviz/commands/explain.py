@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:

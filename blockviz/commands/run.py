@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
+from blockviz.commands.options import add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
+from blockviz.errors import UsageError
 
 
 from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS, DEFAULT_V1_SCENARIO, V1_TOKEN_BUDGET
