@@ -1,5 +1,6 @@
-"""Time travel (blockviz/model/timeline.py) and the engine bridge (blockviz/session/engine_thread.py): the model layer,
-tested without a terminal."""
+"""Time travel and playback (blockviz/model/timeline.py, player.py) and the thread driver
+(blockviz/session/engine_thread.py's EngineBridge): the model and session layers, tested without a
+terminal."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from blockviz.model.timeline import Timeline, state_equal
 from blockviz.model.player import Player
 from blockviz.session.spec import EngineSpec
-from blockviz.session.engine_thread import EngineBridge, Listener
+from blockviz.session.engine_driver import Listener
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.tui.messages import EngineEvents
 from blockviz.model.reducer import ReducerState
 from blockviz.session.engine_session import trace_header
