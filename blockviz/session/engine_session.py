@@ -6,9 +6,10 @@ notebook's jupyter/playback.py), `record`, `explain`, `generate`, `compare` and 
 It builds the engine from an EngineSpec (or takes a built one), subscribes once to `engine.events`
 and buffers what the engine emits until the caller takes it (`take_events`: each request's prompt
 token texts filled in, a view's concern the engine leaves out), adds the spec's prompts and plays
-its arrivals as steps are taken (scenario.py), takes the live commands under vLLM's names (`add_request`, `fork`, `preempt`), and
-sets the engine's K/V digest policy. `step()` here is the only call of `engine.step()` in blockviz/:
-vLLM's `LLM._run_engine` loop and nano-vllm's `LLM.generate` loop, one step at a time.
+its arrivals as steps are taken (scenario.py), takes the live commands under vLLM's names
+(`add_request`, `fork`, `preempt`), and sets the engine's K/V digest policy. `step()` here is the
+only call of `engine.step()` in blockviz/: vLLM's `LLM._run_engine` loop and nano-vllm's
+`LLM.generate` loop, one step at a time.
 
 No textual, no ipywidgets; torch only through the engine.
 """
