@@ -183,7 +183,7 @@ async def test_the_live_app_plays_the_v1_story_with_its_views():
     from blockviz.cli import build_parser
     from blockviz.commands.run import check
     from blockviz.model.player import SPEEDS
-    from blockviz.tui.engine_bridge import EngineBridge
+    from blockviz.session.engine_thread import EngineBridge
     from test_tui_app import _until, screen_text
 
     spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)

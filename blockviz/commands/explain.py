@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -44,6 +45,7 @@ def execute(args) -> int:
             session.add_request(prompt)
         session.run_to_completion(on_events=events.extend)
     header = session.header
+    # TODO(merge): kv_manager_of(header) (blockviz/model/trace.py) for header.get("kv_manager") below
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"],
                                     header.get("kv_manager") or "v0", header.get("prefix_caching_hash_algo") or "sha256")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from blockviz.cli import UsageError
+from blockviz.errors import UsageError
 
 MAX_FRAMES = 1000  # --frames: a short sequence for a slide, not a film of a long run
 

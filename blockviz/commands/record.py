@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.errors import UsageError
 
 
 @dataclass(slots=True)

@@ -33,7 +33,7 @@ from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
-from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
+from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
 from blockviz.jupyter.widgets import (PROJECTOR_ZOOM, BlockTableView, Controls, EventLogView, HashChainView, Inspector,
@@ -74,7 +74,7 @@ class Visualizer(LiveCommands):
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
-        self._driver = EngineDriver(session, self.player, self._set_error) if session is not None else None
+        self._driver = PlayerDriver(session, self.player, self._set_error) if session is not None else None
         self._default_params = _sampling_defaults() if self.engine is not None else None
         self._request_ids: list[str] = []
         self._play_thread: threading.Thread | None = None
@@ -169,7 +169,7 @@ class Visualizer(LiveCommands):
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
-            viz._driver.take_events()
+            viz._driver.flush()
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
             if isinstance(sampling_params, (list, tuple)):
@@ -187,7 +187,7 @@ class Visualizer(LiveCommands):
         self.frames.close()
         self.pause()
         if self._driver is not None:
-            self._driver.close()
+            self._driver.session.close()
             self._driver = None
         self._buttons.close()
         for view in self.views:
@@ -222,7 +222,7 @@ class Visualizer(LiveCommands):
     @property
     def outputs(self) -> list[Any]:
         """Finished requests' RequestOutputs (live runs), in the order the requests were added."""
-        finished = self._driver.finished if self._driver is not None else {}
+        finished = self._driver.session.finished if self._driver is not None else {}
         order = self._request_ids + sorted(set(finished) - set(self._request_ids), key=_request_order)
         return [finished[r] for r in order if r in finished]
 
