@@ -1,0 +1,214 @@
+"""Hostile input, round two (issue 40): every trace header field checked where the trace is read,
+the trace checker's hash rules, exports bounded by the file, `blockviz record` on a full disk, and
+the answer key that never destroys a student's work. Each case is one line and exit code 2 at the
+CLI, with nothing of the user's lost. The limits are in docs/traces.md and lessons/README.md."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blockviz.cli import main
+from blockviz.model.trace import HEADER_FIELDS, TraceError, TraceWriter, read_trace, resolve_trace_path
+from serve_fixtures import REPO, blockviz_env
+
+V1_STORY = resolve_trace_path("v1-story")
+V0_PREFIX = resolve_trace_path("prefix-hit")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _with_header(tmp_path: Path, source: Path = V1_STORY, **fields) -> Path:
+    lines = _lines(source)
+    header = json.loads(lines[0])
+    header.update(fields)
+    return _write(tmp_path / "bad.jsonl", [json.dumps(header)] + lines[1:])
+
+
+def _one_line_exit_2(capsys, code: int, *expected: str) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- 3, 4: every header field checked
+
+# A value no reader can use, for every field a header can have; a field added to HEADER_FIELDS
+# without one here fails test_every_header_field_has_a_bad_value.
+BAD_VALUES = {
+    "blockviz_version": 1, "model": ["gpt2"], "model_type": None, "device": 0, "scenario": {},
+    "description": 5, "budget_source": False,
+    "block_size": 0, "num_gpu_blocks": "48", "num_cpu_blocks": -1,
+    "enable_prefix_caching": "yes", "preemption_mode": "evict", "dtype": "int4",
+    "block_bytes": None, "total_bytes": 0, "peak_bytes": -5, "gpu_memory_utilization": 1.5,
+    "max_model_len": 2.5, "vocab_size": 0, "num_layers": None, "num_heads": "4", "num_kv_heads": 0,
+    "head_dim": True, "kv_manager": "v2", "prefix_caching_hash_algo": "md5",
+    "prompts": ["ok", 3], "n": 0, "max_tokens": None, "seed": 1 << 64, "temperature": float("nan"),
+    "arrivals": [{"step": -1, "prompt": "x"}], "later_prompts": [[2]],
+}
+
+
+def test_every_header_field_has_a_bad_value():
+    assert set(BAD_VALUES) == set(HEADER_FIELDS)
+
+
+@pytest.mark.parametrize("field", sorted(BAD_VALUES))
+def test_a_bad_header_field_is_refused_naming_it(tmp_path, field):
+    path = _with_header(tmp_path, **{field: BAD_VALUES[field]})
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert "\n" not in message and "line 1" in message and repr(field) in message, message
+
+
+@pytest.mark.parametrize("value", ["md5", ["sha256"], None, 256])
+def test_the_hash_algo_is_one_the_engine_has(tmp_path, value):
+    with pytest.raises(TraceError, match="prefix_caching_hash_algo"):
+        read_trace(_with_header(tmp_path, prefix_caching_hash_algo=value))
+
+
+@pytest.mark.parametrize("fields", [{"prefix_caching_hash_algo": "md5"}, {"prefix_caching_hash_algo": ["x"]},
+                                    {"block_bytes": None}])
+@pytest.mark.parametrize("command", ["replay", "export"])
+def test_replay_and_export_refuse_a_bad_header_in_one_line(tmp_path, capsys, fields, command):
+    path = _with_header(tmp_path, **fields)
+    argv = [command, str(path)] + (["--out", str(tmp_path / "step.svg")] if command == "export" else [])
+    _one_line_exit_2(capsys, main(argv), next(iter(fields)), "line 1")
+    assert not (tmp_path / "step.svg").exists()
+
+
+def test_every_shipped_header_is_valid_and_unknown_fields_are_kept(tmp_path):
+    for path in (V1_STORY, V0_PREFIX):
+        assert read_trace(path).header == json.loads(_lines(path)[0])
+    assert read_trace(_with_header(tmp_path, notes={"by": "a teacher"})).header["notes"] == {"by": "a teacher"}
+
+
+# ---------------------------------------------------------------- minor: the checker's hash rules
+
+
+def _hashed_lines(path: Path) -> tuple[list[str], int]:
+    lines = _lines(path)
+    index = next(i for i, line in enumerate(lines) if i and json.loads(line)["type"] == "block_hashed")
+    return lines, index
+
+
+def _renumbered(lines: list[str]) -> list[str]:
+    out = [lines[0]]
+    for number, line in enumerate(lines[1:]):
+        out.append(json.dumps({**json.loads(line), "seq_no": number}))
+    return out
+
+
+@pytest.mark.parametrize("source", [V0_PREFIX, V1_STORY])
+def test_a_block_hashed_twice_is_refused(tmp_path, source):
+    lines, index = _hashed_lines(source)
+    path = _write(tmp_path / "twice.jsonl", _renumbered(lines[:index + 1] + [lines[index]] + lines[index + 1:]))
+    with pytest.raises(TraceError, match=f"line {index + 2} is corrupted: .* is hashed again"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("source", [V0_PREFIX, V1_STORY])
+def test_a_hash_that_is_its_own_parent_is_refused(tmp_path, source):
+    lines, index = _hashed_lines(source)
+    event = json.loads(lines[index])
+    event["parent_hash"] = event["block_hash"]
+    path = _write(tmp_path / "loop.jsonl", lines[:index] + [json.dumps(event)] + lines[index + 1:])
+    with pytest.raises(TraceError, match=f"line {index + 1} is corrupted: hash {event['block_hash']} is its own parent"):
+        read_trace(path)
+
+
+# ---------------------------------------------------------------- 7: record on a full disk
+
+HEADER = {"format": "blockviz-trace", "version": 1, "block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0}
+
+
+class _FullDisk:
+    """A stream over a real file whose flush and close meet a full disk (ENOSPC), as a buffered
+    trace's do when the disk fills during a run."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        self._stream.close()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_discard_removes_the_partial_file_when_the_close_fails(tmp_path):
+    writer = TraceWriter.create(tmp_path / "run.jsonl", HEADER)
+    writer._stream = _FullDisk(writer._stream)
+    writer.discard()  # no OSError: nothing is published and nothing is left
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_commit_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    writer = TraceWriter.create(tmp_path / "run.jsonl", HEADER)
+    writer._stream = _FullDisk(writer._stream)
+    with pytest.raises(TraceError, match="No space left on device"):
+        writer.commit()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_trace_on_a_full_disk_raises_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    from blockviz.commands.record import record_trace
+    from blockviz.session.spec import EngineSpec
+    from test_tui_fake_engine import FakeEngine
+
+    def full(self, event) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(TraceWriter, "write", full)
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), max_tokens=3)
+    with pytest.raises(TraceError, match="No space left on device; no trace written"):
+        record_trace(spec, tmp_path / "run.jsonl", engine=FakeEngine())
+    assert list(tmp_path.iterdir()) == []
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_record_past_a_file_size_limit_is_one_line_exit_2_and_leaves_nothing(tmp_path, tiny_gpt2_dir):
+    out = tmp_path / "traces"
+    out.mkdir()
+    argv = [sys.executable, "-m", "blockviz", "record", "--out", str(out / "run.jsonl"), "--model",
+            str(tiny_gpt2_dir), "--prompt", "ROMEO: But soft, what light", "--max-tokens", "24"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                            cwd=REPO, env=blockviz_env(), preexec_fn=_file_size_limit(4096))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert last.startswith("blockviz: error: cannot write") and "File too large" in last, result.stderr[-2000:]
+    assert list(out.iterdir()) == []
+
