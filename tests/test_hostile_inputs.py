@@ -212,3 +212,120 @@ def test_record_past_a_file_size_limit_is_one_line_exit_2_and_leaves_nothing(tmp
     assert last.startswith("blockviz: error: cannot write") and "File too large" in last, result.stderr[-2000:]
     assert list(out.iterdir()) == []
 
+
+# ---------------------------------------------------------------- 6: the answer key keeps the students' work
+
+from blockviz.lessons.key import KEY, main as key_main  # noqa: E402
+
+LESSONS_DIR = REPO / "lessons"
+LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _key_refused(capsys, argv: list[str], *expected: str) -> str:
+    code = key_main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert captured.out == ""
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def _copy_lessons(tmp_path: Path) -> Path:
+    source = tmp_path / "lessons"
+    source.mkdir()
+    for path in LESSONS:
+        (source / path.name).write_bytes(path.read_bytes())
+    return source
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink()}
+
+
+@pytest.mark.parametrize("inside", [".", "solved", "solved/deeper"])
+def test_the_key_refuses_a_destination_inside_its_source(tmp_path, capsys, inside):
+    source = _copy_lessons(tmp_path)
+    before = _snapshot(source)
+    _key_refused(capsys, [str(source), str(source / inside)], "inside", "students' notebooks")
+    _key_refused(capsys, ["--force", str(source), str(source / inside)], "inside")
+    assert _snapshot(source) == before and sorted(p.name for p in source.iterdir()) == sorted(before)
+
+
+def test_the_key_refuses_a_destination_reached_through_a_link_to_its_source(tmp_path, capsys):
+    source = _copy_lessons(tmp_path)
+    (tmp_path / "handout").symlink_to(source)
+    _key_refused(capsys, [str(source), str(tmp_path / "handout")], "inside")
+
+
+def test_the_key_asks_for_force_to_replace_and_replaces_whole_files(tmp_path, capsys):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    out.mkdir()
+    mine = out / LESSONS[0].name
+    mine.write_text("a student's own work\n")
+    _key_refused(capsys, [str(source), str(out)], str(mine), "--force")
+    assert mine.read_text() == "a student's own work\n" and [p.name for p in out.iterdir()] == [mine.name]
+    assert key_main(["--force", str(source), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [p.name for p in LESSONS]  # no temporary file left
+    assert any(cell["source"] == KEY[cell["metadata"]["blockviz"]["exercise"]]
+               for cell in json.loads(mine.read_text())["cells"] if "answer" in cell["metadata"].get("tags", []))
+
+
+def test_the_key_never_writes_through_a_link(tmp_path, capsys):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    out.mkdir()
+    elsewhere = tmp_path / "precious.txt"
+    elsewhere.write_text("not a notebook, not the key's\n")
+    (out / LESSONS[1].name).symlink_to(elsewhere)
+    for argv in ([str(source), str(out)], ["--force", str(source), str(out)]):
+        _key_refused(capsys, argv, "symbolic link")
+    assert elsewhere.read_text() == "not a notebook, not the key's\n"
+    assert [p.name for p in out.iterdir()] == [LESSONS[1].name]  # nothing written beside it either
+
+
+def test_the_key_refuses_a_destination_that_is_a_file(tmp_path, capsys):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    out.write_text("notes\n")
+    _key_refused(capsys, [str(source), str(out)], "is not a directory")
+    assert out.read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("damage", ["not json", "no cells", "unknown exercise"])
+def test_a_bad_notebook_is_one_line_and_nothing_is_written(tmp_path, capsys, damage):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    last = source / LESSONS[-1].name  # the last one: a half-written destination would show before it
+    if damage == "not json":
+        last.write_text('{"cells": [')
+        expected = "is not a readable notebook"
+    elif damage == "no cells":
+        last.write_text('{"cells": 3}')
+        expected = "is not a notebook"
+    else:
+        notebook = json.loads(last.read_text())
+        answer = next(c for c in notebook["cells"] if "answer" in c["metadata"].get("tags", []))
+        answer["metadata"]["blockviz"]["exercise"] = "99.nothing"
+        last.write_text(json.dumps(notebook))
+        expected = "'99.nothing' has no answer in the key"
+    _key_refused(capsys, [str(source), str(out)], str(last), expected)
+    assert not out.exists()
+
+
+def test_a_write_that_fails_part_way_leaves_the_old_file_whole(tmp_path, capsys, monkeypatch):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    assert key_main([str(source), str(out)]) == 0
+    capsys.readouterr()
+    before = _snapshot(out)
+    real_replace = os.replace
+
+    def disk_full_on_the_third(src, dst):
+        if Path(dst).name == LESSONS[2].name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", disk_full_on_the_third)
+    _key_refused(capsys, ["--force", str(source), str(out)], "No space left on device")
+    assert _snapshot(out)[LESSONS[2].name] == before[LESSONS[2].name]  # the old copy, whole
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temporary file left
+    json.loads((out / LESSONS[2].name).read_text())
+
