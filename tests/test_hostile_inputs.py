@@ -329,3 +329,66 @@ def test_a_write_that_fails_part_way_leaves_the_old_file_whole(tmp_path, capsys,
     assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temporary file left
     json.loads((out / LESSONS[2].name).read_text())
 
+
+# ---------------------------------------------------------------- 5: exports bounded by the file
+
+from blockviz.model import export as export_model  # noqa: E402
+from blockviz.model.svg import MAX_POOL_CELLS  # noqa: E402
+from blockviz.model.trace import MIN_POOL_BLOCKS  # noqa: E402
+from test_trace_limits import HEADER as SMALL_HEADER, _allocated, _request, _write as _write_trace  # noqa: E402
+
+BIG_SVG_BYTES = 4 << 20  # far more than a bounded picture needs, far less than one of 131,072 cells
+
+
+def _huge_pools(tmp_path: Path) -> Path:
+    """A trace of a few kilobytes whose header claims the most blocks any trace may have: 41 events,
+    40 sequences each given a block far beyond the cells a picture draws."""
+    header = {**SMALL_HEADER, "num_gpu_blocks": MIN_POOL_BLOCKS - 8, "num_cpu_blocks": 8}
+    blocks = [_allocated(1 + i, block=MIN_POOL_BLOCKS - 100 - i, seq_ids=(i,)) for i in range(40)]
+    return _write_trace(tmp_path / "huge.jsonl", header, _request(0, seq_ids=range(40)), *blocks)
+
+
+def test_an_svg_of_a_huge_pool_is_bounded_and_says_what_it_left_out(tmp_path, capsys):
+    trace = _huge_pools(tmp_path)
+    assert main(["export", str(trace), "--out", str(tmp_path / "step.svg")]) == 0
+    svg = (tmp_path / "step.svg").read_text()
+    assert len(svg.encode()) < BIG_SVG_BYTES
+    assert svg.count('class="block"') == MAX_POOL_CELLS  # the GPU pool's first cells (the empty CPU pool is a line)
+    assert f'data-drawn="{MAX_POOL_CELLS}"' in svg
+    assert f"blocks {MAX_POOL_CELLS} to {MIN_POOL_BLOCKS - 9} not drawn (40 used, 0 cached)" in svg
+
+
+def test_frames_are_bounded_by_the_blocks_they_draw(tmp_path, capsys):
+    trace = _huge_pools(tmp_path)
+    code = main(["export", str(trace), "--frames", "0:40", "--out", str(tmp_path / "anim.svg")])
+    _one_line_exit_2(capsys, code, "--frames 0:40 is 41 pictures of 131,072 pool blocks each", "blocks in all")
+    assert list(tmp_path.glob("anim*")) == []
+
+
+def test_frames_are_bounded_by_the_bytes_they_write(tmp_path, capsys, monkeypatch):
+    from blockviz.commands import export as export_command
+
+    monkeypatch.setattr(export_command, "MAX_EXPORT_BYTES", 50_000)  # fork-cow's pictures are about 20 KB each
+    code = main(["export", "fork-cow", "--frames", "0:20", "--out", str(tmp_path / "anim.svg")])
+    _one_line_exit_2(capsys, code, "MiB of pictures", "fewer frames")
+    assert list(tmp_path.glob("anim*")) == []
+
+
+def test_a_png_past_the_pixel_limit_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    with pytest.raises(export_model.ExportError, match="save it as .svg"):
+        export_model.check_png_size('<svg xmlns="http://www.w3.org/2000/svg" width="1280" height="200000">')
+    export_model.check_png_size('<svg xmlns="http://www.w3.org/2000/svg" width="1280" height="2000">')
+    pytest.importorskip("resvg_py", reason="PNG export needs resvg-py (the [export] extra; CI installs it)")
+    monkeypatch.setattr(export_model, "MAX_PNG_PIXELS", 1 << 16)
+    code = main(["export", "fork-cow", "--frames", "3:5", "--out", str(tmp_path / "step.png")])
+    _one_line_exit_2(capsys, code, "pixels as a PNG", "save it as .svg")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_png_of_a_huge_pool_is_drawn_within_the_limit(tmp_path, capsys):
+    pytest.importorskip("resvg_py", reason="PNG export needs resvg-py (the [export] extra; CI installs it)")
+    trace = _huge_pools(tmp_path)
+    assert main(["export", str(trace), "--out", str(tmp_path / "step.png")]) == 0
+    data = (tmp_path / "step.png").read_bytes()
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width * height <= export_model.MAX_PNG_PIXELS
