@@ -14,8 +14,9 @@ A trace may come from anyone, so reading it is bounded by the file, never by wha
 most MAX_NESTING deep; the header's block size is at most MAX_BLOCK_SIZE and its pools hold at
 most max(MIN_POOL_BLOCKS, file size / FILE_BYTES_PER_BLOCK) blocks (the reducer keeps a record per
 block), no more than the header's own memory figures hold; every id, count and hash is a
-non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID).
-A UTF-8 byte order mark before the header is skipped.
+non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID);
+every header field is of its type and range (HEADER_FIELDS), so no reader meets a value it cannot
+use. A UTF-8 byte order mark before the header is skipped.
 """
 
 from __future__ import annotations
