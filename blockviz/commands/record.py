@@ -113,7 +113,7 @@ def execute(args) -> int:
         raise UsageError(one_line(exc)) from None
     try:
         recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force)
-    except ValueError as exc:  # a prompt the engine refuses, or --out taken meanwhile: nothing written
+    except ValueError as exc:  # a prompt the engine refuses, --out taken meanwhile, a full disk: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:
         if tty:
