@@ -111,7 +111,7 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> dic
     """vLLM v1's free queue (FreeKVCacheBlockQueue) head first, the order get_new_blocks takes
     blocks in: `blocks` the first `limit` as [block, cached] (cached: still hashed, so taking it
     evicts its hash), `num_free` and `num_cached` over the whole queue. None for a v0 run."""
-    if state.kv_manager != "v1":
+    if not state.design.free_queue:
         return None
     pool = state.pools["gpu"]
     queue = state.free_queue if limit is None else state.free_queue[:limit]
@@ -123,7 +123,9 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> dic
 def v1_notes(state: ReducerState) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
     copy-on-write); empty for a v0 run."""
-    return dict(V1_NOTES) if state.kv_manager == "v1" else {}
+    lacks = {"swap": not state.design.swaps, "cow": not state.design.copy_on_write}
+    return {view: note for view, note in V1_NOTES.items() if lacks[view]}
+
 
 def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, int]) -> str:
     """The one line a swap pool with nothing in it collapses to ("CPU pool: 2048 blocks, never
@@ -217,7 +219,7 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
             "num_tokens": len(seq.token_ids) if seq else 0,
             "blocks": blocks,
         }
-        if state.kv_manager == "v1":
+        if state.design.chunked_prefill:
             row["progress"] = progress(state, seq_id)
         rows.append(row)
     return rows
@@ -329,7 +331,7 @@ def inspect_block(state: ReducerState, device: str, number: int,
         "digest": block.digest or "", "digest_slots": block.digest_slots,
         "digest_current": block.digest_slots == filled, "same_kv": same, "bytes": geometry,
     }
-    if state.kv_manager == "v1":
+    if state.design.null_block or state.design.free_queue:
         info.update(_inspect_v1(state, device, number))
     return info
 

@@ -23,6 +23,7 @@ from textual.widgets import Footer, Label, LoadingIndicator, Static
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
+from blockviz.model.design import design_of
 from blockviz.model.guide import Guide
 from blockviz.model.narration import cursor_step, narrate, narrate_step
 from blockviz.model.trace import Trace, engine_title
@@ -279,7 +280,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         to act on, so the live keys are not offered (False: hidden), nor v0's fork and swap in a v1 run."""
         if action in LIVE_ACTIONS and self.bridge is None:
             return False
-        if action in V0_ONLY_ACTIONS and self.header.get("kv_manager") == "v1":
+        if action in V0_ONLY_ACTIONS and not design_of(self.header).fork_and_preempt_commands:
             return False
         return None if action in PLAYBACK_ACTIONS and self.controller is None else True
 
