@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ipywidgets
 
 from blockviz.model.insight_view import chosen_lookup, explain_record, ledger_record, memory_record
-from blockviz.model.insights import Insights
 from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView
 from engine import events as ev
 
@@ -43,7 +42,7 @@ class InsightPanel:
 
     def __init__(self, viz: Visualizer) -> None:
         self.viz = viz
-        self.insights = Insights.for_header(viz.header)
+        self.insights = viz.viewer.insights
         self.explain_view, self.ledger_view, self.memory_view = ExplainView(), LedgerView(), MemoryView()
         self.breakpoints_view = BreakpointsView()
         self.picked: str | None = None  # the request the explainer shows, when picked (not a block's)
