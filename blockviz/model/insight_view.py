@@ -17,7 +17,7 @@ the events: both front ends compute them for every frame their insight panels ar
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from blockviz.model.explain import EVICTED, Explanation
@@ -87,7 +87,7 @@ class ExplainRecord(Record):
     def to_json(self) -> dict[str, Any]:
         if self.request is None:
             return {"requests": self.requests, "request": None}
-        return asdict(self)
+        return Record.to_json(self)
 
 
 def explain_record(insights: Insights, position: int, *, state: ReducerState | None = None,

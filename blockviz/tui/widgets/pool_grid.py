@@ -409,13 +409,13 @@ class FreeQueueRow(Static):
         if queue is None:
             return
         text = Text("free queue ▸ ", "bold", no_wrap=True, overflow="ellipsis")
-        if not queue["blocks"]:
+        if not queue.blocks:
             text.append("empty: every block is in use", "dim")
-        for index, (number, cached) in enumerate(queue["blocks"]):
+        for index, (number, cached) in enumerate(queue.blocks):
             style = CACHED_STYLE if cached else FREE_STYLE
             text.append(f"{number}{'c' if cached else ''}", style + QUEUE_HEAD_STYLE if index == 0 else style)
             text.append(" ")
-        more = queue["num_free"] - len(queue["blocks"])
+        more = queue.num_free - len(queue.blocks)
         if more > 0:
             text.append(f"… +{more}", "dim")
         self.update(text)
