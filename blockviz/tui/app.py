@@ -32,7 +32,7 @@ from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
                                    EngineLoading, EngineNotice, EngineReady, posting_listener)
 from blockviz.tui.widgets.guide_card import GuideCard
-from blockviz.tui.widgets.insight_panels import memory_fields
+from blockviz.model.insight_view import memory_fields
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar, TitleBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
