@@ -119,6 +119,7 @@ def test_guided_playback_slows_near_a_card_and_stops_on_it():
     trace = load_trace("fork-cow")
     player = Player(Timeline.for_trace(trace))
     player.guide = Guide()
+    player.guided = True
     first = player.scan_guide().cards[0]
     player.playing = True
     player.timeline.seek(first.position - 7)

@@ -1,7 +1,8 @@
 """`Visualizer`: the widgets composed over a timeline of events, from a trace or a live engine.
 
-The model layer is the TUI's: a `Timeline` (events, the reducer state at a cursor, time travel) and
-a `Player` (play/pause at a speed). A live run drives a real `LLM`'s engine through an engine session
+The model layer is the TUI's: a `Viewer` (blockviz/model/viewer.py) assembles the `Timeline` (events,
+the reducer state at a cursor, time travel), the `Player` (play/pause at a speed, the guide's card at
+the cursor) and the `Insights`, as the TUI's does. A live run drives a real `LLM`'s engine through an engine session
 (blockviz/session/engine_session.py), stepping it when the cursor reaches the end of what is
 known, the way `blockviz run` does; it can play a scenario's arrivals (`scenario="story"`).
 
@@ -25,9 +26,8 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.model.guide import Guide
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
-from blockviz.model.player import Player
+from blockviz.model.viewer import Viewer
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
@@ -54,19 +54,20 @@ class Visualizer(LiveCommands):
     as the last expression of a cell; without a widget frontend its repr is a text summary.
     """
 
-    def __init__(self, timeline: Timeline, *, llm: Any = None, session: EngineSession | None = None,
+    def __init__(self, timeline: Timeline | Viewer, *, llm: Any = None, session: EngineSession | None = None,
                  title: str = "", header: dict[str, Any] | None = None, projector: bool = False,
                  zoom: float | None = None) -> None:
-        self.timeline = timeline
-        self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
-                                 "num_cpu_blocks": timeline.num_cpu_blocks}
         self.llm = llm
         _OPEN.add(self)
         self.engine = llm.engine if llm is not None else None
         if self.engine is not None and session is None:
             session = EngineSession(_spec_of(self.engine), engine=self.engine)
-        self.player = Player(timeline, live=self.engine is not None)
-        self._guide = Guide(self.header.get("kv_manager") or "v0")  # the card at the cursor (guide.py)
+        if not isinstance(timeline, Viewer):  # the cards at the cursor too (guide.py); playback stops at none
+            header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
+                                "num_cpu_blocks": timeline.num_cpu_blocks}
+            timeline = Viewer.for_timeline(header, timeline, live=self.engine is not None, cards=True)
+        self.viewer = timeline
+        self.timeline, self.player, self.header = self.viewer.timeline, self.viewer.player, self.viewer.header
         self.title = title
         self.error = ""
         self.projector = bool(projector)
@@ -120,8 +121,8 @@ class Visualizer(LiveCommands):
         `projector=True`: big cells and the projector palette (set_projector)."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}",
-                   header=trace.header, projector=projector)
+        return cls(Viewer.from_trace(trace, cards=True), title=f"trace {name} · {engine_title(trace.header)}",
+                   projector=projector)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
@@ -163,9 +164,8 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        timeline = Timeline.for_header(header, max_events=keep_events)
-        viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header,
-                  projector=projector)
+        viz = cls(Viewer.live(header, keep_events, cards=True), llm=llm, session=session,
+                  title=f"live {engine_title(header)}", projector=projector)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
@@ -402,11 +402,7 @@ class Visualizer(LiveCommands):
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
-            guide = self._guide
-            guide.scan(timeline.events, timeline.dropped_events)
-            if self.engine is None or self.finished:
-                guide.settle()  # no more events: the last idea is whole
-            snap["card"] = card_record(guide.card_at(timeline.position))
+            snap["card"] = card_record(self.viewer.card)
         return snap
 
     def _send_frame(self) -> None:

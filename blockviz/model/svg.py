@@ -16,7 +16,7 @@ import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from blockviz.model.palette import SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
 WIDTH = 1280  # px: a 16:9 slide's width at 1x; the height follows the content
@@ -35,12 +35,12 @@ MAX_TABLE_ROWS = 32  # sequences' block tables
 MAX_TABLE_BLOCKS = 32  # logical blocks drawn per table
 MAX_SLOTS = 16  # slots drawn per logical block
 MAX_SLOT_CHARS = 16  # characters of a slot's token text
-# As pool_canvas.js's LOOK (and the TUI's styles.py): free, cached, outlines.
+# The block states' colours (palette.BLOCK_COLOURS, as the TUI and pool_canvas.js draw them), the
+# outlines' widths, and the picture's own inks.
 LOOK = {
-    "border": "#6b6b6b", "cached": "#3c4a5a", "null": "#1e1a12", "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
-    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b", "null": "#c8a040"},
-    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010", "null": "#101010"},
-    "touched": ("#ffd400", 2), "selected": ("#ff3b3b", 3), "hit": "#ffd400", "slot": "#61afef",
+    **BLOCK_COLOURS, "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
+    "touched": (BLOCK_COLOURS["touched"], 2), "selected": (BLOCK_COLOURS["selected"], 3), "hit": "#ffd400",
+    "slot": "#61afef",
 }
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
 _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from blockviz.model.design import kv_manager_of
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -490,7 +491,7 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
     try:
         checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
                                vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
-                               kv_manager=header.get("kv_manager") or "v0")
+                               kv_manager=kv_manager_of(header))
     except ValueError as exc:
         raise TraceError(f"{name} line 1: {exc}") from None
     for number, line in lines:
