@@ -10,6 +10,7 @@ import json
 import sys
 
 from blockviz.commands.options import add_engine_options
+from blockviz.model.design import kv_manager_of
 from blockviz.errors import UsageError
 
 
@@ -45,10 +46,9 @@ def execute(args) -> int:
             session.add_request(prompt)
         session.run_to_completion(on_events=events.extend)
     header = session.header
-    # TODO(merge): kv_manager_of(header) (blockviz/model/trace.py) for header.get("kv_manager") below
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"],
-                                    header.get("kv_manager") or "v0", header.get("prefix_caching_hash_algo") or "sha256")
+                                    kv_manager_of(header), header.get("prefix_caching_hash_algo") or "sha256")
     if args.json:
         print(json.dumps([{
             "request_id": x.request_id, "seq_id": x.seq_id, "num_prompt_tokens": x.num_prompt_tokens,

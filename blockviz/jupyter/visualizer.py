@@ -295,7 +295,7 @@ class Visualizer(LiveCommands):
 
     def back_to(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
         """Back to just after the previous event of `kinds` (as run_until takes them) before the
-        one the cursor just passed (history.Timeline.previous_of: time travel, the engine is left
+        one the cursor just passed (Timeline.previous_of: time travel, the engine is left
         alone). Returns that event, or None (the cursor stays) when there is none."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
@@ -335,7 +335,7 @@ class Visualizer(LiveCommands):
 
     def play(self, speed: float | str | None = None) -> None:
         """Start playback on a background thread (returns at once): events at the Player's speed,
-        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max".
+        or, live at "max", the engine free-running. `speed` is one of player.SPEEDS or "max".
         Safe against a concurrent pause() (the Pause button racing Play): they take turns."""
         if speed is not None:
             self.set_speed(speed)
@@ -368,7 +368,7 @@ class Visualizer(LiveCommands):
         self._changed()
 
     def set_speed(self, speed: float | str | int) -> None:
-        """Playback speed: events per second (one of history.SPEEDS) or "max"."""
+        """Playback speed: events per second (one of player.SPEEDS) or "max"."""
         from blockviz.model.player import SPEEDS
 
         value = float("inf") if speed == "max" else float(speed)
