@@ -26,6 +26,7 @@ import html
 import ipaddress
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -118,7 +119,6 @@ class BlockvizServer(Server):
         super().__init__(command, host=host, port=port, title=title)
         self.on_ready = on_ready
         self.max_visitors = max_visitors
-        self.num_visitors = 0
         self.allow_origins = {normal_origin(origin) for origin in allow_origins}
         self.allow_hosts = {name.lower().rstrip(".") for name in allow_hosts}
         self.sessions: set[VisitorSession] = set()
@@ -178,7 +178,9 @@ class BlockvizServer(Server):
 
     @property
     def full(self) -> bool:
-        return self.num_visitors >= self.max_visitors
+        """Whether max_visitors apps run (or are starting): an app that has exited frees its place
+        at once, before the server has read the end of its output."""
+        return sum(session.app.running for session in self.sessions) >= self.max_visitors
 
     def full_message(self) -> str:
         visitors = f"{self.max_visitors} visitor{'s' if self.max_visitors != 1 else ''}"
@@ -197,22 +199,18 @@ class BlockvizServer(Server):
             return await self._refuse_full(request)
         width, height = clamp_size(to_int(request.query.get("width", "80"), 80),
                                    to_int(request.query.get("height", "24"), 24))
-        websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE_BYTES)
-        self.num_visitors += 1
+        websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE_BYTES, timeout=APP_QUIT_S)
+        app = VisitorApp(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
+                         close=websocket.close, download_manager=self.download_manager, debug=self.debug)
+        session = VisitorSession(websocket, app, visitor=request.remote or "a visitor")
+        self.sessions.add(session)
         try:
             await websocket.prepare(request)
-            app = VisitorApp(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
-                             close=websocket.close, download_manager=self.download_manager, debug=self.debug)
-            session = VisitorSession(websocket, app, visitor=request.remote or "a visitor")
-            self.sessions.add(session)
-            try:
-                await app.start(width, height)
-                await session.run()
-            finally:
-                self.sessions.discard(session)
-                await session.end()
+            await app.start(width, height)
+            await session.run()
         finally:
-            self.num_visitors -= 1
+            await session.end()
+            self.sessions.discard(session)
         return websocket
 
     async def _refuse_full(self, request: web.Request) -> web.WebSocketResponse:
@@ -267,10 +265,20 @@ class BlockvizServer(Server):
         try:
             self.on_ready(urls(self.host, self.port))
             await stopping.wait()
-            await asyncio.gather(*(session.end(WSCloseCode.GOING_AWAY, "the server stopped")
-                                   for session in list(self.sessions)))
+            for site in list(runner.sites):
+                await site.stop()
+            await self.end_sessions()
         finally:
             await runner.cleanup()
+
+    async def end_sessions(self) -> None:
+        """End every session and its app, and wait for their handlers to finish (one that was
+        starting its app ends it too), for 4 x APP_QUIT_S at most."""
+        deadline = asyncio.get_running_loop().time() + 4 * APP_QUIT_S
+        while self.sessions and asyncio.get_running_loop().time() < deadline:
+            await asyncio.gather(*(session.end(WSCloseCode.GOING_AWAY, "the server stopped")
+                                   for session in list(self.sessions)))
+            await asyncio.sleep(0.05)
 
     async def listen(self, max_connections: int, header_timeout_s: float = HEADER_TIMEOUT_S) -> web.AppRunner:
         """Listen on host:port behind a ConnectionGuard; the caller cleans the runner up."""
@@ -303,13 +311,28 @@ class VisitorApp(AppService):
 
     _ending: asyncio.Future | None = None
 
+    @property
+    def running(self) -> bool:
+        """Whether the app is starting or runs; one that has exited, reaped or not, does not."""
+        process = self._process
+        if process is None:
+            return True
+        if process.returncode is not None:
+            return False
+        try:  # WNOWAIT: look, and leave it to asyncio to reap
+            return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
+        except (AttributeError, OSError):  # no waitid here: it runs until asyncio has reaped it
+            return True
+
     async def end(self) -> None:
         """textual-serve's `stop` (cancel the app's downloads, ask it to quit, wait for its output to
         close), but for APP_QUIT_S only, then SIGTERM and SIGKILL, each after APP_QUIT_S: an app busy
         with a visitor's input, or not reading it, would otherwise outlive the visitor's tab. Once
         for a started app, however often and from wherever it is called (its tab, the server)."""
         if self._process is None or self._task is None:
-            return
+            return  # not started (yet: the session's own end comes after its start)
         if self._ending is None:
             self._ending = asyncio.ensure_future(self._end(self._process, self._task))
         await asyncio.shield(self._ending)
@@ -403,10 +426,17 @@ class VisitorSession:
             raise SessionEnded(f"the app or the page took nothing for {SEND_LIMIT_S} s") from None
 
     async def end(self, code: int = WSCloseCode.GOING_AWAY, reason: str = "") -> None:
-        """Close the websocket (saying why, unless it is closed already) and end the app process."""
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.websocket.close(code=code, message=reason.encode()[:120])
-        await self.app.end()
+        """Close the websocket, saying why, and end the app process, both at once: a page that does
+        not answer the close (within APP_QUIT_S) does not hold the app."""
+        if self.websocket.closed:
+            await self.app.end()
+            return
+
+        async def close() -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.websocket.close(code=code, message=reason.encode()[:120])
+
+        await asyncio.gather(close(), self.app.end())
 
 
 MESSAGE_KINDS = ("stdin", "resize", "ping", "blur", "focus")  # what textual-serve's page sends
