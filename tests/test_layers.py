@@ -16,7 +16,7 @@ from engine.events import EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT_ENDS = ("blockviz.tui", "blockviz.jupyter", "blockviz.kvevents", "blockviz.commands", "blockviz.cli",
-              "blockviz.web")
+              "blockviz.web", "blockviz.web_listener")
 UI_LIBRARIES = ("textual", "ipywidgets", "anywidget")
 # What each layer may not import (any module whose name starts with one of these).
 FORBIDDEN = {
