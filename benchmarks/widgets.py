@@ -201,6 +201,8 @@ def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats
         from jupyter_fixtures import (CHROMIUM, DRAWN_BLOCKS_JS, kernel_json, launch_args, open_notebook,
                                       run_all_cells, start_jupyter_server)
         from playwright.sync_api import sync_playwright
+
+        import jupyterlab  # noqa: F401  (the server start_jupyter_server runs)
     except ImportError as exc:
         print(f"unavailable: parts 2 and 3 need JupyterLab and playwright: {exc}")
         return {}
