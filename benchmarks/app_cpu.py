@@ -133,7 +133,7 @@ class ReplaySpec(EngineSpec):
 
 async def session(stream: Path, runs: int) -> tuple[list[float], int]:
     from blockviz.tui.app import BlockvizApp
-    from blockviz.tui.engine_process import ProcessBridge
+    from blockviz.session.engine_process import ProcessBridge
     from blockviz.model.player import SPEEDS
     from tui import PROMPTS, play_to_idle
 

@@ -63,7 +63,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blockviz.tui import engine_process  # noqa: E402
+from blockviz.session import engine_process  # noqa: E402
 from blockviz.session.spec import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
@@ -603,8 +603,8 @@ async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict
 
 def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int, ui_priority: str = "idle") -> dict:
     """One session, in this process (the benchmark runs each in a fresh one: see bench_engine)."""
-    from blockviz.tui.engine_bridge import EngineBridge
-    from blockviz.tui.engine_process import ProcessBridge
+    from blockviz.session.engine_thread import EngineBridge
+    from blockviz.session.engine_process import ProcessBridge
 
     make_bridge = {
         "process": lambda timed: ProcessBridge(timed),
