@@ -222,8 +222,9 @@ class BlockSpaceManager:
         token_id = seq.get_last_token_id()
         block.token_ids += (token_id,)
         if self.events.active:
-            self.events.emit(SlotAppended, seq_id=seq_id, device="gpu", logical_index=index,
-                             block=block.block_number, offset=offset, token_id=token_id)
+            events = self.events
+            events.publish(SlotAppended(next(events.seq_nos), seq_id=seq_id, device="gpu", logical_index=index,
+                                        block=block.block_number, offset=offset, token_id=token_id))
         if self.enable_caching and offset == self.block_size - 1:
             parent_hash = table[index - 1].block_hash if index else None
             self._hash_block(block, compute_block_hash(block.token_ids, parent_hash), parent_hash, num_tokens)
@@ -233,9 +234,11 @@ class BlockSpaceManager:
         """A fresh block for the token that starts a new logical block."""
         block = self.gpu_allocator.allocate()
         table.append(block)
-        if self.events.active:
-            self.events.emit(BlockAllocated, device="gpu", block=block.block_number, seq_ids=(seq_id,),
-                             logical_index=len(table) - 1, ref_count=1, block_hash=None, token_ids=())
+        events = self.events
+        if events.active:
+            events.publish(BlockAllocated(next(events.seq_nos), device="gpu", block=block.block_number,
+                                          seq_ids=(seq_id,), logical_index=len(table) - 1, ref_count=1,
+                                          block_hash=None, token_ids=()))
 
     def _copy_on_write(self, seq_id: int, table: BlockTable, index: int, offset: int) -> tuple[int, int]:
         """The shared block at `index` is replaced in this table by a fresh copy of its first

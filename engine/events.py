@@ -366,10 +366,15 @@ class EventBus:
     def num_subscribers(self) -> int:
         return len(self._subscribers)
 
-    def emit(self, cls: type[Event], *values: Any, **named: Any) -> Event:
-        """Build a `cls` event numbered with the next seq_no from its other field values (in
-        declaration order, or by name) and deliver it to every subscriber."""
-        event = cls(next(self.seq_nos), *values, **named)
+    def emit(self, cls: type[Event], /, **fields: Any) -> Event:
+        """Build a `cls` event numbered with the next seq_no from its other fields, by name, and
+        deliver it to every subscriber."""
+        return self.publish(cls(next(self.seq_nos), **fields))
+
+    def publish(self, event: Event) -> Event:
+        """Deliver an event the caller built, numbered `next(bus.seq_nos)` (the per-token paths
+        build theirs: `bus.publish(SlotAppended(next(bus.seq_nos), seq_id=..., ...))` costs less
+        than packing the fields through emit)."""
         try:
             self.deliver(event)
         except Exception as exc:  # a broken view must never break the engine

@@ -352,9 +352,10 @@ class LLMEngine:
         seq.append_token_id(token_id)
         stop = self.stop_checker.stop_reason(seq, group.sampling_params)
         piece = self.detokenizer.decode_sequence_inplace(seq, final=stop is not None)
-        if self.events.active:
-            self.events.emit(TokenGenerated, seq_id=seq.seq_id, token_id=token_id, text=piece,
-                             position=seq.get_len() - 1)
+        events = self.events
+        if events.active:
+            events.publish(TokenGenerated(next(events.seq_nos), seq_id=seq.seq_id, token_id=token_id, text=piece,
+                                          position=seq.get_len() - 1))
         if stop is not None:
             seq.status, detail = stop
             self.scheduler.free_seq(seq)
@@ -394,8 +395,9 @@ class LLMEngine:
     def _emit_digests(self, device: str, blocks: list[int]) -> None:
         if not (self.events.active and self.config.kv_digests and blocks):
             return
+        events = self.events
         for block, digest in zip(blocks, self.cache_engine.kv_digests(device, blocks)):
-            self.events.emit(KVDigest, device=device, block=block, digest=digest)
+            events.publish(KVDigest(next(events.seq_nos), device=device, block=block, digest=digest))
 
     # ------------------------------------------------------------------ outputs
 

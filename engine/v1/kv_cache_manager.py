@@ -197,10 +197,11 @@ class KVCacheManager:
         SlotAppended, each new block is BlockAllocated with the tokens it holds."""
         bs = self.block_size
         prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        events = self.events
         for pos in range(start, min(end, num_old_blocks * bs)):  # a decode: one token, no list copy
             token_id = prompt[pos] if pos < len(prompt) else output[pos - len(prompt)]
-            self.events.emit(SlotAppended, seq_id=seq.seq_id, device=GPU, logical_index=pos // bs,
-                             block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_id)
+            events.publish(SlotAppended(next(events.seq_nos), seq_id=seq.seq_id, device=GPU, logical_index=pos // bs,
+                                        block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_id))
         token_ids = seq.get_token_ids() if len(blocks) > num_old_blocks else []
         for index in range(num_old_blocks, len(blocks)):
             block = blocks[index]
