@@ -334,3 +334,39 @@ def test_without_vllm_the_option_names_the_install_command(monkeypatch):
     with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm\]'.*--no-deps vllm==0\.33\.0") as raised:
         EngineConfig(kv_manager="vllm")
     assert "\n" not in str(raised.value)
+
+
+# ---------------------------------------------------------------- the v1 story on vLLM's scheduler, as a trace
+
+
+def test_the_v1_story_on_vllm_records_loads_replays_and_explains(tmp_path):
+    import vllm
+
+    from blockviz.model.explain import HIT, explain_requests
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.trace import make_header, read_trace, write_trace
+    from blockviz.model.view import snapshot
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
+
+    spec = EngineSpec.for_scenario("story", kv_manager="vllm", device="cpu",
+                                   vllm_options={"scheduler_reserve_full_isl": True})
+    assert spec.arrivals and spec.config.max_num_batched_tokens  # vLLM v1's story, its token budget
+    session = EngineSession(spec)
+    events: list = []
+    session.run_to_completion(on_events=events.extend)
+    header = make_header(session.header)
+    assert header["kv_manager"] == "vllm" and header["vllm_version"] == vllm.__version__
+    assert header["vllm_options"] == {"scheduler_reserve_full_isl": True}
+    write_trace(tmp_path / "vllm.jsonl", header, events)
+    trace = read_trace(tmp_path / "vllm.jsonl")  # the checker replays every event under the header
+    assert len(trace.events) == len(events)
+    timeline = Timeline.for_trace(trace)
+    assert len(timeline) == len(events) and timeline.seek(len(events))  # time travel to the end
+    state = ReducerState.from_header(header).apply_all(trace.events)
+    assert state.kv_manager == "v1" and snapshot(state)["kv_manager"] == "v1"  # drawn as v1
+    assert sorted(state.free_queue) == list(range(1, header["num_gpu_blocks"]))  # every block back, block 0 null
+    hits = [e for e in events if e.type == "prefix_cache_hit"]
+    explained = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"], 0, True, "vllm",
+                                 header["prefix_caching_hash_algo"])
+    assert hits and sum(b.verdict == HIT for x in explained for b in x.blocks) == len(hits)

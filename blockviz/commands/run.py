@@ -43,7 +43,7 @@ def check(args, *, device: bool = True):
     if getattr(args, "n_given", False) and not args.prompts:
         raise UsageError(f"--n {args.n} applies to --prompt requests: the story's requests set their own "
                          "(give --prompt TEXT, or leave out --n)")
-    v1 = args.kv_manager == "v1"  # vLLM v1 tells its own story (scenario.DEFAULT_V1_SCENARIO)
+    v1 = args.kv_manager in ("v1", "vllm")  # vLLM v1 tells its own story (scenario.DEFAULT_V1_SCENARIO)
     spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_V1_SCENARIO if v1 else DEFAULT_SCENARIO)
     if v1 and spec.arrivals:
         from dataclasses import replace

@@ -58,7 +58,7 @@ GROUP = 0  # blockviz's one KV-cache group
 
 def mapper_for(kv_manager: str | None, block_size: int) -> "KVEventMapper | V1KVEventMapper":
     """The mapper for a run of `kv_manager` ("v0", None as in an old trace, or "v1")."""
-    return V1KVEventMapper(block_size) if kv_manager == "v1" else KVEventMapper(block_size)
+    return V1KVEventMapper(block_size) if kv_manager in ("v1", "vllm") else KVEventMapper(block_size)
 
 
 def external_hash(block_hash: int) -> int:

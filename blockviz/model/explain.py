@@ -94,8 +94,8 @@ class Explainer:
 
     def __init__(self, enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
         self.caching = enable_prefix_caching
-        self.hashes = _v1_hashes(hash_algo) if kv_manager == "v1" else _v0_hashes
-        self.kv_manager = kv_manager
+        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager hashes as v1
+        self.hashes = _v1_hashes(hash_algo) if self.kv_manager == "v1" else _v0_hashes
         self.explained: list[Explanation] = []
         # seq_id -> (request id, the tokens it will look up, recomputed), until its first block is placed
         self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}

@@ -78,7 +78,7 @@ class ReducerState:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
         self.block_size = block_size
-        self.kv_manager = kv_manager
+        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's events
         self.pools: dict[str, list[BlockState]] = {
             "gpu": [BlockState("gpu", i) for i in range(num_gpu_blocks)],
             "cpu": [BlockState("cpu", i) for i in range(num_cpu_blocks)],

@@ -41,9 +41,9 @@ class TraceChecker:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
                  vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0") -> None:
-        if kv_manager not in ("v0", "v1"):
-            raise ValueError(f"header field 'kv_manager' must be 'v0' or 'v1', got {kv_manager!r}")
-        if kv_manager == "v1" and num_gpu_blocks < 2:
+        if kv_manager not in ("v0", "v1", "vllm"):
+            raise ValueError(f"header field 'kv_manager' must be 'v0', 'v1' or 'vllm', got {kv_manager!r}")
+        if kv_manager in ("v1", "vllm") and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
         self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
         self.last_seq_no: int | None = None

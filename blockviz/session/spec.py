@@ -54,14 +54,14 @@ class EngineSpec:
         settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
         say otherwise. A ValueError names an unknown scenario or option. The story under
         `kv_manager="v1"` is vLLM v1's story ("story-v1"), as `blockviz run --kv-manager v1` plays."""
-        if name == "story" and options.get("kv_manager") == "v1":
+        if name == "story" and options.get("kv_manager") in ("v1", "vllm"):
             name = "story-v1"
         arrivals, settings = scenario(name)
         known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
-        if options.get("kv_manager") == "v1" and "preemption_mode" not in options:
+        if options.get("kv_manager") in ("v1", "vllm") and "preemption_mode" not in options:
             settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
@@ -74,7 +74,7 @@ class EngineSpec:
         else:
             prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
         options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
-        if options["kv_manager"] == "v1" and not getattr(args, "preemption_mode_given", False):
+        if options["kv_manager"] in ("v1", "vllm") and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
             config = EngineConfig(**options)

@@ -279,7 +279,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         to act on, so the live keys are not offered (False: hidden), nor v0's fork and swap in a v1 run."""
         if action in LIVE_ACTIONS and self.bridge is None:
             return False
-        if action in V0_ONLY_ACTIONS and self.header.get("kv_manager") == "v1":
+        if action in V0_ONLY_ACTIONS and self.header.get("kv_manager") in ("v1", "vllm"):
             return False
         return None if action in PLAYBACK_ACTIONS and self.controller is None else True
 

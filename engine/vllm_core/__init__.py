@@ -24,7 +24,8 @@ def vllm_version() -> str:
 
 def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
     """vLLM's Scheduler for `engine` (an LLMEngine being built: its config, budget, loaded model
-    and event bus), wrapped in our scheduler interface."""
+    and event bus), wrapped in our scheduler interface. max_num_seqs is capped at the token budget,
+    as vLLM requires (SchedulerConfig.verify_max_model_len): a step gives each running request a token."""
     try:
         import vllm  # noqa: F401
     except ImportError as error:
@@ -36,7 +37,7 @@ def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
     num_gpu_blocks = engine.budget.num_gpu_blocks
     vllm_config = build_vllm_config(
         engine.loaded.path, block_size=config.block_size, num_gpu_blocks=num_gpu_blocks,
-        max_model_len=engine.max_model_len, max_num_seqs=config.max_num_seqs,
+        max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
         prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
     kv_cache_config = build_kv_cache_config(num_gpu_blocks, config.block_size, model.num_kv_heads, model.head_dim,
