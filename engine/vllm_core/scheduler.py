@@ -20,8 +20,8 @@ request at a time so the frees keep the order our v1 has (vLLM iterates a set of
 A recompute preemption (`Scheduler._preempt_request`) is announced (Preempted) before vLLM frees the
 blocks, and resets our Sequence; block events come from the tap (engine/vllm_core/event_tap.py).
 A request vLLM could never admit, whose tokens need more blocks than the pool has, ends as ignored
-with its reason: when added, and when nothing runs and nothing was scheduled (a preempted request
-that grew past the pool).
+with its reason, as engine/v1 refuses it: when added, and when it heads the waiting queue (a
+preempted request grown past the pool), before vLLM's schedule() would preempt it forever.
 
 Block hashes are vLLM's, seeded as vLLM seeds them under PYTHONHASHSEED=0 (`init_none_hash`), which
 is what engine/v1/kv_cache_utils.py always does: the same prefix has the same hash in both.
@@ -109,10 +109,10 @@ class VllmScheduler:
 
         waiting = seq_group.get_seqs(SequenceStatus.WAITING)
         needed = cdiv(waiting[0].get_len(), self.block_size) if waiting else 0
-        if needed > self.num_usable_blocks:
+        if needed > self.num_usable_blocks:  # one entry per sequence, as engine/v1 ignores them
             for seq in waiting:
                 seq.status = SequenceStatus.FINISHED_IGNORED
-            self._ignored.append((seq_group, self._too_big(waiting[0]), waiting))
+                self._ignored.append((seq_group, self._too_big(seq), [seq]))
             return
         for seq in waiting:
             request_id = str(seq.seq_id)
@@ -172,12 +172,14 @@ class VllmScheduler:
             self._samples = {}
             self.free_finished_seq_groups()
         self._preempted = []
-        out = self.vllm.schedule()
         ignored, self._ignored = self._ignored, []
+        while self.vllm.get_request_counts()[1] and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
+            ignored.append(self._ignore_head())
+        out = self.vllm.schedule()
         if not out.num_scheduled_tokens:
             self._update_vllm(out)  # nothing runs: vLLM still takes its (empty) output
-            if not self.vllm.running and self.vllm.get_request_counts()[1]:
-                ignored.append(self._ignore_stuck_head())
+            if not self.vllm.running and not self._preempted and self.vllm.get_request_counts()[1]:
+                ignored.append(self._ignore_head())
             return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=self._preempted,
                                    ignored_seq_groups=ignored)
         num_computed = self._update_block_tables(out)
@@ -260,15 +262,21 @@ class VllmScheduler:
         seq.reset_for_recompute()
         self._preempted.append(seq.seq_id)
 
-    def _ignore_stuck_head(self) -> tuple[SequenceGroup, str, list[Sequence]]:
-        """Nothing runs and nothing was admitted into an empty pool: the head of vLLM's waiting
-        queue can never run (its tokens need more blocks than the pool has), so it ends ignored."""
+    def _too_big_for_the_pool(self, request: Any) -> bool:
+        return cdiv(request.num_tokens, self.block_size) > self.num_usable_blocks
+
+    def _ignore_head(self) -> tuple[SequenceGroup, str, list[Sequence]]:
+        """End the head of vLLM's waiting queue as ignored: its tokens (a preempted request's
+        outputs too) need more blocks than the pool has, as engine/v1's _admit_waiting refuses at
+        the head; or nothing runs, nothing was preempted this step and it was still not admitted
+        into an empty pool (engine/v1's _ignore_stuck_head). vLLM itself never meets such a request:
+        check_enough_kv_cache_memory refuses a pool smaller than one max_model_len request."""
         from vllm.v1.request import RequestStatus
 
         request = self.vllm.waiting.peek_request()
         request_id = request.request_id
         seq, group = self.seqs[request_id], self.groups[request_id]
-        reason = (self._too_big(seq) if cdiv(seq.get_len(), self.block_size) > self.num_usable_blocks
+        reason = (self._too_big(seq) if self._too_big_for_the_pool(request)
                   else "cannot be admitted even into an empty pool")
         self.vllm.finish_requests(request_id, RequestStatus.FINISHED_IGNORED)
         self._forget(request_id)
