@@ -27,10 +27,13 @@ Deliberate differences, each set to vLLM's side here so the rest can be compared
   queue. The step a request is refused can therefore differ (a too-big prompt queued behind
   others: the adapter refuses it at once, v1 when it reaches the head), and what follows with it:
   a workload with a refusal is compared up to the step of its first refusal.
-- NONE_HASH: vLLM seeds the first block's parent from "vllm-none-hash" for sha256 unless
-  PYTHONHASHSEED is set; engine/v1 always seeds from "0" (kv_cache_utils.NONE_HASH_SEED), which is
-  vLLM's seed under PYTHONHASHSEED=0. The adapter runs vLLM as under PYTHONHASHSEED=0, so the hashes
-  compare equal.
+- NONE_HASH: vLLM seeds the first block's parent from "vllm-none-hash" for sha256 (random bytes for
+  xxhash) unless PYTHONHASHSEED is set (`resolve_none_hash_seed`); engine/v1 always seeds from "0"
+  (kv_cache_utils.NONE_HASH_SEED), vLLM's seed under PYTHONHASHSEED=0. The adapter runs vLLM as under
+  PYTHONHASHSEED=0, so the hashes (sha256 and xxhash, drawn per workload) compare equal.
+- vLLM's `policy="priority"` (preempt the largest (priority, arrival)) and its CBOR hash algorithms
+  (`sha256_cbor`, `xxhash_cbor`) have no counterpart in engine/v1; they run only under
+  kv_manager="vllm" (tests/test_vllm_core.py), not here.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Workload:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_caching: bool
+    hash_algo: str
     requests: tuple[Req, ...]
 
 
@@ -88,7 +92,7 @@ def make_workload(seed: int) -> Workload:
         for _ in range(rng.randint(1, 5)))
     return Workload(block_size=rng.choice([1, 2, 3, 4]), num_gpu_blocks=rng.randint(2, 28), max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=rng.randint(max_num_seqs, 24), enable_caching=rng.random() < 0.8,
-                    requests=requests)
+                    hash_algo=rng.choice(["sha256", "xxhash"]), requests=requests)
 
 
 def next_token(token_ids: list[int]) -> int:
@@ -101,7 +105,7 @@ def v1_side(w: Workload, events: EventBus):
     from engine.v1.scheduler import Scheduler
 
     manager = KVCacheManager(w.block_size, w.num_gpu_blocks, MAX_MODEL_LEN, enable_caching=w.enable_caching,
-                             events=events)
+                             hash_algo=w.hash_algo, events=events)
     scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager)
     return scheduler, lambda: [b.block_id for b in manager.block_pool.free_block_queue]
 
@@ -115,10 +119,10 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
     config = build_vllm_config(model_dir, block_size=w.block_size, num_gpu_blocks=w.num_gpu_blocks,
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
-                               prefix_caching_hash_algo="sha256", options={"scheduler_reserve_full_isl": False})
+                               prefix_caching_hash_algo=w.hash_algo, options={"scheduler_reserve_full_isl": False})
     vllm = build_scheduler(config, build_kv_cache_config(w.num_gpu_blocks, w.block_size, 2, 16, torch.float32),
                            w.block_size)
-    scheduler = VllmScheduler(vllm, events, make_block_hasher("sha256", w.block_size), MAX_MODEL_LEN)
+    scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
     pool = scheduler.block_pool
     return scheduler, lambda: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 
