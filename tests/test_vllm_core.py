@@ -370,3 +370,56 @@ def test_the_v1_story_on_vllm_records_loads_replays_and_explains(tmp_path):
     explained = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"], 0, True, "vllm",
                                  header["prefix_caching_hash_algo"])
     assert hits and sum(b.verdict == HIT for x in explained for b in x.blocks) == len(hits)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _blockviz(*args: str, hide_vllm: bool = False):
+    import subprocess
+    import sys
+
+    hide = "import sys; sys.modules['vllm'] = None; " if hide_vllm else "import sys; "
+    code = hide + "from blockviz.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--vllm-option", "no_such_option=1"], "unknown vllm option 'no_such_option'"),
+    (["--vllm-option", "policy=lifo"], "vllm option policy: vLLM refused it"),
+    (["--vllm-option", "watermark"], "--vllm-option takes KEY=VALUE"),
+], ids=["unknown", "refused", "no-value"])
+def test_a_bad_vllm_option_on_the_command_line_is_one_line_exit_2(tmp_path, args, expected):
+    result = _blockviz("record", "--out", str(tmp_path / "t.jsonl"), "--kv-manager", "vllm", *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_without_vllm_the_command_line_names_the_install_command(tmp_path):
+    result = _blockviz("generate", "--kv-manager", "vllm", "--prompt", "A", hide_vllm=True)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "pip install -e '.[vllm]'" in lines[0], result.stderr
+
+
+def test_generate_and_record_with_kv_manager_vllm(tiny_gpt2_dir, tmp_path, capsys):
+    import json
+
+    from blockviz.cli import main
+    from blockviz.model.trace import read_trace
+
+    options = ["--model", str(tiny_gpt2_dir), "--prompt", "To be, or not", "--prompt", "To be, or not to",
+               "--n", "2", "--max-tokens", "6", "--block-size", "4", "--num-gpu-blocks", "32", "--temperature", "0"]
+    docs = {}
+    for manager in ("v1", "vllm"):
+        assert main(["generate", *options, "--json", "--kv-manager", manager]) == 0
+        docs[manager] = json.loads(capsys.readouterr().out)
+    texts = {m: [[c["token_ids"] for c in r["completions"]] for r in doc["requests"]] for m, doc in docs.items()}
+    assert texts["v1"] == texts["vllm"]
+    out = tmp_path / "vllm.jsonl"
+    assert main(["record", "--out", str(out), *options, "--kv-manager", "vllm",
+                 "--vllm-option", "scheduler_reserve_full_isl=false", "--vllm-option", "policy=priority"]) == 0
+    header = read_trace(out).header
+    assert header["kv_manager"] == "vllm" and header["vllm_options"] == {"scheduler_reserve_full_isl": False,
+                                                                        "policy": "priority"}

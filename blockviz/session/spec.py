@@ -74,6 +74,8 @@ class EngineSpec:
         else:
             prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
         options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
+        if getattr(args, "vllm_options", None):  # --vllm-option KEY=VALUE ..., for --kv-manager vllm
+            options["vllm_options"] = dict(args.vllm_options)
         if options["kv_manager"] in ("v1", "vllm") and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
@@ -103,6 +105,10 @@ class EngineSpec:
         result. Imports no torch unless a CUDA device was asked for (and `device` is True)."""
         self.check(device=device)
         try:
+            if self.config.vllm_options:  # names and values vLLM refuses, before the engine starts
+                from engine.vllm_core.config import check_options
+
+                check_options(self.config.vllm_options)
             source = check_model(self.model)
             self.sampling_params()
         except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError

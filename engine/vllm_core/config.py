@@ -71,6 +71,21 @@ def _refused(error: Exception) -> ValueError:
     return ValueError(f"vLLM refused the options: {text[0] if text else type(error).__name__}")
 
 
+def check_options(options: dict[str, Any] | None) -> None:
+    """What can be checked without a model: each name (split_options) and each value vLLM's
+    configs refuse field by field (pydantic); checks across fields wait for build_vllm_config."""
+    from vllm.config import CacheConfig, SchedulerConfig
+
+    sched_options, cache_options = split_options(options)
+    for make in (lambda: SchedulerConfig(**{"max_model_len": 1 << 20, "is_encoder_decoder": False, **sched_options}),
+                 lambda: CacheConfig(**cache_options)):
+        try:
+            make()
+        except (ValueError, TypeError) as error:
+            if callable(getattr(error, "errors", None)):  # a field's own validation
+                raise _refused(error) from None
+
+
 def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int, max_model_len: int,
                       max_num_seqs: int, max_num_batched_tokens: int, enable_prefix_caching: bool,
                       prefix_caching_hash_algo: str, options: dict[str, Any] | None = None):
