@@ -365,6 +365,7 @@ def test_the_v1_story_on_vllm_records_loads_replays_and_explains(tmp_path):
     assert len(timeline) == len(events) and timeline.seek(len(events))  # time travel to the end
     state = ReducerState.from_header(header).apply_all(trace.events)
     assert state.kv_manager == "v1" and snapshot(state)["kv_manager"] == "v1"  # drawn as v1
+    assert state.pools["gpu"][0].state == NULL
     assert sorted(state.free_queue) == list(range(1, header["num_gpu_blocks"]))  # every block back, block 0 null
     hits = [e for e in events if e.type == "prefix_cache_hit"]
     explained = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"], 0, True, "vllm",
@@ -423,3 +424,20 @@ def test_generate_and_record_with_kv_manager_vllm(tiny_gpt2_dir, tmp_path, capsy
     header = read_trace(out).header
     assert header["kv_manager"] == "vllm" and header["vllm_options"] == {"scheduler_reserve_full_isl": False,
                                                                         "policy": "priority"}
+
+
+def test_a_notebook_visualizer_draws_vllms_state_live(tiny_gpt2_dir):
+    from blockviz.jupyter import Visualizer
+
+    viz = Visualizer.live({"model": str(tiny_gpt2_dir), "device": "cpu", "block_size": 4, "num_gpu_blocks": 32},
+                          prompts=[SHARED + " One", SHARED + " Two"], sampling_params=GREEDY, kv_manager="vllm")
+    assert viz.header["kv_manager"] == "vllm"
+    scheduler = viz.llm.engine.scheduler
+    viz.step()
+    check_reducer_matches_vllm(viz.state, scheduler)
+    viz.run_to_completion()
+    check_reducer_matches_vllm(viz.state, scheduler)
+    assert viz.state.num_prefix_hits > 0 and viz.frame()["cursor"] is not None
+    with pytest.raises(ValueError, match="recompute only"):
+        viz.preempt("0")
+    viz.close()

@@ -85,7 +85,7 @@ class ReducerState:
         }
         self.free_queue: list[int] = []  # v1: free gpu blocks, the next evicted first
         self.hash_blocks: dict[int, tuple[int, ...]] = {}  # v1: block_hash -> blocks holding it
-        if kv_manager == "v1" and num_gpu_blocks:
+        if self.kv_manager == "v1" and num_gpu_blocks:
             self.pools["gpu"][0].state = NULL
             self.free_queue = list(range(1, num_gpu_blocks))
         self.tables: dict[int, list[tuple[str, int]]] = {}
