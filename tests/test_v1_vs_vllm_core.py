@@ -14,10 +14,12 @@ evictions, frees, preemptions, in order) and the free queue's order.
 Deliberate differences, each set to vLLM's side here so the rest can be compared:
 - vLLM admits a waiting request only when its whole sequence fits the free blocks
   (`SchedulerConfig.scheduler_reserve_full_isl = True`, `KVCacheManager.allocate_slots(...,
-  full_sequence_must_fit=True)`); engine/v1's `Scheduler._admit_waiting` admits on the first chunk,
-  as vLLM v1 did before the gate. Here vLLM runs with `scheduler_reserve_full_isl=False`.
-- vLLM's admission watermark (`SchedulerConfig.watermark`, `KVCacheManager.watermark_blocks`) and
-  `long_prefill_token_threshold` have no counterpart in engine/v1: both are at vLLM's default, 0.
+  full_sequence_must_fit=True)`); engine/v1 has the same gate (`Scheduler(...,
+  scheduler_reserve_full_isl=True)`) but off by default, admitting on the first chunk as vLLM v1 did
+  before the gate (its shipped story is recorded so). Each workload draws the gate, and the
+  admission watermark (`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`,
+  0 by default in both), for both sides alike.
+- vLLM's `long_prefill_token_threshold` has no counterpart in engine/v1: it stays at vLLM's default, 0.
 - vLLM requires `max_num_batched_tokens >= max_num_seqs` (`SchedulerConfig.verify_max_model_len`);
   engine/v1 does not, so the workloads draw budgets within vLLM's rule.
 - A request whose tokens need more blocks than the pool holds: vLLM never meets one
@@ -76,6 +78,8 @@ class Workload:
     max_num_batched_tokens: int
     enable_caching: bool
     hash_algo: str
+    reserve_full_isl: bool  # vLLM's whole-sequence admission gate, on both sides
+    watermark: float  # vLLM's admission watermark, on both sides
     requests: tuple[Req, ...]
 
 
@@ -92,7 +96,8 @@ def make_workload(seed: int) -> Workload:
         for _ in range(rng.randint(1, 5)))
     return Workload(block_size=rng.choice([1, 2, 3, 4]), num_gpu_blocks=rng.randint(2, 28), max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=rng.randint(max_num_seqs, 24), enable_caching=rng.random() < 0.8,
-                    hash_algo=rng.choice(["sha256", "xxhash"]), requests=requests)
+                    hash_algo=rng.choice(["sha256", "xxhash"]), reserve_full_isl=rng.random() < 0.5,
+                    watermark=rng.choice([0.0, 0.0, 0.1, 0.25]), requests=requests)
 
 
 def next_token(token_ids: list[int]) -> int:
@@ -105,8 +110,9 @@ def v1_side(w: Workload, events: EventBus):
     from engine.v1.scheduler import Scheduler
 
     manager = KVCacheManager(w.block_size, w.num_gpu_blocks, MAX_MODEL_LEN, enable_caching=w.enable_caching,
-                             hash_algo=w.hash_algo, events=events)
-    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager)
+                             hash_algo=w.hash_algo, events=events, watermark=w.watermark)
+    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager,
+                          scheduler_reserve_full_isl=w.reserve_full_isl)
     return scheduler, lambda: [b.block_id for b in manager.block_pool.free_block_queue]
 
 
@@ -119,7 +125,8 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
     config = build_vllm_config(model_dir, block_size=w.block_size, num_gpu_blocks=w.num_gpu_blocks,
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
-                               prefix_caching_hash_algo=w.hash_algo, options={"scheduler_reserve_full_isl": False})
+                               prefix_caching_hash_algo=w.hash_algo, options={"scheduler_reserve_full_isl": w.reserve_full_isl,
+                                                                            "watermark": w.watermark})
     vllm = build_scheduler(config, build_kv_cache_config(w.num_gpu_blocks, w.block_size, 2, 16, torch.float32),
                            w.block_size)
     scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
