@@ -9,7 +9,8 @@ token for each row that samples (a function of the sequence's tokens, so equal s
 tokens), free_seq on a stop, free_finished_seq_groups. After every step the two must agree on the
 plan (per scheduled sequence: where it starts, its tokens, its block ids, in order), the
 preemptions, the requests refused and why, every event emitted (hits, allocations, slots, hashes,
-evictions, frees, preemptions, in order) and the free queue's order.
+evictions, frees, preemptions, in order) and the free queue's order; and each side's reducer, fed
+only its events, equals its manager (engine/v1's, or vLLM's own block pool and req_to_blocks).
 
 Deliberate differences, each set to vLLM's side here so the rest can be compared:
 - vLLM admits a waiting request only when its whole sequence fits the free blocks
@@ -135,9 +136,16 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
 
 
 def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
-    """LLMEngine.step's loop over `scheduler` with the stand-in model; a record per step."""
+    """LLMEngine.step's loop over `scheduler` with the stand-in model; a record per step. After
+    every step the reducer fed the events equals the manager (ours or vLLM's)."""
+    from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
+    from engine.vllm_core.scheduler import VllmScheduler
+    from tests.test_vllm_core import check_reducer_matches_vllm
+
     emitted: list = []
     events.subscribe(emitted.append)
+    reducer = ReducerState(w.block_size, w.num_gpu_blocks, 0, "v1")
+    events.subscribe(reducer.apply)
     seq_ids = itertools.count()
     groups: dict[int, SequenceGroup] = {}
     last_arrival = max(r.arrival for r in w.requests)
@@ -165,6 +173,10 @@ def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
                 seq.status = SequenceStatus.FINISHED_STOPPED
                 scheduler.free_seq(seq)
         scheduler.free_finished_seq_groups()
+        if isinstance(scheduler, VllmScheduler):
+            check_reducer_matches_vllm(reducer, scheduler)
+        else:
+            check_reducer_matches_v1(reducer, scheduler.kv_cache_manager)
         records.append({
             "plan": [(s.seq.seq_id, s.num_computed_tokens, s.num_new_tokens, s.block_ids) for s in plan.scheduled],
             "preempted": list(plan.preempted_seq_ids),
