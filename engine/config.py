@@ -19,7 +19,7 @@ KV_MANAGERS = ("v0", "v1", "vllm")
 V1_DESIGNS = ("v1", "vllm")  # the managers that work as vLLM v1's: null block 0, free queue, recompute only
 VLLM_INSTALL = ("kv_manager 'vllm' runs vLLM's own scheduler and needs vLLM: pip install -e '.[vllm]' && "
                 "pip install --no-deps vllm==0.33.0")
-HASH_ALGOS = ("sha256", "xxhash")  # v1's prefix_caching_hash_algo (vLLM's default first)
+HASH_ALGOS = ("sha256", "xxhash", "sha256_cbor", "xxhash_cbor")  # prefix_caching_hash_algo (vLLM's default first)
 ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
 

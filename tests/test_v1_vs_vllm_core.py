@@ -33,10 +33,10 @@ Deliberate differences, each set to vLLM's side here so the rest can be compared
 - NONE_HASH: vLLM seeds the first block's parent from "vllm-none-hash" for sha256 (random bytes for
   xxhash) unless PYTHONHASHSEED is set (`resolve_none_hash_seed`); engine/v1 always seeds from "0"
   (kv_cache_utils.NONE_HASH_SEED), vLLM's seed under PYTHONHASHSEED=0. The adapter runs vLLM as under
-  PYTHONHASHSEED=0, so the hashes (sha256 and xxhash, drawn per workload) compare equal.
-- vLLM's `policy="priority"` (preempt the largest (priority, arrival)) and its CBOR hash algorithms
-  (`sha256_cbor`, `xxhash_cbor`) have no counterpart in engine/v1; they run only under
-  kv_manager="vllm" (tests/test_vllm_core.py), not here.
+  PYTHONHASHSEED=0, so the hashes (sha256, xxhash and their CBOR forms, drawn per workload)
+  compare equal.
+- vLLM's `policy="priority"` (preempt the largest (priority, arrival)) has no counterpart in
+  engine/v1; it runs only under kv_manager="vllm" (tests/test_vllm_core.py), not here.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def make_workload(seed: int) -> Workload:
         for _ in range(rng.randint(1, 5)))
     return Workload(block_size=rng.choice([1, 2, 3, 4]), num_gpu_blocks=rng.randint(2, 28), max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=rng.randint(max_num_seqs, 24), enable_caching=rng.random() < 0.8,
-                    hash_algo=rng.choice(["sha256", "xxhash"]), reserve_full_isl=rng.random() < 0.5,
+                    hash_algo=rng.choice(["sha256", "xxhash", "sha256_cbor", "xxhash_cbor"]), reserve_full_isl=rng.random() < 0.5,
                     watermark=rng.choice([0.0, 0.0, 0.1, 0.25]), requests=requests)
 
 
