@@ -268,11 +268,12 @@ class LLMEngine:
         return self._outputs(plan.scheduled_seq_groups, finished)
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
-        """Requests the scheduler refused for good end now, with its reason."""
+        """Requests the scheduler refused for good end now, with its reason (each request once, though
+        v1 refuses n > 1's sequences one by one)."""
         for group, reason, seqs in ignored:
             for seq in seqs:
                 self._emit_finished(group, seq, reason)
-        return [group for group, _, _ in ignored if group.is_finished()]
+        return list({id(group): group for group, _, _ in ignored if group.is_finished()}.values())
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
         """The plan's swaps and copy-on-write copies, done on the cache before the forward."""

@@ -226,6 +226,15 @@ def test_a_request_too_big_for_the_pool_is_ignored_not_looped(loaded, tiny_gpt2_
     assert outputs[1].outputs[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+def test_an_ignored_n_gt_1_request_is_one_output(loaded, tiny_gpt2_dir, kv_manager):
+    engine = make_engine(loaded, tiny_gpt2_dir, kv_manager, block_size=2, num_gpu_blocks=4)
+    engine.add_request(SHARED, SamplingParams(n=3, max_tokens=3))
+    outputs = engine.step()
+    assert [o.request_id for o in outputs] == ["0"] and outputs[0].finished
+    assert [c.finish_reason for c in outputs[0].outputs] == ["ignored"] * 3
+
+
 def test_a_preempted_request_grown_past_the_pool_ends_ignored(loaded, tiny_gpt2_dir):
     """Two requests share a 9-block pool (8 usable: 16 tokens); each in turn preempts the other,
     then outgrows the pool alone and ends ignored with its reason, as in v1 (vLLM itself refuses
@@ -424,6 +433,8 @@ def test_generate_and_record_with_kv_manager_vllm(tiny_gpt2_dir, tmp_path, capsy
     header = read_trace(out).header
     assert header["kv_manager"] == "vllm" and header["vllm_options"] == {"scheduler_reserve_full_isl": False,
                                                                         "policy": "priority"}
+    assert main(["export", str(out), "--out", str(tmp_path / "vllm.svg")]) == 0
+    assert "<svg" in (tmp_path / "vllm.svg").read_text(encoding="utf-8")
 
 
 def test_a_notebook_visualizer_draws_vllms_state_live(tiny_gpt2_dir):
