@@ -9,11 +9,13 @@ slows down mid-run weighs on both alike; the summary gives each mode's median an
 the per-pair ratios. Both modes generate the same tokens (checked).
 
     python benchmarks/kv_managers.py [--requests 32] [--pairs 3] [--layers 12 --width 768 --heads 12]
+    python benchmarks/kv_managers.py --smoke    # a tiny model, short requests, one pair: a check that it runs
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -41,17 +43,25 @@ def run(loaded, path: Path, workload, kv_manager: str) -> tuple[float, list[list
     return time.perf_counter() - start, [o.outputs[0].token_ids for o in outputs]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="4 short requests, a 2-layer 64-wide model, one pair")
+    args = parser.parse_args(argv)
     from engine.model_loader import load_model
 
-    workload = make_workload(args.requests)
+    if args.smoke:
+        args.requests, args.pairs, args.layers, args.width, args.heads = 4, 1, 2, 64, 2
+        import torch
+
+        torch.set_num_threads(1)  # a small model's ops wait on a second thread's core on a shared machine
+        workload = make_workload(args.requests, (8, 24), (3, 6))
+    else:
+        workload = make_workload(args.requests)
     num_tokens = sum(m for _, m in workload)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp) / "model", args.layers, args.width, args.heads)
@@ -71,7 +81,11 @@ def main() -> None:
     print(f"v0 (BlockSpaceManager):  {statistics.median(rates['v0']):7.1f} tok/s")
     print(f"v1 (KVCacheManager):     {statistics.median(rates['v1']):7.1f} tok/s")
     print(f"v1 / v0:                 {statistics.median(ratios):7.3f}x  (pairs {min(ratios):.3f}x-{max(ratios):.3f}x)")
+    figures = {"v0 tokens/s": statistics.median(rates["v0"]), "v1 tokens/s": statistics.median(rates["v1"]),
+               "v1 / v0": statistics.median(ratios)}
+    print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

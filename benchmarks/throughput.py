@@ -10,11 +10,16 @@ Contenders, each generating exactly the workload's tokens (useful tokens are cou
 tokens past a request's max_tokens are not):
   engine           this project's LLM.generate (continuous batching, paged KV)
   engine+sub       the same with one no-op event subscriber attached
-  hf padded        transformers generate on left-padded batches of --hf-batch-size requests
+  hf padded        transformers generate on left-padded batches of --hf-batch-size requests, each
+                   batch generating as many tokens as its longest request asks for
   hf one-by-one    transformers generate, one request at a time
-  hf generate_batch  transformers' own continuous batching, where it runs for GPT-2
+  hf generate_batch  transformers' own continuous batching: the manager behind `generate_batch`,
+                   each request added with its own max_new_tokens (generate_batch itself takes one
+                   for all), its KV cache sized to the workload as the engine's is; where this
+                   transformers has no generate_batch, the table says so
 
     python benchmarks/throughput.py [--requests 64] [--hf-batch-size 64] [--skip-one-by-one]
+    python benchmarks/throughput.py --smoke    # every part on a tiny model, in seconds (tests/test_benchmarks.py)
 
 The compute-bound limit (--engine-only runs the engine alone, --repeat times): the workload's
 FLOPs (every GEMM the engine must do: each fed token through every layer's projections and MLP,
@@ -31,6 +36,7 @@ workload of benchmarks/README.md:
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -166,17 +172,18 @@ def profile_engine(path: Path, workload, attention_backend: str | None, top: int
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
 
 
-def run_engine_only(args, path: Path, workload) -> None:
+def run_engine_only(args, path: Path, workload) -> dict[str, float]:
     """The engine alone, --repeat times, against the compute-bound limit. With one torch thread
     the process's CPU seconds are a steadier figure than wall seconds on a shared machine (time
-    spent descheduled is not counted): both are printed."""
+    spent descheduled is not counted): both are printed. Returns the figures."""
     import engine
 
     flops = workload_flops(workload, args.layers, args.width)
     total = sum(flops.values())
-    peak, cpu_peak = gemm_peak_gflops()
+    peak, cpu_peak = gemm_peak_gflops(args.gemm_size, args.gemm_repeats)
     print(f"engine from {Path(engine.__file__).parent}; torch threads {torch.get_num_threads()}")
-    print(f"fp32 GEMM peak (2048^3 matmul, best of 10): {peak:.1f} GFLOPS, {cpu_peak:.1f} per CPU second")
+    print(f"fp32 GEMM peak ({args.gemm_size}^3 matmul, best of {args.gemm_repeats}): {peak:.1f} GFLOPS, "
+          f"{cpu_peak:.1f} per CPU second")
     print("workload FLOPs: " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in flops.items())
           + f" = {total / 1e9:.1f} GFLOP; at the peak {total / peak / 1e9:.2f} s")
     llm = make_llm(path, workload, args.attention_backend)
@@ -195,6 +202,124 @@ def run_engine_only(args, path: Path, workload) -> None:
           f"({total / min(times) / 1e9 / peak:.1%} best; by CPU seconds {total / cpu_median / 1e9 / cpu_peak:.1%})")
     if args.profile:
         profile_engine(path, workload, args.attention_backend)
+    return {"engine-only tokens/s": tokens / median, "engine-only CPU s": cpu_median,
+            "fraction of the limit": total / median / 1e9 / peak,
+            "fraction of the limit by CPU s": total / cpu_median / 1e9 / cpu_peak}
+
+
+# ---------------------------------------------------------------- transformers, side by side
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> None:
+    """transformers' `generate` on a left-padded batch, greedy, exactly `new_tokens` tokens per
+    row (min = max: the random model's EOS does not stop a row early, as ignore_eos does not)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=0)
+
+
+def run_hf_padded(model, workload, batch_size: int) -> tuple[float, int]:
+    """Static batching: each batch of `batch_size` requests generates as many tokens as its longest
+    request asks for; only each request's own max_tokens count."""
+    hf_generate(model, [p for p, _ in workload[:2]], 2)  # warm-up
+    start = time.perf_counter()
+    for i in range(0, len(workload), batch_size):
+        batch = workload[i:i + batch_size]
+        hf_generate(model, [p for p, _ in batch], max(m for _, m in batch))
+    return time.perf_counter() - start, sum(m for _, m in workload)
+
+
+def run_hf_one_by_one(model, workload) -> tuple[float, int]:
+    """No batching: each request alone through `generate`."""
+    hf_generate(model, [workload[0][0]], 2)  # warm-up
+    start = time.perf_counter()
+    for prompt, max_tokens in workload:
+        hf_generate(model, [prompt], max_tokens)
+    return time.perf_counter() - start, sum(m for _, m in workload)
+
+
+def run_hf_generate_batch(model, workload) -> tuple[float, int] | str:
+    """transformers' continuous batching: the manager `generate_batch` runs (its
+    `continuous_batching_context_manager`), each request added with its own max_new_tokens. Its
+    KV cache is sized to the workload, 16-token blocks, as the engine's is: left to itself it sizes
+    the cache from the machine's free memory, which on the CPU costs tens of seconds before the
+    first token. Returns (seconds, useful tokens), or why it did not run."""
+    import transformers
+
+    if not hasattr(model, "generate_batch"):
+        return f"absent: transformers {transformers.__version__} has no generate_batch"
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    cache = ContinuousBatchingConfig(block_size=16, num_blocks=sum((len(p) + m) // 16 + 2 for p, m in workload),
+                                     max_batch_tokens=4096, use_cuda_graph=False)
+    config = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0,
+                              max_new_tokens=max(m for _, m in workload))
+
+    def timed(requests) -> tuple[float, int]:
+        with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cache,
+                                                       block=True, timeout=5, warmup=False) as manager:
+            start = time.perf_counter()
+            ids = [manager.add_request(prompt, max_new_tokens=m) for prompt, m in requests]
+            done = {}
+            while len(done) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is None:
+                    if not manager.is_running():
+                        raise RuntimeError(f"its generation thread stopped after {len(done)} of {len(ids)} requests")
+                elif result.is_finished():
+                    if result.error is not None:
+                        raise RuntimeError(f"request {result.request_id}: {result.error}")
+                    done[result.request_id] = len(result.generated_tokens)
+            elapsed = time.perf_counter() - start
+        produced = [done[i] for i in ids]
+        if produced != [m for _, m in requests]:
+            raise RuntimeError(f"generated {produced} tokens where {[m for _, m in requests]} were asked for")
+        return elapsed, sum(produced)
+
+    try:
+        timed(workload[:2])  # warm-up
+        return timed(workload)
+    except Exception as exc:  # report, don't hide: say what failed on this version
+        return f"did not run on transformers {transformers.__version__}: {type(exc).__name__}: {str(exc)[:160]}"
+
+
+def compare(args, path: Path, workload) -> dict[str, float]:
+    """The engine against transformers, side by side: prints the table, returns the figures."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(path).eval()
+    padded = f"hf generate, padded batches of {args.hf_batch_size}"
+    results: dict[str, tuple[float, int] | str] = {
+        "engine": run_engine(path, workload, subscribe=False, attention_backend=args.attention_backend),
+        "engine + no-op subscriber": run_engine(path, workload, subscribe=True, attention_backend=args.attention_backend),
+        padded: run_hf_padded(hf, workload, args.hf_batch_size),
+        "hf generate_batch (continuous batching)": ("skipped (--skip-generate-batch)" if args.skip_generate_batch
+                                                    else run_hf_generate_batch(hf, workload)),
+        "hf generate, one request at a time": ("skipped (--skip-one-by-one)" if args.skip_one_by_one
+                                               else run_hf_one_by_one(hf, workload)),
+    }
+    engine_tps = results["engine"][1] / results["engine"][0]
+    print(f"{'contender':44} {'seconds':>9} {'tokens/s':>10} {'engine / it':>12}")
+    figures = {}
+    for name, result in results.items():
+        if isinstance(result, str):
+            print(f"{name:44} {result}")
+            continue
+        seconds, tokens = result
+        tps = tokens / seconds
+        figures[f"{name} tokens/s"] = tps
+        print(f"{name:44} {seconds:9.2f} {tps:10.1f} {engine_tps / tps:11.2f}x")
+    sub = results["engine + no-op subscriber"]
+    figures["subscriber / bare"] = sub[1] / sub[0] / engine_tps
+    figures["engine / hf padded"] = engine_tps / figures[f"{padded} tokens/s"]
+    print(f"event stream cost: engine with a subscriber runs at {figures['subscriber / bare']:.3f}x "
+          f"the bare engine's tokens/s (target >= 0.95)")
+    print(f"engine vs padded batched generate: {figures['engine / hf padded']:.2f}x (target >= 1.5)")
+    return figures
 
 
 def span(text: str) -> tuple[int, int]:
@@ -203,7 +328,11 @@ def span(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
-def main() -> None:
+SMOKE = dict(requests=4, hf_batch_size=2, layers=2, width=64, heads=2, prompt_lens=(8, 24), max_tokens=(3, 6),
+             repeat=1, gemm_size=256, gemm_repeats=2, profile=True, threads=1)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--hf-batch-size", type=int, default=64)
@@ -218,12 +347,17 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true",
                         help="the engine alone, --repeat runs, against this CPU's GEMM peak")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gemm-size", type=int, default=2048, help="--engine-only: the peak's square matmul size")
+    parser.add_argument("--gemm-repeats", type=int, default=10, help="--engine-only: the peak is the best of these")
     parser.add_argument("--profile", action="store_true", help="with --engine-only: a torch.profiler breakdown")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="every part (the comparison, then --engine-only --profile) on a tiny model: seconds")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from transformers import GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -233,38 +367,16 @@ def main() -> None:
           f"{max(len(p) for p, _ in workload)} tokens, max_tokens {min(m for _, m in workload)}-"
           f"{max(m for _, m in workload)}, {sum(m for _, m in workload):,} tokens to generate; "
           f"GPT-2 {args.layers} layers x {args.width}, float32, torch threads {torch.get_num_threads()}")
+    figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp), args.layers, args.width, args.heads)
-        if args.engine_only:
-            return run_engine_only(args, path, workload)
-        hf = GPT2LMHeadModel.from_pretrained(path).eval()
-        results: dict[str, tuple[float, int] | str] = {}
-        results["engine"] = run_engine(path, workload, subscribe=False, attention_backend=args.attention_backend)
-        results["engine + no-op subscriber"] = run_engine(path, workload, subscribe=True,
-                                                          attention_backend=args.attention_backend)
-        results[f"hf generate, padded batches of {args.hf_batch_size}"] = run_hf_padded(hf, workload, args.hf_batch_size)
-        if not args.skip_generate_batch:
-            try:
-                results["hf generate_batch (continuous batching)"] = run_hf_generate_batch(hf, workload)
-            except Exception as exc:  # report, don't hide: it may not support GPT-2 on this version
-                results["hf generate_batch (continuous batching)"] = f"did not run: {type(exc).__name__}: {str(exc)[:120]}"
-        if not args.skip_one_by_one:
-            results["hf generate, one request at a time"] = run_hf_one_by_one(hf, workload)
-    engine_tps = results["engine"][1] / results["engine"][0]
-    print(f"{'contender':44} {'seconds':>9} {'tokens/s':>10} {'engine / it':>12}")
-    for name, result in results.items():
-        if isinstance(result, str):
-            print(f"{name:44} {result}")
-            continue
-        seconds, tokens = result
-        tps = tokens / seconds
-        print(f"{name:44} {seconds:9.1f} {tps:10.1f} {engine_tps / tps:11.2f}x")
-    sub = results["engine + no-op subscriber"]
-    print(f"event stream cost: engine with a subscriber runs at {sub[1] / sub[0] / engine_tps:.3f}x "
-          f"the bare engine's tokens/s (target >= 0.95)")
-    padded = results[f"hf generate, padded batches of {args.hf_batch_size}"]
-    print(f"engine vs padded batched generate: {engine_tps / (padded[1] / padded[0]):.2f}x (target >= 1.5)")
+        if args.smoke or not args.engine_only:
+            figures.update(compare(args, path, workload))
+        if args.smoke or args.engine_only:
+            figures.update(run_engine_only(args, path, workload))
+    print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,6 +8,7 @@
     python benchmarks/tui.py --part engine --ui-priority normal
                                               # the app scheduled normally, not SCHED_IDLE
     python benchmarks/tui.py --part startup   # `blockviz run` in a terminal: first frame, first step
+    python benchmarks/tui.py --smoke          # every part, briefly (tests/test_benchmarks.py): seconds, no figure to read
 
 1. Frames/s of the pool view on a 4,096-block GPU pool under a stream of real BlockSpaceManager
    events (headless): each frame applies a batch of events to the timeline's reducer, hands the
@@ -62,7 +63,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from blockviz.tui import engine_process  # noqa: E402
+from blockviz.session import engine_process  # noqa: E402
 from blockviz.session.spec import EngineSpec  # noqa: E402  (no torch: the frames part runs without it)
 
 NUM_GPU_BLOCKS = 4096
@@ -112,7 +113,7 @@ def _startup_once(args: list[str], timeout: float = 120) -> dict[str, float]:
     return marks
 
 
-def bench_startup(runs: int, model: str | None, ui_priority: str) -> None:
+def bench_startup(runs: int, model: str | None, ui_priority: str) -> dict[str, float]:
     args = (["--model", model] if model else []) + ["--ui-priority", ui_priority]
     print(f"3. `blockviz run {' '.join(args)}` in a 100x30 pty, {runs} runs (seconds from the command)")
     results = [_startup_once(args) for _ in range(runs)]
@@ -124,9 +125,11 @@ def bench_startup(runs: int, model: str | None, ui_priority: str) -> None:
         print(f"  {name:<12} median {statistics.median(values):.2f}  min {values[0]:.2f}  max {values[-1]:.2f}"
               + ("" if len(values) == runs else f"  (seen in {len(values)} of {runs} runs)"))
     frames = [r["first frame"] for r in results if "first frame" in r]
-    if frames:
-        median = statistics.median(frames)
-        print(f"  first frame: {median:.2f} s  [{'ok' if median <= 1 else 'ABOVE TARGET'}: target <= 1 s]", flush=True)
+    if not frames:
+        return {}
+    median = statistics.median(frames)
+    print(f"  first frame: {median:.2f} s  [{'ok' if median <= 1 else 'ABOVE TARGET'}: target <= 1 s]", flush=True)
+    return {"startup first frame s": median}
 
 
 # ---------------------------------------------------------------------------- 1. pool view frames/s
@@ -179,7 +182,7 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
     from textual.geometry import Region
 
     from blockviz.model.timeline import Timeline
-    from blockviz.model.palette import touched_blocks
+    from blockviz.model.view import touched_blocks
     from blockviz.tui.widgets.pool_grid import PoolGrid
 
     class PoolHost(App):
@@ -211,9 +214,9 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
 async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds: float) -> tuple[float, float]:
     """Play the whole app (every panel) at `speed` events/s for `seconds`; returns the frames it
     drew per second and the events/s it kept up with (its frame timer asks for 30 frames/s)."""
-    from blockviz import history
-    from blockviz.tui.app import BlockvizApp
+    from blockviz.model.player import SPEEDS
     from blockviz.model.trace import Trace
+    from blockviz.tui.app import BlockvizApp
 
     header = {"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": NUM_GPU_BLOCKS,
               "num_cpu_blocks": NUM_CPU_BLOCKS}
@@ -229,7 +232,7 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
             draw(full)
 
         app.render_views = counted
-        app.player.speed_index = history.SPEEDS.index(speed)
+        app.player.speed_index = SPEEDS.index(speed)
         start = time.perf_counter()
         await pilot.press("space")
         await asyncio.sleep(seconds)
@@ -238,9 +241,10 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
         return frames / elapsed, position / elapsed
 
 
-def bench_frames(seconds: float) -> None:
+def bench_frames(seconds: float, num_events: int = 60_000) -> dict[str, float]:
     t0 = time.perf_counter()
-    events = block_manager_stream(60_000)
+    events = block_manager_stream(num_events)
+    figures: dict[str, float] = {}
     print(f"pool view: {NUM_GPU_BLOCKS} GPU blocks, {len(events)} real BlockSpaceManager events "
           f"(made in {time.perf_counter() - t0:.1f} s)")
     for size in ((80, 24), (200, 60)):
@@ -249,11 +253,14 @@ def bench_frames(seconds: float) -> None:
             verdict = "ok" if fps >= 30 else "BELOW TARGET"
             print(f"  PoolGrid alone  {size[0]}x{size[1]} ({columns} cells a row), {batch:>3} events/frame: "
                   f"{fps:7.1f} frames/s  [{verdict}: target >= 30]")
+            figures[f"PoolGrid {size[0]}x{size[1]} {batch} events/frame frames/s"] = fps
     for size in ((80, 24), (200, 60)):
         fps, rate = asyncio.run(_app_frames(events, 1000.0, size, seconds))
         verdict = "ok" if fps >= 30 else "below 30"
         print(f"  whole app       {size[0]}x{size[1]}, playing at 1000 events/s: {fps:7.1f} frames/s, "
               f"kept up with {rate:6.0f} events/s  [{verdict}; every panel + Textual's compositor]")
+        figures[f"whole app {size[0]}x{size[1]} frames/s"] = fps
+    return figures
 
 
 # ---------------------------------------------------------------------------- 2. engine tokens/s
@@ -596,8 +603,8 @@ async def play_to_idle(app, bridge, prompts, pilot, idle: asyncio.Event) -> dict
 
 def run_session(kind: str, model: str, max_tokens: int, cycles: int, first: int, ui_priority: str = "idle") -> dict:
     """One session, in this process (the benchmark runs each in a fresh one: see bench_engine)."""
-    from blockviz.tui.engine_bridge import EngineBridge
-    from blockviz.tui.engine_process import ProcessBridge
+    from blockviz.session.engine_thread import EngineBridge
+    from blockviz.session.engine_process import ProcessBridge
 
     make_bridge = {
         "process": lambda timed: ProcessBridge(timed),
@@ -689,7 +696,7 @@ def median_interval(values: list[float], confidence: float = 0.9, resamples: int
 
 
 def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int, thread: bool,
-                 ui_priority: str = "idle") -> None:
+                 ui_priority: str = "idle", step_runs: int = 6) -> dict[str, float]:
     model = model or (_bundled() or _tiny_model_dir())
     spec = _spec(model, max_tokens)
     import torch
@@ -742,8 +749,10 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
         print(f"  {'steal time':<34} median {100 * statistics.median(steals):.2f}%, most {100 * max(steals):.1f}% of the "
               f"CPUs in a run; {sum(st < CALM_STEAL for st in steals)} of {len(steals)} runs under "
               f"{100 * CALM_STEAL:.1f}% (calm)")
-    print(line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")[0])
-    print(f"    the same, step by step            {observed_step_by_step(model, max_tokens):.3f}x "
+    text, observed = line("events subscribed, no UI", "process", "observed", "(the engine's own cost of being watched)")
+    print(text)
+    step_by_step = observed_step_by_step(model, max_tokens, step_runs)
+    print(f"    the same, step by step            {step_by_step:.3f}x "
           f"(steps alone and observed alternating in one process: the machine's drift cancels)")
     text, ratio = line("TUI attached (blockviz run)", "process", "attached",
                        "(engine process, live app 120x36 at max; first step's start to last step's end)")
@@ -766,11 +775,17 @@ def bench_engine(model: str | None, sessions: int, cycles: int, max_tokens: int,
           f"{1000 * statistics.median(run['late90'] for run in attached_runs):.1f} ms 90% of the time (median "
           f"over runs), {1000 * max(run['latest'] for run in attached_runs):.0f} ms at the slowest"
           f"{' (the UI scheduled SCHED_IDLE, as `blockviz run` does)' if ui_idle else ' (the UI scheduled normally)'}")
+    figures = {"engine alone tokens/s": statistics.median(alone_rates), "observed / alone": observed,
+               "observed / alone, step by step": step_by_step, "TUI attached / alone": ratio,
+               "app CPU ms per attached run": 1000 * attached_cpu["process"] / len(attached_runs)}
     if thread:
-        print(line("TUI attached, engine in a thread", "thread", "attached",
-                   "(the app's process, same torch threads: engine and UI share the GIL)")[0])
+        text, figures["TUI attached, engine in a thread / alone"] = line(
+            "TUI attached, engine in a thread", "thread", "attached",
+            "(the app's process, same torch threads: engine and UI share the GIL)")
+        print(text)
     print(f"  ratio: {ratio:.3f}x with the TUI attached  [{'ok' if ratio >= 0.95 else 'BELOW TARGET'}: "
           f"target >= 0.95x]", flush=True)
+    return figures
 
 
 def _bundled() -> str | None:
@@ -795,18 +810,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", choices=("process", "thread"), help=argparse.SUPPRESS)  # one session, as JSON
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--startup-runs", type=int, default=5, help="startup part: `blockviz run`s timed")
+    parser.add_argument("--events", type=int, default=60_000, help="frames part: events in the stream played")
+    parser.add_argument("--step-runs", type=int, default=6, help="engine part: runs of the step-by-step comparison")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every part once, briefly, on the bundled model: a check that it runs, not a figure")
     args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(part="all", seconds=0.2, events=3_000, sessions=1, cycles=1, max_tokens=8, no_thread=False,
+                          step_runs=1, startup_runs=1, gpt2_shape=False)
     if args.session:
         print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first,
                                      args.ui_priority)))
         return 0
+    figures: dict[str, float] = {}
     if args.part in ("frames", "all"):
-        bench_frames(args.seconds)
+        figures.update(bench_frames(args.seconds, args.events))
     if args.part in ("engine", "all"):
         model = _gpt2_shape_dir() if args.gpt2_shape else args.model
-        bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread, args.ui_priority)
+        figures.update(bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread,
+                                    args.ui_priority, args.step_runs))
     if args.part in ("startup", "all"):
-        bench_startup(args.startup_runs, args.model, args.ui_priority)
+        figures.update(bench_startup(args.startup_runs, args.model, args.ui_priority))
+    print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0
 
 

@@ -4,6 +4,8 @@
     python benchmarks/widgets.py --part frame       # 1 only: no browser, no torch
     python benchmarks/widgets.py --runs 5 --max-tokens 96
     python benchmarks/widgets.py --part browser --runs 0 --renderer both   # 2 only: the two pool renderers
+    python benchmarks/widgets.py --smoke            # every part, 2 frames a case, one 8-token run: a check
+                                                    # that it runs (without chromium, part 2 and 3 say why)
 
 1. Kernel-side cost of one frame on a 4,096-block GPU pool (and 512 CPU blocks), in this process:
    snapshot() alone, the whole frame (snapshot, event log, cursor line), its JSON encoding, the
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -90,7 +93,7 @@ def median_ms(samples: list[float]) -> str:
 # ---------------------------------------------------------------------------- 1. kernel side, no frontend
 
 
-def part_frame(repeats: int = 30) -> None:
+def part_frame(repeats: int = 30) -> dict[str, float]:
     from blockviz.jupyter import Visualizer, snapshot
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +130,7 @@ def part_frame(repeats: int = 30) -> None:
         print(f"   {name:40s} {median_ms(samples)}")
     print(f"   frame size: {len(encoded) / 1024:.0f} KiB of JSON")
     viz.close()
+    return {f"{name} ms": statistics.median(samples) * 1e3 for name, samples in timings.items()}
 
 
 # ---------------------------------------------------------------------------- 2 and 3: in the browser
@@ -192,16 +196,20 @@ def draw_frame(page, renderer: str, position: int) -> tuple[float, float]:
                                f"return [Number(d.renderMs), Number(d.paintMs)]; }}", renderer))
 
 
-def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats: int = 20) -> None:
-    from jupyter_fixtures import (DRAWN_BLOCKS_JS, chromium_path, kernel_json, launch_args, open_notebook,
-                                  run_all_cells, start_jupyter_server)
-    from playwright.sync_api import sync_playwright
-
+def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats: int = 20) -> dict[str, float]:
     try:
-        chromium_path()
-    except BaseException as exc:  # pytest's skip outside pytest
-        print(f"2./3. skipped: {exc}")
-        return
+        from jupyter_fixtures import (CHROMIUM, DRAWN_BLOCKS_JS, kernel_json, launch_args, open_notebook,
+                                      run_all_cells, start_jupyter_server)
+        from playwright.sync_api import sync_playwright
+
+        import jupyterlab  # noqa: F401  (the server start_jupyter_server runs)
+    except ImportError as exc:
+        print(f"unavailable: parts 2 and 3 need JupyterLab and playwright: {exc}")
+        return {}
+    if not shutil.which(CHROMIUM):
+        print(f"unavailable: parts 2 and 3 need Debian's chromium at {CHROMIUM} (apt-get install -y chromium)")
+        return {}
+    figures: dict[str, float] = {}
     with start_jupyter_server() as server, sync_playwright() as playwright:
         browser = playwright.chromium.launch(**launch_args())
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -223,6 +231,7 @@ def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats
         print(f"2. the {NUM_GPU_BLOCKS}-block frame in JupyterLab + chromium ({repeats} frames a case, "
               f"the renderers alternating)")
         print(f"   kernel: _send_frame() with a real comm   {median_ms(kernel_costs)}")
+        figures["_send_frame with a comm ms"] = statistics.median(kernel_costs) * 1e3
         # worst case: the cursor flips between an empty and a full pool; playback: one event a frame
         # (a block allocated: one cell and the touched outlines change)
         cases = {"every cell changing": [length if i % 2 == 0 else 0 for i in range(repeats + 1)],
@@ -247,6 +256,7 @@ def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats
                         paints[renderer].append(paint / 1e3)
             for renderer in renderers:
                 print(f"   browser, {renderer:6s} {case}: draw + layout {median_ms(draws[renderer])}")
+                figures[f"{renderer} {case} draw ms"] = statistics.median(draws[renderer]) * 1e3
                 print(f"   {'':16s} until the next frame is painted {median_ms(paints[renderer])}")
             if len(renderers) == 2:
                 ratio = statistics.median(draws[renderers[1]]) / statistics.median(draws[renderers[0]])
@@ -267,7 +277,9 @@ def part_browser(runs: int, max_tokens: int, renderers: tuple[str, ...], repeats
         if ratios:
             print(f"   ratio to neighbours: {', '.join(f'{r:.3f}' for r in ratios)}; "
                   f"median {statistics.median(ratios):.3f}x")
+            figures["attached / alone"] = statistics.median(ratios)
         browser.close()
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,12 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request in part 3 (runs under ~0.5 s read mostly noise)")
     parser.add_argument("--renderer", choices=("both", "cells", "canvas"), default="both",
                         help="the pool view's renderer(s) in part 2, side by side (PoolView.renderer)")
+    parser.add_argument("--repeats", type=int, default=None, help="frames per case (default 30 in part 1, 20 in 2)")
+    parser.add_argument("--smoke", action="store_true", help="every part briefly: 2 frames a case, one 8-token run")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.part, args.runs, args.max_tokens, args.renderer, args.repeats = "all", 1, 8, "both", 2
+    figures: dict[str, float] = {}
     if args.part in ("all", "frame"):
-        part_frame()
+        figures.update(part_frame(args.repeats or 30))
     if args.part in ("all", "browser"):
         renderers = ("cells", "canvas") if args.renderer == "both" else (args.renderer,)
-        part_browser(args.runs, args.max_tokens, renderers)
+        figures.update(part_browser(args.runs, args.max_tokens, renderers, args.repeats or 20))
+    print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0
 
 

@@ -12,18 +12,35 @@ a request naming a Host this server does not answer to is refused (DNS rebinding
 websocket is refused to a page of another origin (a site the visitor has open elsewhere); at
 most `max_visitors` sessions run at once, and a visitor beyond that is told to wait; the
 terminal size a browser asks for is clamped.
+
+Against a hostile visitor it bounds what each one costs: the listener's connections (web_listener.py);
+a visitor's input, per message and per second, a malformed message ending that session with one
+log line; the visitor's app process, which ends with its tab and with the server.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import html
 import ipaddress
+import json
 import logging
+import os
+import re
+import signal
 import socket
+import sys
+import time
 from typing import Any, Callable, Iterable
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
+from textual_serve.app_service import AppService
 from textual_serve.server import Server, to_int
+
+from blockviz.web_listener import HEADER_TIMEOUT_S, ConnectionGuard, GuardedSite, connection_limit, log_loop_error
+
+log = logging.getLogger("blockviz.serve")
 
 PAGE = """<!DOCTYPE html>
 <html>
@@ -75,6 +92,12 @@ DEFAULT_MAX_VISITORS = 16
 WIDTH_RANGE, HEIGHT_RANGE = (20, 500), (8, 200)  # terminal cells a visitor may ask for
 RETRY_S = 10
 LOOPBACK_NAMES = ("localhost",)
+# What one visitor may cost (docs/serve.md, "Security"): limits, not measurements.
+MAX_MESSAGE_BYTES = 16 * 1024  # one websocket message from a page (a paste); a larger one ends the session
+INPUT_BURST, INPUT_RATE_S = 4096, 64  # input events (a key, a mouse report, a pasted character) the app queues
+MESSAGE_BURST, MESSAGE_RATE_S = 512, 64  # websocket messages of any kind (a key, a mouse move, a resize)
+APP_QUIT_S = 2  # how long an app may take to quit, then to stop on SIGTERM, before SIGKILL
+SEND_LIMIT_S = 10  # how long a message to the app (or a pong to the page) may wait to be taken
 
 
 def clamp_size(width: int, height: int) -> tuple[int, int]:
@@ -96,14 +119,26 @@ class BlockvizServer(Server):
         super().__init__(command, host=host, port=port, title=title)
         self.on_ready = on_ready
         self.max_visitors = max_visitors
-        self.num_visitors = 0
         self.allow_origins = {normal_origin(origin) for origin in allow_origins}
         self.allow_hosts = {name.lower().rstrip(".") for name in allow_hosts}
+        self.sessions: set[VisitorSession] = set()
+        self.guard: ConnectionGuard | None = None
 
     async def _make_app(self) -> web.Application:
         app = await super()._make_app()
-        app.middlewares.append(self._check_host)
+        app.middlewares.extend([self._track_request, self._check_host])
         return app
+
+    @web.middleware
+    async def _track_request(self, request: web.Request, handler) -> web.StreamResponse:
+        """Tell the connection guard a whole request header arrived, and when its request ends."""
+        if self.guard is None or request.transport is None:
+            return await handler(request)
+        self.guard.request_started(request.transport)
+        try:
+            return await handler(request)
+        finally:
+            self.guard.request_ended(request.transport)
 
     @web.middleware
     async def _check_host(self, request: web.Request, handler) -> web.StreamResponse:
@@ -143,7 +178,9 @@ class BlockvizServer(Server):
 
     @property
     def full(self) -> bool:
-        return self.num_visitors >= self.max_visitors
+        """Whether max_visitors apps run (or are starting): an app that has exited frees its place
+        at once, before the server has read the end of its output."""
+        return sum(session.app.running for session in self.sessions) >= self.max_visitors
 
     def full_message(self) -> str:
         visitors = f"{self.max_visitors} visitor{'s' if self.max_visitors != 1 else ''}"
@@ -151,8 +188,10 @@ class BlockvizServer(Server):
                 "Wait a little: a place frees when someone closes their tab.")
 
     async def handle_websocket(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
-        """textual-serve's session, once the Origin is checked, a place is free, and the size asked
-        for is clamped; a visitor beyond max_visitors reads why in the terminal and no process starts."""
+        """textual-serve's session (its `handle_websocket`), once the Origin is checked, a place is free,
+        and the size asked for is clamped; a visitor beyond max_visitors reads why in the terminal and
+        no process starts. The session ends, and its app process with it, when the tab closes, when the
+        visitor breaks a limit or sends a malformed message (one log line), or when the server stops."""
         if not self.origin_allowed(request):
             return web.Response(status=403, text=f"blockviz serve: a page from {request.headers['Origin']!r} "
                                                  "may not open a session here (--allow-origin adds one)\n")
@@ -160,45 +199,98 @@ class BlockvizServer(Server):
             return await self._refuse_full(request)
         width, height = clamp_size(to_int(request.query.get("width", "80"), 80),
                                    to_int(request.query.get("height", "24"), 24))
-        clamped = request.clone(rel_url=request.rel_url.update_query(width=str(width), height=str(height)))
-        self.num_visitors += 1
+        websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE_BYTES, timeout=APP_QUIT_S)
+        app = VisitorApp(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
+                         close=websocket.close, download_manager=self.download_manager, debug=self.debug)
+        session = VisitorSession(websocket, app, visitor=request.remote or "a visitor")
+        self.sessions.add(session)
         try:
-            return await super().handle_websocket(clamped)
+            await websocket.prepare(request)
+            await app.start(width, height)
+            await session.run()
         finally:
-            self.num_visitors -= 1
+            await session.end()
+            self.sessions.discard(session)
+        return websocket
 
     async def _refuse_full(self, request: web.Request) -> web.WebSocketResponse:
         websocket = web.WebSocketResponse()
         await websocket.prepare(request)
         await websocket.send_bytes(f"\r\n  {self.full_message()}\r\n  Then press Restart.\r\n".encode())
-        await websocket.close(code=1013, message=b"server full")  # 1013: try again later
+        await websocket.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"server full")
         return websocket
 
-    async def _process_messages(self, websocket: web.WebSocketResponse, app_service: Any) -> None:
-        """textual-serve's loop, with every resize clamped."""
-        await super()._process_messages(websocket, _ClampedSize(app_service))
-
     async def handle_index(self, request: web.Request) -> web.Response:  # type: ignore[override]
-        """The page; its websocket goes back to the host and port the browser used. When every
-        place is taken, a page that says so and tries again."""
+        """The page; its websocket goes back to the host and port the browser used (the address the
+        connection came to, for a client that sends no Host). When every place is taken, a page
+        that says so and tries again."""
         if self.full:
             return web.Response(status=503, content_type="text/html", headers={"Retry-After": str(RETRY_S)},
                                 text=FULL_PAGE.format(title=html.escape(self.title), retry_s=RETRY_S,
                                                       message=html.escape(self.full_message())))
         scheme = "wss" if request.secure else "ws"
         page = PAGE.format(title=html.escape(self.title),
-                           websocket_url=html.escape(f"{scheme}://{request.host}/ws"),
+                           websocket_url=html.escape(f"{scheme}://{page_host(request)}/ws"),
                            font_size=to_int(request.query.get("fontsize", "16"), 16))
         return web.Response(text=page, content_type="text/html")
 
     def initialize_logging(self) -> None:
-        """textual-serve's logging without aiohttp's line per request: a classroom loading the page
-        and its assets would push the URLs printed at the start off the speaker's screen."""
-        super().initialize_logging()
+        """One plain line per log record on stderr, never a traceback (textual-serve's own logging
+        prints Rich tracebacks), and no line per request: a classroom loading the page and its
+        assets would push the URLs printed at the start off the speaker's screen."""
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(OneLineFormatter())
+        logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     async def on_startup(self, app: web.Application) -> None:
-        self.on_ready(urls(self.host, self.port))
+        """Nothing: textual-serve prints its logo here; `serve` calls on_ready once it listens."""
+
+    def serve(self, debug: bool = False) -> None:
+        """Listen until SIGINT or SIGTERM, then end every visitor's session and app process.
+
+        textual-serve's `serve` (aiohttp's `run_app`), with the listener behind a ConnectionGuard.
+        Raises OSError when the address cannot be listened on."""
+        self.debug = debug
+        self.initialize_logging()
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(log_loop_error)
+        stopping = asyncio.Event()
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(stop_signal, stopping.set)
+        runner = await self.listen(connection_limit(self.max_visitors))
+        try:
+            self.on_ready(urls(self.host, self.port))
+            await stopping.wait()
+            for site in list(runner.sites):
+                await site.stop()
+            await self.end_sessions()
+        finally:
+            await runner.cleanup()
+
+    async def end_sessions(self) -> None:
+        """End every session and its app, and wait for their handlers to finish (one that was
+        starting its app ends it too), for 4 x APP_QUIT_S at most."""
+        deadline = asyncio.get_running_loop().time() + 4 * APP_QUIT_S
+        while self.sessions and asyncio.get_running_loop().time() < deadline:
+            await asyncio.gather(*(session.end(WSCloseCode.GOING_AWAY, "the server stopped")
+                                   for session in list(self.sessions)))
+            await asyncio.sleep(0.05)
+
+    async def listen(self, max_connections: int, header_timeout_s: float = HEADER_TIMEOUT_S) -> web.AppRunner:
+        """Listen on host:port behind a ConnectionGuard; the caller cleans the runner up."""
+        runner = web.AppRunner(await self._make_app(), shutdown_timeout=APP_QUIT_S)
+        await runner.setup()
+        self.guard = ConnectionGuard(runner.server, max_connections, header_timeout_s)
+        try:
+            await GuardedSite(runner, self.host, self.port, self.guard).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        return runner
 
 
 class _ClampedSize:
@@ -212,6 +304,187 @@ class _ClampedSize:
 
     async def set_terminal_size(self, width: int, height: int) -> None:
         await self._app_service.set_terminal_size(*clamp_size(int(width), int(height)))
+
+
+class VisitorApp(AppService):
+    """textual-serve's AppService (one visitor's app process) that can be ended at once."""
+
+    _ending: asyncio.Future | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the app is starting or runs; one that has exited, reaped or not, does not."""
+        process = self._process
+        if process is None:
+            return True
+        if process.returncode is not None:
+            return False
+        try:  # WNOWAIT: look, and leave it to asyncio to reap
+            return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
+        except (AttributeError, OSError):  # no waitid here: it runs until asyncio has reaped it
+            return True
+
+    async def end(self) -> None:
+        """textual-serve's `stop` (cancel the app's downloads, ask it to quit, wait for its output to
+        close), but for APP_QUIT_S only, then SIGTERM and SIGKILL, each after APP_QUIT_S: an app busy
+        with a visitor's input, or not reading it, would otherwise outlive the visitor's tab. Once
+        for a started app, however often and from wherever it is called (its tab, the server)."""
+        if self._process is None or self._task is None:
+            return  # not started (yet: the session's own end comes after its start)
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._end(self._process, self._task))
+        await asyncio.shield(self._ending)
+
+    async def _end(self, process: asyncio.subprocess.Process, task: asyncio.Task) -> None:
+        await self._download_manager.cancel_app_downloads(app_service_id=self.app_service_id)
+        asking = asyncio.ensure_future(self.send_meta({"type": "quit"}))
+        await asyncio.wait({task}, timeout=APP_QUIT_S)
+        asking.cancel()
+        if task.done() and process.stdout is not None and process.stdout.at_eof():
+            return  # it quit: its output closed as it exited (asyncio reaps it)
+        for stop_signal in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(stop_signal)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(process.wait(), APP_QUIT_S)
+                break
+        await process.wait()
+        await asyncio.wait({task}, timeout=APP_QUIT_S)  # it reads the output to its end
+
+
+class SessionEnded(Exception):
+    """Why the server ends a visitor's session (a limit broken, a malformed message): one log line."""
+
+    def __init__(self, reason: str, code: int = WSCloseCode.POLICY_VIOLATION) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class RateLimit:
+    """A token bucket: `burst` at once, refilled at `rate` a second; `take` says whether it had enough."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.last = burst, clock()
+
+    def take(self, amount: float) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if amount > self.tokens:
+            return False
+        self.tokens -= amount
+        return True
+
+
+class VisitorSession:
+    """One visitor's websocket and app process: textual-serve's `_process_messages` loop, with every
+    message checked (its shape, its size, the visitor's rate) before the app sees it."""
+
+    def __init__(self, websocket: web.WebSocketResponse, app: VisitorApp, visitor: str) -> None:
+        self.websocket, self.app, self.visitor = websocket, app, visitor
+        self.messages = RateLimit(MESSAGE_RATE_S, MESSAGE_BURST)
+        self.input_events = RateLimit(INPUT_RATE_S, INPUT_BURST)
+
+    async def run(self) -> None:
+        """Forward the page's messages to the app until the tab closes or a message breaks a rule."""
+        try:
+            async for message in self.websocket:
+                await self.forward(message)
+        except ConnectionError:  # the tab went away while the server answered it
+            pass
+        except SessionEnded as ended:
+            log.warning("%s: session ended: %s", self.visitor, ended)
+            await self.end(ended.code, str(ended))
+
+    async def forward(self, message: Any) -> None:
+        """One websocket message to the app, or SessionEnded saying what was wrong with it."""
+        if message.type == WSMsgType.ERROR:
+            raise SessionEnded(f"{message.data}", WSCloseCode.MESSAGE_TOO_BIG)
+        if not self.messages.take(1):
+            raise SessionEnded(f"more than {MESSAGE_RATE_S} messages a second")
+        if message.type != WSMsgType.TEXT:
+            return
+        kind, data = parse_message(message.data)
+        if kind == "stdin":
+            if not self.input_events.take(count_input_events(data)):
+                raise SessionEnded(f"more than {INPUT_RATE_S} keys a second")
+            sending = self.app.send_bytes(data.encode("utf-8", "replace"))
+        elif kind == "resize":
+            sending = _ClampedSize(self.app).set_terminal_size(data["width"], data["height"])
+        elif kind == "ping":
+            sending = self.websocket.send_json(["pong", data])
+        elif kind in ("blur", "focus"):
+            sending = getattr(self.app, kind)()
+        else:
+            return
+        try:  # an app (or a page) that takes nothing would hold this loop, and miss the tab closing
+            await asyncio.wait_for(sending, SEND_LIMIT_S)
+        except asyncio.TimeoutError:
+            raise SessionEnded(f"the app or the page took nothing for {SEND_LIMIT_S} s") from None
+
+    async def end(self, code: int = WSCloseCode.GOING_AWAY, reason: str = "") -> None:
+        """Close the websocket, saying why, and end the app process, both at once: a page that does
+        not answer the close (within APP_QUIT_S) does not hold the app."""
+        if self.websocket.closed:
+            await self.app.end()
+            return
+
+        async def close() -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.websocket.close(code=code, message=reason.encode()[:120])
+
+        await asyncio.gather(close(), self.app.end())
+
+
+MESSAGE_KINDS = ("stdin", "resize", "ping", "blur", "focus")  # what textual-serve's page sends
+ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.|.)?", re.DOTALL)  # a CSI or SS3 sequence, or Alt+key
+
+
+def count_input_events(keys: str) -> int:
+    """How many events the app makes of this terminal input: one per escape sequence (an arrow
+    key, a mouse report) and one per other character. The app queues them all at once, so this,
+    not the bytes, is what a visitor's input costs it."""
+    return len(ESCAPE_SEQUENCE.sub("e", keys))
+
+
+def parse_message(text: str) -> tuple[str, Any]:
+    """A page's message as (kind, data), checked as textual-serve's loop expects it, or SessionEnded.
+    A kind this server does not know is ("", None): a newer page may send more."""
+    try:
+        envelope = json.loads(text)
+    except ValueError:
+        raise SessionEnded("a message that is not JSON") from None
+    if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], str):
+        raise SessionEnded("a message that is not [kind, data]")
+    kind, data = envelope[0], envelope[1] if len(envelope) > 1 else None
+    if kind == "stdin" and not isinstance(data, str):
+        raise SessionEnded("a stdin message whose data is not text")
+    if kind == "resize" and not (isinstance(data, dict) and all(
+            isinstance(data.get(side), int) and not isinstance(data.get(side), bool) for side in ("width", "height"))):
+        raise SessionEnded("a resize message without an integer width and height")
+    return (kind, data) if kind in MESSAGE_KINDS else ("", None)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A log record as one line, `blockviz serve: ...`; an exception as its type and message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        return "blockviz serve: " + " ".join(text.split())
+
+
+def page_host(request: web.Request) -> str:
+    """The host[:port] the browser asked for: its Host header, or without one (HTTP/1.0) the address
+    and port the connection came to (aiohttp would give this machine's name, without the port)."""
+    if "Host" in request.headers:
+        return request.host
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return f"{_bracket(sockname[0])}:{sockname[1]}" if sockname else request.host
 
 
 def host_name(host_header: str) -> str:

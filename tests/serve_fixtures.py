@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -55,14 +56,20 @@ def blockviz_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve(*command: str, log_dir: Path) -> Iterator[Served]:
-    """Run `blockviz serve COMMAND --port FREE` on 127.0.0.1 until the block ends."""
+def serve(*command: str, log_dir: Path, open_files: int | None = None) -> Iterator[Served]:
+    """Run `blockviz serve COMMAND --port FREE` on 127.0.0.1 until the block ends; with `open_files`,
+    the server may open no more files than that (its soft and hard RLIMIT_NOFILE)."""
     port = free_port()
     log_path = log_dir / "serve.log"
+
+    def limit_open_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "blockviz", "serve", *command, "--port", str(port)],
                                    cwd=REPO, env=blockviz_env(), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   preexec_fn=limit_open_files if open_files else None)
         served = Served(f"http://127.0.0.1:{port}", process, log_path)
         try:
             _wait_until_up(served)

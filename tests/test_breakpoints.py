@@ -12,7 +12,7 @@ from blockviz.model.player import Player
 from blockviz.session.spec import EngineSpec
 from blockviz.model.trace import load_trace
 from blockviz.tui.app import BlockvizApp
-from blockviz.tui.engine_bridge import EngineBridge
+from blockviz.session.engine_thread import EngineBridge
 from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401  (anyio_backend: the fixture)
 from test_tui_fake_engine import FakeEngine
 

@@ -119,6 +119,7 @@ def test_guided_playback_slows_near_a_card_and_stops_on_it():
     trace = load_trace("fork-cow")
     player = Player(Timeline.for_trace(trace))
     player.guide = Guide()
+    player.guided = True
     first = player.scan_guide().cards[0]
     player.playing = True
     player.timeline.seek(first.position - 7)
@@ -228,7 +229,7 @@ def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_re
 @pytest.mark.anyio
 async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
     from blockviz.session.spec import EngineSpec
-    from blockviz.tui.engine_bridge import EngineBridge
+    from blockviz.session.engine_thread import EngineBridge
     from test_tui_fake_engine import FakeEngine
 
     # The fake engine's n=2 request shares its prompt's blocks from the start: its first idea is

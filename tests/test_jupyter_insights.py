@@ -12,7 +12,7 @@ from blockviz.model.timeline import Timeline
 from engine import events as ev
 from blockviz.model.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
 from blockviz.jupyter import Visualizer
-from blockviz.jupyter.insight_parts import sparkline_points
+from blockviz.model.insight_view import sparkline_points
 from blockviz.model.view import snapshot
 from blockviz.model.palette import short_hash, show_token
 from blockviz.model.trace import load_trace

@@ -1,7 +1,8 @@
 """`blockviz attach`'s client against publishers the test controls (a pyzmq XPUB and ROUTER that
 send what vLLM never would): deeply nested payloads, sequence numbers that go back, -1, or jump
-by 2**62, replay servers that never end or never answer, 100,000 batches in bounded memory, and
-an IPv6 endpoint. Each case is shown as what it is and never hides the batches after it; the
+by 2**62, replay servers that never end or never answer, 100,000 batches in bounded memory, a
+KV-cache group per batch and blocks stored and never removed (the state's caps), and an IPv6
+endpoint. Each case is shown as what it is and never hides the batches after it; the
 attach app stays responsive and q quits while a replay never ends.
 
 Every wait has a timeout (a client that hangs fails the test, never hangs it); no assertion is
@@ -19,10 +20,10 @@ import zmq
 
 from blockviz.kvevents.protocol import MAX_PAYLOAD_BYTES, BlockRemoved, BlockStored, encode_batch, seq_bytes
 from blockviz.kvevents.publisher import KVEventPublisher
-from blockviz.kvevents.state import MAX_REMOVED_KEPT, KVEventState
+from blockviz.kvevents.state import MAX_CACHED_BLOCKS, MAX_PLACES_PER_RANK, MAX_REMOVED_KEPT, KVEventState
 from blockviz.kvevents.subscriber import KVEventClient
 from blockviz.tui.attach_app import AttachApp
-from test_kv_attach import wait_until
+from test_kv_attach import batch, wait_until
 from test_kv_round_trip import WAIT_S, collect, free_ports, logged
 from test_tui_app import anyio_backend, screen_text  # noqa: F401  (the anyio backend and screen text of the TUI tests)
 
@@ -218,3 +219,54 @@ def test_an_ipv6_loopback_endpoint_works():
         publisher.publish([BlockStored((7,), None, (7,), 1)])
         collect(client, state, 1)
     assert logged(state, "stored") == [7]
+
+
+class _CountingDict(dict):
+    """A dict that counts the walks over all its entries (a state that rescans every place)."""
+
+    walks = 0
+
+
+def _counted(method):
+    def walk(self):
+        _CountingDict.walks += 1
+        return method(self)
+    return walk
+
+
+for _name in ("__iter__", "items", "values", "keys"):
+    setattr(_CountingDict, _name, _counted(getattr(dict, _name)))
+
+
+def test_a_group_per_batch_is_not_rescanned_and_the_places_are_capped():
+    state = KVEventState()
+    state.cached = _CountingDict()
+    num_groups = MAX_PLACES_PER_RANK + 44
+    for group in range(num_groups):
+        state.apply(batch(group, BlockStored((group + 1,), None, (group,), 1, medium="GPU", group_idx=group)))
+    assert _CountingDict.walks == 0  # no batch walked the places: each did the work of its own events
+    assert len(state.cached) == len(state.places_of_rank[0]) == MAX_PLACES_PER_RANK
+    assert state.num_cached == state.ranks[0].num_cached == state.ranks[0].cached_by_tier[("GPU", None)] == MAX_PLACES_PER_RANK
+    assert state.num_dropped_blocks == 44 and len(state.nodes) == MAX_PLACES_PER_RANK
+    assert any("places, the most attach keeps" in notice for notice in state.notices)
+    assert "44 stored blocks dropped" in state.limits_summary()
+    # a place emptied by its removals no longer counts: a new group is kept again
+    state.apply(batch(num_groups, BlockRemoved((1,), medium="GPU", group_idx=0)))
+    state.apply(batch(num_groups + 1, BlockStored((10**6,), None, (1,), 1, medium="GPU", group_idx=10**6)))
+    assert state.num_dropped_blocks == 44 and 10**6 in state.nodes and state.num_cached == MAX_PLACES_PER_RANK
+
+
+def test_blocks_never_removed_stay_at_the_cap_and_the_dropped_are_counted():
+    cap = 1_000
+    state = KVEventState(max_cached=cap)
+    for seq in range(15):
+        hashes = tuple(range(seq * 100 + 1, seq * 100 + 101))
+        state.apply(batch(seq, BlockStored(hashes, None, tuple(range(100)), 1, medium="GPU")))
+    assert state.num_cached == state.ranks[0].num_cached == cap and len(state.nodes) == cap
+    assert state.num_dropped_blocks == 500 and state.ranks[0].num_stored == 1_500
+    assert "500 stored blocks dropped (caps: 1,000 cached blocks" in state.limits_summary()
+    assert sum(1 for notice in state.notices if "stores dropped" in notice) == 1  # said once, counted always
+    state.apply(batch(15, BlockRemoved(tuple(range(1, 101)), medium="GPU")))  # room again: new stores are kept
+    state.apply(batch(16, BlockStored((5_000,), None, (1,), 1, medium="GPU")))
+    assert state.num_cached == cap - 99 and 5_000 in state.nodes and state.num_dropped_blocks == 500
+    assert KVEventState().max_cached == MAX_CACHED_BLOCKS

@@ -11,7 +11,7 @@ import pytest
 from blockviz.model.timeline import state_equal
 from blockviz.session.spec import EngineSpec
 from blockviz.tui.app import BlockvizApp
-from blockviz.tui.engine_bridge import EngineBridge
+from blockviz.session.engine_thread import EngineBridge
 from test_tui_app import screen_text
 from test_tui_fake_engine import FakeEngine
 

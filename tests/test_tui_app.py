@@ -21,7 +21,7 @@ from blockviz.tui.app import BlockvizApp
 from blockviz.model.timeline import Timeline
 from blockviz.tui.messages import BlockSelected
 from blockviz.session.spec import EngineSpec
-from blockviz.tui.engine_bridge import EngineBridge
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.model.trace import Trace, write_trace
 from blockviz.tui.widgets.event_log import EventLog
 from blockviz.model.palette import show_token
@@ -528,7 +528,7 @@ def test_blockviz_run_opens_its_app_without_importing_torch(tiny_gpt2_dir):
         seen = {{"checked": "torch" in sys.modules}}
         from blockviz.tui.app import BlockvizApp
         from blockviz.cli import main
-        from blockviz.tui.engine_process import ProcessBridge
+        from blockviz.session.engine_process import ProcessBridge
         ProcessBridge.start = lambda self: None  # no engine process: this one is under test
         def opened(self, **kwargs):
             seen["app"] = "torch" in sys.modules or "transformers" in sys.modules

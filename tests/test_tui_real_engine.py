@@ -11,7 +11,7 @@ from blockviz.commands.record import record_trace
 from blockviz.model.timeline import Timeline, state_equal
 from blockviz.model.player import SPEEDS
 from blockviz.session.spec import EngineSpec
-from blockviz.tui.engine_bridge import EngineBridge
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.model.trace import read_trace
 from blockviz.model.reducer import ReducerState
 from test_tui_app import _until, screen_text
@@ -131,7 +131,7 @@ def test_a_free_running_bridge_digests_once_per_batch_and_ends_with_every_blocks
         tiny_gpt2_dir, loaded):
     import threading
 
-    from blockviz.tui.engine_bridge import Listener
+    from blockviz.session.engine_driver import Listener
 
     spec = _spec(tiny_gpt2_dir, n=1, max_tokens=24)
     bridge = EngineBridge(spec, make_engine=lambda: _engine(spec, loaded), flush_interval=10.0,

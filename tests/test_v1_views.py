@@ -47,28 +47,28 @@ def test_the_views_follow_a_live_v1_run_step_by_step(loaded, tiny_gpt2_dir):
         seen["steps"] += 1
         queue = view.free_queue(state, limit=None)
         engine_queue = list(manager.block_pool.free_block_queue)
-        assert [number for number, _ in queue["blocks"]] == [b.block_id for b in engine_queue]
-        assert [cached for _, cached in queue["blocks"]] == [b.block_hash is not None for b in engine_queue]
-        assert queue["num_free"] == manager.get_num_free_gpu_blocks() and queue["num_cached"] == sum(
-            cached for _, cached in queue["blocks"])
-        assert view.free_queue(state)["blocks"] == queue["blocks"][:view.FREE_QUEUE_SHOWN]
-        seen["cached_in_queue"] += queue["num_cached"] > 0
+        assert [number for number, _ in queue.blocks] == [b.block_id for b in engine_queue]
+        assert [cached for _, cached in queue.blocks] == [b.block_hash is not None for b in engine_queue]
+        assert queue.num_free == manager.get_num_free_gpu_blocks() and queue.num_cached == sum(
+            cached for _, cached in queue.blocks)
+        assert view.free_queue(state).blocks == queue.blocks[:view.FREE_QUEUE_SHOWN]
+        seen["cached_in_queue"] += queue.num_cached > 0
         null = state.pools["gpu"][0]
         assert view.block_state(null) == "null" and view.block_cell(null).state == "null"
         assert view.pool_columns(state.pools["gpu"])["state"][0] == view.STATE_CODES["null"] == "n"
         used, cached, free = view.pool_counts(state)["gpu"]
         assert cached + free == manager.get_num_free_gpu_blocks() and used + cached + free == 13
-        rows = {row["seq"]: row for row in view.tables(state, limit=None)}
+        rows = {row.seq: row for row in view.tables(state, limit=None)}
         for seq in scheduler.running:
-            info, mine = rows[seq.seq_id]["progress"], state.seqs[seq.seq_id]
-            assert (info["computed"], info["num_tokens"], info["prompt"]) == (
+            info, mine = rows[seq.seq_id].progress, state.seqs[seq.seq_id]
+            assert (info.computed, info.num_tokens, info.prompt) == (
                 mine.num_computed_tokens, len(mine.token_ids), mine.num_prompt_tokens)
-            assert info["computed"] == seq.num_computed_tokens and info["num_tokens"] == seq.get_len()
-            assert info["scheduled"] == state.num_scheduled_tokens.get(seq.seq_id, 0)
-            seen["chunk"] += info["prefilling"] and info["scheduled"] > 0
+            assert info.computed == seq.num_computed_tokens and info.num_tokens == seq.get_len()
+            assert info.scheduled == state.num_scheduled_tokens.get(seq.seq_id, 0)
+            seen["chunk"] += info.prefilling and info.scheduled > 0
         for seq_id, row in rows.items():
             if state.seqs[seq_id].status == "finished":
-                assert row["progress"] is None
+                assert row.progress is None
 
     prompts = ["ROMEO: But soft, what light through yonder window breaks", "JULIET: O Romeo, Romeo"]
     LLM.from_engine(engine).generate(prompts, [SamplingParams(max_tokens=12), SamplingParams(n=2, max_tokens=12)],
@@ -85,17 +85,18 @@ def test_the_null_block_inspector_and_the_progress_words():
     timeline.seek(V1_CURSOR)
     state = timeline.state
     info = view.inspect_block(state, "gpu", 0)
-    assert info["state"] == "null" and info["note"] == view.NULL_BLOCK_NOTE and info["fill"] == 0
+    assert info.state == "null" and info.note == view.NULL_BLOCK_NOTE and info.fill == 0
     head = state.free_queue[0]
-    assert view.inspect_block(state, "gpu", head)["queue"] == "next to go in the free queue"
+    assert view.inspect_block(state, "gpu", head).queue == "next to go in the free queue"
     second = state.free_queue[1]
-    assert view.inspect_block(state, "gpu", second)["queue"] == f"2 of {len(state.free_queue)} in the free queue"
+    assert view.inspect_block(state, "gpu", second).queue == f"2 of {len(state.free_queue)} in the free queue"
     progress = view.progress(state, 4)
-    assert progress["text"] == "prefill 13/42 · chunk +13" and progress["prefilling"]
+    assert progress.text == "prefill 13/42 · chunk +13" and progress.prefilling
     v0 = Timeline.for_trace(load_trace("fork-cow"))
     v0.seek(len(v0) // 2)
-    assert "note" not in view.inspect_block(v0.state, "gpu", 0) and "queue" not in view.inspect_block(v0.state, "gpu", 0)
-    assert all("progress" not in row for row in view.tables(v0.state))
+    info = view.inspect_block(v0.state, "gpu", 0)
+    assert info.note is None and info.queue is None
+    assert all(row.progress is None for row in view.tables(v0.state))
 
 
 @pytest.mark.parametrize("name", shipped_traces())
@@ -142,13 +143,13 @@ async def test_the_tui_draws_the_null_block_the_free_queue_and_the_notes_in_v1_o
         assert gpu.cell_text(0) == f"{0:>{gpu.digits}}{NULL_MARK} "  # the null block
         assert row.display and gpu.head == state.free_queue[0]
         queue = view.free_queue(state)
-        shown = " ".join(f"{n}{'c' if cached else ''}" for n, cached in queue["blocks"])
-        more = queue["num_free"] - len(queue["blocks"])
+        shown = " ".join(f"{n}{'c' if cached else ''}" for n, cached in queue.blocks)
+        more = queue.num_free - len(queue.blocks)
         assert row.content.plain == f"free queue ▸ {shown} " + (f"… +{more}" if more > 0 else "")
         tables = drawn(app.query_one(BlockTables))
         for seq_id in state.tables:
             progress = view.progress(state, seq_id)
-            assert progress is None or any(line.strip() == progress["text"] for line in tables)
+            assert progress is None or any(line.strip() == progress.text for line in tables)
         assert any(line.strip() == "prefill 13/42 · chunk +13" for line in tables)
         app.selection = ("gpu", 0)  # the null block in the inspector
         app.render_views()
@@ -183,7 +184,7 @@ async def test_the_live_app_plays_the_v1_story_with_its_views():
     from blockviz.cli import build_parser
     from blockviz.commands.run import check
     from blockviz.model.player import SPEEDS
-    from blockviz.tui.engine_bridge import EngineBridge
+    from blockviz.session.engine_thread import EngineBridge
     from test_tui_app import _until, screen_text
 
     spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)
@@ -195,7 +196,7 @@ async def test_the_live_app_plays_the_v1_story_with_its_views():
         app.render_views()
         await pilot.pause()
         state = app.player.timeline.state
-        assert view.progress(state, 0)["text"] == "prefill 16/31 · chunk +16"
+        assert view.progress(state, 0).text == "prefill 16/31 · chunk +16"
         assert any(line.strip() == "prefill 16/31 · chunk +16" for line in drawn(app.query_one(BlockTables)))
         gpu = app.query_one("#gpu", PoolGrid)
         assert NULL_MARK in gpu.cell_text(0) and gpu.head == state.free_queue[0]

@@ -44,18 +44,18 @@ def check_tui(app, state, vocab, current) -> None:
     width = len(str(len(state.pools["gpu"]) - 1))
     tables = drawn(app.query_one(BlockTables))
     for row in view.tables(state, limit=None, vocab=vocab):
-        assert has_line(tables, f" seq {row['seq']} ", f"req {row['request']} · {row['status']}")
-        for index, (device, number, ref, texts) in enumerate(row["blocks"]):
+        assert has_line(tables, f" seq {row.seq} ", f"req {row.request} · {row.status}")
+        for index, (device, number, ref, texts) in enumerate(row.blocks):
             cell = f"L{index:<2} → {device} {number:<{width}}" + (f" ×{ref}" if ref > 1 else "   ")
-            assert has_line(tables, cell + " " + "".join(texts)), (row["seq"], index)
+            assert has_line(tables, cell + " " + "".join(texts)), (row.seq, index)
     chains = drawn(app.query_one(HashChains))
     rows = view.hash_chains(state, limit=None, current=current, vocab=vocab)
     if rows:
         lines = chains[1:]  # after the summary line, one line per row, in order
         assert len(lines) == len(rows)
         for line, row in zip(lines, rows):
-            assert f"#{row['hash']}" in line and f"gpu {row['block']}" in line and "".join(row["tokens"]) in line
-            assert (f"HIT×{row['hits']}" in line) == bool(row["hits"])
+            assert f"#{row.hash}" in line and f"gpu {row.block}" in line and "".join(row.tokens) in line
+            assert (f"HIT×{row.hits}" in line) == bool(row.hits)
     else:
         assert chains[0].startswith("no hashed blocks")
     for device in state.pools:
@@ -90,23 +90,23 @@ def check_inspector(app, state, vocab, geometry: str) -> None:
     lines = drawn(app.query_one(BlockInspector))
     title = str(app.query_one("#title").content)
     assert geometry and title.endswith(f"a block: {geometry}")  # the TUI's header line, from the run's header
-    assert has_line(lines, "state", view.STATE_LABELS[info["state"]])
-    assert has_line(lines, "ref count", str(info["ref"]))
-    assert has_line(lines, "fill", f"{info['fill']}/{info['block_size']} slots")
-    assert has_line(lines, "tokens", "".join(info["tokens"]))
-    if info["hash"]:
-        assert has_line(lines, "hash", f"#{info['hash']}")
-    if info["same_kv"]:
-        assert has_line(lines, ", ".join(info["same_kv"]))
-    if "queue" in info:  # vLLM v1: a free block's place in the free queue
-        assert has_line(lines, "free queue", info["queue"])
+    assert has_line(lines, "state", view.STATE_LABELS[info.state])
+    assert has_line(lines, "ref count", str(info.ref))
+    assert has_line(lines, "fill", f"{info.fill}/{info.block_size} slots")
+    assert has_line(lines, "tokens", "".join(info.tokens))
+    if info.hash:
+        assert has_line(lines, "hash", f"#{info.hash}")
+    if info.same_kv:
+        assert has_line(lines, ", ".join(info.same_kv))
+    if info.queue is not None:  # vLLM v1: a free block's place in the free queue
+        assert has_line(lines, "free queue", info.queue)
 
 
 def check_notebook(viz, state, vocab, current, position) -> None:
     frame = viz.frame()
-    assert frame["tables"] == view.tables(state, vocab=vocab)
-    assert frame["hashes"] == view.hash_chains(state, current=current, vocab=vocab)
-    assert frame["hash_summary"] == view.hash_summary(state)
+    assert frame["tables"] == [row.to_json() for row in view.tables(state, vocab=vocab)]
+    assert frame["hashes"] == [row.to_json() for row in view.hash_chains(state, current=current, vocab=vocab)]
+    assert frame["hash_summary"] == view.hash_summary(state).to_json()
     for device, pool in state.pools.items():
         columns = view.pool_columns(pool)
         assert {key: frame["pools"][device][key] for key in columns} == columns
@@ -148,15 +148,15 @@ def test_a_long_hash_chain_runs_straight_down_and_a_branch_indents():
     timeline = Timeline.for_trace(trace)
     timeline.seek(len(timeline))
     rows = view.hash_chains(timeline.state, limit=None)
-    by_block = {row["block"]: row for row in rows}
+    by_block = {row.block: row for row in rows}
     for row in rows:
-        parent = next((r for r in rows if r["hash"] == row["parent"]), None)
+        parent = next((r for r in rows if r.hash == row.parent), None)
         if parent is None:
             continue
-        siblings = [r for r in rows if r["parent"] == row["parent"]]
+        siblings = [r for r in rows if r.parent == row.parent]
         # a branch's children are marked ├ / └ at their parent's indent and what follows them goes
         # one deeper; a lone child stays at its parent's indent
-        assert bool(row["branch"]) == (len(siblings) > 1)
-        assert row["depth"] == parent["depth"] + (1 if parent["branch"] else 0)
-    assert any(row["branch"] for row in rows) and max(row["depth"] for row in rows) == 1  # prefix-hit branches once
+        assert bool(row.branch) == (len(siblings) > 1)
+        assert row.depth == parent.depth + (1 if parent.branch else 0)
+    assert any(row.branch for row in rows) and max(row.depth for row in rows) == 1  # prefix-hit branches once
     assert by_block

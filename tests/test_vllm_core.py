@@ -373,7 +373,7 @@ def test_the_v1_story_on_vllm_records_loads_replays_and_explains(tmp_path):
     timeline = Timeline.for_trace(trace)
     assert len(timeline) == len(events) and timeline.seek(len(events))  # time travel to the end
     state = ReducerState.from_header(header).apply_all(trace.events)
-    assert state.kv_manager == "v1" and snapshot(state)["kv_manager"] == "v1"  # drawn as v1
+    assert snapshot(state)["kv_manager"] == "vllm" and state.design.null_block and state.design.free_queue  # v1's traits
     assert state.pools["gpu"][0].state == NULL
     assert sorted(state.free_queue) == list(range(1, header["num_gpu_blocks"]))  # every block back, block 0 null
     hits = [e for e in events if e.type == "prefix_cache_hit"]

@@ -8,7 +8,8 @@ Start vLLM with `--kv-events-config '{"enable_kv_cache_events": true, "publisher
 
 from __future__ import annotations
 
-from blockviz.cli import UsageError, _positive
+from blockviz.commands.options import positive
+from blockviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -25,7 +26,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tokenizer", metavar="NAME_OR_PATH",
                         help="show token text: the served model's name, a checkpoint directory, a "
                              "tokenizer.json, or tiny-shakespeare (default: token ids)")
-    parser.add_argument("--data-parallel-size", type=_positive("--data-parallel-size"), default=1, metavar="N",
+    parser.add_argument("--data-parallel-size", type=positive("--data-parallel-size"), default=1, metavar="N",
                         help="follow N ranks: rank r publishes on the endpoint's port + r (default 1)")
 
 

@@ -15,12 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from blockviz.cli import UsageError, _int_at_least, add_engine_options
+from blockviz.commands.options import add_engine_options, int_at_least
+from blockviz.errors import UsageError
 from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text
 
 
 def _ints(name: str):
-    one = _int_at_least(name, 1)
+    one = int_at_least(name, 1)
 
     def parse(text: str) -> list[int]:
         return [one(part.strip()) for part in text.split(",") if part.strip()] or [one(text)]

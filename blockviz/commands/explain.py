@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.model.design import kv_manager_of
+from blockviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:
@@ -46,7 +48,7 @@ def execute(args) -> int:
     header = session.header
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"],
-                                    header.get("kv_manager") or "v0", header.get("prefix_caching_hash_algo") or "sha256")
+                                    kv_manager_of(header), header.get("prefix_caching_hash_algo") or "sha256")
     if args.json:
         print(json.dumps([{
             "request_id": x.request_id, "seq_id": x.seq_id, "num_prompt_tokens": x.num_prompt_tokens,

@@ -5,6 +5,11 @@ No model and no torch: the trace's events are folded to the cursor (event N: N e
 `Visualizer.seek(N)` and the status bar's "event N/total"), and the frame the notebook draws there
 is written as SVG, or PNG with the [export] extra (blockviz/model/export.py). `--frames A:B` writes
 one picture per event from A to B, numbered (step-0012.svg ...), for an animation on a slide.
+
+What an export writes is bounded by the limits here and in blockviz/model/svg.py, never by the
+pools a trace's header claims (docs/traces.md): a picture draws at most MAX_POOL_CELLS blocks per
+pool, and --frames at most MAX_FRAMES pictures, MAX_FRAME_BLOCKS pool blocks and MAX_EXPORT_BYTES
+of SVG in all; a PNG past export.MAX_PNG_PIXELS is refused.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from blockviz.cli import UsageError
+from blockviz.errors import UsageError
 
-MAX_FRAMES = 1000  # --frames: a short sequence for a slide, not a film of a long run
+# --frames: a short sequence for a slide, not a film of a long run. Limits, not measurements.
+MAX_FRAMES = 1000  # pictures
+MAX_FRAME_BLOCKS = 1 << 22  # pool blocks summed over the pictures (each picture's view reads every block)
+MAX_EXPORT_BYTES = 1 << 28  # SVG text summed over the pictures (each is bounded: blockviz/model/svg.py)
 
 
 def add_parser(subparsers) -> None:
@@ -42,8 +50,9 @@ def _position(text: str, length: int, option: str) -> int:
     return value
 
 
-def positions(args, length: int) -> list[int]:
-    """The event positions to draw: --at's (default the end), or --frames A:B's."""
+def positions(args, length: int, num_blocks: int = 0) -> list[int]:
+    """The event positions to draw: --at's (default the end), or --frames A:B's: at most
+    MAX_FRAMES pictures, and at most MAX_FRAME_BLOCKS pool blocks (`num_blocks` per picture) in all."""
     if args.frames is None:
         return [length if args.at is None else _position(args.at, length, "--at")]
     if args.at is not None:
@@ -54,8 +63,12 @@ def positions(args, length: int) -> list[int]:
     start, stop = _position(first, length, "--frames"), _position(last, length, "--frames")
     if stop < start:
         raise UsageError(f"--frames {args.frames}: the end comes before the start")
-    if stop - start + 1 > MAX_FRAMES:
-        raise UsageError(f"--frames {args.frames} is {stop - start + 1} pictures; at most {MAX_FRAMES}")
+    count = stop - start + 1
+    if count > MAX_FRAMES:
+        raise UsageError(f"--frames {args.frames} is {count} pictures; at most {MAX_FRAMES}")
+    if count * num_blocks > MAX_FRAME_BLOCKS:
+        raise UsageError(f"--frames {args.frames} is {count} pictures of {num_blocks:,} pool blocks each; at most "
+                         f"{MAX_FRAME_BLOCKS:,} blocks in all ({max(1, MAX_FRAME_BLOCKS // num_blocks)} pictures of this trace)")
     return list(range(start, stop + 1))
 
 
@@ -65,6 +78,23 @@ def out_paths(out: Path, chosen: list[int], numbered: bool) -> list[Path]:
         return [out]
     digits = max(4, len(str(chosen[-1])))
     return [out.with_name(f"{out.stem}-{position:0{digits}d}{out.suffix}") for position in chosen]
+
+
+def _check_pictures(frames, what: str | None, *, png: bool, projector: bool) -> None:
+    """ExportError when the pictures' SVG text is more than MAX_EXPORT_BYTES in all, or one of them
+    is too big for a PNG (export.check_png_size)."""
+    from blockviz.model.export import ExportError, check_png_size
+    from blockviz.model.svg import frame_svg
+
+    total = 0
+    for frame in frames:
+        svg = frame_svg(frame, projector=projector)
+        if png:
+            check_png_size(svg)
+        total += len(svg.encode("utf-8"))
+        if total > MAX_EXPORT_BYTES:
+            raise ExportError(f"--frames {what} makes more than {MAX_EXPORT_BYTES >> 20} MiB of pictures, "
+                              "the most an export may write; give fewer frames")
 
 
 def execute(args) -> int:
@@ -81,17 +111,26 @@ def execute(args) -> int:
         raise UsageError(str(exc)) from None
     _, trace = check(args)
     timeline = Timeline.for_trace(trace)
-    chosen = positions(args, len(timeline))
+    chosen = positions(args, len(timeline), trace.num_gpu_blocks + trace.num_cpu_blocks)
     paths = out_paths(out, chosen, numbered=args.frames is not None)
+    title = trace_title(trace)
+
+    def frames():
+        for position in chosen:
+            timeline.seek(position)
+            yield trace_frame(timeline, trace.header, title)
+
     try:
         for path in paths:
             check_out_path(path, overwrite=args.force)
+        if len(paths) > 1 or out.suffix.lower() == ".png":  # every picture checked before any is written
+            _check_pictures(frames(), args.frames, png=out.suffix.lower() == ".png", projector=args.projector)
+        for frame, path in zip(frames(), paths):
+            save_frame(frame, path, projector=args.projector, overwrite=args.force)
     except ExportError as exc:
         raise UsageError(str(exc)) from None
-    title = trace_title(trace)
-    for position, path in zip(chosen, paths):
-        timeline.seek(position)
-        save_frame(trace_frame(timeline, trace.header, title), path, projector=args.projector, overwrite=args.force)
+    except OSError as exc:  # a full disk, a file-size limit: the picture being written is removed
+        raise UsageError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from None
     where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} pictures, {paths[0]} to {paths[-1]}"
     print(f"wrote {where}", file=sys.stdout)
     return 0

@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.errors import UsageError
 
 
 def add_parser(subparsers) -> None:

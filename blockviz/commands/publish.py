@@ -11,7 +11,8 @@ scenario (or the --prompt given). What maps to what: blockviz/kvevents/mapping.p
 
 from __future__ import annotations
 
-from blockviz.cli import UsageError, _non_negative, add_engine_options, non_negative_number
+from blockviz.commands.options import add_engine_options, non_negative, non_negative_number
+from blockviz.errors import UsageError
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
 
@@ -37,7 +38,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--array-shape", action="store_true", help="the same as --vllm-version 0.23")
     parser.add_argument("--rate", type=non_negative_number("--rate"), default=10.0, metavar="BATCHES_PER_S",
                         help="at most this many batches a second, so a person can watch (default 10; 0: no limit)")
-    parser.add_argument("--wait-for-subscribers", type=_non_negative("--wait-for-subscribers"), default=1, metavar="N",
+    parser.add_argument("--wait-for-subscribers", type=non_negative("--wait-for-subscribers"), default=1, metavar="N",
                         help="publish once N subscribers are connected (default 1; 0: start at once)")
     parser.add_argument("--exit-when-done", action="store_true",
                         help="exit once everything is published (default with --replay: keep answering "

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from blockviz.cli import UsageError, add_engine_options
+from blockviz.commands.options import add_engine_options
+from blockviz.errors import UsageError
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
     work left) raises and leaves no trace behind. An existing `out` is replaced only if `overwrite`
     (else a TraceError); the trace is fsync'ed before it is renamed into place."""
-    from blockviz.model.trace import TraceWriter, make_header
+    from blockviz.model.trace import TraceError, TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
     from blockviz.session.engine_session import EngineSession
 
@@ -49,7 +50,10 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     writer = TraceWriter.create(out, header, overwrite=overwrite)
 
     def write(batch) -> None:
-        writer.write_all(batch)
+        try:
+            writer.write_all(batch)
+        except OSError as exc:  # a full disk (ENOSPC), a file-size limit (EFBIG): one line, no file left
+            raise TraceError(f"cannot write {str(out)!r}: {exc.strerror or exc}; no trace written") from None
         state.apply_all(batch)
 
     def report(steps_done: int) -> None:
@@ -110,7 +114,7 @@ def execute(args) -> int:
         raise UsageError(one_line(exc)) from None
     try:
         recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force)
-    except ValueError as exc:  # a prompt the engine refuses, or --out taken meanwhile: nothing written
+    except ValueError as exc:  # a prompt the engine refuses, --out taken meanwhile, a full disk: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:
         if tty:

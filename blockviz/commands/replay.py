@@ -6,7 +6,8 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
-from blockviz.cli import UsageError, add_break_on_option, add_guided_option
+from blockviz.commands.options import add_break_on_option, add_guided_option
+from blockviz.errors import UsageError
 from blockviz.model.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 

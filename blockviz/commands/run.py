@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from blockviz.cli import UsageError, add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
-
-
-from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS, DEFAULT_V1_SCENARIO, V1_TOKEN_BUDGET
+from blockviz.commands.options import add_break_on_option, add_engine_options, add_guided_option, add_keep_events_option
+from blockviz.errors import UsageError
+from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS
 
 RUN_DEFAULTS = {**DEFAULT_SCENARIO_OPTIONS,
                 "prompts_help": "a built-in scenario of four requests arriving over time"}
@@ -43,18 +42,13 @@ def check(args, *, device: bool = True):
     if getattr(args, "n_given", False) and not args.prompts:
         raise UsageError(f"--n {args.n} applies to --prompt requests: the story's requests set their own "
                          "(give --prompt TEXT, or leave out --n)")
-    v1 = args.kv_manager in ("v1", "vllm")  # vLLM v1 tells its own story (scenario.DEFAULT_V1_SCENARIO)
-    spec = EngineSpec.from_args(args, default_arrivals=DEFAULT_V1_SCENARIO if v1 else DEFAULT_SCENARIO)
-    if v1 and spec.arrivals:
-        from dataclasses import replace
-
-        spec.config = replace(spec.config, max_num_batched_tokens=V1_TOKEN_BUDGET)
+    spec = EngineSpec.for_story_args(args)  # the story of --kv-manager's design
     spec.check_all(device=device)
     return spec
 
 
 def execute(args) -> int:
-    from blockviz.tui.engine_process import ProcessBridge
+    from blockviz.session.engine_process import ProcessBridge
 
     spec = check(args)
     from blockviz.tui.app import BlockvizApp

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from blockviz.cli import OneLineParser, UsageError, _int_at_least
+from blockviz.commands.options import OneLineParser, int_at_least
+from blockviz.errors import UsageError
 
 SERVED = ("run", "replay")
 DEFAULT_MAX_VISITORS = {"replay": 30, "run": 4}  # a laptop: a replay app is light, a run holds an engine
@@ -31,8 +32,8 @@ def _add_address_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to listen on (default {DEFAULT_HOST}: this machine only); "
                              "--host 0.0.0.0 lets anyone on the LAN open it, with no password")
-    parser.add_argument("--port", type=_int_at_least("--port", 1, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    parser.add_argument("--max-visitors", type=_int_at_least("--max-visitors", 1), default=None, metavar="N",
+    parser.add_argument("--port", type=int_at_least("--port", 1, 65535), default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--max-visitors", type=int_at_least("--max-visitors", 1), default=None, metavar="N",
                         help=f"sessions at once, each an app process (default {DEFAULT_MAX_VISITORS['replay']} "
                              f"for replay, {DEFAULT_MAX_VISITORS['run']} for run); later visitors are told to wait")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="URL",

@@ -5,8 +5,9 @@ and returns a `CompareGrid`: one cell per configuration (its GPU and CPU pools a
 step, and its figures at that step), one step slider with ◂ / ▸ that moves every run together, the
 figures table of `blockviz compare` and the line naming the figures that differ.
 
-Each run's events go into a history.Timeline, so moving the step is a seek (to the run's end of that
-step, Timeline.step_ends) and the pools are snapshot()'s frame of the state there.
+Each run's events go into a Timeline (blockviz/model/timeline.py), so moving the step is a seek (to
+the run's end of that step, Timeline.step_ends) and the pools are snapshot()'s frame of the state
+there.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import ipywidgets
 
-from blockviz.model.insights import Insights
-from blockviz.jupyter.insight_parts import explain_part, ledger_part, memory_part
+from blockviz.model.insight_view import chosen_lookup, explain_record, ledger_record, memory_record
 from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView
 from engine import events as ev
 
@@ -43,7 +42,7 @@ class InsightPanel:
 
     def __init__(self, viz: Visualizer) -> None:
         self.viz = viz
-        self.insights = Insights.for_header(viz.header)
+        self.insights = viz.viewer.insights
         self.explain_view, self.ledger_view, self.memory_view = ExplainView(), LedgerView(), MemoryView()
         self.breakpoints_view = BreakpointsView()
         self.picked: str | None = None  # the request the explainer shows, when picked (not a block's)
@@ -79,26 +78,24 @@ class InsightPanel:
             self.insights.sync(timeline)  # only the events it has not seen
         out: dict[str, Any] = {"breaks": {"on": ev.kind_names(viz.player.break_on), "message": self.break_message}}
         if "explain" in names:
-            out["explain"] = explain_part(self.insights, position, self.request_to_explain(), timeline.events,
-                                          timeline.token_texts)
+            out["explain"] = explain_record(self.insights, position, state=timeline.state, **self.asked(),
+                                            events=timeline.events, vocab=timeline.token_texts).to_json()
         if "ledger" in names:
-            out["ledger"] = ledger_part(self.insights, position)
+            out["ledger"] = ledger_record(self.insights, position).to_json()
         if "memory" in names:
-            out["memory"] = memory_part(self.insights, timeline.state, position)
+            out["memory"] = memory_record(self.insights, timeline.state, position).to_json()
         return out
 
-    def request_to_explain(self) -> str | None:
-        """The picked request, else the request of the selected block's first owner, else None
-        (the newest explained)."""
+    def asked(self) -> dict[str, Any]:
+        """What the explainer is asked to show (explain_record's `request_id` / `seq_id`): the picked
+        request, else the selected block's first owner, else nothing (the newest lookup)."""
         if self.picked is not None:
-            return self.picked
+            return {"request_id": self.picked}
         state, selected = self.viz.timeline.state, self.viz.selected
         if selected is None:
-            return None
-        device, number = selected
-        owners = state.pools[device][number].owners
-        seq = state.seqs.get(min(owners)) if owners else None
-        return seq.request_id if seq is not None else None
+            return {}
+        owners = state.pools[selected[0]][selected[1]].owners
+        return {"seq_id": min(owners)} if owners else {}
 
     def explain(self, request_id: str | None) -> Any:
         """Show `request_id`'s prefix lookup (None: follow the selected block again); returns its
@@ -107,7 +104,7 @@ class InsightPanel:
         with viz._lock:
             self.picked = None if request_id is None else str(request_id)
             self.insights.sync(viz.timeline)
-            found = self.insights.explanation_of(self.request_to_explain() or "", viz.position)
+            found = chosen_lookup(self.insights, viz.position, state=viz.timeline.state, **self.asked())
         viz._changed()
         return found
 

@@ -49,7 +49,7 @@ class LiveCommands:
                 self.error = str(exc)
                 raise
             finally:
-                self._driver.take_events()
+                self._driver.flush()
             self.error = ""
             self.player.finished = False
             self.timeline.seek(len(self.timeline))  # the command acted on the engine's present

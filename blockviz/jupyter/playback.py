@@ -1,6 +1,7 @@
 """How the Visualizer plays: frames sent at most MAX_FPS times a second (`FrameThrottle`), and a
-live engine session stepped into the Player's timeline (`EngineDriver`), free-running at "max"
-with its K/V digests taken once per tick, as the TUI's bridge does."""
+live engine session stepped into the Player's timeline by the session's EngineDriver
+(`PlayerDriver`), free-running at "max" with its K/V digests taken once per tick, as the TUI's
+bridge does."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 from typing import Any, Callable
 
 from blockviz.model.player import Player
+from blockviz.session.engine_driver import EngineDriver, Listener
 from blockviz.session.engine_session import EngineSession
-from blockviz.session.spec import one_line
 
 MAX_FPS = 20
 PLAY_TICK_S = 1 / MAX_FPS
@@ -73,57 +74,43 @@ class FrameThrottle:
         self._send()
 
 
+def _ignore(_: Any) -> None:
+    """A Listener callback the notebook has no use for (its session is built before the driver)."""
+
+
 def _start_timer(delay: float, fn: Callable[[], None]) -> None:
     timer = threading.Timer(delay, fn)
     timer.daemon = True
     timer.start()
 
 
-class EngineDriver:
-    """A live EngineSession (blockviz/session/engine_session.py) feeding the Player's timeline
-    (every method with the Visualizer's lock held): the session's events taken after each step."""
+class PlayerDriver(EngineDriver):
+    """The session's EngineDriver (blockviz/session/engine_driver.py) feeding the Player's timeline,
+    every method called with the Visualizer's lock held. What the notebook adds is when to step:
+    as far as playback needs (a pending single step, the Player's lookahead), or free-running for
+    a tick at "max"; and the Player told when the run is finished."""
 
     def __init__(self, session: EngineSession, player: Player, on_error: Callable[[str], None]) -> None:
-        self.session = session
+        super().__init__(session, Listener(loading=_ignore, ready=_ignore, failed=on_error,
+                                           events=player.on_events, died=on_error))
         self.player = player
-        self._on_error = on_error
-
-    @property
-    def finished(self) -> dict[str, Any]:
-        """Request id -> its final RequestOutput."""
-        return self.session.finished
-
-    def close(self) -> None:
-        """Stop listening to the engine's events."""
-        self.session.close()
-
-    def take_events(self) -> bool:
-        """Move what the engine emitted into the timeline (Player.on_events, which also serves a
-        pending single step); returns whether the cursor moved."""
-        batch = self.session.take_events()
-        return self.player.on_events(batch) if batch else False
 
     def step(self, take: bool = True) -> bool:
         """One engine step if any request is unfinished; its events join the timeline (with
         `take` False they wait in the session: a free run takes them, digests and all, once per
-        tick). Returns whether a step ran. An engine error goes to `on_error` as one line and is
-        raised."""
-        session = self.session
-        if not session.has_unfinished_requests():
-            self.player.finished = True
-            return False
+        tick). Returns whether a step ran. An engine error goes to `on_error` as one line
+        (EngineDriver.stopped) and is raised."""
         try:
-            session.step()
+            ran = super().step()
         except Exception as exc:
-            self._on_error(f"engine stopped: {one_line(exc)}")
             self.player.finished = True
-            self.take_events()
+            self.stopped(exc)
             raise
-        if take:
-            self.take_events()
-        if not session.has_unfinished_requests():
+        if ran and take:
+            self.flush()
+        if not self.session.has_unfinished_requests():
             self.player.finished = True
-        return True
+        return ran
 
     def serve_pending(self) -> bool:
         """Step until the Player's pending single step (Player.step_event / step_engine at the
@@ -148,10 +135,10 @@ class EngineDriver:
                     break
         finally:
             self.session.digest_per_step(True)
-            self.take_events()
+            self.flush()
 
 
-def play_loop(player: Player, lock: Any, driver: EngineDriver | None, stop: threading.Event,
+def play_loop(player: Player, lock: Any, driver: PlayerDriver | None, stop: threading.Event,
               changed: Callable[[], None]) -> None:
     """The play thread's body: each tick (with `lock` held) steps a live engine as far as playback
     needs, or free-runs it for THROUGHPUT_TICK_S at "max"; advances the Player by the time passed;

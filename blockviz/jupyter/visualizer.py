@@ -1,7 +1,8 @@
 """`Visualizer`: the widgets composed over a timeline of events, from a trace or a live engine.
 
-The model layer is the TUI's: a `Timeline` (events, the reducer state at a cursor, time travel) and
-a `Player` (play/pause at a speed). A live run drives a real `LLM`'s engine through an engine session
+The model layer is the TUI's: a `Viewer` (blockviz/model/viewer.py) assembles the `Timeline` (events,
+the reducer state at a cursor, time travel), the `Player` (play/pause at a speed, the guide's card at
+the cursor) and the `Insights`, as the TUI's does. A live run drives a real `LLM`'s engine through an engine session
 (blockviz/session/engine_session.py), stepping it when the cursor reaches the end of what is
 known, the way `blockviz run` does; it can play a scenario's arrivals (`scenario="story"`).
 
@@ -25,15 +26,14 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.model.guide import Guide
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
-from blockviz.model.player import Player
+from blockviz.model.viewer import Viewer
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
-from blockviz.jupyter.playback import EngineDriver, FrameThrottle, play_loop
+from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
 from blockviz.jupyter.widgets import (PROJECTOR_ZOOM, BlockTableView, Controls, EventLogView, HashChainView, Inspector,
@@ -54,19 +54,20 @@ class Visualizer(LiveCommands):
     as the last expression of a cell; without a widget frontend its repr is a text summary.
     """
 
-    def __init__(self, timeline: Timeline, *, llm: Any = None, session: EngineSession | None = None,
+    def __init__(self, timeline: Timeline | Viewer, *, llm: Any = None, session: EngineSession | None = None,
                  title: str = "", header: dict[str, Any] | None = None, projector: bool = False,
                  zoom: float | None = None) -> None:
-        self.timeline = timeline
-        self.header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
-                                 "num_cpu_blocks": timeline.num_cpu_blocks}
         self.llm = llm
         _OPEN.add(self)
         self.engine = llm.engine if llm is not None else None
         if self.engine is not None and session is None:
             session = EngineSession(_spec_of(self.engine), engine=self.engine)
-        self.player = Player(timeline, live=self.engine is not None)
-        self._guide = Guide(self.header.get("kv_manager") or "v0")  # the card at the cursor (guide.py)
+        if not isinstance(timeline, Viewer):  # the cards at the cursor too (guide.py); playback stops at none
+            header = header or {"block_size": timeline.block_size, "num_gpu_blocks": timeline.num_gpu_blocks,
+                                "num_cpu_blocks": timeline.num_cpu_blocks}
+            timeline = Viewer.for_timeline(header, timeline, live=self.engine is not None, cards=True)
+        self.viewer = timeline
+        self.timeline, self.player, self.header = self.viewer.timeline, self.viewer.player, self.viewer.header
         self.title = title
         self.error = ""
         self.projector = bool(projector)
@@ -74,7 +75,7 @@ class Visualizer(LiveCommands):
         self.selected: tuple[str, int] | None = None
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
-        self._driver = EngineDriver(session, self.player, self._set_error) if session is not None else None
+        self._driver = PlayerDriver(session, self.player, self._set_error) if session is not None else None
         self._default_params = _sampling_defaults() if self.engine is not None else None
         self._request_ids: list[str] = []
         self._play_thread: threading.Thread | None = None
@@ -120,8 +121,8 @@ class Visualizer(LiveCommands):
         `projector=True`: big cells and the projector palette (set_projector)."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Timeline.for_trace(trace), title=f"trace {name} · {engine_title(trace.header)}",
-                   header=trace.header, projector=projector)
+        return cls(Viewer.from_trace(trace, cards=True), title=f"trace {name} · {engine_title(trace.header)}",
+                   projector=projector)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
@@ -163,13 +164,12 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        timeline = Timeline.for_header(header, max_events=keep_events)
-        viz = cls(timeline, llm=llm, session=session, title=f"live {engine_title(header)}", header=header,
-                  projector=projector)
+        viz = cls(Viewer.live(header, keep_events, cards=True), llm=llm, session=session,
+                  title=f"live {engine_title(header)}", projector=projector)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
-            viz._driver.take_events()
+            viz._driver.flush()
         if prompts is not None:
             prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
             if isinstance(sampling_params, (list, tuple)):
@@ -187,7 +187,7 @@ class Visualizer(LiveCommands):
         self.frames.close()
         self.pause()
         if self._driver is not None:
-            self._driver.close()
+            self._driver.session.close()
             self._driver = None
         self._buttons.close()
         for view in self.views:
@@ -222,7 +222,7 @@ class Visualizer(LiveCommands):
     @property
     def outputs(self) -> list[Any]:
         """Finished requests' RequestOutputs (live runs), in the order the requests were added."""
-        finished = self._driver.finished if self._driver is not None else {}
+        finished = self._driver.session.finished if self._driver is not None else {}
         order = self._request_ids + sorted(set(finished) - set(self._request_ids), key=_request_order)
         return [finished[r] for r in order if r in finished]
 
@@ -295,7 +295,7 @@ class Visualizer(LiveCommands):
 
     def back_to(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
         """Back to just after the previous event of `kinds` (as run_until takes them) before the
-        one the cursor just passed (history.Timeline.previous_of: time travel, the engine is left
+        one the cursor just passed (Timeline.previous_of: time travel, the engine is left
         alone). Returns that event, or None (the cursor stays) when there is none."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
@@ -335,7 +335,7 @@ class Visualizer(LiveCommands):
 
     def play(self, speed: float | str | None = None) -> None:
         """Start playback on a background thread (returns at once): events at the Player's speed,
-        or, live at "max", the engine free-running. `speed` is one of history.SPEEDS or "max".
+        or, live at "max", the engine free-running. `speed` is one of player.SPEEDS or "max".
         Safe against a concurrent pause() (the Pause button racing Play): they take turns."""
         if speed is not None:
             self.set_speed(speed)
@@ -368,7 +368,7 @@ class Visualizer(LiveCommands):
         self._changed()
 
     def set_speed(self, speed: float | str | int) -> None:
-        """Playback speed: events per second (one of history.SPEEDS) or "max"."""
+        """Playback speed: events per second (one of player.SPEEDS) or "max"."""
         from blockviz.model.player import SPEEDS
 
         value = float("inf") if speed == "max" else float(speed)
@@ -402,11 +402,7 @@ class Visualizer(LiveCommands):
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
-            guide = self._guide
-            guide.scan(timeline.events, timeline.dropped_events)
-            if self.engine is None or self.finished:
-                guide.settle()  # no more events: the last idea is whole
-            snap["card"] = card_record(guide.card_at(timeline.position))
+            snap["card"] = card_record(self.viewer.card)
         return snap
 
     def _send_frame(self) -> None:

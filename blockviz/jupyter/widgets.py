@@ -19,7 +19,7 @@ import traitlets
 
 from blockviz.model.player import SPEEDS
 from blockviz.model.narration import FILTERS
-from blockviz.model.palette import CPU_TINTS, SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.palette import BLOCK_COLOURS, CPU_TINTS, SEQ_COLOURS, SEQ_COLOURS_BOLD
 from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -28,10 +28,9 @@ ESM_FILES = ("blockviz.js", "insights.js", "pool_canvas.js", "display.js")
 ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ESM_FILES)
 CSS = STATIC / "blockviz.css"
 
-PALETTE = {
+PALETTE = {  # the page's colours: palette.py's (pool_canvas.js paints blocks in "blocks", the CSS reads them too)
     "seq": list(SEQ_COLOURS),
-    "free": "#6b6b6b",
-    "cached": "#3c4a5a",
+    "blocks": BLOCK_COLOURS,
     "cpu": list(CPU_TINTS),
 }
 # Projector mode (the TUI's `--projector`): fewer, stronger sequence colours.

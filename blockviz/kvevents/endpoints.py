@@ -46,11 +46,6 @@ def offset_port(endpoint: str, rank: int) -> str:
     raise ValueError(f"{endpoint}: no endpoint for data-parallel rank {rank} (use tcp://HOST:PORT)")
 
 
-def connect_address(endpoint: str) -> str:
-    """Where a client connects to reach a publisher bound on `endpoint` (`*` means this machine)."""
-    return endpoint.replace("tcp://*:", "tcp://127.0.0.1:", 1)
-
-
 def is_ipv6(endpoint: str) -> bool:
     """Whether `endpoint` names an IPv6 address (`tcp://[::1]:5557`): a ZMQ socket binds or
     connects there only with its IPV6 option set (`zmq_socket(zmq.IPV6, 1)`)."""

@@ -50,6 +50,7 @@ from typing import Iterable, Iterator
 import msgspec
 
 from blockviz.kvevents.protocol import KIND_FULL_ATTENTION, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
+from blockviz.model.design import design_of
 from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, StepFinished
 
 LOW_64_BITS = (1 << 64) - 1
@@ -58,7 +59,7 @@ GROUP = 0  # blockviz's one KV-cache group
 
 def mapper_for(kv_manager: str | None, block_size: int) -> "KVEventMapper | V1KVEventMapper":
     """The mapper for a run of `kv_manager` ("v0", None as in an old trace, or "v1")."""
-    return V1KVEventMapper(block_size) if kv_manager in ("v1", "vllm") else KVEventMapper(block_size)
+    return (V1KVEventMapper if design_of({"kv_manager": kv_manager}).free_queue else KVEventMapper)(block_size)
 
 
 def external_hash(block_hash: int) -> int:

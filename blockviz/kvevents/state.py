@@ -8,9 +8,13 @@ are cached now where, stores and removals over time, eviction churn, and the wir
 Nothing else: vLLM does not send physical block ids, block tables, ref counts, hits or
 preemptions, so those are `NotSent` values here, never guessed.
 
-Memory is bounded for a session of any length: the forest keeps every block cached now plus the
-MAX_REMOVED_KEPT most recently removed ones (older removed blocks are forgotten); the store and
-removal log, the timeline, the gaps and the notices keep their newest entries only.
+Memory is bounded for a session of any length and any publisher: the forest keeps the blocks
+cached now, at most MAX_CACHED_BLOCKS placements (a block in one rank, tier and KV-cache group),
+plus the MAX_REMOVED_KEPT most recently removed ones (older removed blocks are forgotten); a rank's
+blocks live in at most MAX_PLACES_PER_RANK (tier, group) places; stores past either cap are
+dropped, counted (num_dropped_blocks) and said in a notice. The store and removal log, the
+timeline, the gaps and the notices keep their newest entries only. A batch's work is proportional
+to its events (the counts per tier are kept as blocks come and go, never recounted).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ MAX_REMOVED_KEPT = 10_000  # removed blocks the forest still shows (the longest 
 MAX_LOG = 100_000  # stores and removals kept in the log
 MAX_GAPS = 1_000  # gaps kept for the view (all are counted)
 MAX_NOTICES = 1_000  # notices kept for the view (all are counted)
+MAX_CACHED_BLOCKS = 1 << 18  # blocks cached now, summed over places (stores past it are dropped)
+MAX_PLACES_PER_RANK = 256  # (tier, KV-cache group) places per rank (vLLM has a few groups per model)
 
 Tier = tuple[str, str | None]
 """Where a cached block lives: (medium, locality), e.g. ("GPU", None) or ("CPU", "REMOTE")."""
@@ -147,10 +153,16 @@ class TimelinePoint:
 class KVEventState:
     """The picture vLLM's events allow; feed it `apply_update(client.poll(...))` or `apply(received)`."""
 
-    def __init__(self, max_removed_kept: int = MAX_REMOVED_KEPT) -> None:
+    def __init__(self, max_removed_kept: int = MAX_REMOVED_KEPT, max_cached: int = MAX_CACHED_BLOCKS,
+                 max_places_per_rank: int = MAX_PLACES_PER_RANK) -> None:
         self.nodes: dict[BlockHash, HashNode] = {}
         self.children: dict[BlockHash | None, dict[BlockHash, None]] = {}  # parent -> children, in order
         self.cached: dict[tuple[int, Tier, int | None], set[BlockHash]] = {}  # (rank, tier, group) -> hashes
+        self.places_of_rank: dict[int, set[tuple[int, Tier, int | None]]] = {}  # rank -> its keys of `cached`
+        self.num_cached = 0  # blocks cached now, summed over ranks, tiers and groups
+        self.max_cached = max_cached
+        self.max_places_per_rank = max_places_per_rank
+        self.num_dropped_blocks = 0  # stores dropped: past max_cached, or into a place past max_places_per_rank
         self.removed: OrderedDict[BlockHash, None] = OrderedDict()  # nodes cached nowhere, oldest first
         self.max_removed_kept = max_removed_kept
         self.num_forgotten = 0  # removed nodes dropped from the forest to bound its size
@@ -211,7 +223,6 @@ class KVEventState:
                 self.num_unknown_events += 1
         stats.num_stored += stored
         stats.num_removed += removed
-        self._count(stats)
         stats.num_batches += 1
         if received.followed:
             stats.last_seq = received.seq if received.restarted else max(stats.last_seq, received.seq)
@@ -223,27 +234,59 @@ class KVEventState:
     def reset_rank(self, rank: int) -> None:
         """The rank's publisher restarted: what it cached before is gone (not counted as removals)."""
         stats = self.ranks.setdefault(rank, RankStats(rank))
-        for place in [p for p in self.cached if p[0] == rank]:
-            for block_hash in self.cached.pop(place):
+        for place in self.places_of_rank.pop(rank, set()):
+            hashes = self.cached.pop(place)
+            self._uncount(place, len(hashes))
+            for block_hash in hashes:
                 self._leave(block_hash, place)
         stats.num_restarts += 1
         stats.last_seq = -1
-        self._count(stats)
 
-    def _count(self, stats: RankStats) -> None:
-        by_tier: dict[Tier, int] = {}
-        for (rank, tier, _), hashes in self.cached.items():
-            if rank == stats.rank and hashes:
-                by_tier[tier] = by_tier.get(tier, 0) + len(hashes)
-        stats.cached_by_tier = by_tier
-        stats.num_cached = sum(by_tier.values())
+    def _place(self, place: tuple[int, Tier, int | None]) -> set[BlockHash] | None:
+        """The hashes cached at `place`, a new empty set for a new place, or None when the rank
+        already has max_places_per_rank places (a notice says so once)."""
+        cached = self.cached.get(place)
+        if cached is None:
+            places = self.places_of_rank.setdefault(place[0], set())
+            if len(places) >= self.max_places_per_rank:
+                return None
+            places.add(place)
+            cached = self.cached[place] = set()
+        return cached
+
+    def _uncount(self, place: tuple[int, Tier, int | None], count: int) -> None:
+        """`count` blocks left `place`: the rank's counts (per tier and in all) and the state's."""
+        stats = self.ranks[place[0]]
+        tier = place[1]
+        left = stats.cached_by_tier.get(tier, 0) - count
+        if left:
+            stats.cached_by_tier[tier] = left
+        else:
+            stats.cached_by_tier.pop(tier, None)
+        stats.num_cached -= count
+        self.num_cached -= count
+
+    def _drop(self, count: int, why: str) -> None:
+        """`count` stored blocks not kept; the first drop is a notice."""
+        if not self.num_dropped_blocks:
+            self.notices.append(f"stores dropped from here on: {why} (attach keeps its memory bounded)")
+            self.num_notices += 1
+        self.num_dropped_blocks += count
 
     def _store(self, event: BlockStored, rank: int) -> int:
         place = (rank, tier_of(event.medium, event.locality), event.group_idx)
-        cached = self.cached.setdefault(place, set())
+        cached = self._place(place)
+        if cached is None:
+            self._drop(len(event.block_hashes), f"rank {rank} has {self.max_places_per_rank} (tier, "
+                                                 "KV-cache group) places, the most attach keeps")
+            return len(event.block_hashes)
+        stats = self.ranks[rank]
         if event.group_idx is not None and event.kv_cache_spec_kind is not None:
-            self.ranks[rank].group_kinds[event.group_idx] = event.kv_cache_spec_kind
+            stats.group_kinds[event.group_idx] = event.kv_cache_spec_kind
         for block_hash, parent, token_ids in event.blocks():
+            if block_hash not in cached and self.num_cached >= self.max_cached:
+                self._drop(1, f"{self.max_cached:,} blocks are cached, the most attach keeps")
+                continue
             node = self.nodes.get(block_hash)
             if node is None:
                 node = self.nodes[block_hash] = HashNode(block_hash, parent, token_ids, event.block_size, event.medium)
@@ -252,7 +295,11 @@ class KVEventState:
             node.times_stored += 1
             node.session_id = event.session_id or node.session_id
             self.removed.pop(block_hash, None)
-            cached.add(block_hash)
+            if block_hash not in cached:
+                cached.add(block_hash)
+                stats.cached_by_tier[place[1]] = stats.cached_by_tier.get(place[1], 0) + 1
+                stats.num_cached += 1
+                self.num_cached += 1
             self.log.append(("stored", rank, block_hash))
         return len(event.block_hashes)
 
@@ -265,16 +312,22 @@ class KVEventState:
                 self.num_removed_unseen += 1
             else:
                 node.times_removed += 1
-            cached.discard(block_hash)
+            if block_hash in cached:
+                cached.discard(block_hash)
+                self._uncount(place, 1)
             self._leave(block_hash, place)
             self.log.append(("removed", rank, block_hash))
+        if place in self.cached and not cached:  # an empty place no longer counts against the cap
+            del self.cached[place]
+            self.places_of_rank[rank].discard(place)
         return len(hashes)
 
     def _clear(self, rank: int) -> int:
         """AllBlocksCleared: every tier of the rank (vLLM BlockPool.reset_prefix_cache)."""
         removed = 0
-        for place in [p for p in self.cached if p[0] == rank]:
+        for place in self.places_of_rank.pop(rank, set()):
             hashes = self.cached.pop(place)
+            self._uncount(place, len(hashes))
             for block_hash in hashes:
                 node = self.nodes.get(block_hash)
                 if node is not None:
@@ -309,10 +362,15 @@ class KVEventState:
 
     # ------------------------------------------------------------------ queries
 
-    @property
-    def num_cached(self) -> int:
-        """Blocks cached now, summed over ranks and tiers."""
-        return sum(len(hashes) for hashes in self.cached.values())
+    def limits_summary(self) -> str:
+        """One line on what the caps left out (stores dropped, removed blocks forgotten), or ""."""
+        parts = []
+        if self.num_dropped_blocks:
+            parts.append(f"{self.num_dropped_blocks:,} stored blocks dropped (caps: {self.max_cached:,} cached "
+                         f"blocks, {self.max_places_per_rank} places per rank)")
+        if self.num_forgotten:
+            parts.append(f"{self.num_forgotten:,} removed blocks forgotten (the newest {self.max_removed_kept:,} kept)")
+        return "; ".join(parts)
 
     def stored_hashes(self) -> set[BlockHash]:
         """Hashes stored, as far back as the log goes."""

@@ -6,13 +6,18 @@ of the notebooks (a teacher's solved set), without touching lessons/:
 
     python3 -m blockviz.lessons.key lessons/ solved/
 
+It refuses (one line, exit 2, nothing written) a destination that is lessons/ or inside it, a
+notebook that is not JSON or has an exercise the key lacks, a destination file that is a symbolic
+link, and an existing file unless `--force`; each copy is written whole (a temporary file renamed).
 `fill(notebook)` does the same to one notebook read as JSON (the lessons test uses it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,32 +50,127 @@ KEY: dict[str, str] = {
 }
 
 
+def _metadata(cell: dict[str, Any]) -> dict[str, Any]:
+    metadata = cell.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _exercise_of(cell: dict[str, Any]) -> str | None:
-    return cell.get("metadata", {}).get("blockviz", {}).get("exercise")
+    ours = _metadata(cell).get("blockviz")
+    return ours.get("exercise") if isinstance(ours, dict) else None
+
+
+def _is_answer(cell: dict[str, Any]) -> bool:
+    tags = _metadata(cell).get("tags")
+    return isinstance(tags, list) and "answer" in tags
 
 
 def fill(notebook: dict[str, Any]) -> dict[str, Any]:
     """The notebook (nbformat JSON) with every answer cell's source replaced by the key's."""
     for cell in notebook["cells"]:
-        if "answer" in cell.get("metadata", {}).get("tags", []):
+        if _is_answer(cell):
             cell["source"] = KEY[_exercise_of(cell)]
     return notebook
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python3 -m blockviz.lessons.key LESSONS_DIR OUT_DIR", file=sys.stderr)
-        return 2
-    source, out = Path(argv[0]), Path(argv[1])
+class KeyWriteError(ValueError):
+    """A solved copy that cannot be written as asked; str() is one line."""
+
+
+def _filled(path: Path) -> str:
+    """The text of `path`'s notebook filled with the key, or KeyWriteError naming what is wrong."""
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise KeyWriteError(f"{path} is not a readable notebook ({str(exc).splitlines()[0]})") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list) or not all(
+            isinstance(cell, dict) for cell in notebook["cells"]):
+        raise KeyWriteError(f"{path} is not a notebook (no list of cells)")
+    for number, cell in enumerate(notebook["cells"], 1):
+        exercise = _exercise_of(cell)
+        if _is_answer(cell) and (not isinstance(exercise, str) or exercise not in KEY):
+            raise KeyWriteError(f"{path} cell {number}: exercise {exercise!r} has no answer in the key")
+    return json.dumps(fill(notebook), indent=1, ensure_ascii=False) + "\n"
+
+
+def _check_out(source: Path, out: Path) -> None:
+    """KeyWriteError when `out` is the lessons' own directory or inside it, or not a directory."""
+    try:
+        src, dst = source.resolve(), out.resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links
+        raise KeyWriteError(f"cannot resolve {out}: {exc}") from None
+    if dst == src or src in dst.parents:
+        raise KeyWriteError(f"{out} is inside {source}: the solved copies would replace the students' "
+                            "notebooks; give a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise KeyWriteError(f"{out} is not a directory")
+
+
+def _check_target(target: Path, force: bool) -> None:
+    """KeyWriteError when writing `target` would go through a link, replace a directory, or replace a
+    file without `force`."""
+    if target.is_symlink():
+        raise KeyWriteError(f"{target} is a symbolic link: the key never writes through one; remove it")
+    if target.is_dir():
+        raise KeyWriteError(f"{target} is a directory")
+    if target.exists() and not force:
+        raise KeyWriteError(f"{target} already exists: give another directory, or --force to replace it")
+
+
+def _write_atomically(target: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `target`, sync it, then rename it over `target`:
+    a reader sees the old file or the whole new one, never half of one."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def write_solved(source: Path, out: Path, *, force: bool = False) -> list[Path]:
+    """Write each lesson notebook of `source` filled with the key to `out` (created if needed) and
+    return the paths written. Everything is checked before anything is written: `out` outside
+    `source`, every notebook readable JSON whose every answer cell has a key entry, no target a
+    link or a directory, and no existing target unless `force`; each file is written atomically.
+    Raises KeyWriteError (one line) for the first thing wrong."""
     paths = sorted(source.glob("[0-9][0-9]_*.ipynb"))
-    if not paths:
-        print(f"no lesson notebooks in {source}", file=sys.stderr)
+    if not source.is_dir() or not paths:
+        raise KeyWriteError(f"no lesson notebooks in {source}")
+    _check_out(source, out)
+    solved = [(out / path.name, _filled(path)) for path in paths]
+    for target, _ in solved:
+        _check_target(target, force)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for target, text in solved:
+            _write_atomically(target, text)
+    except OSError as exc:
+        raise KeyWriteError(f"cannot write {out}: {exc.strerror or exc}") from None
+    return [target for target, _ in solved]
+
+
+USAGE = "usage: python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR"
+
+
+def main(argv: list[str]) -> int:
+    """`python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR`: 0 with the paths written on
+    stdout, or 2 with one line on stderr and nothing written."""
+    force = "--force" in argv
+    args = [arg for arg in argv if arg != "--force"]
+    if len(args) != 2 or any(arg.startswith("-") for arg in args):
+        print(USAGE, file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    for path in paths:
-        notebook = fill(json.loads(path.read_text()))
-        (out / path.name).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
-        print(out / path.name)
+    try:
+        written = write_solved(Path(args[0]), Path(args[1]), force=force)
+    except KeyWriteError as exc:
+        print(f"blockviz.lessons.key: error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
     return 0
 
 

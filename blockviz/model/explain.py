@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from blockviz.model.design import KV_DESIGNS
 from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
@@ -94,8 +95,8 @@ class Explainer:
 
     def __init__(self, enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
         self.caching = enable_prefix_caching
-        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager hashes as v1
-        self.hashes = _v1_hashes(hash_algo) if self.kv_manager == "v1" else _v0_hashes
+        self.design = KV_DESIGNS[kv_manager]
+        self.hashes = _v1_hashes(hash_algo) if self.design.run_hash_algo else _v0_hashes
         self.explained: list[Explanation] = []
         # seq_id -> (request id, the tokens it will look up, recomputed), until its first block is placed
         self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}
@@ -128,7 +129,7 @@ class Explainer:
             if placed:  # sequences placed together share one lookup (v0's n > 1 before a fork)
                 seq_id, (request_id, tokens, recomputed) = placed[0]
                 explanation = _explain(request_id, tokens, seq_id, state, self._evicted_at, self.caching,
-                                       self.hashes, collision_guard=self.kv_manager != "v1")
+                                       self.hashes, collision_guard=self.design.hash_collision_guard)
                 explanation.position, explanation.recomputed = self._fed, recomputed
                 self.explained.append(explanation)
         elif isinstance(event, ev.BlockEvicted):

@@ -9,6 +9,7 @@ drawn by svg.frame_svg; a PNG is that SVG rasterized by resvg (the `resvg-py` pa
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from blockviz.model.view import cursor_line, snapshot
 
 FORMATS = (".svg", ".png")
 PNG_SCALE = 2  # device pixels per SVG pixel: a PNG stays sharp on a projector's full width
+MAX_PNG_PIXELS = 1 << 26  # a PNG's width x height at most (4 bytes each in resvg's buffer): a limit, not a measurement
 PNG_NEEDS = "PNG export needs the resvg-py package: pip install 'blockviz[export]' (or save as .svg)"
 
 
@@ -50,12 +52,29 @@ def trace_title(trace: Trace) -> str:
     return f"trace {name} · {engine_title(trace.header)}"
 
 
+def check_png_size(svg: str, scale: float = PNG_SCALE) -> None:
+    """ExportError (one line) when `svg` rasterized at `scale` would be more than MAX_PNG_PIXELS:
+    resvg allocates the whole picture at once, and aborts the process when that fails."""
+    size = _SIZE.search(svg[:1000])
+    if size is None:
+        raise ExportError("the picture has no width and height")
+    width, height = (round(float(value) * scale) for value in size.groups())
+    if width * height > MAX_PNG_PIXELS:
+        raise ExportError(f"the picture would be {width} x {height} pixels as a PNG, more than the "
+                          f"{MAX_PNG_PIXELS:,} a PNG may have; save it as .svg")
+
+
+_SIZE = re.compile(r'<svg [^>]*?width="([0-9.]+)" height="([0-9.]+)"')
+
+
 def png_bytes(svg: str, scale: float = PNG_SCALE) -> bytes:
-    """The SVG rasterized by resvg at `scale`, or ExportError (one line) when resvg-py is missing."""
+    """The SVG rasterized by resvg at `scale`, or ExportError (one line) when resvg-py is missing
+    or the picture is too big for a PNG (check_png_size)."""
     try:
         import resvg_py
     except ImportError:
         raise ExportError(PNG_NEEDS) from None
+    check_png_size(svg, scale)
     return bytes(resvg_py.svg_to_bytes(svg_string=svg, zoom=scale))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
+from blockviz.model.design import kv_manager_of
 from blockviz.model.narration import plural
 from blockviz.model.reducer import NULL, USED, ReducerState
 from engine import events as ev
@@ -264,7 +265,7 @@ class Insights:
     def for_header(cls, header: dict) -> "Insights":
         """For a trace header (or a live engine's): pool sizes and whether prefix caching is on."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                   bool(header.get("enable_prefix_caching", True)), header.get("kv_manager") or "v0",
+                   bool(header.get("enable_prefix_caching", True)), kv_manager_of(header),
                    header.get("prefix_caching_hash_algo") or "sha256")
 
     def sync(self, source) -> None:

@@ -1,9 +1,10 @@
-"""How things look, shared by every view: sequence colours, block tints, fill glyphs, token text
-made visible, short hashes, event numbers.
+"""How things look, shared by every view: sequence colours, block-state colours, block tints, fill
+glyphs, token text made visible, short hashes, event numbers.
 
 Plain values (hex colours, strings), no rich or textual import: the TUI turns them into Rich styles
-(blockviz/tui/styles.py) and the Jupyter widgets send them to the page, so both agree on what colour
-a sequence is.
+(blockviz/tui/styles.py), the Jupyter widgets send them to the page (PoolView's palette: the canvas
+and the CSS read them there), and the SVG export (blockviz/model/svg.py) writes them, so every view
+agrees on what colour a sequence or a cached block is.
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ SEQ_COLOURS = (
 )
 # Projector mode: fewer, stronger colours.
 SEQ_COLOURS_BOLD = ("#ff3b3b", "#2f8fff", "#2fd12f", "#ffd400", "#d25cff", "#00d8d8", "#ff8c1a", "#ff4fb8")
+# How a block looks in each state (view.block_state: used, cached, free, null), in every view.
+BLOCK_COLOURS = {
+    "border": "#6b6b6b",  # a cell's border (dashed when the block is free)
+    "cached": "#3c4a5a",  # a free-but-cached block's background (a used block's is its first owner's colour)
+    "null": "#1e1a12",  # vLLM v1's null block's background
+    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b", "null": "#b08a3e"},  # its number
+    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010", "null": "#101010"},  # its fill bar
+    "touched": "#ffd400",  # the outline of a block the last event touched
+    "selected": "#ff3b3b",  # the outline of the inspected block
+    "head": "#ff8c1a",  # vLLM v1: the free queue's head (the next block taken), its number
+}
 # Background tints for "which block holds this token" (index = block number % len), two shades each.
 BLOCK_TINTS = (
     ("#3b2f5c", "#4a3b73"), ("#23465c", "#2c5873"), ("#2f5c3b", "#3b734a"), ("#5c4a23", "#73602c"),

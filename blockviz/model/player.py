@@ -51,7 +51,8 @@ class Player:
         self.play_stops_at_breaks = False
         self.to_break = False  # `]` is playing to the next breakpoint
         self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
-        self.guide: Guide | None = None  # guided playback: stops at each card (blockviz/model/guide.py)
+        self.guide: Guide | None = None  # the cards at the cursor (blockviz/model/guide.py)
+        self.guided = False  # guided playback: it also stops at each card
         self._budget = 0.0
 
     @property
@@ -105,7 +106,7 @@ class Player:
         if not self.playing:
             return False
         timeline = self.timeline
-        guide = self.scan_guide()
+        guide = self.scan_guide() if self.guided else None
         if math.isinf(self.speed):
             target = len(timeline)
         else:
@@ -201,7 +202,7 @@ class Player:
         """Back to just after the previous event of a `break_on` kind, or the previous card."""
         self.playing = False
         candidates = [self.timeline.previous_of(self.break_on) if self.break_on else None]
-        guide = self.scan_guide()
+        guide = self.scan_guide() if self.guided else None
         if guide is not None:
             earlier = [stop for card in guide.cards if 0 < (stop := guide.stop_of(card)) < self.timeline.position]
             candidates.append(earlier[-1] if earlier else None)

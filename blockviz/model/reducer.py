@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Callable
 
+from blockviz.model.design import KV_DESIGNS, kv_manager_of
 from engine import events as ev
 
 FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / free-but-cached
@@ -78,14 +79,15 @@ class ReducerState:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
         self.block_size = block_size
-        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's events
+        self.kv_manager = kv_manager
+        self.design = KV_DESIGNS[kv_manager]
         self.pools: dict[str, list[BlockState]] = {
             "gpu": [BlockState("gpu", i) for i in range(num_gpu_blocks)],
             "cpu": [BlockState("cpu", i) for i in range(num_cpu_blocks)],
         }
         self.free_queue: list[int] = []  # v1: free gpu blocks, the next evicted first
         self.hash_blocks: dict[int, tuple[int, ...]] = {}  # v1: block_hash -> blocks holding it
-        if self.kv_manager == "v1" and num_gpu_blocks:
+        if self.design.null_block and num_gpu_blocks:
             self.pools["gpu"][0].state = NULL
             self.free_queue = list(range(1, num_gpu_blocks))
         self.tables: dict[int, list[tuple[str, int]]] = {}
@@ -108,7 +110,7 @@ class ReducerState:
     def from_header(cls, header: dict) -> "ReducerState":
         """An empty state for a trace or live run with this header (older traces: v0)."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                   header.get("kv_manager") or "v0")
+                   kv_manager_of(header))
 
     # ------------------------------------------------------------------ queries
 
@@ -249,7 +251,7 @@ class ReducerState:
             block.parent_hash = e.parent_hash
         block.num_hashed_tokens = e.num_hashed_tokens
         block.registered = e.registered
-        if self.kv_manager == "v1":
+        if self.design.shared_hashes:
             holders = self.hash_blocks.get(e.block_hash, ()) + (e.block,)
             self.hash_blocks[e.block_hash] = holders
             self.hash_map[e.block_hash] = holders[0]
@@ -327,7 +329,7 @@ class ReducerState:
                 if block.registered and self.hash_map.get(block.block_hash) == block.number:
                     del self.hash_map[block.block_hash]
                 block.clear()
-            if self.kv_manager == "v1" and e.device == "gpu":
+            if self.design.free_queue and e.device == "gpu":
                 if e.cached:
                     self.free_queue.append(e.block)
                 else:
@@ -338,8 +340,8 @@ class ReducerState:
 
     def _on_evicted(self, e: ev.BlockEvicted) -> None:
         block = self.pools[e.device][e.block]
-        if self.kv_manager == "v1":  # popped from the queue's head; another holder may take over
-            self._leave_queue(e.device, e.block)
+        self._leave_queue(e.device, e.block)  # v1: popped from the free queue's head
+        if self.design.shared_hashes:  # another holder of its hash may take over
             holders = tuple(b for b in self.hash_blocks.get(e.block_hash, ()) if b != e.block)
             if holders:
                 self.hash_blocks[e.block_hash] = holders
@@ -465,6 +467,7 @@ _FREEZE = {
     "tables": lambda tables: tuple((seq_id, tuple(table)) for seq_id, table in tables.items()),
     "seqs": lambda seqs: tuple(map(_SEQS.freeze, seqs.values())),
     "free_queue": tuple,
+    "design": lambda design: design,  # frozen: shared by every snapshot
     **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
 }
 _THAW = {
@@ -472,6 +475,7 @@ _THAW = {
     "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables},
     "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
     "free_queue": list,
+    "design": lambda design: design,
     **{name: dict for name in _DICTS},
 }
 

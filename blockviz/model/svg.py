@@ -16,7 +16,7 @@ import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from blockviz.model.palette import SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
 WIDTH = 1280  # px: a 16:9 slide's width at 1x; the height follows the content
@@ -28,12 +28,19 @@ CELL_EM = (2.9, 2.2)  # a pool cell's width and height in em, as pool_canvas.js
 STRIP_EM = 1.3  # the second owner's strip, as pool_canvas.js
 GAP, PAD, BAR = 3, 12, 4  # px between cells, around the picture, the fill bar's height
 MAX_HASH_ROWS = 32  # chains shown on a slide; the rest summed up in one line
-# As pool_canvas.js's LOOK (and the TUI's styles.py): free, cached, outlines.
+# What one picture draws at most, whatever a trace's header claims (pools of any size, blocks of
+# 4,096 slots): the rest is summed up in one line. Limits for a slide, not measurements.
+MAX_POOL_CELLS = 1024  # cells drawn per pool: blocks 0 to 1,023
+MAX_TABLE_ROWS = 32  # sequences' block tables
+MAX_TABLE_BLOCKS = 32  # logical blocks drawn per table
+MAX_SLOTS = 16  # slots drawn per logical block
+MAX_SLOT_CHARS = 16  # characters of a slot's token text
+# The block states' colours (palette.BLOCK_COLOURS, as the TUI and pool_canvas.js draw them), the
+# outlines' widths, and the picture's own inks.
 LOOK = {
-    "border": "#6b6b6b", "cached": "#3c4a5a", "null": "#1e1a12", "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
-    "text": {"used": "#000000", "cached": "#e8e8e8", "free": "#6b6b6b", "null": "#c8a040"},
-    "bar": {"used": "#101010", "cached": "#e8e8e8", "free": "#101010", "null": "#101010"},
-    "touched": ("#ffd400", 2), "selected": ("#ff3b3b", 3), "hit": "#ffd400", "slot": "#61afef",
+    **BLOCK_COLOURS, "other": "#9a9a9a", "ink": "#222222", "dim": "#666666",
+    "touched": (BLOCK_COLOURS["touched"], 2), "selected": (BLOCK_COLOURS["selected"], 3), "hit": "#ffd400",
+    "slot": "#61afef",
 }
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
 _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -128,11 +135,13 @@ def _draw_title(canvas: _Canvas, frame: dict[str, Any], title: str) -> None:
 
 
 def _draw_pool(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[str, Any]) -> None:
-    """A pool's header line and its grid of cells; a pool with an `empty_line` is only that line."""
+    """A pool's header line and its grid of cells, the first MAX_POOL_CELLS of them (a line sums
+    up the rest); a pool with an `empty_line` is only that line."""
     n = pool["n"]
-    states = "".join(pool["state"])
-    canvas.parts.append(f'<g class="pool" data-device="{device}" data-n="{n}" data-states={attr(states)} '
-                        f'data-refs="{",".join(map(str, pool["ref"]))}" data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
+    drawn = min(n, MAX_POOL_CELLS)
+    states = "".join(pool["state"][:drawn])
+    canvas.parts.append(f'<g class="pool" data-device="{device}" data-n="{n}" data-drawn="{drawn}" data-states={attr(states)} '
+                        f'data-refs="{",".join(map(str, pool["ref"][:drawn]))}" data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
     if pool.get("empty_line"):
         canvas.text(PAD, canvas.y, pool["empty_line"], fill=canvas.dim, cls="pool-line")
         canvas.y += canvas.line * 1.4
@@ -147,12 +156,18 @@ def _draw_pool(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[s
     selected = frame.get("selected")
     chosen = selected[1] if selected and selected[0] == device else -1
     block_size = frame.get("block_size") or 1
-    for i in range(n):
+    for i in range(drawn):
         x = PAD + (i % cols) * (cw + GAP)
         y = canvas.y + (i // cols) * (ch + GAP)
         mark = LOOK["selected"] if i == chosen else LOOK["touched"] if i in touched else None
         canvas.parts.append(_cell(canvas, device, i, pool, x, y, cw, ch, block_size, mark))
-    canvas.y += ((n + cols - 1) // cols) * (ch + GAP) - GAP + canvas.line
+    canvas.y += ((drawn + cols - 1) // cols) * (ch + GAP) - GAP + canvas.line
+    if drawn < n:
+        rest = pool["state"][drawn:]
+        canvas.text(PAD, canvas.y, f"… blocks {drawn} to {n - 1} not drawn ({rest.count(STATE_CODES['used'])} used, "
+                                   f"{rest.count(STATE_CODES['cached'])} cached): a picture shows {MAX_POOL_CELLS} "
+                                   "blocks of a pool", fill=canvas.dim, cls="pool-rest")
+        canvas.y += canvas.line
     canvas.parts.append("</g>")
 
 
@@ -216,7 +231,7 @@ def _draw_tables(canvas: _Canvas, frame: dict[str, Any]) -> None:
         canvas.y += canvas.line * 1.4
         return
     block_size = frame.get("block_size") or 1
-    for row in rows:
+    for row in rows[:MAX_TABLE_ROWS]:
         chip = f"seq {row['seq']}"
         chip_w = len(chip) * canvas.char + 8
         canvas.parts.append(f'<g class="table" data-seq="{row["seq"]}">')
@@ -228,6 +243,9 @@ def _draw_tables(canvas: _Canvas, frame: dict[str, Any]) -> None:
         canvas.y += canvas.line + 2
         _draw_lblocks(canvas, row, block_size)
         canvas.parts.append("</g>")
+    if len(rows) > MAX_TABLE_ROWS:
+        canvas.text(PAD, canvas.y, f"… {len(rows) - MAX_TABLE_ROWS} more sequences", fill=canvas.dim)
+        canvas.y += canvas.line
     canvas.y += canvas.line * 0.4
 
 
@@ -237,9 +255,12 @@ def _draw_lblocks(canvas: _Canvas, row: dict[str, Any], block_size: int) -> None
         canvas.y += canvas.line * 1.3
         return
     x, box_h = PAD, 2 * canvas.line + 4
-    for index, (device, number, ref, texts) in enumerate(row["blocks"]):
+    for index, (device, number, ref, texts) in enumerate(row["blocks"][:MAX_TABLE_BLOCKS]):
         head = f"L{index} → {device} {number}" + (f" ×{ref}" if ref > 1 else "")
-        slots = [texts[s] if s < len(texts) else "·" for s in range(block_size)]
+        slots = [canvas.fit(str(texts[s]), MAX_SLOT_CHARS * canvas.char) if s < len(texts) else "·"
+                 for s in range(min(block_size, MAX_SLOTS))]
+        if block_size > MAX_SLOTS:
+            slots.append(f"+{block_size - MAX_SLOTS}")
         widths = [max(1, len(piece)) * canvas.char + 4 for piece in slots]
         box_w = max(len(head) * canvas.char, sum(widths) + len(widths) - 1) + 8
         if x > PAD and x + box_w > canvas.width - PAD:
@@ -259,6 +280,8 @@ def _draw_lblocks(canvas: _Canvas, row: dict[str, Any], block_size: int) -> None
             sx += w + 1
         canvas.parts.append("</g>")
         x += box_w + 4
+    if len(row["blocks"]) > MAX_TABLE_BLOCKS:
+        canvas.text(x, canvas.y + 2, f"… {len(row['blocks']) - MAX_TABLE_BLOCKS} more blocks", fill=canvas.dim)
     canvas.y += box_h + 8
 
 

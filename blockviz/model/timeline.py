@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 
 from engine import events as ev
+from blockviz.model.design import kv_manager_of
 from blockviz.model.reducer import ReducerState
 
 SNAPSHOT_EVERY = 256
@@ -76,7 +77,7 @@ class Timeline:
                    max_events: int | None = None) -> "Timeline":
         """An empty timeline for a run with this trace header (a live engine's, or a trace's)."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], snapshot_every,
-                   header.get("kv_manager") or "v0", max_events)
+                   kv_manager_of(header), max_events)
 
     @classmethod
     def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":

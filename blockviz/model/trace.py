@@ -3,7 +3,7 @@
 Line 1 is a header ({"format": "blockviz-trace", "version": 1, ...} with the model, block size,
 pool sizes, prefix caching and the requests that were run); every following line is one event's
 `Event.to_json()`. A replay feeds these events to the same reducer and views as a live run, so a
-trace needs no model and no torch (this module imports only `engine.events`).
+trace needs no model and no torch (this module imports only `engine.events` and `engine.config`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
 a trace, a trace from a newer blockviz, or the number of the first corrupted line: a line that does
@@ -14,20 +14,24 @@ A trace may come from anyone, so reading it is bounded by the file, never by wha
 most MAX_NESTING deep; the header's block size is at most MAX_BLOCK_SIZE and its pools hold at
 most max(MIN_POOL_BLOCKS, file size / FILE_BYTES_PER_BLOCK) blocks (the reducer keeps a record per
 block), no more than the header's own memory figures hold; every id, count and hash is a
-non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID).
-A UTF-8 byte order mark before the header is skipped.
+non-negative 64-bit integer and every token id below the header's vocab_size (else MAX_TOKEN_ID);
+every header field is of its type and range (HEADER_FIELDS), so no reader meets a value it cannot
+use. A UTF-8 byte order mark before the header is skipped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
+from blockviz.model.design import kv_manager_of
 from blockviz.model.trace_check import TraceChecker
+from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
 
 TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"  # the shipped traces (package data)
@@ -148,7 +152,11 @@ class TraceWriter:
             stream = open(partial, "x", encoding="utf-8")
         except OSError as exc:
             raise TraceError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-        writer = cls(stream, header)
+        try:
+            writer = cls(stream, header)
+        except BaseException:
+            _close_and_remove(stream, partial)
+            raise
         writer._publish = (partial, target, overwrite)
         return writer
 
@@ -187,10 +195,10 @@ class TraceWriter:
             raise
 
     def discard(self) -> None:
-        """Close and remove the temporary file: nothing is published."""
+        """Close and remove the temporary file: nothing is published. The file goes even when the
+        close fails (its flush meets a full disk, ENOSPC, or a file-size limit, EFBIG)."""
         partial, _, _ = self._published()
-        self._stream.close()
-        partial.unlink(missing_ok=True)
+        _close_and_remove(self._stream, partial)
 
     def _published(self) -> tuple[Path, Path, bool]:
         if self._publish is None:
@@ -207,6 +215,17 @@ class TraceWriter:
             self.commit()
         else:
             self.discard()
+
+
+def _close_and_remove(stream: IO[str], partial: Path) -> None:
+    """Close `stream` (what it still buffers is not wanted: a failing flush is ignored) and remove
+    the file it wrote."""
+    try:
+        stream.close()
+    except OSError:
+        pass
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def check_new_trace_path(path: str | Path, *, overwrite: bool = False, example: str = "trace.jsonl") -> None:
@@ -280,14 +299,7 @@ def parse_header(line: str | bytes, name: str, file_bytes: int | None = None) ->
         )
     try:
         _check_nesting(header)
-        for key in REQUIRED_HEADER_FIELDS:
-            value = header.get(key)
-            if not _is_count(value) or value < (1 if key != "num_cpu_blocks" else 0):
-                raise ValueError(f"header field {key!r} is missing or not a valid count ({value!r})")
-        for key in ("block_bytes", "total_bytes", "vocab_size"):
-            value = header.get(key)
-            if value is not None and (not _is_count(value) or value < 1):
-                raise ValueError(f"header field {key!r} is not a positive integer ({value!r})")
+        check_header_fields(header)
         _check_pools(header, file_bytes)
     except ValueError as exc:
         raise TraceError(f"{name} line 1: {exc}") from None
@@ -296,6 +308,84 @@ def parse_header(line: str | bytes, name: str, file_bytes: int | None = None) ->
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value < 1 << 63
+
+
+def _count(low: int) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: _is_count(value) and value >= low,
+            "a positive integer" if low == 1 else "a non-negative integer")
+
+
+def _one_of(*choices: Any) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: any(type(value) is type(c) and value == c for c in choices),
+            "one of " + ", ".join(map(repr, choices)))
+
+
+def _or_null(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
+    test, what = rule
+    return (lambda value: value is None or test(value), f"{what} or null")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_list_of(value: Any, item: Callable[[Any], bool]) -> bool:
+    return isinstance(value, list) and all(item(x) for x in value)
+
+
+def _is_arrival(value: Any) -> bool:
+    """A scenario's arrival as EngineSpec.run_header writes it: {"step", "prompt", "n"}."""
+    return (isinstance(value, dict) and set(value) <= {"step", "prompt", "n"} and _NON_NEGATIVE[0](value.get("step"))
+            and isinstance(value.get("prompt"), str) and _POSITIVE[0](value.get("n", 1)))
+
+
+def _is_later_prompt(value: Any) -> bool:
+    """scripts/make_traces.py's [step, prompt]."""
+    return isinstance(value, list) and len(value) == 2 and _NON_NEGATIVE[0](value[0]) and isinstance(value[1], str)
+
+
+_TEXT = (lambda value: isinstance(value, str), "a string")
+_POSITIVE, _NON_NEGATIVE = _count(1), _count(0)
+# Every field a header can have (trace_header, EngineSpec.run_header, make_header, a scenario's
+# extra_header) and the values a reader accepts there: (test, what the test wants). A field not
+# listed here is kept and never read. Required fields: REQUIRED_HEADER_FIELDS.
+HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "blockviz_version": _TEXT, "model": _TEXT, "model_type": _TEXT, "device": _TEXT,
+    "scenario": _TEXT, "description": _TEXT, "budget_source": _TEXT,
+    "block_size": _POSITIVE, "num_gpu_blocks": _POSITIVE, "num_cpu_blocks": _NON_NEGATIVE,
+    "enable_prefix_caching": (lambda value: isinstance(value, bool), "true or false"),
+    "preemption_mode": _or_null(_one_of(*(mode.value for mode in PreemptionMode))),
+    "dtype": _one_of(*DTYPE_BYTES),
+    "block_bytes": _POSITIVE, "total_bytes": _or_null(_POSITIVE), "peak_bytes": _or_null(_NON_NEGATIVE),
+    "gpu_memory_utilization": _or_null((lambda value: _is_number(value) and 0 < value <= 1,
+                                        "a number above 0 and at most 1")),
+    "max_model_len": _or_null(_POSITIVE), "vocab_size": _POSITIVE,
+    "num_layers": _POSITIVE, "num_heads": _POSITIVE, "num_kv_heads": _POSITIVE, "head_dim": _POSITIVE,
+    "kv_manager": _one_of(*KV_MANAGERS),
+    "prefix_caching_hash_algo": _one_of(*HASH_ALGOS),
+    "prompts": (lambda value: _is_list_of(value, _TEXT[0]), "a list of strings"),
+    "n": _POSITIVE, "max_tokens": _POSITIVE,
+    "seed": (lambda value: _is_count(value if value >= 0 else -value) if _is_number(value) else False,
+             "a 64-bit integer"),
+    "temperature": (lambda value: _is_number(value) and value >= 0, "a finite, non-negative number"),
+    "arrivals": (lambda value: _is_list_of(value, _is_arrival),
+                 'a list of {"step": integer, "prompt": string, "n": integer}'),
+    "later_prompts": (lambda value: _is_list_of(value, _is_later_prompt), "a list of [step, prompt] pairs"),
+}
+
+
+def check_header_fields(header: dict[str, Any]) -> None:
+    """ValueError (one line naming the field) when a required field is missing or any field in
+    HEADER_FIELDS holds a value of the wrong type or range, so no reader meets one later."""
+    for key in REQUIRED_HEADER_FIELDS:
+        if key not in header:
+            raise ValueError(f"header field {key!r} is missing")
+    for key, value in header.items():
+        rule = HEADER_FIELDS.get(key)
+        if rule is not None and not rule[0](value):
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:39] + "…"
+            raise ValueError(f"header field {key!r} must be {rule[1]}, got {shown}")
 
 
 def _check_pools(header: dict[str, Any], file_bytes: int | None) -> None:
@@ -401,7 +491,7 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
     try:
         checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
                                vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
-                               kv_manager=header.get("kv_manager") or "v0")
+                               kv_manager=kv_manager_of(header))
     except ValueError as exc:
         raise TraceError(f"{name} line 1: {exc}") from None
     for number, line in lines:

@@ -22,6 +22,7 @@ import math
 
 from engine import events as ev
 from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
+from blockviz.model.design import KV_DESIGNS
 
 MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
 MAX_HASH = (1 << 64) - 1  # block hashes are unsigned 64-bit (xxh64)
@@ -41,9 +42,10 @@ class TraceChecker:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
                  vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0") -> None:
-        if kv_manager not in ("v0", "v1", "vllm"):
-            raise ValueError(f"header field 'kv_manager' must be 'v0', 'v1' or 'vllm', got {kv_manager!r}")
-        if kv_manager in ("v1", "vllm") and num_gpu_blocks < 2:
+        if kv_manager not in KV_DESIGNS:
+            raise ValueError(f"header field 'kv_manager' must be one of {', '.join(map(repr, KV_DESIGNS))}, "
+                             f"got {kv_manager!r}")
+        if KV_DESIGNS[kv_manager].null_block and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
         self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
         self.last_seq_no: int | None = None
@@ -51,6 +53,7 @@ class TraceChecker:
                        **dict.fromkeys(HASH_FIELDS, MAX_HASH)}
         self.max_seq_tokens = MIN_SEQ_TOKENS + (file_bytes or 0)
         self.num_seq_tokens = 0
+        self.swapped_in: set[int] = set()  # GPU blocks the last swap-in filled, each hashed again once at most
 
     def check(self, event: ev.Event) -> None:
         """Raise ValueError saying what is wrong with `event` here; else apply it. (Field types are
@@ -62,6 +65,8 @@ class TraceChecker:
         for device in {getattr(event, "device", "gpu"), "gpu"}:
             if device not in pools:
                 raise ValueError(f"unknown device {device!r}")
+        if not isinstance(event, (ev.BlockHashed, ev.SwappedIn)):
+            self.swapped_in.clear()
         rule = _RULES.get(type(event))
         if rule is not None:
             rule(self, event)
@@ -165,6 +170,14 @@ class TraceChecker:
         block = self._block(e.device, e.block)
         if block.state != USED or len(block.token_ids) != self.state.block_size:
             raise ValueError(f"{e.device} block {e.block} is hashed while not a full block in use")
+        if e.parent_hash == e.block_hash:
+            raise ValueError(f"hash {e.block_hash} is its own parent")
+        # a block is hashed once; right after a swap-in, v0 registers each block's hash again
+        # (BlockSpaceManager._swap: the same hash, no parent, the chain came with it)
+        again = e.block in self.swapped_in and e.parent_hash is None and e.block_hash == block.block_hash
+        if block.block_hash is not None and not again:
+            raise ValueError(f"{e.device} block {e.block} is hashed again (it holds hash {block.block_hash})")
+        self.swapped_in.discard(e.block)
 
     def _slot(self, e: ev.SlotAppended) -> None:
         if self._logical(e.seq_id, e.logical_index) != (e.device, e.block):
@@ -213,6 +226,10 @@ class TraceChecker:
                 raise ValueError(f"{e.type} into {dst} block {number}, which is not free")
         for number in mapping:
             self._block(src, number, f"{src} block")
+
+    def _swap_in(self, e: ev.SwappedIn) -> None:
+        self._swap(e, "cpu", "gpu")
+        self.swapped_in = {number for _, number in e.mapping}
 
     def _freed(self, e: ev.BlockFreed) -> None:
         block = self._block(e.device, e.block)
@@ -273,7 +290,7 @@ _RULES = {
     ev.CopyOnWrite: TraceChecker._cow,
     ev.Forked: TraceChecker._fork,
     ev.SwappedOut: lambda self, e: self._swap(e, "gpu", "cpu"),
-    ev.SwappedIn: lambda self, e: self._swap(e, "cpu", "gpu"),
+    ev.SwappedIn: TraceChecker._swap_in,
     ev.BlockFreed: TraceChecker._freed,
     ev.SequenceFreed: TraceChecker._seq_freed,
     ev.BlockEvicted: TraceChecker._evicted,

@@ -4,8 +4,9 @@ One pure function per panel, used by the TUI (blockviz/tui/widgets) and the note
 (blockviz/jupyter, whose JavaScript only draws what these return): the pools (`block_cell`,
 `pool_columns`, `pool_counts`), the block tables (`tables`), the hash chains (`hash_chains`), the
 block inspector (`inspect_block`), the event log (`log_row`, `LogIndex`, `event_log`) and the
-playback line (`cursor_line`, with the narration). `snapshot()` puts them into one compact,
-JSON-ready frame (a 4,096-block pool is a few tens of kilobytes), so a test can compare any view
+playback line (`cursor_line`, with the narration). The records Python reads (a table row and its
+progress, a hash-chain row, the inspector, the free queue) are dataclasses (blockviz.model.record);
+`snapshot()` puts every record, as JSON (`to_json()`), into one compact frame (a 4,096-block pool is a few tens of kilobytes), so a test can compare any view
 with the reducer without a terminal or a browser, and a browser test can compare the page with the
 kernel. No textual, no ipywidgets.
 """
@@ -13,10 +14,12 @@ kernel. No textual, no ipywidgets.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from blockviz.model.narration import FILTERS, describe, narrate
 from blockviz.model.palette import event_number, short_hash, show_token
+from blockviz.model.record import Record
 from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
 from engine import events as ev
 
@@ -107,23 +110,33 @@ def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
     return counts
 
 
-def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> dict[str, Any] | None:
+@dataclass(slots=True)
+class FreeQueue(Record):
+    """vLLM v1's free queue head first: `blocks` as [block, cached] (cached: still hashed, so taking
+    it evicts its hash), `num_free` and `num_cached` over the whole queue."""
+
+    blocks: list[list]
+    num_free: int
+    num_cached: int
+
+
+def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> FreeQueue | None:
     """vLLM v1's free queue (FreeKVCacheBlockQueue) head first, the order get_new_blocks takes
-    blocks in: `blocks` the first `limit` as [block, cached] (cached: still hashed, so taking it
-    evicts its hash), `num_free` and `num_cached` over the whole queue. None for a v0 run."""
-    if state.kv_manager != "v1":
+    blocks in, its first `limit` blocks (FreeQueue). None for a design without one (v0)."""
+    if not state.design.free_queue:
         return None
     pool = state.pools["gpu"]
     queue = state.free_queue if limit is None else state.free_queue[:limit]
-    return {"blocks": [[number, pool[number].block_hash is not None] for number in queue],
-            "num_free": len(state.free_queue),
-            "num_cached": sum(1 for number in state.free_queue if pool[number].block_hash is not None)}
+    return FreeQueue([[number, pool[number].block_hash is not None] for number in queue], len(state.free_queue),
+                     sum(1 for number in state.free_queue if pool[number].block_hash is not None))
 
 
 def v1_notes(state: ReducerState) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
     copy-on-write); empty for a v0 run."""
-    return dict(V1_NOTES) if state.kv_manager == "v1" else {}
+    lacks = {"swap": not state.design.swaps, "cow": not state.design.copy_on_write}
+    return {view: note for view, note in V1_NOTES.items() if lacks[view]}
+
 
 def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, int]) -> str:
     """The one line a swap pool with nothing in it collapses to ("CPU pool: 2048 blocks, never
@@ -194,8 +207,34 @@ def _slot_texts(state: ReducerState, seq_id: int, index: int, block: BlockState,
     return [show_token(t) for t in block_token_texts(state, block, vocab)]
 
 
+@dataclass(slots=True)
+class Progress(Record):
+    """vLLM v1's chunked-prefill progress of a sequence (see `progress`)."""
+
+    computed: int
+    num_tokens: int
+    prompt: int
+    scheduled: int
+    prefilling: bool
+    text: str = ""
+
+
+@dataclass(slots=True)
+class TableRow(Record):
+    """One sequence's block table: per logical block [device, block, ref count, the token text in
+    each slot]; `progress` in a design with chunked prefill (v1) while the sequence runs."""
+
+    seq: int
+    request: str
+    status: str
+    finish: str
+    num_tokens: int
+    blocks: list[list]
+    progress: Progress | None = None
+
+
 def tables(state: ReducerState, limit: int | None = MAX_TABLES,
-           vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+           vocab: dict[int, str] | None = None) -> list[TableRow]:
     """Each sequence's block table (vLLM v0 BlockSpaceManager.block_tables: logical index ->
     device, block, ref count, the token text in each slot), by sequence id; with a `limit`, the
     sequences holding blocks first, then the rest by id."""
@@ -209,21 +248,13 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
         for index, (device, number) in enumerate(state.tables.get(seq_id, ())):
             block = state.pools[device][number]
             blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
-        row = {
-            "seq": seq_id,
-            "request": seq.request_id if seq else "?",
-            "status": seq.status if seq else "?",
-            "finish": (seq.finish_reason or "") if seq else "",
-            "num_tokens": len(seq.token_ids) if seq else 0,
-            "blocks": blocks,
-        }
-        if state.kv_manager == "v1":
-            row["progress"] = progress(state, seq_id)
-        rows.append(row)
+        rows.append(TableRow(seq_id, seq.request_id if seq else "?", seq.status if seq else "?",
+                             (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
+                             progress(state, seq_id) if state.design.chunked_prefill else None))
     return rows
 
 
-def progress(state: ReducerState, seq_id: int) -> dict[str, Any] | None:
+def progress(state: ReducerState, seq_id: int) -> Progress | None:
     """vLLM v1's chunked-prefill progress of a sequence (Request.num_computed_tokens against its
     tokens, and SchedulerOutput.num_scheduled_tokens of the last step): `computed` of
     `num_tokens` tokens have K/V, `scheduled` were computed by the last step (0: not scheduled),
@@ -234,25 +265,53 @@ def progress(state: ReducerState, seq_id: int) -> dict[str, Any] | None:
     if seq is None or seq.status == "finished":
         return None
     computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
-    info = {"computed": computed, "num_tokens": num_tokens, "prompt": seq.num_prompt_tokens,
-            "scheduled": state.num_scheduled_tokens.get(seq_id, 0), "prefilling": num_tokens - computed > 1}
-    info["text"] = _progress_text(info)
+    info = Progress(computed, num_tokens, seq.num_prompt_tokens, state.num_scheduled_tokens.get(seq_id, 0),
+                    num_tokens - computed > 1)
+    info.text = _progress_text(info)
     return info
 
 
-def _progress_text(info: dict[str, Any]) -> str:
+def _progress_text(info: Progress) -> str:
     """A sequence's progress in words, as both front ends write it."""
-    done = f"{info['computed']}/{info['num_tokens']}"
-    if info["prefilling"]:
-        return f"prefill {done} · " + (f"chunk +{info['scheduled']}" if info["scheduled"] else "waits")
-    return f"{done} computed" + (f" · +{info['scheduled']} this step" if info["scheduled"] else "")
+    done = f"{info.computed}/{info.num_tokens}"
+    if info.prefilling:
+        return f"prefill {done} · " + (f"chunk +{info.scheduled}" if info.scheduled else "waits")
+    return f"{done} computed" + (f" · +{info.scheduled} this step" if info.scheduled else "")
 
 
 # ------------------------------------------------------------------------------------ hash chains
 
 
+@dataclass(slots=True)
+class HashRow(Record):
+    """One hashed GPU block in the hash chains: its number, short hash and parent's ("" for a
+    root), indent and branch mark, ref count, hits, whether the current event hit it, its state
+    (block_state), whether its hash is in the map, its tokens as text."""
+
+    block: int
+    hash: str
+    parent: str
+    depth: int
+    branch: str
+    ref: int
+    hits: int
+    hit_now: bool
+    state: str
+    registered: bool
+    tokens: list[str]
+
+
+@dataclass(slots=True)
+class HashSummary(Record):
+    """The prefix cache in numbers: hashes in the map, prompt blocks that hit, prompt blocks looked up."""
+
+    in_map: int
+    hits: int
+    looked_up: int
+
+
 def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current: ev.Event | None = None,
-                vocab: dict[int, str] | None = None) -> list[dict[str, Any]]:
+                vocab: dict[int, str] | None = None) -> list[HashRow]:
     """The hashed GPU blocks (nano-vllm's compute_hash chain: each block's hash covers its parent's
     hash and its tokens) in chain order, each after its parent. A chain runs straight down; where
     it branches the children indent: `depth` is the indent and `branch` "├" / "└" marks a branch.
@@ -272,7 +331,7 @@ def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current:
             branch = ("└" if position == len(kids) - 1 else "├") if branching else ""
             stack.append((kids[position], depth, branch))
 
-    rows: list[dict[str, Any]] = []
+    rows: list[HashRow] = []
     seen: set[int] = set()
     push(None, 0)
     while stack and (limit is None or len(rows) < limit):
@@ -280,34 +339,50 @@ def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current:
         if block.number in seen:
             continue
         seen.add(block.number)
-        rows.append({
-            "block": block.number,
-            "hash": short_hash(block.block_hash),
-            "parent": short_hash(block.parent_hash) if block.parent_hash is not None else "",
-            "depth": depth,
-            "branch": branch,
-            "ref": block.ref_count,
-            "hits": block.num_hits,
-            "hit_now": block.number == hit_block,
-            "state": block_state(block),
-            "registered": block.registered,
-            "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)],
-        })
+        rows.append(HashRow(block.number, short_hash(block.block_hash),
+                            short_hash(block.parent_hash) if block.parent_hash is not None else "", depth, branch,
+                            block.ref_count, block.num_hits, block.number == hit_block, block_state(block),
+                            block.registered, [show_token(t) for t in block_token_texts(state, block, vocab)]))
         push(block.block_hash, depth + 1 if branch else depth)
     return rows
 
 
-def hash_summary(state: ReducerState) -> dict[str, int]:
-    """The prefix cache in numbers: hashes in the map, prompt blocks that hit, prompt blocks looked up."""
-    return {"in_map": len(state.hash_map), "hits": state.num_prefix_hits,
-            "looked_up": state.num_prompt_blocks_looked_up}
+def hash_summary(state: ReducerState) -> HashSummary:
+    """The prefix cache in numbers (HashSummary)."""
+    return HashSummary(len(state.hash_map), state.num_prefix_hits, state.num_prompt_blocks_looked_up)
 
 
 # ------------------------------------------------------------------------------------ inspector
 
 
+@dataclass(slots=True)
+class BlockInfo(Record):
+    """The inspector's record of one block (see inspect_block); `note` and `queue` are vLLM v1's
+    (what the null block is, a free block's place in the free queue), None where they say nothing."""
+
+    device: str
+    number: int
+    state: str
+    ref: int
+    owners: list[int]
+    fill: int
+    block_size: int
+    hash: str
+    parent: str
+    registered: bool
+    hits: int
+    tokens: list[str]
+    digest: str
+    digest_slots: int
+    digest_current: bool
+    same_kv: list[str]
+    bytes: str
+    note: str | None = None
+    queue: str | None = None
+
+
 def inspect_block(state: ReducerState, device: str, number: int,
-                  vocab: dict[int, str] | None = None, geometry: str = "") -> dict[str, Any]:
+                  vocab: dict[int, str] | None = None, geometry: str = "") -> BlockInfo:
     """Everything about one block: state, refs, owners, fill, hash, parent, hits, tokens, the digest
     of its real K/V, and the other blocks holding the same digest ("same K/V" while the digest
     covers every slot the block holds, "same digest" otherwise), and what every block of the pool
@@ -319,30 +394,19 @@ def inspect_block(state: ReducerState, device: str, number: int,
     if block.digest:
         same = [f"{b.device} {b.number}" for pool in state.pools.values() for b in pool
                 if b.digest == block.digest and b is not block and block_state(b) != "free"]
-    info = {
-        "device": device, "number": number, "state": name, "ref": block.ref_count,
-        "owners": sorted(block.owners), "fill": filled, "block_size": state.block_size,
-        "hash": short_hash(block.block_hash, 16) if block.block_hash is not None else "",
-        "parent": short_hash(block.parent_hash, 16) if block.parent_hash is not None else "",
-        "registered": block.registered, "hits": block.num_hits,
-        "tokens": [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
-        "digest": block.digest or "", "digest_slots": block.digest_slots,
-        "digest_current": block.digest_slots == filled, "same_kv": same, "bytes": geometry,
-    }
-    if state.kv_manager == "v1":
-        info.update(_inspect_v1(state, device, number))
-    return info
-
-
-def _inspect_v1(state: ReducerState, device: str, number: int) -> dict[str, str]:
-    """The inspector's v1 rows: what the null block is, and a free block's place in the free queue."""
-    if state.pools[device][number].state == NULL:
-        return {"note": NULL_BLOCK_NOTE}
-    if device == "gpu" and number in state.free_queue:
+    info = BlockInfo(
+        device, number, name, block.ref_count, sorted(block.owners), filled, state.block_size,
+        short_hash(block.block_hash, 16) if block.block_hash is not None else "",
+        short_hash(block.parent_hash, 16) if block.parent_hash is not None else "",
+        block.registered, block.num_hits,
+        [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
+        block.digest or "", block.digest_slots, block.digest_slots == filled, same, geometry)
+    if block.state == NULL:  # vLLM v1's null block
+        info.note = NULL_BLOCK_NOTE
+    elif device == "gpu" and state.design.free_queue and number in state.free_queue:
         place = state.free_queue.index(number)
-        return {"queue": ("next to go" if place == 0 else f"{place + 1} of {len(state.free_queue)}")
-                + " in the free queue"}
-    return {}
+        info.queue = ("next to go" if place == 0 else f"{place + 1} of {len(state.free_queue)}") + " in the free queue"
+    return info
 
 
 def snapshot(state: ReducerState, *, current: ev.Event | None = None,
@@ -368,16 +432,16 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
         "pools": pools,
         "touched": touched,
         "selected": list(selected) if selected else None,
-        "tables": tables(state, vocab=vocab),
-        "hashes": hash_chains(state, current=current, vocab=vocab),
-        "hash_summary": hash_summary(state),
-        "inspector": inspect_block(state, *selected, vocab=vocab, geometry=geometry) if selected else None,
+        "tables": [row.to_json() for row in tables(state, vocab=vocab)],
+        "hashes": [row.to_json() for row in hash_chains(state, current=current, vocab=vocab)],
+        "hash_summary": hash_summary(state).to_json(),
+        "inspector": inspect_block(state, *selected, vocab=vocab, geometry=geometry).to_json() if selected else None,
         "step": state.step,
         "step_kind": state.step_kind,
         "num_preemptions": state.num_preemptions,
         "num_tokens_generated": state.num_tokens_generated,
         "kv_manager": state.kv_manager,
-        "free_queue": free_queue(state),
+        "free_queue": queue.to_json() if (queue := free_queue(state)) is not None else None,
         "notes": v1_notes(state),
     }
 
@@ -447,9 +511,9 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
                      f"{cached} cached · {free} free")
     queue = free_queue(state)
     if queue is not None:
-        more = queue["num_free"] - len(queue["blocks"])
+        more = queue.num_free - len(queue.blocks)
         lines.append("free queue (next to go first): " + (" ".join(
-            f"{number}{'c' if cached else ''}" for number, cached in queue["blocks"]) or "empty")
+            f"{number}{'c' if cached else ''}" for number, cached in queue.blocks) or "empty")
             + (f" … +{more}" if more > 0 else ""))
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)

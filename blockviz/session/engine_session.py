@@ -1,14 +1,15 @@
 """EngineSession: the one thing in blockviz/ that owns an engine and its event stream.
 
-Every way of driving an engine goes through it: the TUI's bridge (engine_bridge.py, in a thread or
-the child process of engine_process.py), the notebook (jupyter/playback.py), `record`, `explain`,
-`generate`, `compare` and `publish --live`. It builds the engine from an EngineSpec (or takes a
-built one), subscribes once to `engine.events` and buffers what the engine emits until the caller
-takes it (`take_events`: each request's prompt token texts filled in, a view's concern the engine
-leaves out), adds the spec's prompts and plays its arrivals as steps are taken
-(scenario.py), takes the live commands under vLLM's names (`add_request`, `fork`, `preempt`), and
-sets the engine's K/V digest policy. `step()` here is the only call of `engine.step()` in blockviz/:
-vLLM's `LLM._run_engine` loop and nano-vllm's `LLM.generate` loop, one step at a time.
+Every way of driving an engine goes through it: the live views' EngineDriver (engine_driver.py: on
+the TUI's thread in engine_thread.py or the child process of engine_process.py, and in the
+notebook's jupyter/playback.py), `record`, `explain`, `generate`, `compare` and `publish --live`.
+It builds the engine from an EngineSpec (or takes a built one), subscribes once to `engine.events`
+and buffers what the engine emits until the caller takes it (`take_events`: each request's prompt
+token texts filled in, a view's concern the engine leaves out), adds the spec's prompts and plays
+its arrivals as steps are taken (scenario.py), takes the live commands under vLLM's names
+(`add_request`, `fork`, `preempt`), and sets the engine's K/V digest policy. `step()` here is the
+only call of `engine.step()` in blockviz/: vLLM's `LLM._run_engine` loop and nano-vllm's
+`LLM.generate` loop, one step at a time.
 
 No textual, no ipywidgets; torch only through the engine.
 """

@@ -8,10 +8,11 @@ import here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
+from blockviz.model.design import KV_DESIGNS
 from blockviz.session.scenario import Arrival, scenario
 from engine.config import EngineConfig
 
@@ -54,14 +55,12 @@ class EngineSpec:
         settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
         say otherwise. A ValueError names an unknown scenario or option. The story under
         `kv_manager="v1"` is vLLM v1's story ("story-v1"), as `blockviz run --kv-manager v1` plays."""
-        if name == "story" and options.get("kv_manager") in ("v1", "vllm"):
-            name = "story-v1"
-        arrivals, settings = scenario(name)
+        arrivals, settings = scenario(_story_of(name, options.get("kv_manager")))
         known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
-        if options.get("kv_manager") in ("v1", "vllm") and "preemption_mode" not in options:
+        if not _swaps(options.get("kv_manager")) and "preemption_mode" not in options:
             settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
@@ -76,7 +75,7 @@ class EngineSpec:
         options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
         if getattr(args, "vllm_options", None):  # --vllm-option KEY=VALUE ..., for --kv-manager vllm
             options["vllm_options"] = dict(args.vllm_options)
-        if options["kv_manager"] in ("v1", "vllm") and not getattr(args, "preemption_mode_given", False):
+        if not _swaps(options["kv_manager"]) and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
             config = EngineConfig(**options)
@@ -84,6 +83,18 @@ class EngineSpec:
             raise UsageError(one_line(exc)) from None
         return cls(config, prompts=prompts, arrivals=arrivals, n=args.n, max_tokens=args.max_tokens,
                    temperature=args.temperature)
+
+    @classmethod
+    def for_story_args(cls, args: Any) -> "EngineSpec":
+        """`blockviz run`'s spec: `from_args`, playing the story when no --prompt is given (the
+        story of the KV cache manager --kv-manager names, vLLM v1's on its own per-step token
+        budget, as `for_scenario` picks it); the story's engine settings are the options' defaults
+        (scenario.DEFAULT_SCENARIO_OPTIONS)."""
+        arrivals, settings = scenario(_story_of("story", args.kv_manager))
+        spec = cls.from_args(args, default_arrivals=arrivals)
+        if spec.arrivals and "max_num_batched_tokens" in settings:
+            spec.config = replace(spec.config, max_num_batched_tokens=settings["max_num_batched_tokens"])
+        return spec
 
     @property
     def model(self) -> str:
@@ -168,6 +179,17 @@ class EngineSpec:
     def as_dict(self) -> dict[str, Any]:
         """The spec's fields by name (the config stays an EngineConfig): `type(spec)(**spec.as_dict())`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _story_of(name: str, kv_manager: str | None) -> str:
+    """The scenario to play for `name` under `kv_manager`: the story under vLLM v1's manager is
+    v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap)."""
+    return "story-v1" if name == "story" and KV_DESIGNS[kv_manager or "v0"].chunked_prefill else name
+
+
+def _swaps(kv_manager: str | None) -> bool:
+    """Whether the design may preempt by swap (v0): the others recompute only."""
+    return KV_DESIGNS[kv_manager or "v0"].swaps
 
 
 def check_device(device: str) -> None:

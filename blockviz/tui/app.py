@@ -23,15 +23,16 @@ from textual.widgets import Footer, Label, LoadingIndicator, Static
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
-from blockviz.model.guide import Guide
+from blockviz.model.design import design_of
 from blockviz.model.narration import cursor_step, narrate, narrate_step
+from blockviz.model.viewer import Viewer
 from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
                                    EngineLoading, EngineNotice, EngineReady, posting_listener)
 from blockviz.tui.widgets.guide_card import GuideCard
-from blockviz.tui.widgets.insight_panels import memory_fields
+from blockviz.model.insight_view import memory_fields
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar, TitleBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
@@ -75,7 +76,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.guided = guided  # playback stops at each idea's first occurrence with a card (blockviz/model/guide.py)
         self.keep_events = keep_events  # a live timeline's cap (None: keep every event)
         self.controller: PlaybackController | None = None  # once the timeline exists
-        self.insights: Insights | None = None  # the explainer, ledger and memory series, with it
+        self.viewer: Viewer | None = None  # the timeline, its player and insights (blockviz/model/viewer.py)
         self.header: dict[str, Any] = dict(trace.header) if trace is not None else {}
         self.selection: tuple[str, int] | None = None
         self.selected_seq: int | None = None
@@ -89,7 +90,12 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
     @property
     def player(self) -> Player | None:
         """Playback over the timeline (None while a live engine loads)."""
-        return self.controller.player if self.controller is not None else None
+        return self.viewer.player if self.viewer is not None else None
+
+    @property
+    def insights(self) -> Insights | None:
+        """The explainer, ledger and memory series over the timeline (None while a live engine loads)."""
+        return self.viewer.insights if self.viewer is not None else None
 
     def compose(self) -> ComposeResult:
         yield TitleBar("blockviz", id="title")
@@ -110,22 +116,21 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.watch_projector(self.projector)
         self.watch_right_view(self.right_view)
         if self.trace is not None:
-            self._start(Timeline.for_trace(self.trace), live=False)
+            self._start(Viewer.from_trace(self.trace, **self._viewer_options()))
         else:
             self.screen.add_class("-loading")
             self.query_one("#title", TitleBar).update(f"blockviz · live · {self.source_name or 'engine'} · loading")
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
-    def _start(self, timeline: Timeline, live: bool) -> None:
-        player = Player(timeline, live=live)
-        self.insights = Insights.for_header(self.header)
-        if self.break_on:
-            player.break_on = self.break_on
-        else:
-            player.default_breaks()  # ] plays to the next fork, copy-on-write, hit, swap, eviction
-        if self.guided:
-            player.guide = Guide(self.header.get("kv_manager") or "v0")
-        self.controller = PlaybackController(player, self.bridge,
+    def _viewer_options(self) -> dict[str, Any]:
+        """The Viewer's playback options: the chosen breakpoints, else `]` plays to the guide's kinds;
+        guided, playback stops at each card (and only then is a card shown)."""
+        return {"break_on": self.break_on, "default_breaks": True, "guided": self.guided}
+
+    def _start(self, viewer: Viewer) -> None:
+        self.viewer = viewer
+        live = viewer.player.live
+        self.controller = PlaybackController(viewer.player, self.bridge,
                                              set_interval=self.set_interval,
                                              draw=lambda full: self.render_views(full),
                                              not_responding=self._engine_not_responding)
@@ -163,8 +168,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             label.update(message.text)
 
     def on_engine_ready(self, message: EngineReady) -> None:
-        h = self.header = dict(message.header)
-        self._start(Timeline.for_header(h, max_events=self.keep_events), live=True)
+        self.header = dict(message.header)
+        self._start(Viewer.live(self.header, self.keep_events, **self._viewer_options()))
         self.refresh_bindings()  # the footer offers what this run's KV manager can do
 
     def on_engine_failed(self, message: EngineFailed) -> None:
@@ -210,8 +215,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         frame; the text panels too unless `full` is False and the controller says they wait."""
         if self.controller is None:
             return
-        player = self.controller.player
-        timeline, insights = player.timeline, self.insights
+        player, insights = self.viewer.player, self.viewer.insights
+        timeline = player.timeline
         card = player.card
         marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
         counts = self._main.show_pools(timeline, marked)
@@ -279,7 +284,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         to act on, so the live keys are not offered (False: hidden), nor v0's fork and swap in a v1 run."""
         if action in LIVE_ACTIONS and self.bridge is None:
             return False
-        if action in V0_ONLY_ACTIONS and self.header.get("kv_manager") in ("v1", "vllm"):
+        if action in V0_ONLY_ACTIONS and not design_of(self.header).fork_and_preempt_commands:
             return False
         return None if action in PLAYBACK_ACTIONS and self.controller is None else True
 

@@ -1,8 +1,9 @@
 """The one interface a live view drives an engine through (the UI side of an engine session).
 
-Two implementations: `blockviz.tui.engine_bridge.EngineBridge` (the engine on a thread of this
-process, as the tests run it) and `blockviz.tui.engine_process.ProcessBridge` (the engine in a child process, as
-`blockviz run` runs it). The App is typed against `Bridge`, never a concrete class.
+Two implementations, in the session layer: `blockviz.session.engine_thread.EngineBridge` (the
+engine on a thread of this process, as the tests run it) and
+`blockviz.session.engine_process.ProcessBridge` (the engine in a child process, as `blockviz run`
+runs it). The App is typed against `Bridge`, never a concrete class.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from blockviz.tui.engine_bridge import Listener
+    from blockviz.session.engine_driver import Listener
 
 
 class Bridge(Protocol):

@@ -79,9 +79,9 @@ class BlockSelected(Message):
 
 
 def posting_listener(post: Callable[[Message], Any]):
-    """The engine worker's Listener (blockviz.session.spec) whose every callback posts one of these
-    messages with `post` (App.post_message, safe from the worker thread)."""
-    from blockviz.tui.engine_bridge import Listener
+    """The engine worker's Listener (blockviz.session.engine_driver) whose every callback posts one
+    of these messages with `post` (App.post_message, safe from the worker thread)."""
+    from blockviz.session.engine_driver import Listener
 
     return Listener(
         loading=lambda text: post(EngineLoading(text)),

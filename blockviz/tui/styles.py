@@ -6,18 +6,19 @@ from __future__ import annotations
 from rich.style import Style
 from rich.text import Text
 
-from blockviz.model.palette import seq_colour, show_token
+from blockviz.model.palette import BLOCK_COLOURS, seq_colour, show_token
 
-FREE_STYLE = Style(color="#6b6b6b")
-CACHED_STYLE = Style(color="#e8e8e8", bgcolor="#3c4a5a", italic=True)
+_TEXT = BLOCK_COLOURS["text"]
+FREE_STYLE = Style(color=_TEXT["free"])
+CACHED_STYLE = Style(color=_TEXT["cached"], bgcolor=BLOCK_COLOURS["cached"], italic=True)
 SELECTED_STYLE = Style(reverse=True, bold=True)
 TOUCHED_STYLE = Style(underline=True, bold=True)
-NULL_STYLE = Style(color="#b08a3e", bgcolor="#1e1a12", bold=True)  # vLLM v1's null block (block 0)
-QUEUE_HEAD_STYLE = Style(color="#ff8c1a", bold=True)  # v1: the free queue's head, the next block taken
+NULL_STYLE = Style(color=_TEXT["null"], bgcolor=BLOCK_COLOURS["null"], bold=True)  # vLLM v1's null block (block 0)
+QUEUE_HEAD_STYLE = Style(color=BLOCK_COLOURS["head"], bold=True)  # v1: the free queue's head, the next block taken
 
 
 def seq_style(seq_id: int, projector: bool = False) -> Style:
-    return Style(color="#000000", bgcolor=seq_colour(seq_id, projector), bold=projector)
+    return Style(color=_TEXT["used"], bgcolor=seq_colour(seq_id, projector), bold=projector)
 
 
 def tokens_text(texts: list[str], style_a: Style | str = "", style_b: Style | str = "") -> Text:

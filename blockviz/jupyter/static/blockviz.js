@@ -49,6 +49,16 @@ function ownerRules(palette) {
   return rules.join("\n");
 }
 
+// The block-state colours (the palette's "blocks": palette.BLOCK_COLOURS) as CSS variables on a
+// view's element: blockviz.css's cell, swatch and free-queue rules read them (--bv-cached,
+// --bv-text-free, --bv-bar-used, ...), as pool_canvas.js paints with the same table.
+function setBlockColours(el, palette) {
+  for (const [key, value] of Object.entries((palette && palette.blocks) || {})) {
+    if (typeof value === "string") el.style.setProperty(`--bv-${key}`, value);
+    else for (const [state, colour] of Object.entries(value)) el.style.setProperty(`--bv-${key}-${state}`, colour);
+  }
+}
+
 function superscript(n) {
   return String(n).split("").map((d) => SUPERSCRIPT[Number(d)]).join("");
 }
@@ -195,9 +205,11 @@ function renderPool(model, el) {
   const rules = h("style");
   el.append(rules);
   let lastFrame = null;
+  let colouredWith = null;
   const draw = (frame) => {
     lastFrame = frame;
     const palette = model.get("palette");
+    if (palette !== colouredWith) setBlockColours(el, (colouredWith = palette));
     drawLegend(palette, !!frame.free_queue);
     const css = ownerRules(palette);
     if (rules.textContent !== css) rules.textContent = css;

@@ -16,12 +16,7 @@
 
 const CELL_EM = { width: 2.9, height: 2.2, strip: 1.3 };  // as .bv-grid's columns and rows, .bv-p-* shadow
 const GRID_GAP = 3, GRID_PAD = 2, CELL_RADIUS = 3, BAR_HEIGHT = 4;
-const LOOK = {
-  border: "#6b6b6b", cached: "#3c4a5a", null: "#1e1a12", head: "#ff8c1a",
-  text: { u: "#000", c: "#e8e8e8", f: "#6b6b6b", n: "#b08a3e" },
-  bar: { u: "#101010", c: "#e8e8e8", f: "#101010", n: "#101010" },
-  touched: { colour: "#ffd400", width: 2 }, selected: { colour: "#ff3b3b", width: 3 },
-};
+const OUTLINE_WIDTH = { touched: 2, selected: 3 };  // the colours: the palette's "blocks" (palette.BLOCK_COLOURS)
 
 function canvasGrid(model, device, n) {
   const canvas = h("canvas", { class: "bv-pool-canvas", "data-device": device, "data-n": n, role: "img",
@@ -62,16 +57,17 @@ function canvasGrid(model, device, n) {
     const { data, palette, blockSize, touched, selected, head } = shown;
     const { cw, ch, em } = layout;
     const code = data.state[i] in STATE_NAMES ? data.state[i] : "f";
+    const look = palette.blocks, name = STATE_NAMES[code];
     const ref = data.ref[i], owner = data.owner[i], owner2 = data.owner2[i];
     ctx.save();
     cellPath(x, y, cw, ch, 0);
     ctx.clip();
-    const background = code === "c" ? LOOK.cached : code === "n" ? LOOK.null
+    const background = code === "c" ? look.cached : code === "n" ? look.null
       : (code === "u" && owner >= 0 ? seqColour(palette, owner) : null);
     if (background) { ctx.fillStyle = background; ctx.fillRect(x, y, cw, ch); }
     const steps = Math.round((FILL_STEPS * data.fill[i]) / blockSize);
     if (steps > 0) {  // the fill bar along the bottom, inside the border
-      ctx.fillStyle = LOOK.bar[code];
+      ctx.fillStyle = look.bar[name];
       ctx.fillRect(x + 1, y + ch - 1 - BAR_HEIGHT, ((cw - 2) * steps) / FILL_STEPS, BAR_HEIGHT);
     }
     if (code === "u" && owner >= 0 && owner2 >= 0) {  // the second owner: a strip on the right
@@ -81,21 +77,21 @@ function canvasGrid(model, device, n) {
     ctx.restore();
     cellPath(x, y, cw, ch, 0.5);
     ctx.setLineDash(code === "f" ? [3, 3] : []);
-    ctx.strokeStyle = LOOK.border;
+    ctx.strokeStyle = look.border;
     ctx.lineWidth = 1;
     ctx.stroke();
     ctx.setLineDash([]);
-    ctx.fillStyle = i === head ? LOOK.head : LOOK.text[code];
+    ctx.fillStyle = i === head ? look.head : look.text[name];
     ctx.textAlign = "left";
     ctx.fillText(String(i), x + 4, y + 3);
-    ctx.fillStyle = LOOK.text[code];
+    ctx.fillStyle = look.text[name];
     const sup = ref > 1 ? superscript(ref) : (code === "c" ? "c" : code === "n" ? "∅" : "");
     if (sup) { ctx.textAlign = "right"; ctx.fillText(sup, x + cw - 4, y + 2); }
-    const mark = i === selected ? LOOK.selected : (touched.has(i) ? LOOK.touched : null);
+    const mark = i === selected ? "selected" : (touched.has(i) ? "touched" : null);
     if (mark) {  // an outline inside the cell, as outline-offset: -width
-      cellPath(x, y, cw, ch, mark.width / 2);
-      ctx.strokeStyle = mark.colour;
-      ctx.lineWidth = mark.width;
+      cellPath(x, y, cw, ch, OUTLINE_WIDTH[mark] / 2);
+      ctx.strokeStyle = look[mark];
+      ctx.lineWidth = OUTLINE_WIDTH[mark];
       ctx.stroke();
     }
   }

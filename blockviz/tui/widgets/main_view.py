@@ -80,6 +80,6 @@ class MainView(Horizontal):
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)
         log.show(timeline.events, position, vocab)
-        self.query_one(ExplainPanel).show(insights, state, position, seq_id, vocab)
+        self.query_one(ExplainPanel).show(insights, state, position, seq_id, timeline.events, vocab)
         self.query_one(LedgerPanel).show(insights, position)
-        self.query_one(MemoryPanel).show(insights, truth, position)
+        self.query_one(MemoryPanel).show(insights, state, truth, position)

@@ -115,26 +115,25 @@ class BlockTables(StatePanel):
         size = state.block_size
         width = len(str(len(state.pools["gpu"]) - 1))
         for row in tables(state, limit=None, vocab=vocab):
-            seq_id = row["seq"]
+            seq_id = row.seq
             head = _row("▶" if seq_id == selected_seq else " ")
             head.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
-            head.append(f" req {row['request']} · {row['status']}"
-                        + (f" ({row['finish']})" if row["finish"] else "")
-                        + f" · {row['num_tokens']} tokens", style="bold" if seq_id == selected_seq else "")
+            head.append(f" req {row.request} · {row.status}"
+                        + (f" ({row.finish})" if row.finish else "")
+                        + f" · {row.num_tokens} tokens", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
-            if row.get("progress"):  # vLLM v1: chunked prefill progress
-                parts.append(Text(f"    {row['progress']['text']}",
-                                  "bold #ff8c1a" if row["progress"]["prefilling"] else "dim"))
-            if not row["blocks"]:
+            if row.progress is not None:  # vLLM v1: chunked prefill progress
+                parts.append(Text(f"    {row.progress.text}", "bold #ff8c1a" if row.progress.prefilling else "dim"))
+            if not row.blocks:
                 parts.append(Text("    no blocks", style="dim"))
                 continue
             placement = _row("    blocks ")
-            for device, number, _, _ in row["blocks"]:
+            for device, number, _, _ in row.blocks:
                 placement.append(f"{'C' if device == 'cpu' else ''}{number}",
                                  Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
                 placement.append(" ")
             parts.append(placement)
-            for index, (device, number, ref, texts) in enumerate(row["blocks"]):
+            for index, (device, number, ref, texts) in enumerate(row.blocks):
                 pointed = (device, number) in marked
                 line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
                 line.append(f"L{index:<2}", style="dim")
@@ -208,27 +207,27 @@ class HashChains(StatePanel):
         grid.add_column(no_wrap=True)
         grid.add_column()
         for row in rows:
-            label = Text("  " * min(row["depth"], 8)
-                         + (f"{row['branch']} " if row["branch"] else ""))
-            hash_style = "bold #000000 on #ffd400" if row["hits"] else "bold"
-            if row["hit_now"]:
+            label = Text("  " * min(row.depth, 8)
+                         + (f"{row.branch} " if row.branch else ""))
+            hash_style = "bold #000000 on #ffd400" if row.hits else "bold"
+            if row.hit_now:
                 hash_style += " reverse"
-            label.append(f"#{row['hash']}", hash_style)
-            label.append(f" ← #{row['parent']}" if row["parent"] else " ← root", "dim")
-            info = Text(f"gpu {row['block']}")
-            if row["ref"]:
-                info.append(f" ×{row['ref']}")
-            if row["state"] == "cached":
+            label.append(f"#{row.hash}", hash_style)
+            label.append(f" ← #{row.parent}" if row.parent else " ← root", "dim")
+            info = Text(f"gpu {row.block}")
+            if row.ref:
+                info.append(f" ×{row.ref}")
+            if row.state == "cached":
                 info.append(" cached-free", "italic")
-            if row["hits"]:
-                info.append(f" HIT×{row['hits']}", "bold #000000 on #ffd400")
-            if not row["registered"]:
+            if row.hits:
+                info.append(f" HIT×{row.hits}", "bold #000000 on #ffd400")
+            if not row.registered:
                 info.append(" dup", "dim")
-            grid.add_row(label, info, tokens_text(row["tokens"], Style(bgcolor="#333344"), Style(bgcolor="#44445a")))
+            grid.add_row(label, info, tokens_text(row.tokens, Style(bgcolor="#333344"), Style(bgcolor="#44445a")))
         summary = hash_summary(state)
-        rate = summary["hits"] / summary["looked_up"] if summary["looked_up"] else 0.0
-        self.set_body(Group(Text(f"{summary['in_map']} in hash map · hits {summary['hits']}"
-                                 f"/{summary['looked_up']} prompt blocks ({rate:.0%})", style="dim"), grid))
+        rate = summary.hits / summary.looked_up if summary.looked_up else 0.0
+        self.set_body(Group(Text(f"{summary.in_map} in hash map · hits {summary.hits}"
+                                 f"/{summary.looked_up} prompt blocks ({rate:.0%})", style="dim"), grid))
 
 
 # ---------------------------------------------------------------------------- inspector
@@ -252,35 +251,35 @@ class BlockInspector(StatePanel):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
-        grid.add_row("state", STATE_LABELS[info["state"]])
-        if "note" in info:  # vLLM v1's null block
-            grid.add_row("what", info["note"])
-        if "queue" in info:  # vLLM v1: a free block's place in the free queue
-            grid.add_row("free queue", info["queue"])
-        grid.add_row("ref count", str(info["ref"]))
+        grid.add_row("state", STATE_LABELS[info.state])
+        if info.note is not None:  # vLLM v1's null block
+            grid.add_row("what", info.note)
+        if info.queue is not None:  # vLLM v1: a free block's place in the free queue
+            grid.add_row("free queue", info.queue)
+        grid.add_row("ref count", str(info.ref))
         owners = Text()
-        for seq_id in info["owners"]:
+        for seq_id in info.owners:
             owners.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
             owners.append(" ")
-        grid.add_row("owners", owners if info["owners"] else Text("none", "dim"))
-        filled, size = info["fill"], info["block_size"]
+        grid.add_row("owners", owners if info.owners else Text("none", "dim"))
+        filled, size = info.fill, info.block_size
         grid.add_row("fill", f"{filled}/{size} slots {fill_glyph(filled, size)}")
-        if info["hash"]:
-            grid.add_row("hash", f"#{info['hash']}" + ("" if info["registered"] else " (duplicate, not in map)"))
-            grid.add_row("parent", f"#{info['parent']}" if info["parent"] else "none (first block)")
-            grid.add_row("hits", str(info["hits"]))
+        if info.hash:
+            grid.add_row("hash", f"#{info.hash}" + ("" if info.registered else " (duplicate, not in map)"))
+            grid.add_row("parent", f"#{info.parent}" if info.parent else "none (first block)")
+            grid.add_row("hits", str(info.hits))
         if filled:
-            grid.add_row("tokens", tokens_text(info["tokens"], Style(bgcolor=block_tint(device, number, 0)),
+            grid.add_row("tokens", tokens_text(info.tokens, Style(bgcolor=block_tint(device, number, 0)),
                                               Style(bgcolor=block_tint(device, number, 1))))
-        digest = info["digest"]
+        digest = info.digest
         shown = Text(digest, "bold") if digest else Text("none yet", "dim")
         # Slots written since the digest was taken (a live run at full speed digests once per
         # batch of steps, not every step): say what it covers.
-        if digest and not info["digest_current"]:
-            shown.append(f" (at {info['digest_slots']}/{size} slots)", "dim")
+        if digest and not info.digest_current:
+            shown.append(f" (at {info.digest_slots}/{size} slots)", "dim")
         grid.add_row("K/V digest", shown)
-        if info["same_kv"]:  # equal digests prove equal K/V only while this block's digest is current
-            grid.add_row("same K/V in" if info["digest_current"] else "same digest", ", ".join(info["same_kv"]))
+        if info.same_kv:  # equal digests prove equal K/V only while this block's digest is current
+            grid.add_row("same K/V in" if info.digest_current else "same digest", ", ".join(info.same_kv))
         self.set_body(grid)
 
 

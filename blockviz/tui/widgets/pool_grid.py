@@ -29,7 +29,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from blockviz.model.palette import fill_glyph, seq_colour
+from blockviz.model.palette import BLOCK_COLOURS, fill_glyph, seq_colour
 from blockviz.model.reducer import BlockState, ReducerState
 from blockviz.model.view import BlockCell, block_cell, free_queue
 from blockviz.tui.messages import BlockSelected
@@ -38,7 +38,7 @@ from blockviz.tui.styles import (CACHED_STYLE, FREE_STYLE, NULL_STYLE, QUEUE_HEA
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
-FILL_GROUND = "#101010"
+FILL_GROUND = BLOCK_COLOURS["bar"]["used"]  # the ground a fill glyph is drawn on
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 LEGEND = "█ fill · ² refs · c cached"
 LEGEND_BIG = "█ fill · ×2 refs · c cached"
@@ -275,9 +275,9 @@ class PoolGrid(ScrollView, can_focus=True):
                 if role == "fill":
                     style = Style(color=colour, bgcolor=FILL_GROUND)
                 else:
-                    style = Style(color="#000000", bgcolor=colour, bold=self.projector or role == "mark")
+                    style = Style(color=BLOCK_COLOURS["text"]["used"], bgcolor=colour, bold=self.projector or role == "mark")
             elif kind == 2:
-                style = CACHED_STYLE if role != "fill" else Style(color="#e8e8e8", bgcolor=FILL_GROUND)
+                style = CACHED_STYLE if role != "fill" else Style(color=BLOCK_COLOURS["bar"]["cached"], bgcolor=FILL_GROUND)
             elif kind == 3:
                 style = NULL_STYLE
             else:
@@ -409,13 +409,13 @@ class FreeQueueRow(Static):
         if queue is None:
             return
         text = Text("free queue ▸ ", "bold", no_wrap=True, overflow="ellipsis")
-        if not queue["blocks"]:
+        if not queue.blocks:
             text.append("empty: every block is in use", "dim")
-        for index, (number, cached) in enumerate(queue["blocks"]):
+        for index, (number, cached) in enumerate(queue.blocks):
             style = CACHED_STYLE if cached else FREE_STYLE
             text.append(f"{number}{'c' if cached else ''}", style + QUEUE_HEAD_STYLE if index == 0 else style)
             text.append(" ")
-        more = queue["num_free"] - len(queue["blocks"])
+        more = queue.num_free - len(queue.blocks)
         if more > 0:
             text.append(f"… +{more}", "dim")
         self.update(text)

@@ -5,7 +5,7 @@ and the TUI is all Python; in one process they take turns holding the GIL, and t
 down with the TUI attached (benchmarks/README.md). In its own process the engine keeps its
 interpreter to itself, and the UI process never imports torch.
 
-`ProcessBridge` has the UI-side API of engine_bridge.EngineBridge (request_steps, set_free_run,
+`ProcessBridge` has the UI-side API of engine_thread.EngineBridge (request_steps, set_free_run,
 acknowledge, add_request, fork, preempt, stop, outstanding, in_flight) and the same
 `run(listener)`, which the app calls on a worker thread: it starts the child, then turns what the
 child sends into the listener's callbacks (the app posts them as messages). The child runs an
@@ -27,8 +27,9 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from blockviz.session.engine_driver import Listener
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.session.spec import EngineSpec, one_line
-from blockviz.tui.engine_bridge import EngineBridge, Listener
 
 STARTING = "starting the engine process…"  # then the child says what it loads (_child_main)
 # What the child may be asked to call on its EngineBridge.

@@ -1,4 +1,4 @@
-"""`blockviz run`'s engine process (blockviz/tui/engine_process.py): the live app on a REAL engine (a
+"""`blockviz run`'s engine process (blockviz/session/engine_process.py): the live app on a REAL engine (a
 tiny GPT-2 checkpoint, CPU) running in a child process, driven by keys and checked against the
 same run recorded in this process; commands and backpressure across the pipe; a load failure
 and a crashed engine process each reported in one line."""
@@ -18,10 +18,10 @@ import pytest
 
 from blockviz.tui.app import BlockvizApp
 from blockviz.commands.record import record_trace
-from blockviz.tui.engine_process import ProcessBridge
+from blockviz.session.engine_process import ProcessBridge
 from blockviz.model.player import SPEEDS
 from blockviz.session.spec import EngineSpec
-from blockviz.tui.engine_bridge import Listener
+from blockviz.session.engine_driver import Listener
 from test_tui_app import _until, screen_text
 
 pytestmark = pytest.mark.anyio
@@ -327,7 +327,7 @@ class _Terminal:
         os.close(self.main_fd)
 
 
-# What the engine process says before `import torch` and right after it (blockviz/tui/engine_process.py)
+# What the engine process says before `import torch` and right after it (blockviz/session/engine_process.py)
 BEFORE_TORCH = ("starting the engine process", "importing torch")
 AFTER_TORCH = "loading the model"
 

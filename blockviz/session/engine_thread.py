@@ -1,23 +1,24 @@
 """EngineBridge: an engine session on a worker thread, the UI fed batches of its events with
 backpressure.
 
-`EngineBridge.run()` is the worker thread's body: build an EngineSession (blockviz/session/
-engine_session.py: it loads the model, adds the requests, plays the arrivals), then step it only
-when the UI asks for steps (or free-runs at "max" speed) and only while fewer than
-`max_in_flight` events wait unacknowledged in the UI: that is the backpressure. Between steps it
-runs the user's commands (add a request, fork a sequence, preempt a request), since the engine is
-not thread-safe and only this thread touches it. `blockviz run` runs one inside a child process
-(engine_process.py); the tests run it on a thread. No textual import: the app hands in callbacks
-that post messages.
+`EngineBridge.run()` is the worker thread's body: build an EngineSession (engine_session.py: it
+loads the model, adds the requests, plays the arrivals), then step it through an EngineDriver
+(engine_driver.py, the driver the notebook runs too) only when the UI asks for steps (or free-run
+at "max" speed) and only while fewer than `max_in_flight` events wait unacknowledged in the UI:
+that is the backpressure. Between steps it runs the user's commands (add a request, fork a
+sequence, preempt a request), since the engine is not thread-safe and only this thread touches it.
+`blockviz run` runs one inside a child process (engine_process.py); the tests run it on a thread.
+No textual import: the app hands in a Listener whose callbacks post messages.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Callable
 
+from blockviz.session.engine_driver import EngineDriver, Listener
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 from engine.events import Event
@@ -42,20 +43,6 @@ def leave_a_core_for_the_ui(device: str | None) -> None:
         torch.set_num_threads(threads - 1)
 
 
-@dataclass(slots=True)
-class Listener:
-    """Where the worker reports; every callback is called from the worker thread."""
-
-    loading: Callable[[str], None]
-    ready: Callable[[dict], None]
-    failed: Callable[[str], None]
-    events: Callable[[list[Event]], None]
-    notice: Callable[[str], None] = lambda text: None
-    died: Callable[[str], None] = lambda error: None  # the engine stopped after it was ready
-    idle: Callable[[], None] = lambda: None
-    served: Callable[[int], None] = lambda steps_served: None  # after steps asked for finish or drop
-
-
 class EngineBridge:
     """Runs an engine on a worker thread, posting batches of events with backpressure.
 
@@ -78,6 +65,7 @@ class EngineBridge:
         self._idle = False
         self._stopped = False
         self._commands: list[Callable[[EngineSession], Any]] = []
+        self._last_flush = 0.0  # when the last batch went to the UI
         self.steps_served = 0  # steps asked for by request_steps that finished or were dropped
         self.session: EngineSession | None = None  # built by run(), on the worker thread
 
@@ -162,15 +150,23 @@ class EngineBridge:
             session.close()
             listener.failed(one_line(exc))
             return
-        self._batches = _Batches(session, listener, self)
+        driver = EngineDriver(session, replace(listener, events=self._counted(listener.events)))
+        self._last_flush = time.monotonic()
         try:
-            self._batches.flush()
-            self._serve(session, listener)
+            self._flush(driver)
+            self._serve(driver)
         except Exception as exc:  # noqa: BLE001 - the engine broke: report, keep the UI alive
-            self._batches.flush()
-            listener.died(f"engine stopped: {one_line(exc)}")
+            driver.stopped(exc)
         finally:
             session.close()
+
+    def _counted(self, events: Callable[[list[Event]], None]) -> Callable[[list[Event]], None]:
+        """`events`, counting each batch in flight before the UI can acknowledge it."""
+        def send(batch: list[Event]) -> None:
+            with self._cond:
+                self._in_flight += len(batch)
+            events(batch)
+        return send
 
     def _load(self, listener: Listener) -> EngineSession | None:
         spec = self.spec
@@ -188,8 +184,9 @@ class EngineBridge:
         listener.ready(dict(session.header))
         return session
 
-    def _serve(self, session: EngineSession, listener: Listener) -> None:
+    def _serve(self, driver: EngineDriver) -> None:
         """Until stopped: wait for something to do, run the user's commands, take a step."""
+        session, listener = driver.session, driver.listener
         served = 0
         while True:
             with self._cond:
@@ -205,9 +202,9 @@ class EngineBridge:
                     self._stepping = True
                     self._steps_wanted -= wanted
             self._run_commands(session, commands, listener)
-            free_running = step and self._step(session, wanted)
+            free_running = step and self._step(driver, wanted)
             unfinished = session.has_unfinished_requests()
-            self._batches.flush(force=not (free_running and unfinished))
+            self._flush(driver, force=not (free_running and unfinished))
             if (step or commands) and not unfinished:
                 with self._cond:
                     self._idle = True
@@ -228,10 +225,10 @@ class EngineBridge:
                 with self._cond:
                     self._idle = False
 
-    def _step(self, session: EngineSession, wanted: bool) -> bool:
+    def _step(self, driver: EngineDriver, wanted: bool) -> bool:
         """One engine step (and the arrivals it makes due); whether the engine is free-running."""
         try:
-            session.step()
+            driver.step()
         finally:
             with self._cond:
                 self._stepping = False
@@ -239,26 +236,12 @@ class EngineBridge:
                 free_running = self._free_run and not self._steps_wanted and not self._commands
         return free_running
 
-
-class _Batches:
-    """The events the session buffered since the last batch, sent to the listener as one batch: at
-    once for single steps, at most one per `flush_interval` while free-running (the session then
-    digests the blocks a free run wrote once per batch, not once a step)."""
-
-    def __init__(self, session: EngineSession, listener: Listener, bridge: EngineBridge) -> None:
-        self.session = session
-        self.listener = listener
-        self.bridge = bridge
-        self.last_flush = time.monotonic()
-
-    def flush(self, force: bool = True) -> None:
+    def _flush(self, driver: EngineDriver, force: bool = True) -> None:
+        """Send the events buffered since the last batch as one batch: at once for single steps,
+        at most one per `flush_interval` while free-running (the session then digests the blocks
+        a free run wrote once per batch, not once a step)."""
         now = time.monotonic()
-        if not force and now - self.last_flush < self.bridge.flush_interval:
+        if not force and now - self._last_flush < self.flush_interval:
             return  # free-running: gather more steps into one message
-        batch = self.session.take_events()
-        if not batch:
-            return
-        self.last_flush = now
-        with self.bridge._cond:
-            self.bridge._in_flight += len(batch)
-        self.listener.events(batch)
+        if driver.flush():
+            self._last_flush = now

@@ -1,5 +1,6 @@
-"""Time travel (blockviz/model/timeline.py) and the engine bridge (blockviz/tui/engine_bridge.py): the model layer,
-tested without a terminal."""
+"""Time travel and playback (blockviz/model/timeline.py, player.py) and the thread driver
+(blockviz/session/engine_thread.py's EngineBridge): the model and session layers, tested without a
+terminal."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from blockviz.model.timeline import Timeline, state_equal
 from blockviz.model.player import Player
 from blockviz.session.spec import EngineSpec
-from blockviz.tui.engine_bridge import EngineBridge, Listener
+from blockviz.session.engine_driver import Listener
+from blockviz.session.engine_thread import EngineBridge
 from blockviz.tui.messages import EngineEvents
 from blockviz.model.reducer import ReducerState
 from blockviz.session.engine_session import trace_header
@@ -305,3 +307,39 @@ def test_bridge_reports_a_failed_load_in_one_line():
     EngineBridge(_spec(), make_engine=broken).run(
         Listener(loading=lambda t: None, ready=lambda h: None, failed=failures.append, events=lambda e: None))
     assert failures == ["model 'nope' is not a checkpoint directory"]
+
+
+def test_a_driver_sends_what_the_engine_emitted_before_saying_it_stopped():
+    """EngineDriver (blockviz/session/engine_driver.py), the loop both live views run: a step only
+    while a request is unfinished, one batch per flush, and an engine error reported after the
+    events it emitted, as one line."""
+    from blockviz.session.engine_driver import EngineDriver
+    from blockviz.session.engine_session import EngineSession
+
+    heard: list = []
+    listener = Listener(loading=lambda t: None, ready=lambda h: None, failed=lambda e: None,
+                        events=lambda batch: heard.append(("events", [e.type for e in batch])),
+                        died=lambda line: heard.append(("died", line)))
+    engine = FakeEngine()
+    driver = EngineDriver(EngineSession(_spec(max_tokens=2, n=1), engine=engine), listener)
+    driver.session.start()
+    assert driver.flush() == 2 and heard == [("events", ["request_added", "request_added"])]
+    assert driver.flush() == 0 and len(heard) == 1  # nothing new: no empty batch
+
+    emitted_then_broke = engine.step
+
+    def step():
+        emitted_then_broke()
+        raise RuntimeError("the model fell over\nTraceback ...")
+
+    engine.step = step
+    with pytest.raises(RuntimeError):
+        driver.step()
+    assert driver.stopped(RuntimeError("the model fell over\nTraceback ...")) == "engine stopped: the model fell over"
+    assert heard[-2][0] == "events" and "step_finished" in heard[-2][1]
+    assert heard[-1] == ("died", "engine stopped: the model fell over")
+
+    engine.step = emitted_then_broke
+    while driver.step():
+        driver.flush()
+    assert not driver.session.has_unfinished_requests() and not driver.step()
