@@ -6,6 +6,7 @@ made from it. Plain Python: the UI process imports it without torch.
 from __future__ import annotations
 
 import enum
+import importlib.util
 from dataclasses import dataclass, fields
 
 from engine.model_source import DEFAULT_MODEL
@@ -13,8 +14,12 @@ from engine.model_source import DEFAULT_MODEL
 MiB = 1 << 20
 DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks is given
 DTYPES = ("float32", "float16", "bfloat16")
-KV_MANAGERS = ("v0", "v1")  # vLLM v0's BlockSpaceManager, vLLM v1's KVCacheManager (engine/v1/)
-HASH_ALGOS = ("sha256", "xxhash")  # v1's prefix_caching_hash_algo (vLLM's default first)
+# vLLM v0's BlockSpaceManager, vLLM v1's KVCacheManager (engine/v1/), vLLM's own (engine/vllm_core/)
+KV_MANAGERS = ("v0", "v1", "vllm")
+V1_DESIGNS = ("v1", "vllm")  # the managers that work as vLLM v1's: null block 0, free queue, recompute only
+VLLM_INSTALL = ("kv_manager 'vllm' runs vLLM's own scheduler and needs vLLM: pip install -e '.[vllm]' && "
+                "pip install --no-deps vllm==0.33.0")
+HASH_ALGOS = ("sha256", "xxhash", "sha256_cbor", "xxhash_cbor")  # prefix_caching_hash_algo (vLLM's default first)
 ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
 
@@ -52,6 +57,8 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "sha256"
     attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
     raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
+    # kv_manager "vllm": vLLM SchedulerConfig / CacheConfig fields by name (engine/vllm_core/config.py)
+    vllm_options: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -76,16 +83,24 @@ class EngineConfig:
         if self.watermark < 0:
             raise ValueError(f"watermark must be >= 0, got {self.watermark}")
         if self.kv_manager not in KV_MANAGERS:
-            raise ValueError(f"kv_manager must be 'v0' or 'v1', got {self.kv_manager!r}")
+            raise ValueError(f"kv_manager must be one of {', '.join(KV_MANAGERS)}, got {self.kv_manager!r}")
+        if self.kv_manager == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError(VLLM_INSTALL)
+        if self.vllm_options is not None:
+            if self.kv_manager != "vllm":
+                raise ValueError("vllm_options apply to kv_manager 'vllm' only")
+            if not isinstance(self.vllm_options, dict) or not all(isinstance(k, str) for k in self.vllm_options):
+                raise ValueError(f"vllm_options must be a dict of option names, got {self.vllm_options!r}")
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                              f"got {self.prefix_caching_hash_algo!r}")
-        if self.kv_manager == "v1" and self.num_gpu_blocks == 1:
-            raise ValueError("kv_manager 'v1' needs num_gpu_blocks >= 2: block 0 is the null block")
-        if self.kv_manager == "v1" and self.preemption_mode is PreemptionMode.SWAP:
-            raise ValueError("kv_manager 'v1' preempts by recompute only: preemption_mode 'swap' is v0's")
+        v1 = self.kv_manager in V1_DESIGNS
+        if v1 and self.num_gpu_blocks == 1:
+            raise ValueError(f"kv_manager {self.kv_manager!r} needs num_gpu_blocks >= 2: block 0 is the null block")
+        if v1 and self.preemption_mode is PreemptionMode.SWAP:
+            raise ValueError(f"kv_manager {self.kv_manager!r} preempts by recompute only: preemption_mode 'swap' is v0's")
         if self.enable_prefix_caching is None:
-            self.enable_prefix_caching = self.kv_manager == "v1"
+            self.enable_prefix_caching = v1
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import torch
 
 from engine.block_manager import BlockSpaceManager
 from engine.cache_engine import BlockBudget, CacheEngine, determine_num_blocks
-from engine.config import EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
+from engine.config import V1_DESIGNS, EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
 from engine.events import (
     EventBus,
     KVDigest,
@@ -64,7 +64,7 @@ class LLMEngine:
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
             swap_space_bytes=config.swap_space_bytes,
-            num_cpu_blocks=0 if config.kv_manager == "v1" else config.num_cpu_blocks,  # v1 has no swap
+            num_cpu_blocks=0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,  # v1 has no swap
         )
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,
@@ -93,9 +93,15 @@ class LLMEngine:
         abort_seq_group / free_finished_seq_groups and return one step plan (SchedulerOutput);
         the engine reaches the manager only through its scheduler. vLLM v1 runs n > 1 as n
         requests sharing the prompt through the cache (its ParentRequest fan-out in add_request);
-        v0 forks the request's other sequences after its prefill."""
+        v0 forks the request's other sequences after its prefill. "vllm" is vLLM's own Scheduler and
+        KVCacheManager behind the same interface (engine/vllm_core/)."""
         config = self.config
-        self._fans_out_n = config.kv_manager == "v1"
+        self._fans_out_n = config.kv_manager in V1_DESIGNS
+        if config.kv_manager == "vllm":
+            from engine.vllm_core import make_vllm_scheduler
+
+            scheduler = make_vllm_scheduler(self, scheduler_config.max_num_batched_tokens)
+            return scheduler.kv_cache_manager, scheduler
         if config.kv_manager == "v1":
             from engine.v1.kv_cache_manager import KVCacheManager
             from engine.v1.scheduler import Scheduler as V1Scheduler
@@ -262,11 +268,12 @@ class LLMEngine:
         return self._outputs(plan.scheduled_seq_groups, finished)
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
-        """Requests the scheduler refused for good end now, with its reason."""
+        """Requests the scheduler refused for good end now, with its reason (each request once, though
+        v1 refuses n > 1's sequences one by one)."""
         for group, reason, seqs in ignored:
             for seq in seqs:
                 self._emit_finished(group, seq, reason)
-        return [group for group, _, _ in ignored if group.is_finished()]
+        return list({id(group): group for group, _, _ in ignored if group.is_finished()}.values())
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
         """The plan's swaps and copy-on-write copies, done on the cache before the forward."""

@@ -112,8 +112,12 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     if "kv_manager" not in skip:
         parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
                             help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
-                                 "copy-on-write) or v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
-                                 f"recompute only) (default {d['kv_manager']})")
+                                 "copy-on-write), v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
+                                 "recompute only) or vllm (vLLM's own Scheduler and KVCacheManager: pip install -e "
+                                 f"'.[vllm]'; docs/vllm-core.md) (default {d['kv_manager']})")
+        parser.add_argument("--vllm-option", action="append", type=_vllm_option, dest="vllm_options", metavar="KEY=VALUE",
+                            help="with --kv-manager vllm: a field of vLLM's SchedulerConfig or CacheConfig, e.g. "
+                                 "scheduler_reserve_full_isl=false, watermark=0.01, policy=priority; repeatable")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=int_at_least("--seed", 0), default=d["seed"],
@@ -123,6 +127,19 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
                         help="torch (gather + SDPA, the reference) or triton (paged kernels; on the CPU only "
                              "under TRITON_INTERPRET=1) (default: triton on CUDA when installed, else torch)")
+
+
+def _vllm_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with the value as JSON reads it (true, 0.01, 8) or else as text (priority)."""
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--vllm-option takes KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
 
 
 class _GivenChoice(argparse.Action):

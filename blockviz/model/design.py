@@ -1,15 +1,16 @@
-"""The two KV-cache designs a run may have used, as the traits the views depend on.
+"""The KV-cache designs a run may have used, as the traits the views depend on.
 
 A trace header (or a live engine's) names its design in "kv_manager": "v0" (vLLM v0's
-BlockSpaceManager and Scheduler) or "v1" (vLLM v1's KVCacheManager over a BlockPool); older
-traces name none and are v0. The model layer and the front ends ask `design_of(header)` (or
+BlockSpaceManager and Scheduler), "v1" (vLLM v1's KVCacheManager over a BlockPool) or "vllm"
+(vLLM's own v1 Scheduler and KVCacheManager, engine/vllm_core/: v1's traits, its events are v1's);
+older traces name none and are v0. The model layer and the front ends ask `design_of(header)` (or
 `KV_DESIGNS[name]`) what the design does (`if design.null_block:`) instead of comparing names, so
 each difference is written once, here, beside the vLLM code it mirrors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -17,7 +18,7 @@ from typing import Any
 class KVDesign:
     """What a KV-cache design does, as far as the pictures of its blocks can tell."""
 
-    name: str  # "v0" or "v1": the header's kv_manager
+    name: str  # "v0", "v1" or "vllm": the header's kv_manager
     null_block: bool  # block 0 is a placeholder never allocated or counted (v1 BlockPool.null_block)
     free_queue: bool  # free blocks wait in eviction order, a cached one at the tail (v1 FreeKVCacheBlockQueue)
     shared_hashes: bool  # one hash may sit on several blocks (v1 BlockPool.cached_block_hash_to_block)
@@ -37,6 +38,7 @@ KV_DESIGNS: dict[str, KVDesign] = {
                    copy_on_write=False, chunked_prefill=True, hash_collision_guard=False, run_hash_algo=True,
                    fork_and_preempt_commands=False),
 }
+KV_DESIGNS["vllm"] = replace(KV_DESIGNS["v1"], name="vllm")
 
 
 def kv_manager_of(header: dict[str, Any]) -> str:

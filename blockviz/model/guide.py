@@ -230,7 +230,7 @@ class Guide:
     """The cards of an event stream, one per idea at its first occurrence, read as events arrive."""
 
     def __init__(self, kv_manager: str = "v0") -> None:
-        self.kv_manager = kv_manager
+        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
         self.cards: list[Card] = []
         self._positions: list[int] = []  # each card's position, for bisect
         self._seen: set[str] = set()

@@ -55,6 +55,13 @@ def _kv_manager_fields(config: Any) -> dict[str, Any]:
     headers are as they always were), else the design and its prefix-caching hash."""
     if getattr(config, "kv_manager", "v0") == "v0":
         return {}
+    if config.kv_manager == "vllm":  # vLLM's own: its release and the options it ran with
+        from engine.vllm_core import vllm_version
+
+        options = dict(config.vllm_options or {})
+        return {"kv_manager": "vllm", "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
+                                                                              config.prefix_caching_hash_algo),
+                "vllm_version": vllm_version(), "vllm_options": options}
     return {"kv_manager": config.kv_manager, "prefix_caching_hash_algo": config.prefix_caching_hash_algo}
 
 

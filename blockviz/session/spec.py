@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
+from blockviz.model.design import KV_DESIGNS
 from blockviz.session.scenario import Arrival, scenario
 from engine.config import EngineConfig
 
@@ -59,7 +60,7 @@ class EngineSpec:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
-        if options.get("kv_manager") == "v1" and "preemption_mode" not in options:
+        if not _swaps(options.get("kv_manager")) and "preemption_mode" not in options:
             settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
@@ -72,7 +73,9 @@ class EngineSpec:
         else:
             prompts, arrivals = ((), default_arrivals) if default_arrivals else (DEFAULT_PROMPTS, ())
         options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
-        if options["kv_manager"] == "v1" and not getattr(args, "preemption_mode_given", False):
+        if getattr(args, "vllm_options", None):  # --vllm-option KEY=VALUE ..., for --kv-manager vllm
+            options["vllm_options"] = dict(args.vllm_options)
+        if not _swaps(options["kv_manager"]) and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
             config = EngineConfig(**options)
@@ -113,6 +116,10 @@ class EngineSpec:
         result. Imports no torch unless a CUDA device was asked for (and `device` is True)."""
         self.check(device=device)
         try:
+            if self.config.vllm_options:  # names and values vLLM refuses, before the engine starts
+                from engine.vllm_core.config import check_options
+
+                check_options(self.config.vllm_options)
             source = check_model(self.model)
             self.sampling_params()
         except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
@@ -177,7 +184,12 @@ class EngineSpec:
 def _story_of(name: str, kv_manager: str | None) -> str:
     """The scenario to play for `name` under `kv_manager`: the story under vLLM v1's manager is
     v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap)."""
-    return "story-v1" if name == "story" and kv_manager == "v1" else name
+    return "story-v1" if name == "story" and KV_DESIGNS[kv_manager or "v0"].chunked_prefill else name
+
+
+def _swaps(kv_manager: str | None) -> bool:
+    """Whether the design may preempt by swap (v0): the others recompute only."""
+    return KV_DESIGNS[kv_manager or "v0"].swaps
 
 
 def check_device(device: str) -> None:

@@ -26,7 +26,8 @@ class KVCacheManager:
     """Block tables over a BlockPool, with prefix caching (vLLM v1 KVCacheManager)."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, max_model_len: int | None = None,
-                 enable_caching: bool = True, hash_algo: str = "sha256", events: EventBus | None = None) -> None:
+                 enable_caching: bool = True, hash_algo: str = "sha256", events: EventBus | None = None,
+                 watermark: float = 0.0) -> None:
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         self.block_size = block_size
@@ -35,6 +36,9 @@ class KVCacheManager:
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.events = events if events is not None else EventBus()
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.events)
+        # blocks kept free when admitting a waiting request beside running ones (vLLM 0.33's
+        # KVCacheManager.watermark_blocks, SchedulerConfig.watermark; 0 unless asked for)
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}
         self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
         self.num_cached_block: dict[int, int] = {}  # seq_id -> its leading blocks already hashed
@@ -82,7 +86,8 @@ class KVCacheManager:
         return computed, len(computed) * self.block_size
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+                       new_computed_blocks: list[KVCacheBlock] | None = None, full_sequence_must_fit: bool = False,
+                       apply_watermark: bool = False) -> list[KVCacheBlock] | None:
         """Slots for `num_new_tokens` more tokens of `seq` (vLLM allocate_slots).
 
         Args:
@@ -90,6 +95,10 @@ class KVCacheManager:
             num_new_tokens: tokens to compute this step (after any cached ones).
             num_new_computed_tokens: tokens `new_computed_blocks` hold (a waiting request's hits).
             new_computed_blocks: the cached blocks get_computed_blocks found.
+            full_sequence_must_fit: admit only if the free blocks hold the whole sequence, not just
+                this step's tokens (vLLM 0.33's admission gate, SchedulerConfig.scheduler_reserve_full_isl).
+            apply_watermark: keep watermark_blocks free besides (a waiting request admitted while
+                others run, as vLLM 0.33 applies it).
 
         Returns:
             The blocks newly allocated, or None when the free blocks (cached hits with ref 0
@@ -107,7 +116,14 @@ class KVCacheManager:
             req_blocks = self.req_to_blocks[seq.seq_id] = []
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks) - len(computed_blocks)
         num_evictable_computed_blocks = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks:
+        watermark_blocks = self.watermark_blocks if apply_watermark else 0
+        num_free = self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks - watermark_blocks
+        if full_sequence_must_fit:
+            full_num_tokens = seq.get_len() if self.max_model_len is None else min(seq.get_len(), self.max_model_len)
+            num_full_blocks = cdiv(full_num_tokens, self.block_size) - len(req_blocks) - len(computed_blocks)
+        else:
+            num_full_blocks = 0
+        if max(num_new_blocks, num_full_blocks) > num_free:
             if not req_blocks:
                 del self.req_to_blocks[seq.seq_id]  # nothing changed: not even an empty table
             return None

@@ -1,5 +1,6 @@
 """A v1 KV cache block and the chained block hash (vLLM v1 `vllm/v1/core/kv_cache_utils.py`:
-KVCacheBlock, hash_block_tokens, init_none_hash; `vllm/utils/hashing.py`: sha256, xxhash).
+KVCacheBlock, hash_block_tokens, init_none_hash; `vllm/utils/hashing.py`: sha256, xxhash and their
+CBOR forms, sha256_cbor and xxhash_cbor, which need the cbor2 package).
 
 A full block's hash covers (its parent block's hash, or NONE_HASH for the first block, its token
 ids, its extra keys), so equal hashes mean equal prefixes. vLLM seeds NONE_HASH with
@@ -32,7 +33,27 @@ def xxhash_128(value: Any) -> bytes:
     return xxhash.xxh3_128_digest(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-HASH_FUNCTIONS: dict[str, HashFunction] = {"sha256": sha256, "xxhash": xxhash_128}
+def _cbor(value: Any) -> bytes:
+    """The value as canonical CBOR (vLLM's *_cbor hashes: the same bytes in any language)."""
+    try:
+        import cbor2
+    except ImportError:
+        raise ValueError("the *_cbor prefix caching hashes need the cbor2 package: pip install cbor2") from None
+    return cbor2.dumps(value, canonical=True)
+
+
+def sha256_cbor(value: Any) -> bytes:
+    """vLLM's `sha256_cbor` option: SHA-256 over the value as canonical CBOR (hashing.sha256_cbor)."""
+    return hashlib.sha256(_cbor(value)).digest()
+
+
+def xxhash_128_cbor(value: Any) -> bytes:
+    """vLLM's `xxhash_cbor` option: 128-bit xxh3 over the value as canonical CBOR (hashing.xxhash_cbor)."""
+    return xxhash.xxh3_128_digest(_cbor(value))
+
+
+HASH_FUNCTIONS: dict[str, HashFunction] = {"sha256": sha256, "xxhash": xxhash_128, "sha256_cbor": sha256_cbor,
+                                           "xxhash_cbor": xxhash_128_cbor}
 
 
 def get_hash_fn_by_name(name: str) -> HashFunction:

@@ -36,8 +36,12 @@ class _Scheduling:
 class Scheduler:
     """FCFS over a waiting deque and a running list of sequences (vLLM v1 Scheduler)."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 scheduler_reserve_full_isl: bool = False) -> None:
         self.config = config
+        # admit a waiting request only when its whole sequence fits (vLLM 0.33's default gate,
+        # SchedulerConfig.scheduler_reserve_full_isl; off here unless asked for)
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.kv_cache_manager = kv_cache_manager
         self.events = kv_cache_manager.events
         self.waiting: deque[Sequence] = deque()
@@ -148,7 +152,9 @@ class Scheduler:
                 continue
             computed_blocks, num_computed = manager.get_computed_blocks(seq)
             num_new_tokens = min(seq.get_len() - num_computed, token_budget)
-            if manager.allocate_slots(seq, num_new_tokens, num_computed, computed_blocks) is None:
+            if manager.allocate_slots(seq, num_new_tokens, num_computed, computed_blocks,
+                                      full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                                      apply_watermark=bool(self.running)) is None:
                 break
             self.waiting.popleft()
             self.running.append(seq)

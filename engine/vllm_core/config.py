@@ -1,0 +1,139 @@
+"""vLLM's own v1 Scheduler and KVCacheManager, built for one engine (vLLM 0.33
+`vllm/v1/engine/core.py` `EngineCore.__init__` building its `Scheduler` from a `VllmConfig` and the
+`KVCacheConfig` its workers reported).
+
+No worker runs: the `KVCacheConfig` is made by hand, as `get_kv_cache_configs` would report our
+cache engine (`engine/cache_engine.py`): one full-attention KV-cache group (`FullAttentionSpec` with
+our block size, KV heads, head size and dtype) over exactly our pool's blocks. The `ModelConfig` reads
+the engine's local checkpoint directory (its config.json; no weights, no tokenizer).
+
+`vllm_options` set vLLM's `SchedulerConfig` / `CacheConfig` fields by name on top of what the engine
+config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
+`prefix_caching_hash_algo`), so a run reproduces a server's settings: `scheduler_reserve_full_isl`,
+`watermark`, `policy`, `long_prefill_token_threshold`, ... An unknown name, a field the adapter owns
+(`OWNED`) or a value vLLM's validation refuses is one ValueError line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Fields the engine sets itself (its pool, its block size, its model), or that need what no CPU
+# run here has (a worker, KV offloading, asynchronous output, a hash unit finer than a block).
+OWNED = {
+    "block_size": "the engine option block_size", "num_gpu_blocks_override": "the engine option num_gpu_blocks",
+    "max_model_len": "the model's context", "runner_type": None, "is_multimodal_model": None,
+    "is_encoder_decoder": None, "scheduler_cls": None, "async_scheduling": None, "prefix_match_unit": None,
+    "kv_offloading_size": None, "kv_offloading_backend": None, "cache_dtype": None, "sliding_window": None,
+    "gpu_memory_utilization": "the engine option gpu_memory_utilization",
+}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`vllm_options` as (SchedulerConfig fields, CacheConfig fields); a ValueError names the first
+    option that is neither, or one the adapter owns."""
+    from vllm.config import CacheConfig, SchedulerConfig
+
+    scheduler_fields, cache_fields = _fields(SchedulerConfig), _fields(CacheConfig)
+    sched: dict[str, Any] = {}
+    cache: dict[str, Any] = {}
+    for name, value in (options or {}).items():
+        if name in OWNED:
+            instead = OWNED[name]
+            raise ValueError(f"vllm option {name!r} is set by the engine" + (f": use {instead}" if instead else
+                                                                              " and cannot be changed here"))
+        if name in scheduler_fields:
+            sched[name] = value
+        elif name in cache_fields:
+            cache[name] = value
+        else:
+            raise ValueError(f"unknown vllm option {name!r}: not a field of vLLM's SchedulerConfig or CacheConfig")
+    return sched, cache
+
+
+def _refused(error: Exception) -> ValueError:
+    """vLLM's validation error as one line (pydantic's first error: field and message)."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "?"
+        return ValueError(f"vllm option {where}: vLLM refused it: {first.get('msg', error)}")
+    text = str(error).strip().splitlines()
+    return ValueError(f"vLLM refused the options: {text[0] if text else type(error).__name__}")
+
+
+def check_options(options: dict[str, Any] | None) -> None:
+    """What can be checked without a model: each name (split_options) and each value vLLM's
+    configs refuse field by field (pydantic); checks across fields wait for build_vllm_config."""
+    from vllm.config import CacheConfig, SchedulerConfig
+
+    sched_options, cache_options = split_options(options)
+    for make in (lambda: SchedulerConfig(**{"max_model_len": 1 << 20, "is_encoder_decoder": False, **sched_options}),
+                 lambda: CacheConfig(**cache_options)):
+        try:
+            make()
+        except (ValueError, TypeError) as error:
+            if callable(getattr(error, "errors", None)):  # a field's own validation
+                raise _refused(error) from None
+
+
+def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int, max_model_len: int,
+                      max_num_seqs: int, max_num_batched_tokens: int, enable_prefix_caching: bool,
+                      prefix_caching_hash_algo: str, options: dict[str, Any] | None = None):
+    """A VllmConfig over the checkpoint directory with our pool (vLLM's EngineArgs.create_engine_config,
+    cut to what the scheduler reads), the options applied on top."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    sched_options, cache_options = split_options(options)
+    model_dir = str(model_dir)
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"kv_manager 'vllm' needs a local checkpoint directory with a config.json, got {model_dir!r}")
+    try:
+        model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32",
+                            seed=0, max_model_len=max_model_len)
+        scheduler = SchedulerConfig(**{
+            "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": max_model_len, "enable_chunked_prefill": True, "is_encoder_decoder": False,
+            **sched_options})
+        cache = CacheConfig(**{"block_size": block_size, "cache_dtype": "auto",
+                               "enable_prefix_caching": enable_prefix_caching,
+                               "prefix_caching_hash_algo": prefix_caching_hash_algo, **cache_options})
+        cache.num_gpu_blocks = num_gpu_blocks
+        return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
+                          device_config=DeviceConfig("cpu"))
+    except (ValueError, TypeError, AssertionError) as error:
+        raise _refused(error) from None
+
+
+def build_kv_cache_config(num_gpu_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                          dtype: torch.dtype):
+    """One full-attention KV-cache group over the whole pool (vLLM's get_kv_cache_config_from_groups
+    for a model whose layers all share one FullAttentionSpec); no tensors: our cache engine holds them."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
+    return KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["model.layers"], spec)])
+
+
+def build_scheduler(vllm_config, kv_cache_config, block_size: int):
+    """vLLM's v1 Scheduler (which builds its KVCacheManager, coordinator and BlockPool), hashing at
+    the block size so every hash covers one whole block (no partial-block prefix entries)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    try:
+        return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
+                         hash_block_size=block_size, log_stats=False)
+    except (ValueError, TypeError, AssertionError) as error:
+        raise _refused(error) from None

@@ -1,0 +1,196 @@
+"""blockviz's block events, emitted as vLLM's own KVCacheManager and BlockPool do each operation.
+
+The tap wraps methods of one vLLM instance (never the classes), each calling vLLM's own code and
+emitting what our v1 (engine/v1/) emits for the same operation, in the same order:
+
+- `KVCacheManager.allocate_slots`: notes the request and where its new tokens start;
+- `BlockPool.touch` (a waiting request's prefix-cache hits): PrefixCacheHit per block;
+- `BlockPool._maybe_evict_cached_block` (inside `get_new_blocks`): BlockEvicted;
+- `KVCacheCoordinator.allocate_new_blocks`: SlotAppended for tokens landing in blocks the request
+  held, BlockAllocated for each new block with the tokens it holds;
+- `BlockPool.cache_full_blocks`: BlockHashed per block given its hash (`registered`: no other block
+  held the hash);
+- `BlockPool.free_blocks`: BlockFreed per block, held ones first, then those going to the free
+  queue's head in reverse, then those going to its tail, as engine/v1/block_pool.py documents, so
+  the reducer rebuilds vLLM's `FreeKVCacheBlockQueue`;
+- `KVCacheManager.free`: SequenceFreed after the request's blocks.
+
+Hashes are vLLM's `BlockHash` bytes as our events carry them (`external_block_hash`: the low 64
+bits, which is vLLM's `maybe_convert_block_hash` with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
+
+Features of vLLM 0.33's manager that ours lacks, and why none reaches an event here:
+- partial-block prefix entries (`cache_partial_block`, `_cache_partial_tail_block`, fine-grained hits
+  and their copy-on-write `_apply_cow` with its retained blocks): only when the hash unit is smaller
+  than the block; the scheduler is built with `hash_block_size == block_size`;
+- `move_block_hashes`, `unpin_blocks`, `evict_blocks`, deferred frees, `_free_cow_retained_blocks`:
+  KV connectors, HiSparse and copy-on-write only; no connector is configured;
+- `remove_skipped_blocks` and null-padded tables: sliding-window and Mamba groups; ours is one
+  full-attention group;
+- block zeroing (`new_block_ids_to_zero`): only a worker that needs it asks; the ids are drained
+  and unused here;
+- `reset_prefix_cache`: never called by the adapter.
+If any of these ran anyway, the reducer check in tests/test_vllm_core.py would see the difference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.events import (
+    BlockAllocated,
+    BlockEvicted,
+    BlockFreed,
+    BlockHashed,
+    EventBus,
+    PrefixCacheHit,
+    SequenceFreed,
+    SlotAppended,
+)
+from engine.v1.block_pool import GPU
+from engine.v1.kv_cache_utils import external_block_hash
+
+
+class VllmEventTap:
+    """Wraps one vLLM scheduler's KVCacheManager, coordinator and BlockPool so that each block
+    operation emits its blockviz events on `events`. Request ids are our seq ids as strings."""
+
+    def __init__(self, scheduler: Any, events: EventBus) -> None:
+        from vllm.v1.core.kv_cache_utils import get_block_hash, make_block_hash_with_group_id
+
+        self.events = events
+        self.manager = scheduler.kv_cache_manager
+        self.coordinator = self.manager.coordinator
+        self.pool = self.manager.block_pool
+        (self.single,) = self.coordinator.single_type_managers  # one full-attention group
+        self.block_size = self.single.block_size
+        self._get_block_hash = get_block_hash
+        self._key = make_block_hash_with_group_id
+        self._request: Any = None  # the Request allocate_slots is working for
+        self._start = 0  # where its new slots start (computed tokens plus new hits)
+        self._freeing = -1  # the seq id KVCacheManager.free is freeing
+        for obj, name in ((self.manager, "allocate_slots"), (self.manager, "free"),
+                          (self.coordinator, "allocate_new_blocks"), (self.pool, "touch"),
+                          (self.pool, "_maybe_evict_cached_block"), (self.pool, "cache_full_blocks"),
+                          (self.pool, "free_blocks")):
+            setattr(obj, name, getattr(self, "_" + name.lstrip("_"))(getattr(obj, name)))
+
+    def external(self, key: bytes) -> int:
+        """A pool key (hash and group id) as events carry the hash."""
+        return external_block_hash(self._get_block_hash(key))
+
+    # ------------------------------------------------------------------ wrappers (each returns the wrapped method)
+
+    def _allocate_slots(self, original):
+        def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kwargs):
+            self._request = request
+            self._start = request.num_computed_tokens + num_new_computed_tokens
+            try:
+                return original(request, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
+                                new_computed_blocks=new_computed_blocks, **kwargs)
+            finally:
+                self._request = None
+        return allocate_slots
+
+    def _touch(self, original):
+        def touch(blocks):
+            original(blocks)
+            request = self._request
+            if not self.events.active or request is None:
+                return
+            bs, token_ids, seq_id = self.block_size, request.all_token_ids, int(request.request_id)
+            for index, block in enumerate(blocks):  # a waiting request's hits: its leading blocks
+                if block.is_null:
+                    continue
+                self.events.emit(PrefixCacheHit, device=GPU, block=block.block_id, seq_ids=(seq_id,),
+                                 logical_index=index, ref_count=block.ref_cnt,
+                                 block_hash=self.external(block.block_hash),
+                                 token_ids=tuple(token_ids[index * bs : (index + 1) * bs]))
+        return touch
+
+    def _maybe_evict_cached_block(self, original):
+        def maybe_evict_cached_block(block):
+            key = block.block_hash
+            evicted = original(block)
+            if evicted and self.events.active:
+                self.events.emit(BlockEvicted, device=GPU, block=block.block_id, block_hash=self.external(key))
+            return evicted
+        return maybe_evict_cached_block
+
+    def _allocate_new_blocks(self, original):
+        def allocate_new_blocks(request_id, num_tokens, *args, **kwargs):
+            num_old_blocks = len(self.single.req_to_blocks.get(request_id, ()))
+            new_blocks = original(request_id, num_tokens, *args, **kwargs)
+            if self.events.active and self._request is not None:
+                self._emit_slots(self._request, num_old_blocks, self._start, num_tokens)
+            return new_blocks
+        return allocate_new_blocks
+
+    def _cache_full_blocks(self, original):
+        def cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
+                              block_mask=None):
+            hashes = request.block_hashes
+            fresh = [(i, self.pool.cached_block_hash_to_block.get_one_block(self._key(hashes[i], kv_cache_group_id))
+                      is None) for i in range(num_cached_blocks, num_full_blocks)
+                     if not blocks[i].is_null and blocks[i].block_hash is None
+                     and (block_mask is None or block_mask[i - num_cached_blocks])]
+            original(request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
+                     block_mask=block_mask)
+            if not self.events.active:
+                return
+            token_ids = request.all_token_ids
+            for index, registered in fresh:
+                block = blocks[index]
+                if block.block_hash is None:
+                    continue
+                parent = external_block_hash(hashes[index - 1]) if index else None
+                self.events.emit(BlockHashed, device=GPU, block=block.block_id,
+                                 block_hash=external_block_hash(hashes[index]), parent_hash=parent,
+                                 token_ids=tuple(token_ids[index * block_size : (index + 1) * block_size]),
+                                 num_hashed_tokens=(index + 1) * block_size, registered=registered)
+        return cache_full_blocks
+
+    def _free_blocks(self, original):
+        def free_blocks(ordered_blocks):
+            blocks = [block for block in ordered_blocks]
+            original(blocks)
+            if not self.events.active:
+                return
+            blocks = [block for block in blocks if not block.is_null]
+            caching = self.pool.enable_caching
+            held = [b for b in blocks if b.ref_cnt > 0]
+            fresh = [b for b in blocks if b.ref_cnt == 0 and (b.block_hash is None or not caching)]
+            cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and caching]
+            for block in (*held, *reversed(fresh), *cached):
+                self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=self._freeing,
+                                 ref_count=block.ref_cnt, cached=block.block_hash is not None and caching)
+        return free_blocks
+
+    def _free(self, original):
+        def free(request):
+            had_blocks = request.request_id in self.single.req_to_blocks
+            self._freeing = int(request.request_id)
+            try:
+                original(request)
+            finally:
+                self._freeing = -1
+            if had_blocks and self.events.active:
+                self.events.emit(SequenceFreed, seq_id=int(request.request_id))
+        return free
+
+    # ------------------------------------------------------------------ events
+
+    def _emit_slots(self, request: Any, num_old_blocks: int, start: int, end: int) -> None:
+        """Tokens start..end-1 got slots (engine/v1's KVCacheManager._emit_slots, over vLLM's own
+        block table and the request's own tokens)."""
+        bs = self.block_size
+        blocks = self.single.req_to_blocks[request.request_id]
+        seq_id = int(request.request_id)
+        token_ids = request.all_token_ids
+        for pos in range(start, min(end, num_old_blocks * bs)):
+            self.events.emit(SlotAppended, seq_id=seq_id, device=GPU, logical_index=pos // bs,
+                             block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_ids[pos])
+        for index in range(num_old_blocks, len(blocks)):
+            block = blocks[index]
+            held = tuple(token_ids[max(start, index * bs) : min(end, (index + 1) * bs)])
+            self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq_id,),
+                             logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held)

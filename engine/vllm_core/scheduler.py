@@ -1,0 +1,284 @@
+"""Our scheduler interface over vLLM 0.33's own v1 `Scheduler` (vllm/v1/core/sched/scheduler.py) and
+the `KVCacheManager` it builds: the engine's step (engine/llm_engine.py) runs unchanged on vLLM's
+decisions.
+
+Each of our sequences is one vLLM `Request` whose id is the seq id as a string (n > 1 fans out into
+n sequences, as vLLM's `ParentRequest` does). vLLM's `SchedulerOutput` becomes our step plan: per
+request its `num_scheduled_tokens`, the `num_computed_tokens` the runner data carries, and its block
+table kept as vLLM's GPU model runner keeps it (`_update_states`: a new request's `block_ids`, a
+running one's `new_block_ids` appended, a resumed one's replacing the table).
+
+vLLM learns the sampled tokens through its own `update_from_output(out, ModelRunnerOutput)`. Our
+engine calls `update_from_output(plan)` before it samples, so the adapter defers vLLM's update to
+`free_finished_seq_groups()`, which the engine calls once every token is appended: each request that
+sampled hands back its newest token, a prefill chunk short of its end none. The engine keeps its own
+stop checks: vLLM's requests ignore EOS and get a `max_tokens` the model's context reaches first, and
+a sequence that stops is finished in vLLM at once (`finish_requests(..., FINISHED_STOPPED)`), so its
+blocks are freed where our v1 frees them. Aborts are `finish_requests(..., FINISHED_ABORTED)`, one
+request at a time so the frees keep the order our v1 has (vLLM iterates a set of ids).
+
+A recompute preemption (`Scheduler._preempt_request`) is announced (Preempted) before vLLM frees the
+blocks, and resets our Sequence; block events come from the tap (engine/vllm_core/event_tap.py).
+A request vLLM could never admit, whose tokens need more blocks than the pool has, ends as ignored
+with its reason, as engine/v1 refuses it: when added, and when it heads the waiting queue (a
+preempted request grown past the pool), before vLLM's schedule() would preempt it forever.
+
+Block hashes are vLLM's, seeded as vLLM seeds them under PYTHONHASHSEED=0 (`init_none_hash`), which
+is what engine/v1/kv_cache_utils.py always does: the same prefix has the same hash in both.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from engine.events import EventBus, Preempted
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.v1.kv_cache_manager import cdiv
+from engine.vllm_core.event_tap import VllmEventTap
+
+NONE_HASH_SEED = "0"  # engine/v1/kv_cache_utils.NONE_HASH_SEED: vLLM's seed under PYTHONHASHSEED=0
+
+
+def make_block_hasher(hash_algo: str, block_size: int):
+    """vLLM's request block hasher for `hash_algo`, with vLLM's NONE_HASH seeded from "0". vLLM keeps
+    NONE_HASH in a module global; the hasher sets it each time, so engines with different
+    algorithms in one process each chain from their own."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = NONE_HASH_SEED
+    try:
+        kv_cache_utils.init_none_hash(hash_fn)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = saved
+    none_hash = kv_cache_utils.NONE_HASH
+    hasher = kv_cache_utils.get_request_block_hasher(block_size, hash_fn)
+
+    def block_hasher(request):
+        kv_cache_utils.NONE_HASH = none_hash
+        return hasher(request)
+
+    return block_hasher
+
+
+class VllmScheduler:
+    """add_seq_group / schedule / update_from_output / free_seq / abort_seq_group /
+    free_finished_seq_groups / has_unfinished_seqs over one vLLM Scheduler."""
+
+    def __init__(self, scheduler: Any, events: EventBus, block_hasher, max_model_len: int) -> None:
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+        self.vllm = scheduler
+        self.kv_cache_manager = scheduler.kv_cache_manager
+        self.block_pool = self.kv_cache_manager.block_pool
+        self.block_size = scheduler.block_size
+        self.events = events
+        self.tap = VllmEventTap(scheduler, events)
+        self.block_hasher = block_hasher
+        # our engine stops every request itself: the model's context comes before this
+        self.sampling_params = VllmSamplingParams(max_tokens=max_model_len + 1, ignore_eos=True)
+        self.seqs: dict[str, Sequence] = {}  # vLLM request id -> our sequence
+        self.groups: dict[str, SequenceGroup] = {}  # vLLM request id -> its request
+        self.block_ids: dict[str, tuple[list[int], ...]] = {}  # as the GPU model runner keeps them
+        self._ignored: list[tuple[SequenceGroup, str, list[Sequence]]] = []  # reported by the next schedule()
+        self._preempted: list[int] = []  # seq ids preempted in the schedule() running now, in order
+        self._pending: Any = None  # vLLM's output whose update_from_output waits for the tokens
+        self._samples: dict[str, bool] = {}  # request id -> whether its plan row samples
+        original = scheduler._preempt_request
+        scheduler._preempt_request = lambda request, *args, **kwargs: self._preempt_request(original, request,
+                                                                                             *args, **kwargs)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can ever hold: all but the null block."""
+        return self.block_pool.num_gpu_blocks - 1
+
+    # ------------------------------------------------------------------ queues
+
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        """One vLLM Request per waiting sequence (vLLM add_request; n > 1 as n requests). One that
+        could never fit the pool is ignored now, reported by the next schedule()."""
+        from vllm.v1.request import Request
+
+        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        needed = cdiv(waiting[0].get_len(), self.block_size) if waiting else 0
+        if needed > self.num_usable_blocks:  # one entry per sequence, as engine/v1 ignores them
+            for seq in waiting:
+                seq.status = SequenceStatus.FINISHED_IGNORED
+                self._ignored.append((seq_group, self._too_big(seq), [seq]))
+            return
+        for seq in waiting:
+            request_id = str(seq.seq_id)
+            self.seqs[request_id] = seq
+            self.groups[request_id] = seq_group
+            self.vllm.add_request(Request(request_id=request_id, prompt_token_ids=list(seq.get_token_ids()),
+                                          sampling_params=self.sampling_params, pooling_params=None,
+                                          arrival_time=seq_group.arrival_time, block_hasher=self.block_hasher))
+
+    def _too_big(self, seq: Sequence) -> str:
+        needed = cdiv(seq.get_len(), self.block_size)
+        return (f"needs {needed} blocks for {seq.get_len()} tokens but the pool has {self.num_usable_blocks} "
+                f"(block 0 is the null block)")
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self._ignored) or self.vllm.has_unfinished_requests()
+
+    def abort_seq_group(self, group: SequenceGroup) -> list[Sequence]:
+        """Finish the request's sequences in vLLM as aborted, one at a time (vLLM finish_requests);
+        returns the ones that were unfinished."""
+        from vllm.v1.request import RequestStatus
+
+        self._ignored = [entry for entry in self._ignored if entry[0] is not group]
+        aborted = group.get_unfinished_seqs()
+        for seq in group.get_seqs():
+            request_id = str(seq.seq_id)
+            if request_id in self.seqs:
+                self.vllm.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+                self._forget(request_id)
+        for seq in aborted:
+            seq.status = SequenceStatus.FINISHED_ABORTED
+        return aborted
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Our stop check ended the sequence: vLLM finishes the request and frees its blocks now."""
+        from vllm.v1.request import RequestStatus
+
+        status = (RequestStatus.FINISHED_LENGTH_CAPPED if seq.status is SequenceStatus.FINISHED_LENGTH_CAPPED
+                  else RequestStatus.FINISHED_STOPPED)
+        self.vllm.finish_requests(str(seq.seq_id), status)
+        self._forget(str(seq.seq_id))
+
+    def _forget(self, request_id: str) -> None:
+        self.seqs.pop(request_id, None)
+        self.groups.pop(request_id, None)
+        self.block_ids.pop(request_id, None)
+
+    def preempt(self, request_id: str, mode=None) -> list[tuple[int, int]]:
+        raise ValueError("vLLM v1 preempts by recompute only, when a step runs out of blocks; "
+                         "there is no swap to ask for")
+
+    # ------------------------------------------------------------------ the step
+
+    def schedule(self) -> SchedulerOutput:
+        """vLLM's schedule(), as our step plan."""
+        if self._pending is not None:  # a step whose tokens never came back: vLLM takes none
+            self._samples = {}
+            self.free_finished_seq_groups()
+        self._preempted = []
+        ignored, self._ignored = self._ignored, []
+        while self.vllm.get_request_counts()[1] and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
+            ignored.append(self._ignore_head())
+        out = self.vllm.schedule()
+        if not out.num_scheduled_tokens:
+            self._update_vllm(out)  # nothing runs: vLLM still takes its (empty) output
+            if not self.vllm.running and not self._preempted and self.vllm.get_request_counts()[1]:
+                ignored.append(self._ignore_head())
+            return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=self._preempted,
+                                   ignored_seq_groups=ignored)
+        num_computed = self._update_block_tables(out)
+        scheduled: list[ScheduledSequence] = []
+        for request_id, num_new_tokens in out.num_scheduled_tokens.items():
+            seq = self.seqs[request_id]
+            computed = num_computed[request_id]
+            if seq.status is SequenceStatus.WAITING:  # admitted now, new or after a preemption
+                seq.status = SequenceStatus.RUNNING
+                seq.num_cached_tokens = computed
+            seq.num_computed_tokens = computed
+            table = tuple(tuple(ids) for ids in self.block_ids[request_id])
+            scheduled.append(ScheduledSequence(self.groups[request_id], seq, computed, num_new_tokens, table))
+        self._pending = out
+        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
+        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
+        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=self._preempted,
+                               ignored_seq_groups=ignored)
+
+    def _update_block_tables(self, out: Any) -> dict[str, int]:
+        """Each scheduled request's block table, updated as vLLM's GPU model runner does from the
+        output (new requests' block_ids; running ones' new_block_ids appended; resumed ones'
+        replacing), and its num_computed_tokens before the step."""
+        num_computed: dict[str, int] = {}
+        for data in out.scheduled_new_reqs:
+            self.block_ids[data.req_id] = tuple(list(ids) for ids in data.block_ids)
+            num_computed[data.req_id] = data.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for index, request_id in enumerate(cached.req_ids):
+            new_block_ids = cached.new_block_ids[index]
+            if request_id in cached.resumed_req_ids:
+                self.block_ids[request_id] = tuple(list(ids) for ids in new_block_ids)
+            elif new_block_ids is not None:
+                for ids, new_ids in zip(self.block_ids[request_id], new_block_ids):
+                    ids.extend(new_ids)
+            num_computed[request_id] = cached.num_computed_tokens[index]
+        return num_computed
+
+    def update_from_output(self, plan: SchedulerOutput) -> None:
+        """The step ran: each scheduled sequence computed its tokens. vLLM's own update waits for
+        the sampled tokens (free_finished_seq_groups)."""
+        self._samples = {}
+        for s in plan.scheduled:
+            self._samples[str(s.seq.seq_id)] = s.samples
+            s.seq.num_computed_tokens = s.num_tokens
+
+    def free_finished_seq_groups(self) -> None:
+        """Every token of the step is appended: vLLM's update_from_output takes each sampling
+        request's newest token (a finished one is gone from vLLM already)."""
+        if self._pending is not None:
+            out, self._pending = self._pending, None
+            self._update_vllm(out)
+
+    def _update_vllm(self, out: Any) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        request_ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for request_id in request_ids:
+            seq = self.seqs.get(request_id)
+            sampled.append([seq.get_last_token_id()] if seq is not None and self._samples.get(request_id) else [])
+        self.vllm.update_from_output(out, ModelRunnerOutput(
+            req_ids=request_ids, req_id_to_index={r: i for i, r in enumerate(request_ids)},
+            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+        self._samples = {}
+
+    # ------------------------------------------------------------------ preemption and refusal
+
+    def _preempt_request(self, original, request: Any, *args, **kwargs) -> None:
+        """vLLM's _preempt_request, announced first (the cause before the frees it makes); our
+        Sequence is reset for recompute after it."""
+        seq = self.seqs[request.request_id]
+        if self.events.active:
+            self.events.emit(Preempted, request_id=self.groups[request.request_id].request_id,
+                             seq_ids=(seq.seq_id,), mode="recompute",
+                             reason="no free block for the next step's tokens",
+                             num_tokens_lost=request.num_computed_tokens)
+        original(request, *args, **kwargs)
+        self.block_ids.pop(request.request_id, None)
+        seq.reset_for_recompute()
+        self._preempted.append(seq.seq_id)
+
+    def _too_big_for_the_pool(self, request: Any) -> bool:
+        return cdiv(request.num_tokens, self.block_size) > self.num_usable_blocks
+
+    def _ignore_head(self) -> tuple[SequenceGroup, str, list[Sequence]]:
+        """End the head of vLLM's waiting queue as ignored: its tokens (a preempted request's
+        outputs too) need more blocks than the pool has, as engine/v1's _admit_waiting refuses at
+        the head; or nothing runs, nothing was preempted this step and it was still not admitted
+        into an empty pool (engine/v1's _ignore_stuck_head). vLLM itself never meets such a request:
+        check_enough_kv_cache_memory refuses a pool smaller than one max_model_len request."""
+        from vllm.v1.request import RequestStatus
+
+        request = self.vllm.waiting.peek_request()
+        request_id = request.request_id
+        seq, group = self.seqs[request_id], self.groups[request_id]
+        reason = (self._too_big(seq) if self._too_big_for_the_pool(request)
+                  else "cannot be admitted even into an empty pool")
+        self.vllm.finish_requests(request_id, RequestStatus.FINISHED_IGNORED)
+        self._forget(request_id)
+        seq.status = SequenceStatus.FINISHED_IGNORED
+        return group, reason, [seq]
