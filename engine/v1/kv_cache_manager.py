@@ -116,14 +116,14 @@ class KVCacheManager:
             req_blocks = self.req_to_blocks[seq.seq_id] = []
         num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks) - len(computed_blocks)
         num_evictable_computed_blocks = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
-        watermark_blocks = self.watermark_blocks if apply_watermark else 0
-        num_free = self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks - watermark_blocks
+        num_free = self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks
+        num_needed = num_new_blocks
+        if apply_watermark:
+            num_free -= self.watermark_blocks
         if full_sequence_must_fit:
             full_num_tokens = seq.get_len() if self.max_model_len is None else min(seq.get_len(), self.max_model_len)
-            num_full_blocks = cdiv(full_num_tokens, self.block_size) - len(req_blocks) - len(computed_blocks)
-        else:
-            num_full_blocks = 0
-        if max(num_new_blocks, num_full_blocks) > num_free:
+            num_needed = max(num_needed, cdiv(full_num_tokens, self.block_size) - len(req_blocks) - len(computed_blocks))
+        if num_needed > num_free:
             if not req_blocks:
                 del self.req_to_blocks[seq.seq_id]  # nothing changed: not even an empty table
             return None
