@@ -260,24 +260,39 @@ class Visualizer(LiveCommands):
         return event
 
     def back(self, n: int = 1) -> ev.Event | None:
-        """Go back `n` events (time travel: nothing in the engine changes); returns the event now
+        """Go back `n` events (time travel: nothing in the engine changes), into an engine
+        operation if that is where it lands (as step_event goes forward); returns the event now
         at the cursor."""
-        return self.seek(self.position - n)
+        return self._seek(self.position - n, land=False)
 
     def seek(self, position: int) -> ev.Event | None:
-        """Put the cursor at `position` (clamped to the events known); returns the event just passed."""
+        """Put the cursor at `position` (clamped to the events known), or at the end of the engine
+        operation `position` falls inside (blockviz/model/operation.py: the slider draws only
+        states the engine can be in); returns the event just passed."""
+        return self._seek(position, land=True)
+
+    def _seek(self, position: int, *, land: bool) -> ev.Event | None:
         self.pause()
         with self._lock:
-            self.timeline.seek(int(position))
+            position = max(0, min(int(position), len(self.timeline)))
+            self.timeline.seek(self._landing(position) if land else position)
             event = self.timeline.current_event
         self._changed()
         return event
 
+    def _landing(self, position: int) -> int:
+        """Where a cursor asked for at `position` lands (Timeline.landing), stepping a live engine
+        until the operation there has ended (lock held)."""
+        while self.timeline.operation_end(position) is None and self._driver is not None and self._driver.step():
+            pass
+        return self.timeline.landing(position)
+
     def run_until(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
-        """Move to just after the next event of `kinds` (one kind, "copy_on_write", or several:
+        """Move to the next event of `kinds` (one kind, "copy_on_write", or several:
         "swap_out,block_evicted" or a list; None: the kinds ticked in the breakpoints bar), stepping a
-        live engine as needed. Returns that event, or None (cursor at the end) when the run
-        finishes without one."""
+        live engine as needed: the cursor lands at the end of the engine operation that event is in
+        (a swap-out with its frees), where a guided card stops too. Returns that event, or None
+        (cursor at the end) when the run finishes without one."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
         with self._lock:
@@ -288,22 +303,26 @@ class Visualizer(LiveCommands):
                 if not self._driver.step():
                     break
                 found = self.timeline.next_of(kinds, start, len(self.timeline))
-            self.timeline.seek(found if found is not None else len(self.timeline))
-            event = self.timeline.current_event if found is not None else None
+            self.timeline.seek(self._landing(found) if found is not None else len(self.timeline))
+            event = self.timeline.events[found - 1] if found is not None else None
         self._changed()
         return event
 
     def back_to(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
-        """Back to just after the previous event of `kinds` (as run_until takes them) before the
-        one the cursor just passed (Timeline.previous_of: time travel, the engine is left
-        alone). Returns that event, or None (the cursor stays) when there is none."""
+        """Back to the previous event of `kinds` (as run_until takes them) before the operation the
+        cursor ends (Timeline.previous_of: time travel, the engine is left alone), landing where
+        run_until would. Returns that event, or None (the cursor stays) when there is none."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
         with self._lock:
-            target = self.timeline.previous_of(kinds)
+            timeline = self.timeline
+            target = timeline.previous_of(kinds)
+            while target is not None and timeline.landing(target) >= timeline.position:  # the operation the cursor ends
+                op = timeline.operation_at(target)
+                target = timeline.previous_of(kinds, before=op.start) if op is not None else None
             if target is not None:
-                self.timeline.seek(target)
-            event = self.timeline.current_event if target is not None else None
+                timeline.seek(timeline.landing(target))
+            event = timeline.events[target - 1] if target is not None else None
         self._changed()
         return event
 
@@ -436,8 +455,8 @@ class Visualizer(LiveCommands):
     # ------------------------------------------------------------------ moments
 
     def snapshot(self, at: int | None = None) -> Moment:
-        """A moment: the picture at the cursor (or at event position `at`, the cursor left where it
-        is), frozen. It draws the frame the widget draws there, with no link to the engine or the
+        """A moment: the picture at the cursor (or at event position `at`, or the end of the engine
+        operation `at` falls inside; the cursor left where it is), frozen. It draws the frame the widget draws there, with no link to the engine or the
         timeline, so later steps leave it as it was (blockviz.jupyter.moment)."""
         with self._lock:
             timeline = self.timeline
@@ -445,7 +464,7 @@ class Visualizer(LiveCommands):
             if at is not None:
                 if not 0 <= int(at) <= len(timeline):
                     raise ValueError(f"at={at!r} is outside the events known (0 to {len(timeline)})")
-                timeline.seek(int(at))
+                timeline.seek(self._landing(int(at)))  # a moment is a state the engine can be in
             try:
                 frame = self.frame()
                 state = timeline.state.copy()

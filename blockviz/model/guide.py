@@ -4,11 +4,13 @@ The first time an idea of paged KV-cache management happens in an event stream â
 copy-on-write, a prefix-cache hit, a swap out, a swap in, a recompute, an eviction, a request that
 can never run â€” the guide makes a `Card`: a title, what happened (with the blocks, device and
 number), one line of why, and the vLLM function that did it (v0's BlockSpaceManager, or v1's
-KVCacheManager / BlockPool in v1 mode). An idea can span several events (a preemption's swap-out and
-frees, a run of prefix hits, a run of evictions): its card's `position` is the cursor just after the
-last of them, so the pools show the whole move when playback stops there.
+KVCacheManager / BlockPool in v1 mode). An idea happens inside one engine operation
+(blockviz/model/operation.py: a preemption and its moves, an admission with its hits, an eviction
+and the allocation it served): its card's `position` is the cursor at that operation's end, so the
+pools show the whole move, in a state the engine can be in, when playback stops there. One
+operation that shows two ideas first (an eviction, then the swap-in it made room for) makes one card.
 
-`Guide.scan(events)` reads a growing event list (a live timeline's) once; an idea whose run may
+`Guide.scan(events)` reads a growing event list (a live timeline's) once; an operation that may
 still grow is open until an event that is not part of it arrives (`settle()` closes it at a
 trace's end). Dispatch is by the event's record class. No textual import: the TUI and the notebook
 draw the same cards.
@@ -17,9 +19,9 @@ draw the same cards.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
+from blockviz.model.operation import Operations
 from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
@@ -62,7 +64,8 @@ class Card:
     blocks: tuple[tuple[str, int], ...]  # (device, number) of the blocks involved
     seq_no: int  # the first event of the idea
     start: int  # the index of that event in the stream (from its start, dropped events included)
-    position: int  # the cursor where playback stops: just after the idea's last event (the same way)
+    position: int  # the cursor where playback stops: the end of the operation the idea ran in (the same way)
+    ideas: tuple[str, ...] = ()  # every idea the stop shows first, `idea` first (an eviction, then the swap-in it served)
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -76,73 +79,50 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-@dataclass(slots=True)
-class _Run:
-    """An idea being read: its first event, the events that continue it, where it ends."""
-
-    idea: str
-    first: ev.Event
-    follows: Callable[["_Run", ev.Event], bool]
-    events: list[ev.Event] = field(default_factory=list)
-    end: int = 0  # index just after its last event
-
-
-# ---------------------------------------------------------------------------------- what continues an idea
-
-
-def _moves_of_preemption(run: _Run, e: ev.Event) -> bool:
-    p = run.first
-    return ((isinstance(e, ev.SwappedOut) and e.request_id == p.request_id)
-            or (isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in p.seq_ids))
-
-
-def _swap_in_follows(run: _Run, e: ev.Event) -> bool:
-    first = run.first
-    return ((isinstance(e, ev.BlockFreed) and e.device == "cpu" and e.seq_id in first.seq_ids)
-            or (isinstance(e, ev.BlockHashed) and any(e.block == gpu for _, gpu in first.mapping)))
-
-
-def _more_hits(run: _Run, e: ev.Event) -> bool:
-    return isinstance(e, ev.PrefixCacheHit) and e.seq_ids == run.first.seq_ids
-
-
-def _more_evictions(run: _Run, e: ev.Event) -> bool:
-    return isinstance(e, ev.BlockEvicted)
-
-
-def _alone(run: _Run, e: ev.Event) -> bool:
-    return False
-
-
-def _starts(e: ev.Event) -> tuple[str, Callable[[_Run, ev.Event], bool]] | None:
-    """The idea an event starts, with what continues it (None: it starts none)."""
+def _starts(e: ev.Event) -> str | None:
+    """The idea an event starts (None: it starts none)."""
     if isinstance(e, ev.Forked):
-        return "forking", _alone
+        return "forking"
     if isinstance(e, ev.CopyOnWrite):
-        return "copy-on-write", _alone
+        return "copy-on-write"
     if isinstance(e, ev.PrefixCacheHit):
-        return "prefix-hit", _more_hits
+        return "prefix-hit"
     if isinstance(e, ev.Preempted):
-        return ("swap-out" if e.mode == "swap" else "recompute"), _moves_of_preemption
+        return "swap-out" if e.mode == "swap" else "recompute"
     if isinstance(e, ev.SwappedOut):  # a swap-out with no preemption announced (a user's `p` in old traces)
-        return "swap-out", _alone
+        return "swap-out"
     if isinstance(e, ev.SwappedIn):
-        return "swap-in", _swap_in_follows
+        return "swap-in"
     if isinstance(e, ev.BlockEvicted):
-        return "eviction", _more_evictions
+        return "eviction"
     if isinstance(e, ev.SequenceFinished) and e.reason == "ignored":
-        return "never-runs", _alone
+        return "never-runs"
     return None
 
 
 # ---------------------------------------------------------------------------------- the cards
 
 
-def _card(run: _Run, kv_manager: str) -> Card:
-    title, what, why, blocks = _WORDS[run.idea](run.first, run.events)
-    function = FUNCTIONS.get(kv_manager, {}).get(run.idea) or FUNCTIONS["v0"][run.idea]
-    return Card(run.idea, title, what, why, function, tuple(blocks), run.first.seq_no,
-                run.end - len(run.events), run.end)
+def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str) -> Card:
+    """The card of the ideas one operation (blockviz/model/operation.py) showed first: each as
+    (idea, index of its first event, the operation's events from there). Two in one operation (an
+    eviction and the swap-in it made room for) make one card telling both, in the order they ran."""
+    said = []
+    for idea, _, events in ideas:
+        title, what, why, blocks = _WORDS[idea](events[0], events)
+        function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"][idea]
+        said.append((title, what, why, function, blocks))
+    idea, start, events = ideas[0]
+    if len(said) == 1:
+        title, what, why, function, blocks = said[0]
+    else:
+        title = ", then ".join(part[0] for part in said)
+        what = "; then ".join(part[1] for part in said)
+        why = "; ".join(part[2] for part in said)
+        function = "; ".join(part[3] for part in said)
+        blocks = list(dict.fromkeys(b for part in said for b in part[4]))
+    return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
+                tuple(i for i, _, _ in ideas))
 
 
 def _fork_words(e: ev.Forked, events):
@@ -164,8 +144,9 @@ def _cow_words(e: ev.CopyOnWrite, events):
 
 
 def _hit_words(e: ev.PrefixCacheHit, events):
-    blocks = [h.block for h in events]
-    tokens = sum(len(h.token_ids) for h in events)
+    hits = [h for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
+    blocks = [h.block for h in hits]
+    tokens = sum(len(h.token_ids) for h in hits)
     return ("Prefix-cache hit",
             f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
             f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
@@ -203,7 +184,7 @@ def _swap_in_words(e: ev.SwappedIn, events):
 
 
 def _eviction_words(e: ev.BlockEvicted, events):
-    blocks = [x.block for x in events]
+    blocks = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
     return ("Eviction",
             f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) were free but still cached; the pool "
             f"needed room, so the least recently used lost {'its hash' if len(blocks) == 1 else 'their hashes'} "
@@ -227,14 +208,16 @@ _WORDS = {
 
 
 class Guide:
-    """The cards of an event stream, one per idea at its first occurrence, read as events arrive."""
+    """The cards of an event stream, one per operation that shows an idea first, read as events arrive."""
 
     def __init__(self, kv_manager: str = "v0") -> None:
         self.kv_manager = kv_manager
         self.cards: list[Card] = []
         self._positions: list[int] = []  # each card's position, for bisect
         self._seen: set[str] = set()
-        self._open: _Run | None = None
+        self._operations = Operations()
+        self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)
+        self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
         # Events a capped live timeline dropped from its front (Timeline.dropped_events): cards
         # count positions from the stream's start, the methods below from the timeline's front
@@ -244,34 +227,37 @@ class Guide:
         """Read what is new in `events`, the stream after its first `offset` events (the list
         grows; a capped timeline drops its front and says how many in `offset`)."""
         self.offset = offset
-        if offset > self._scanned and self._open is not None:
-            self._close()  # dropped before it was read to its end
+        if offset > self._scanned:  # dropped before it was read to its end
+            self._close()
+            self._operations.skip_to(offset)
         for index in range(max(self._scanned, offset), offset + len(events)):
             e = events[index - offset]
-            run = self._open
-            if run is not None:
-                if run.follows(run, e):
-                    run.events.append(e)
-                    run.end = index + 1
-                    continue
+            if self._operations.add(e):
                 self._close()
-            started = _starts(e)
-            if started is not None and started[0] not in self._seen:
-                idea, follows = started
-                self._seen.add(idea)
-                self._open = _Run(idea, e, follows, [e], index + 1)
-                if follows is _alone:
-                    self._close()
+            self._pending.append((index, e))
+            idea = _starts(e)
+            if idea is not None and idea not in self._seen:
+                self._new_idea = True
         self._scanned = max(self._scanned, offset + len(events))
 
     def settle(self) -> None:
-        """The stream has ended: close the idea still open."""
-        if self._open is not None:
-            self._close()
+        """The stream has ended: close the operation still open."""
+        self._close()
+        self._operations.close()
 
     def _close(self) -> None:
-        run, self._open = self._open, None
-        card = _card(run, self.kv_manager)
+        """The open operation has ended: a card for the ideas it showed first."""
+        pending, self._pending = self._pending, []
+        if not self._new_idea:
+            return
+        self._new_idea = False
+        ideas = []
+        for k, (index, e) in enumerate(pending):
+            idea = _starts(e)
+            if idea is not None and idea not in self._seen:
+                self._seen.add(idea)
+                ideas.append((idea, index, [event for _, event in pending[k:]]))
+        card = _card(ideas, pending[-1][0] + 1, self.kv_manager)
         self.cards.append(card)
         self._positions.append(card.position)
 
@@ -281,10 +267,10 @@ class Guide:
 
     @property
     def open_start(self) -> int | None:
-        """Where the idea still being read starts (its first event's index), if one is open."""
-        run = self._open
-        return None if run is None else run.end - len(run.events) - self.offset
-
+        """Where the operation still being read starts, if it shows an idea first."""
+        if not self._new_idea or not self._pending:
+            return None
+        return self._pending[0][0] - self.offset
     def next_stop(self, start: int, stop: int) -> int | None:
         """The first card position in (start, stop]."""
         index = bisect.bisect_right(self._positions, start + self.offset)

@@ -545,6 +545,7 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
     sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)
     if there was one. `timeline` / `player`: blockviz.model.timeline's and blockviz.model.player's."""
     current = timeline.current_event
+    inside = timeline.operation_at()
     return {
         "title": title,
         "position": timeline.position,
@@ -559,5 +560,6 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
         "speed": player.speed_label,
         "current": narrate(current, timeline.state, timeline.token_texts),
         "current_type": current.type if current is not None else "",
+        "inside": inside.label(timeline.position) if inside is not None else "",
         "error": error,
     }

@@ -235,8 +235,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
                 self.notify(timeline.dropped_note() + " (run --keep-events N keeps more)", timeout=8)
         if card is not None:
             note = ""  # the card says it
-        elif player.stopped_at is not None and timeline.current_event is player.stopped_at:
+        elif player.at_break:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
+        elif (inside := timeline.operation_at()) is not None:  # `.` stepped into an engine operation
+            note = inside.label(timeline.position)
         step, kind, _ = cursor_step(timeline)
         self._status.show(
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,

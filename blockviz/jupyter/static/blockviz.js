@@ -416,8 +416,10 @@ function renderControls(model, el) {
     el.dataset.position = String(c.position);
     el.dataset.length = String(c.length);
     el.dataset.playing = String(c.playing);
-    current.textContent = c.current || "start: no event applied yet";
+    // a single event stepped into an engine operation says so (blockviz/model/operation.py)
+    current.textContent = (c.current || "start: no event applied yet") + (c.inside ? ` · ${c.inside}` : "");
     current.dataset.type = c.current_type;
+    current.dataset.inside = c.inside ? "true" : "false";
     error.textContent = c.error;
     error.hidden = !c.error;
     dropped.textContent = c.dropped || "";
