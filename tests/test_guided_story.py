@@ -284,3 +284,55 @@ def test_a_replay_of_the_story_is_guided_by_default(story_trace_path):
     assert parser.parse_args(["replay", "fork-cow"]).guided is None  # the default: on for the story
     assert parser.parse_args(["replay", "fork-cow", "--guided"]).guided is True
     assert parser.parse_args(["run", "--no-guided"]).guided is False
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("which", ["story", "v1-story"])
+async def test_every_front_end_gives_the_same_figures_at_every_card_of_both_stories(which, story_trace_path, tmp_path):
+    """Issue 39 item 2: at each card the step, the card counter, the pools' counts, the memory line
+    and the preempted requests' states are one definition each, in the TUI, the notebook and the
+    SVG export (the CLI's picture)."""
+    from blockviz.cli import main
+    from blockviz.jupyter import Visualizer
+    from blockviz.model.insight_view import ledger_record, memory_line, memory_record
+    from blockviz.model.narration import step_label
+    from blockviz.model.view import pool_counts
+
+    trace = load_trace(story_trace_path if which == "story" else "v1-story")
+    viz = Visualizer.from_trace(trace)
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    seen = 0
+    async with app.run_test(size=(200, 60)) as pilot:
+        guide, timeline = app.player.scan_guide(), app.player.timeline
+        for number, card in enumerate(guide.cards, start=1):
+            timeline.seek(card.position)
+            app.render_views()
+            await pilot.pause()
+            screen = " ".join(screen_text(app).split())
+            label = step_label(timeline)
+            counter = f"card {number} of {len(guide.cards)}"
+            assert label in screen and f"{counter}: {card.title}" in card_text(app)
+            for device, (used, cached, free) in pool_counts(timeline.state).items():
+                if timeline.state.pools[device]:
+                    assert f"{device.upper()} pool · {used}/{used + cached + free} used" in screen
+            viz.seek(card.position)  # the notebook, at the same stop
+            frame = viz.frame()
+            assert viz.position == card.position and frame["cursor"]["step"] == label
+            assert frame["card"]["counter"] == counter and frame["card"]["title"] == card.title
+            assert {d: (p["used"], p["cached"], p["free"]) for d, p in frame["pools"].items()} == pool_counts(timeline.state)
+            app.insights.sync(timeline)
+            ledger = ledger_record(app.insights, timeline.position).to_json()
+            assert viz.insight.parts()["ledger"] == ledger
+            memory = memory_record(app.insights, timeline.state, timeline.position)
+            assert viz.insight.parts()["memory"] == memory.to_json() and memory_line(memory) in screen
+            if "swap-in" in card.ideas:  # the request that came back is no longer waiting
+                back = [row for row in ledger["rows"] if row["mode"] == "swap"]
+                assert back and back[-1]["state"] != "waiting" and back[-1]["resumed_step"] is not None
+            for row in ledger["rows"]:
+                assert row["step"] <= int(label.split()[1])  # a preemption's step is never past the cursor's
+            out = tmp_path / f"{which}-{number}.svg"
+            assert main(["export", str(trace.path), "--at", str(card.position), "--out", str(out)]) == 0
+            assert f"{label} (of " in out.read_text()
+            seen += 1
+    viz.close()
+    assert seen == len(guide.cards) >= 3

@@ -33,6 +33,7 @@ from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
+from blockviz.model.narration import step_label
 from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -421,7 +422,8 @@ class Visualizer(LiveCommands):
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
-            snap["card"] = card_record(self.viewer.card)
+            card = self.viewer.card
+            snap["card"] = card_record(card, self.player.guide.counter(card) if card is not None else "")
         return snap
 
     def _send_frame(self) -> None:
@@ -488,7 +490,8 @@ class Visualizer(LiveCommands):
         """The state at the cursor as plain text."""
         with self._lock:
             return summary_text(self.timeline.state, title=self.title, position=self.position,
-                                length=len(self.timeline), current=self.timeline.current_event)
+                                length=len(self.timeline), current=self.timeline.current_event,
+                                step=step_label(self.timeline))
 
     def __repr__(self) -> str:
         return self.summary()

@@ -219,6 +219,7 @@ class Guide:
         self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)
         self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
+        self.settled = False  # the stream has ended: every card is known
         # Events a capped live timeline dropped from its front (Timeline.dropped_events): cards
         # count positions from the stream's start, the methods below from the timeline's front
         self.offset = 0
@@ -242,6 +243,7 @@ class Guide:
 
     def settle(self) -> None:
         """The stream has ended: close the operation still open."""
+        self.settled = True
         self._close()
         self._operations.close()
 
@@ -260,6 +262,12 @@ class Guide:
         card = _card(ideas, pending[-1][0] + 1, self.kv_manager)
         self.cards.append(card)
         self._positions.append(card.position)
+
+    def counter(self, card: Card) -> str:
+        """Which card this is, in words: "card 2 of 6" once the stream has ended (a replay), "card
+        2" while more may come (a live run). The one counter every front end shows."""
+        number = self.cards.index(card) + 1
+        return f"card {number} of {len(self.cards)}" if self.settled else f"card {number}"
 
     def stop_of(self, card: Card) -> int:
         """Where playback stops for `card`, counted from the timeline's front."""

@@ -238,6 +238,14 @@ def cursor_step(timeline) -> tuple[int, str, int]:
     return step, state.step_kind if state.step == step else "scheduling", start
 
 
+def step_label(timeline) -> str:
+    """The step at the cursor in words, "step 33 scheduling" / "step 32 decode": the one figure
+    the TUI's status bar, the notebook's controls, a moment, the SVG export and the ledger agree on
+    (cursor_step's numbering; "step 0" before any event)."""
+    step, kind, _ = cursor_step(timeline)
+    return f"step {step} {kind}".rstrip()
+
+
 def narrate_step(timeline) -> str:
     """What the step at the cursor did up to the cursor, in one sentence: "step 12 decode: 4 tokens;
     seq 1 copied block 9 on write (→ 10); 2 new blocks". Playback at speed says this rather than

@@ -411,7 +411,7 @@ function renderControls(model, el) {
     buttons.play.dataset.playing = String(c.playing);
     slider.max = String(c.length);
     if (!dragging) slider.value = String(c.position);
-    where.textContent = `event ${c.position}/${c.length} · step ${c.steps_done}/${c.num_steps}` +
+    where.textContent = `event ${c.position}/${c.length} · ${c.step} (of ${c.num_steps})` +
       (c.finished ? " · finished" : "");
     el.dataset.position = String(c.position);
     el.dataset.length = String(c.length);
@@ -428,7 +428,7 @@ function renderControls(model, el) {
     card.hidden = !k;
     card.dataset.idea = k ? k.idea : "";
     if (k) {
-      card.replaceChildren(h("div", { class: "bv-card-title", text: k.title }),
+      card.replaceChildren(h("div", { class: "bv-card-title", text: k.counter ? `${k.counter}: ${k.title}` : k.title }),
         h("div", { text: k.what }), h("div", { class: "bv-card-why", text: `why: ${k.why}` }),
         h("div", { class: "bv-dim", text: `in vLLM: ${k.function}` }));
     }

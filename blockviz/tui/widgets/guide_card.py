@@ -29,12 +29,13 @@ class GuideCard(Static):
     }
     """
 
-    def show(self, card: Card | None, number: int = 0, total: int = 0) -> None:
+    def show(self, card: Card | None, counter: str = "") -> None:
+        """Draw `card` under its counter (Guide.counter: "card 2 of 6"), or hide."""
         self.card = card
         self.set_class(card is not None, "-shown")
         if card is None:
             return
-        self.border_title = f"guide {number}/{total}: {card.title}"
+        self.border_title = f"{counter}: {card.title}" if counter else card.title
         self.border_subtitle = "space or ] plays on"
         self.update(Group(  # the blocks are named in `what` and highlighted in the pools
             Text(card.what),
