@@ -34,6 +34,7 @@ from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
 from blockviz.model.narration import step_label
+from blockviz.session.scenario import is_story
 from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -117,19 +118,23 @@ class Visualizer(LiveCommands):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_trace(cls, name_or_path: str | Path | Trace, *, projector: bool = False) -> "Visualizer":
+    def from_trace(cls, name_or_path: str | Path | Trace, *, projector: bool = False,
+                   guided: bool | None = None) -> "Visualizer":
         """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...).
-        `projector=True`: big cells and the projector palette (set_projector)."""
+        `projector=True`: big cells and the projector palette (set_projector). `guided`: playing
+        stops on each card of the guide (blockviz/model/guide.py), as `blockviz replay` does; by
+        default for a recorded story, off for other traces."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Viewer.from_trace(trace, cards=True), title=f"trace {name} · {engine_title(trace.header)}",
-                   projector=projector)
+        guided = is_story(trace.header) if guided is None else bool(guided)
+        return cls(Viewer.from_trace(trace, cards=True, guided=guided),
+                   title=f"trace {name} · {engine_title(trace.header)}", projector=projector)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
              sampling_params: Any = None, scenario: str | None = None,
              keep_events: int | None = LIVE_MAX_EVENTS, *, projector: bool = False,
-             kv_manager: str | None = None) -> "Visualizer":
+             kv_manager: str | None = None, guided: bool | None = None) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
@@ -139,7 +144,9 @@ class Visualizer(LiveCommands):
         sampled as it samples. A long session keeps its last `keep_events` events (None: all),
         dropping its oldest steps with a notice under the controls. `projector=True`: big cells and
         the projector palette. `kv_manager="v1"` runs vLLM v1's KV cache manager and scheduler
-        (`LLM(kv_manager=...)`; with `scenario="story"`, v1's own story)."""
+        (`LLM(kv_manager=...)`; with `scenario="story"`, v1's own story). `guided`: playing stops
+        on each card of the guide, with a "next idea ▸" button (next_card); by default for a
+        scenario (the story), off otherwise."""
         from engine.llm import LLM
 
         if kv_manager is not None:
@@ -165,7 +172,8 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        viz = cls(Viewer.live(header, keep_events, cards=True), llm=llm, session=session,
+        guided = scenario is not None if guided is None else bool(guided)
+        viz = cls(Viewer.live(header, keep_events, cards=True, guided=guided), llm=llm, session=session,
                   title=f"live {engine_title(header)}", projector=projector)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
@@ -327,6 +335,25 @@ class Visualizer(LiveCommands):
         self._changed()
         return event
 
+    def next_card(self):
+        """Go to the guide's next card (blockviz/model/guide.py: the next idea met for the first
+        time), stepping a live engine until it comes; the "next idea ▸" button. Returns the
+        Card, or None (the cursor at the end) when the run has no further one."""
+        self.pause()
+        with self._lock:
+            player, timeline = self.player, self.timeline
+            guide = player.scan_guide()
+            stop = guide.next_stop(timeline.position, len(timeline))
+            while stop is None and self._driver is not None and self._driver.step():
+                stop = player.scan_guide().next_stop(timeline.position, len(timeline))
+            if stop is None:
+                guide.settle()  # nothing more comes: the last operation is whole
+                stop = guide.next_stop(timeline.position, len(timeline))
+            timeline.seek(stop if stop is not None else len(timeline))
+            card = guide.card_at(timeline.position) if stop is not None else None
+        self._changed()
+        return card
+
     def run_to_completion(self) -> list[Any]:
         """Live: step the engine until no request is unfinished; then (trace or live) go to the
         end. Returns the finished RequestOutputs (empty for a trace)."""
@@ -424,6 +451,9 @@ class Visualizer(LiveCommands):
                                          finished=self.finished)
             card = self.viewer.card
             snap["card"] = card_record(card, self.player.guide.counter(card) if card is not None else "")
+            if card is not None:  # the pools highlight the blocks the card names, as the TUI's do
+                snap["touched"] = {device: sorted(card.blocks_on(device)) for device in snap["pools"]
+                                   if card.blocks_on(device)}
         return snap
 
     def _send_frame(self) -> None:

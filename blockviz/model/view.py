@@ -557,6 +557,7 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
         "num_steps": timeline.dropped_steps + len(timeline.step_ends),
         "dropped": timeline.dropped_note(),
         "live": player.live,
+        "guided": player.guide is not None and player.guided,
         "playing": player.playing,
         "finished": finished,
         "speed_index": player.speed_index,

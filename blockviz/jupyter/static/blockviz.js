@@ -368,6 +368,7 @@ const BUTTONS = [
   ["step_event", "event ▶", "one event"],
   ["step", "step ▶", "one engine step (to the next step_finished)"],
   ["end", "▶|", "to the newest event"],
+  ["next_card", "next idea ▸", "to the guide's next card: the next idea met for the first time"],
 ];
 
 function renderControls(model, el) {
@@ -409,6 +410,7 @@ function renderControls(model, el) {
     title.textContent = c.title + (c.live ? " · live" : "");
     buttons.play.textContent = c.playing ? "❚❚ pause" : "▶ play";
     buttons.play.dataset.playing = String(c.playing);
+    buttons.next_card.hidden = !c.guided;
     slider.max = String(c.length);
     if (!dragging) slider.value = String(c.position);
     where.textContent = `event ${c.position}/${c.length} · ${c.step} (of ${c.num_steps})` +
@@ -427,6 +429,8 @@ function renderControls(model, el) {
     const k = frame.card;
     card.hidden = !k;
     card.dataset.idea = k ? k.idea : "";
+    card.dataset.position = k ? String(k.position) : "";
+    card.dataset.blocks = k ? k.blocks.map((b) => b.join(":")).join(",") : "";
     if (k) {
       card.replaceChildren(h("div", { class: "bv-card-title", text: k.counter ? `${k.counter}: ${k.title}` : k.title }),
         h("div", { text: k.what }), h("div", { class: "bv-card-why", text: `why: ${k.why}` }),
