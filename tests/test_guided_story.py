@@ -252,7 +252,7 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
         assert app.query_one(GuideCard).styles.border_top[0] == "heavy"  # the projector's large card
         await pilot.press("space")  # plays on to the end: no other idea in this run
         await _until(pilot, lambda: app.player.finished and not app.player.playing, timeout=30)
-        assert app.player.card is None and len(app.player.guide.cards) == 1
+        assert app.player.card is None and [c.idea for c in app.player.guide.cards] == ["kv-cache", "copy-on-write"]
 
 
 def test_the_guide_counts_from_a_capped_timelines_front():
@@ -336,3 +336,36 @@ async def test_every_front_end_gives_the_same_figures_at_every_card_of_both_stor
             seen += 1
     viz.close()
     assert seen == len(guide.cards) >= 3
+
+
+@pytest.mark.anyio
+async def test_the_first_minute_defines_its_words_an_opening_card_and_the_glossary_first():
+    """Issue 39 item 5: a guided run opens on a card saying what a KV cache is, why it grows per
+    token and why blocks; `?` defines the basic words first; each later card names its words."""
+    from blockviz.model.glossary import BASICS, DEFINITIONS
+    from blockviz.tui.widgets.screens import HelpScreen
+
+    trace = load_trace("v1-story")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        card = app.player.card
+        assert card is not None and card.idea == "kv-cache" and app.player.timeline.position == 0
+        text = card_text(app)
+        for words in ("K/V", "grows one slot per token", "fixed-size blocks", "PagedAttention", "block table"):
+            assert words in text, words
+        assert text.startswith(f"card 1 of {len(app.player.guide.cards)}")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    async with app.run_test(size=(120, 60)) as pilot:  # the help, tall enough to show the words and the first keys
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        lines = [line.split("█")[1].strip() if line.count("█") >= 2 else "" for line in screen_text(app).splitlines()]
+        heads = [next(i for i, line in enumerate(lines) if line.startswith(term + " ")) for term, _ in BASICS]
+        assert heads == sorted(heads) and heads[-1] < next(i for i, line in enumerate(lines) if line.startswith("Keys"))
+    guide = Guide(opening=True)
+    guide.scan(load_trace("fork-cow").events)
+    guide.settle()
+    assert guide.cards[0].idea == "kv-cache" and all(card.terms for card in guide.cards)
+    assert all(term in DEFINITIONS for card in guide.cards for term in card.terms)
+    assert {"block table", "ref count", "forking"} <= set(next(c for c in guide.cards if c.idea == "forking").terms)

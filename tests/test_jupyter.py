@@ -489,13 +489,14 @@ def test_a_guided_notebook_stops_on_each_card_while_playing_and_sends_it_with_it
     from blockviz.model.guide import Guide
 
     trace = load_trace(story_trace_path)
-    guide = Guide()
+    guide = Guide(opening=True)  # a guided story opens on what a KV cache is
     guide.scan(trace.events)
     guide.settle()
     viz = Visualizer.from_trace(trace)  # a recorded story: guided by default
+    assert viz.frame()["card"]["idea"] == "kv-cache" and viz.frame()["card"]["counter"].startswith("card 1 of")
+    stops = [0]
     assert viz.player.guided and not Visualizer.from_trace("swap").player.guided
     assert Visualizer.from_trace("swap", guided=True).player.guided
-    stops = []
     viz.play("max")
     while True:
         viz._play_thread.join(timeout=60)
@@ -513,7 +514,7 @@ def test_a_guided_notebook_stops_on_each_card_while_playing_and_sends_it_with_it
         viz.play("max")
     assert stops == [card.position for card in guide.cards]
     viz.seek(0)
-    assert [viz.next_card().position for _ in guide.cards] == stops  # the "next idea ▸" button's
+    assert [viz.next_card().position for _ in guide.cards[1:]] == stops[1:]  # the "next idea ▸" button's
     assert viz.next_card() is None and viz.position == len(viz)
     viz.close()
 
@@ -523,11 +524,11 @@ def test_the_breakpoints_bar_with_nothing_ticked_goes_to_the_next_card_when_guid
     bar = viz.breakpoints_view
     bar._on_frontend_msg(bar, {"event": "break", "direction": "next"}, [])
     viz._buttons.wait(timeout=60)
-    first = viz.player.guide.cards[0]
+    first = viz.player.guide.cards[1]  # the first after the opening card
     assert viz.position == first.position and first.title in viz.insight.break_message
     viz.controls._on_frontend_msg(viz.controls, {"event": "action", "action": "next_card"}, [])
     viz._buttons.wait(timeout=60)
-    assert viz.position == viz.player.guide.cards[1].position
+    assert viz.position == viz.player.guide.cards[2].position
     viz.close()
 
 
@@ -537,6 +538,6 @@ def test_a_live_story_is_guided_by_default_and_stops_on_its_first_card():
         assert viz.player.guided and viz.frame()["cursor"]["guided"]
         card = viz.next_card()  # steps the engine until the first idea's operation has ended
         assert card is not None and card.idea == "forking" and viz.position == card.position
-        assert viz.frame()["card"]["counter"] == "card 1"  # live: the total is not known yet
+        assert viz.frame()["card"]["counter"] == "card 2"  # live: the total is not known yet (1: the opening)
     finally:
         viz.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from blockviz.model.glossary import terms_in
 from blockviz.model.operation import Operations
 from engine import events as ev
 
@@ -66,6 +67,7 @@ class Card:
     start: int  # the index of that event in the stream (from its start, dropped events included)
     position: int  # the cursor where playback stops: the end of the operation the idea ran in (the same way)
     ideas: tuple[str, ...] = ()  # every idea the stop shows first, `idea` first (an eviction, then the swap-in it served)
+    terms: tuple[str, ...] = ()  # the glossary's words it uses (blockviz/model/glossary.py), which `?` defines
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -115,6 +117,9 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
     idea, start, events = ideas[0]
     if len(said) == 1:
         title, what, why, function, blocks = said[0]
+    elif [i for i, _, _ in ideas] == ["eviction", "swap-in"]:  # one move: the swap-in took the evicted blocks
+        title, what, why, function, blocks = _evicted_for_swap_in(ideas[0][2], ideas[1][2][0])
+        function = "; ".join(part[3] for part in said)
     else:
         title = ", then ".join(part[0] for part in said)
         what = "; then ".join(part[1] for part in said)
@@ -122,7 +127,20 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
         function = "; ".join(part[3] for part in said)
         blocks = list(dict.fromkeys(b for part in said for b in part[4]))
     return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
-                tuple(i for i, _, _ in ideas))
+                tuple(i for i, _, _ in ideas), terms_in(what, why))
+
+
+def opening_card() -> Card:
+    """The story's first card, before any event: what a KV cache is, why it grows per token, and why
+    vLLM hands it out in fixed-size blocks rather than one reservation per request."""
+    what = ("Each token a model reads leaves its K/V (a key and a value vector per layer), read again for "
+            "every later token: the KV cache grows one slot per token. Reserving a request's longest length "
+            "up front wastes most of it (the PagedAttention paper measured how much); vLLM hands out "
+            "fixed-size blocks as a sequence grows, and a block table maps each sequence's blocks into the pool.")
+    why = "a block is taken only when a token needs it, and can be shared (its ref count): more requests fit"
+    return Card("kv-cache", "What the cells are: a KV cache in blocks", what, why,
+                "the PagedAttention paper (Kwon et al., SOSP 2023); vLLM's BlockSpaceManager / KVCacheManager",
+                (), -1, 0, 0, ("kv-cache",), terms_in(what, why))
 
 
 def _fork_words(e: ev.Forked, events):
@@ -193,6 +211,18 @@ def _eviction_words(e: ev.BlockEvicted, events):
             [(e.device, b) for b in blocks])
 
 
+def _evicted_for_swap_in(events, swap_in: ev.SwappedIn):
+    """An eviction and the swap-in it made room for, told as the one move they are."""
+    evicted = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    return ("Eviction, then swap in",
+            f"request {swap_in.request_id} came back from the CPU pool: its CPU blocks "
+            f"{_numbers(c for c, _ in swap_in.mapping)} were copied to GPU blocks "
+            f"{_numbers(g for _, g in swap_in.mapping)}; {len(evicted)} of those "
+            f"({_numbers(evicted)}) were free but still cached, so the least recently used lost their hashes",
+            "a swapped request goes before the waiting ones; a cached block is kept only while nobody needs the space",
+            None, [("cpu", c) for c, _ in swap_in.mapping] + [("gpu", g) for _, g in swap_in.mapping])
+
+
 def _never_words(e: ev.SequenceFinished, events):
     return ("A request that can never run",
             f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
@@ -210,10 +240,11 @@ _WORDS = {
 class Guide:
     """The cards of an event stream, one per operation that shows an idea first, read as events arrive."""
 
-    def __init__(self, kv_manager: str = "v0") -> None:
+    def __init__(self, kv_manager: str = "v0", opening: bool = False) -> None:
+        """`opening`: the guide starts with opening_card() at position 0 (a guided story)."""
         self.kv_manager = kv_manager
-        self.cards: list[Card] = []
-        self._positions: list[int] = []  # each card's position, for bisect
+        self.cards: list[Card] = [opening_card()] if opening else []
+        self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()
         self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)

@@ -17,6 +17,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
+from blockviz.model.glossary import DEFINITIONS
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
 from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.record import Record
@@ -539,7 +540,7 @@ def card_record(card, counter: str = "") -> dict[str, Any] | None:
         return None
     return {"idea": card.idea, "ideas": list(card.ideas), "title": card.title, "what": card.what, "why": card.why,
             "function": card.function, "blocks": [list(block) for block in card.blocks], "counter": counter,
-            "position": card.position}
+            "position": card.position, "terms": [[term, DEFINITIONS[term]] for term in card.terms]}
 
 
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
