@@ -21,12 +21,14 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from blockviz.model.design import KV_DESIGNS, KVDesign
 from blockviz.model.glossary import terms_in
 from blockviz.model.operation import Operations
 from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
-IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs")
+IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
+         "chunked-prefill")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
     ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted})
@@ -49,6 +51,7 @@ FUNCTIONS = {
         "recompute": "Scheduler._preempt_request → KVCacheManager.free",
         "eviction": "BlockPool.get_new_blocks → BlockPool._maybe_evict_cached_block",
         "never-runs": "Scheduler.schedule (the request cannot fit the pool)",
+        "chunked-prefill": "Scheduler.schedule (num_new_tokens capped by the token budget) → KVCacheManager.allocate_slots",
     },
 }
 
@@ -99,19 +102,30 @@ def _starts(e: ev.Event) -> str | None:
         return "eviction"
     if isinstance(e, ev.SequenceFinished) and e.reason == "ignored":
         return "never-runs"
+    if isinstance(e, ev.TokensScheduled) and any(
+            done + new < total for done, new, total in zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
+        return "chunked-prefill"
     return None
 
 
 # ---------------------------------------------------------------------------------- the cards
 
 
-def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str) -> Card:
+@dataclass(slots=True)
+class _Context:
+    """What a card's words may need beyond its events: the run's design, and each sequence's request."""
+
+    design: KVDesign
+    siblings: dict[int, tuple[int, ...]]  # seq_id -> every seq_id of its request (RequestAdded)
+
+
+def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str, ctx: _Context) -> Card:
     """The card of the ideas one operation (blockviz/model/operation.py) showed first: each as
     (idea, index of its first event, the operation's events from there). Two in one operation (an
     eviction and the swap-in it made room for) make one card telling both, in the order they ran."""
     said = []
     for idea, _, events in ideas:
-        title, what, why, blocks = _WORDS[idea](events[0], events)
+        title, what, why, blocks = _WORDS[idea](events[0], events, ctx)
         function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"][idea]
         said.append((title, what, why, function, blocks))
     idea, start, events = ideas[0]
@@ -143,7 +157,7 @@ def opening_card() -> Card:
                 (), -1, 0, 0, ("kv-cache",), terms_in(what, why))
 
 
-def _fork_words(e: ev.Forked, events):
+def _fork_words(e: ev.Forked, events, ctx):
     return ("Fork: two samples, one prompt",
             f"seq {e.parent_seq_id} forked seq {e.child_seq_id}: both block tables now point at "
             f"{e.device} {_numbers(e.blocks)}, each block's ref count went up by one; nothing was copied",
@@ -151,7 +165,7 @@ def _fork_words(e: ev.Forked, events):
             [(e.device, b) for b in e.blocks])
 
 
-def _cow_words(e: ev.CopyOnWrite, events):
+def _cow_words(e: ev.CopyOnWrite, events, ctx):
     return ("Copy-on-write",
             f"seq {e.seq_id} was about to write into {e.device} block {e.src_block}, which it shared: "
             f"its {_plural(len(e.token_ids), 'token')} were copied to block {e.dst_block}, which seq {e.seq_id} "
@@ -161,10 +175,19 @@ def _cow_words(e: ev.CopyOnWrite, events):
             [(e.device, e.src_block), (e.device, e.dst_block)])
 
 
-def _hit_words(e: ev.PrefixCacheHit, events):
+def _hit_words(e: ev.PrefixCacheHit, events, ctx):
     hits = [h for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
     blocks = [h.block for h in hits]
     tokens = sum(len(h.token_ids) for h in hits)
+    owners = {seq for h in hits for seq in ctx.siblings.get(h.seq_ids[0], ())} - set(e.seq_ids)
+    if not ctx.design.copy_on_write and owners:  # vLLM v1: no fork; n samples share their prompt through the cache
+        return ("n = 2 without a fork: the prompt shared through the cache",
+                f"seq {', '.join(map(str, e.seq_ids))} is another sample of the same request as seq "
+                f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
+                f"found {_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
+                f"so {_plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
+                "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
+                [(e.device, b) for b in blocks])
     return ("Prefix-cache hit",
             f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
             f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
@@ -173,7 +196,7 @@ def _hit_words(e: ev.PrefixCacheHit, events):
             [(e.device, b) for b in blocks])
 
 
-def _preempt_words(e: ev.Preempted | ev.SwappedOut, events):
+def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
     swaps = [m for m in events if isinstance(m, ev.SwappedOut)]
     freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})
     if isinstance(e, ev.SwappedOut) or e.mode == "swap":
@@ -186,14 +209,17 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events):
                 f"to CPU blocks {_numbers(c for _, c in mapping)}, and the GPU blocks freed",
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
     return ("Recompute (preemption)",
-            f"request {e.request_id} was preempted by recompute: its GPU "
-            f"{_plural(len(freed), 'block')} {_numbers(freed)} freed and "
+            f"request {e.request_id} was preempted by recompute: its "
+            f"{_plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
             f"{_plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
-            f"{e.reason}: a lone sequence costs less to compute again than to copy out and back",
+            f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
+                               "back when it is admitted again, so little is computed twice"
+                               if not ctx.design.swaps else
+                               "a lone sequence costs less to compute again than to copy out and back"),
             [("gpu", b) for b in freed])
 
 
-def _swap_in_words(e: ev.SwappedIn, events):
+def _swap_in_words(e: ev.SwappedIn, events, ctx):
     return ("Swap in",
             f"request {e.request_id} came back: CPU blocks {_numbers(c for c, _ in e.mapping)} copied to GPU "
             f"blocks {_numbers(g for _, g in e.mapping)}; it decodes on from where it stopped",
@@ -201,8 +227,17 @@ def _swap_in_words(e: ev.SwappedIn, events):
             [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping])
 
 
-def _eviction_words(e: ev.BlockEvicted, events):
+def _eviction_words(e: ev.BlockEvicted, events, ctx):
     blocks = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    if ctx.design.free_queue:  # v1: the free queue's head goes first
+        taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in blocks]
+        who = f" for seq {', '.join(str(s) for x in taken for s in x.seq_ids)}" if taken else ""
+        return ("Eviction from the free queue's head",
+                f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
+                f"free the longest, still cached; BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
+                f"dropping {'its hash' if len(blocks) == 1 else 'their hashes'}",
+                "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
+                "with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
             f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) were free but still cached; the pool "
             f"needed room, so the least recently used lost {'its hash' if len(blocks) == 1 else 'their hashes'} "
@@ -223,7 +258,20 @@ def _evicted_for_swap_in(events, swap_in: ev.SwappedIn):
             None, [("cpu", c) for c, _ in swap_in.mapping] + [("gpu", g) for _, g in swap_in.mapping])
 
 
-def _never_words(e: ev.SequenceFinished, events):
+def _chunk_words(e: ev.TokensScheduled, events, ctx):
+    """vLLM v1's first chunked prefill: a prompt computed over several steps, a chunk per step."""
+    i = next(i for i, (done, new, total) in enumerate(zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens))
+             if done + new < total)
+    seq, done, new, total = e.seq_ids[i], e.num_computed_tokens[i], e.num_new_tokens[i], e.num_tokens[i]
+    return ("Chunked prefill",
+            f"seq {seq}'s prompt is {_plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
+            f"{_plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
+            "only for the tokens computed so far",
+            "a step has a token budget (max_num_batched_tokens): a long prompt waits less, and decodes keep "
+            "running beside it", [])
+
+
+def _never_words(e: ev.SequenceFinished, events, ctx):
     return ("A request that can never run",
             f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
             "waiting would never help: the engine says so and goes on, it never waits forever",
@@ -233,7 +281,7 @@ def _never_words(e: ev.SequenceFinished, events):
 _WORDS = {
     "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
     "recompute": _preempt_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
-    "never-runs": _never_words,
+    "never-runs": _never_words, "chunked-prefill": _chunk_words,
 }
 
 
@@ -247,6 +295,7 @@ class Guide:
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()
+        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {})
         self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)
         self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
@@ -267,6 +316,8 @@ class Guide:
             if self._operations.add(e):
                 self._close()
             self._pending.append((index, e))
+            if isinstance(e, ev.RequestAdded):
+                self._ctx.siblings.update(dict.fromkeys(e.seq_ids, e.seq_ids))
             idea = _starts(e)
             if idea is not None and idea not in self._seen:
                 self._new_idea = True
@@ -290,7 +341,7 @@ class Guide:
             if idea is not None and idea not in self._seen:
                 self._seen.add(idea)
                 ideas.append((idea, index, [event for _, event in pending[k:]]))
-        card = _card(ideas, pending[-1][0] + 1, self.kv_manager)
+        card = _card(ideas, pending[-1][0] + 1, self.kv_manager, self._ctx)
         self.cards.append(card)
         self._positions.append(card.position)
 
