@@ -369,3 +369,38 @@ async def test_the_first_minute_defines_its_words_an_opening_card_and_the_glossa
     assert guide.cards[0].idea == "kv-cache" and all(card.terms for card in guide.cards)
     assert all(term in DEFINITIONS for card in guide.cards for term in card.terms)
     assert {"block table", "ref count", "forking"} <= set(next(c for c in guide.cards if c.idea == "forking").terms)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("projector", [False, True], ids=["plain", "projector"])
+@pytest.mark.parametrize("which", ["story", "v1-story"])
+async def test_at_80x24_every_card_brings_its_blocks_and_its_sequence_on_screen(which, projector, story_trace_path):
+    """Issue 39 item 4: the pools scroll to the blocks a card names (as many as fit, all when they
+    do) and the block tables to the sequence it is about, in a small terminal and in projector mode."""
+    from blockviz.tui.widgets.panels import BlockTables
+
+    trace = load_trace(story_trace_path if which == "story" else "v1-story")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True, projector=projector)
+    async with app.run_test(size=(80, 24)) as pilot:
+        guide, timeline = app.player.scan_guide(), app.player.timeline
+        for card in guide.cards[1:]:
+            timeline.seek(card.position)
+            app.render_views()
+            await pilot.pause()
+            await pilot.pause()
+            for grid in app._main.grids:
+                named = sorted(card.blocks_on(grid.device))
+                if not named:
+                    continue
+                shown = re.match(r"blocks (\d+)-(\d+) of", str(grid.border_subtitle))
+                low, high = (int(shown[1]), int(shown[2])) if shown else (0, grid.num_blocks - 1)
+                seen = [n for n in named if low <= n <= high]
+                rows = high // grid.columns - low // grid.columns + 1
+                fits = named[-1] // grid.columns - named[0] // grid.columns < rows
+                assert seen == named if fits else len(seen) >= 1, (card.idea, grid.device, named, low, high)
+            if card.seqs:
+                tables = app.query_one(BlockTables)
+                head = f"seq {card.seqs[0]} "
+                region = tables.region
+                lines = screen_text(app).splitlines()[region.y:region.y + region.height]
+                assert any(head in line[region.x:region.x + region.width] for line in lines), (card.idea, head)

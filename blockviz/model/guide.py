@@ -71,6 +71,7 @@ class Card:
     position: int  # the cursor where playback stops: the end of the operation the idea ran in (the same way)
     ideas: tuple[str, ...] = ()  # every idea the stop shows first, `idea` first (an eviction, then the swap-in it served)
     terms: tuple[str, ...] = ()  # the glossary's words it uses (blockviz/model/glossary.py), which `?` defines
+    seqs: tuple[int, ...] = ()  # the sequences it is about: the block tables show theirs first
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -140,8 +141,20 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
         why = "; ".join(part[2] for part in said)
         function = "; ".join(part[3] for part in said)
         blocks = list(dict.fromkeys(b for part in said for b in part[4]))
+    seqs = tuple(dict.fromkeys(seq for _, _, events in ideas for seq in _seqs_of(events[0])))
     return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
-                tuple(i for i, _, _ in ideas), terms_in(what, why))
+                tuple(i for i, _, _ in ideas), terms_in(what, why), seqs)
+
+
+def _seqs_of(e: ev.Event) -> tuple[int, ...]:
+    """The sequences an idea's first event is about (the one that hit, forked, wrote, moved)."""
+    if isinstance(e, ev.Forked):
+        return (e.child_seq_id, e.parent_seq_id)
+    if isinstance(e, (ev.CopyOnWrite, ev.SequenceFinished)):
+        return (e.seq_id,)
+    if isinstance(e, (ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.TokensScheduled)):
+        return tuple(e.seq_ids)
+    return ()
 
 
 def opening_card() -> Card:

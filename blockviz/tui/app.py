@@ -224,8 +224,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
             self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth,
-                                   marked=frozenset(card.blocks) if card is not None else frozenset())
+                                   marked=frozenset(card.blocks) if card is not None else frozenset(),
+                                   about=card.seqs if card is not None else ())
         self._card.show(card, player.guide.counter(card) if card is not None else "")
+        self.screen.set_class(card is not None and bool(card.seqs), "-card-tables")  # projector: its tables
         note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
         if timeline.dropped_events:  # a long live session's cap: said on the status line, and once in full
             note = " · ".join(filter(None, (timeline.dropped_note(brief=True), note)))
