@@ -404,3 +404,26 @@ async def test_at_80x24_every_card_brings_its_blocks_and_its_sequence_on_screen(
                 region = tables.region
                 lines = screen_text(app).splitlines()[region.y:region.y + region.height]
                 assert any(head in line[region.x:region.x + region.width] for line in lines), (card.idea, head)
+
+
+@pytest.mark.anyio
+async def test_a_trace_cut_off_mid_run_says_so_at_its_end_and_one_evicted_block_is_singular(tmp_path):
+    """Issue 39 item 7: a replay of a truncated trace says it ends before its requests finished;
+    a card for one evicted block says "was"."""
+    from blockviz.model.trace import Trace
+
+    whole = load_trace("fork-cow")
+    cut = Trace(whole.header, whole.events[:len(whole.events) // 2])
+    for trace, words in ((whole, "end of trace"), (cut, "it stops before 1 request finished")):
+        app = BlockvizApp(trace=trace, deterministic=True, play=False)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.press("G")
+            await pilot.pause()
+            text = " ".join(screen_text(app).split())
+            assert words in text and ("stops before" in text) == (trace is cut)
+    guide = Guide()
+    guide.scan(load_trace("eviction").events)
+    guide.settle()
+    card = next(c for c in guide.cards if c.idea == "eviction")
+    one = card.what.startswith("1 block ")
+    assert (" was free" in card.what) == one and (" were free" in card.what) == (not one)

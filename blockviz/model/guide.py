@@ -252,9 +252,9 @@ def _eviction_words(e: ev.BlockEvicted, events, ctx):
                 "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
                 "with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
-            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) were free but still cached; the pool "
-            f"needed room, so the least recently used lost {'its hash' if len(blocks) == 1 else 'their hashes'} "
-            "and were taken",
+            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {'was' if len(blocks) == 1 else 'were'} "
+            f"free but still cached; the pool needed room, so the least recently used lost "
+            f"{'its hash and was' if len(blocks) == 1 else 'their hashes and were'} taken",
             "a cached block is kept only while nobody needs the space: a later prompt with its tokens misses",
             [(e.device, b) for b in blocks])
 

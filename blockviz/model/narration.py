@@ -238,6 +238,16 @@ def cursor_step(timeline) -> tuple[int, str, int]:
     return step, state.step_kind if state.step == step else "scheduling", start
 
 
+def end_of_trace_note(state) -> str:
+    """What a replay says at its last event: "end of trace", or, for a trace cut off mid-run (a
+    recording stopped early), that it ends before its requests finished."""
+    unfinished = {seq.request_id for seq in state.seqs.values() if seq.status != "finished"}
+    if not unfinished:
+        return "end of trace"
+    return (f"end of trace: it stops before {len(unfinished)} request{'' if len(unfinished) == 1 else 's'} "
+            "finished (cut off mid-run)")
+
+
 def step_label(timeline) -> str:
     """The step at the cursor in words, "step 33 scheduling" / "step 32 decode": the one figure
     the TUI's status bar, the notebook's controls, a moment, the SVG export and the ledger agree on

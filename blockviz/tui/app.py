@@ -24,7 +24,7 @@ from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
 from blockviz.model.design import design_of
-from blockviz.model.narration import narrate, narrate_step, step_label
+from blockviz.model.narration import end_of_trace_note, narrate, narrate_step, step_label
 from blockviz.model.viewer import Viewer
 from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
@@ -228,7 +228,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
                                    about=card.seqs if card is not None else ())
         self._card.show(card, player.guide.counter(card) if card is not None else "")
         self.screen.set_class(card is not None and bool(card.seqs), "-card-tables")  # projector: its tables
-        note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
+        note = end_of_trace_note(timeline.state) if not player.live and timeline.at_end and len(timeline) else self.note
         if timeline.dropped_events:  # a long live session's cap: said on the status line, and once in full
             note = " · ".join(filter(None, (timeline.dropped_note(brief=True), note)))
             if not self._said_dropped:
