@@ -72,8 +72,17 @@ def run_lesson(page, server, name: str) -> int:
     return expected
 
 
+# How many blocks moment `index` has drawn so far, over all its pools (each pool's canvas is drawn in its
+# own frame, so one may be on the page before another).
+MOMENT_BLOCKS_DRAWN = "([index, n]) => (" + MOMENTS_JS + ")()[index].blocks.length === n"
+
+
 def moments_equal_the_kernel(page) -> list[dict]:
-    """Every moment draws the reducer state at its cursor (asked of the kernel afresh)."""
+    """Every moment draws the reducer state at its cursor (asked of the kernel afresh), once all its
+    pools are on the page."""
+    for index, moment in enumerate(page.evaluate(MOMENTS_JS)):
+        expected = kernel_cells(page, f"viz.snapshot(at={moment['position']})")
+        page.wait_for_function(MOMENT_BLOCKS_DRAWN, arg=[index, len(expected)], timeout=UI_LIMIT_MS)
     moments = page.evaluate(MOMENTS_JS)
     for moment in moments:
         assert moment["blocks"] == kernel_cells(page, f"viz.snapshot(at={moment['position']})"), moment["position"]
