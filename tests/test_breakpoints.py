@@ -18,7 +18,9 @@ from test_tui_fake_engine import FakeEngine
 
 
 def positions_of(trace, kind: str) -> list[int]:
-    return [i + 1 for i, e in enumerate(trace.events) if e.type == kind]
+    """Where a stop at each event of `kind` lands: the end of the engine operation it is in."""
+    timeline = Timeline.for_trace(trace)
+    return [timeline.operation_end(i + 1) for i, e in enumerate(trace.events) if e.type == kind]
 
 
 def test_playback_stops_just_after_each_breakpoint_event_and_goes_back_to_the_previous():
@@ -34,7 +36,8 @@ def test_playback_stops_just_after_each_breakpoint_event_and_goes_back_to_the_pr
         if player.stopped_at is None:
             break
         stops.append(player.timeline.position)
-        assert player.timeline.current_event is player.stopped_at and not player.playing
+        assert player.at_break and not player.playing and player.timeline.operation_at() is None
+        assert isinstance(player.stopped_at, (ev.SwappedOut, ev.SwappedIn))
         player.stopped_at = None
         player.playing = True
     assert stops == sorted(wanted) and len(stops) >= 2

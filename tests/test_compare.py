@@ -75,6 +75,13 @@ def test_compare_v0_v1_rows_differ_where_the_designs_do(tiny_gpt2_dir, capsys):
     differ = doc["differences"]
     assert differ["forks"] == [1, 0] and differ["prefix hits"] == [0, v1["prefix_hits"]]
     assert "same text" not in differ and "tokens_per_s" not in v0
+    # issue 39 item 6: v1 computes more tokens despite its hits, and a line says why
+    if v1["tokens_computed"] > v0["tokens_computed"]:
+        (why,) = doc["why"]
+        assert f"{v1['tokens_computed'] - v0['tokens_computed']} more tokens" in why and "forks" in why
+        assert "full blocks" in why
+    else:
+        assert doc["why"] == []
 
 
 def test_compare_v0_v1_table_names_what_differs(tiny_gpt2_dir, capsys):
@@ -86,6 +93,8 @@ def test_compare_v0_v1_table_names_what_differs(tiny_gpt2_dir, capsys):
     rows = lines[lines.index(head) + 1:][:2]
     assert [row.split()[:2] for row in rows] == [["v0", "off"], ["v1", "on"]]  # the settings that vary, per row
     assert "what differs, in the rows' order:" in out and "  forks: 1 | 0" in out
+    assert ("why " in out) == ("tokens computed:" in out and int(out.split("tokens computed: ")[1].split(" | ")[0])
+                                < int(out.split("tokens computed: ")[1].split(" | ")[1].split()[0]))
 
 
 def _recompute_run(model, manager: str, num_gpu_blocks: int, prompts: list[str]):

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from blockviz.model.guide import Guide
+from blockviz.model.operation import drawn_state_problems
 from blockviz.model.narration import cursor_step, describe, narrate_step
 from blockviz.model.player import GUIDE_SLOW_SPEED, SPEEDS, Player
 from blockviz.model.timeline import Timeline
@@ -70,8 +71,9 @@ async def test_the_story_played_guided_stops_once_per_idea_in_order_with_its_blo
             if card is None:
                 assert timeline.at_end
                 break
-            stops.append((card.idea, card.seq_no))
+            stops += [(idea, card.seq_no if idea == card.idea else None) for idea in card.ideas]
             assert card.seq_no < timeline.position and timeline.position == card.position
+            assert timeline.operation_at() is None and not drawn_state_problems(timeline.state)  # a state the engine has
             text = card_text(app)
             assert card.title in text and card.function in text
             for device, number in card.blocks:  # the card names the blocks ...
@@ -82,7 +84,10 @@ async def test_the_story_played_guided_stops_once_per_idea_in_order_with_its_blo
             if in_tables & set(card.blocks):  # ... and the block tables point at those a sequence holds
                 await pilot.pause()
                 assert "◀" in screen_text(app), card
-    assert stops == [(idea, trace.events[index].seq_no) for idea, index in expected]
+    # one stop per operation: the eviction and the swap-in it made room for are one card
+    assert [idea for idea, _ in stops] == [idea for idea, _ in expected]
+    assert all(seq_no in (None, trace.events[index].seq_no) for (_, seq_no), (_, index) in zip(stops, expected))
+    assert ("swap-in", None) in stops
 
 
 @pytest.mark.anyio
@@ -247,7 +252,7 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
         assert app.query_one(GuideCard).styles.border_top[0] == "heavy"  # the projector's large card
         await pilot.press("space")  # plays on to the end: no other idea in this run
         await _until(pilot, lambda: app.player.finished and not app.player.playing, timeout=30)
-        assert app.player.card is None and len(app.player.guide.cards) == 1
+        assert app.player.card is None and [c.idea for c in app.player.guide.cards] == ["kv-cache", "copy-on-write"]
 
 
 def test_the_guide_counts_from_a_capped_timelines_front():
@@ -279,3 +284,146 @@ def test_a_replay_of_the_story_is_guided_by_default(story_trace_path):
     assert parser.parse_args(["replay", "fork-cow"]).guided is None  # the default: on for the story
     assert parser.parse_args(["replay", "fork-cow", "--guided"]).guided is True
     assert parser.parse_args(["run", "--no-guided"]).guided is False
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("which", ["story", "v1-story"])
+async def test_every_front_end_gives_the_same_figures_at_every_card_of_both_stories(which, story_trace_path, tmp_path):
+    """Issue 39 item 2: at each card the step, the card counter, the pools' counts, the memory line
+    and the preempted requests' states are one definition each, in the TUI, the notebook and the
+    SVG export (the CLI's picture)."""
+    from blockviz.cli import main
+    from blockviz.jupyter import Visualizer
+    from blockviz.model.insight_view import ledger_record, memory_line, memory_record
+    from blockviz.model.narration import step_label
+    from blockviz.model.view import pool_counts
+
+    trace = load_trace(story_trace_path if which == "story" else "v1-story")
+    viz = Visualizer.from_trace(trace)
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    seen = 0
+    async with app.run_test(size=(200, 60)) as pilot:
+        guide, timeline = app.player.scan_guide(), app.player.timeline
+        for number, card in enumerate(guide.cards, start=1):
+            timeline.seek(card.position)
+            app.render_views()
+            await pilot.pause()
+            screen = " ".join(screen_text(app).split())
+            label = step_label(timeline)
+            counter = f"card {number} of {len(guide.cards)}"
+            assert label in screen and f"{counter}: {card.title}" in card_text(app)
+            for device, (used, cached, free) in pool_counts(timeline.state).items():
+                if timeline.state.pools[device]:
+                    assert f"{device.upper()} pool · {used}/{used + cached + free} used" in screen
+            viz.seek(card.position)  # the notebook, at the same stop
+            frame = viz.frame()
+            assert viz.position == card.position and frame["cursor"]["step"] == label
+            assert frame["card"]["counter"] == counter and frame["card"]["title"] == card.title
+            assert {d: (p["used"], p["cached"], p["free"]) for d, p in frame["pools"].items()} == pool_counts(timeline.state)
+            app.insights.sync(timeline)
+            ledger = ledger_record(app.insights, timeline.position).to_json()
+            assert viz.insight.parts()["ledger"] == ledger
+            memory = memory_record(app.insights, timeline.state, timeline.position)
+            assert viz.insight.parts()["memory"] == memory.to_json() and memory_line(memory) in screen
+            if "swap-in" in card.ideas:  # the request that came back is no longer waiting
+                back = [row for row in ledger["rows"] if row["mode"] == "swap"]
+                assert back and back[-1]["state"] != "waiting" and back[-1]["resumed_step"] is not None
+            for row in ledger["rows"]:
+                assert row["step"] <= int(label.split()[1])  # a preemption's step is never past the cursor's
+            out = tmp_path / f"{which}-{number}.svg"
+            assert main(["export", str(trace.path), "--at", str(card.position), "--out", str(out)]) == 0
+            assert f"{label} (of " in out.read_text()
+            seen += 1
+    viz.close()
+    assert seen == len(guide.cards) >= 3
+
+
+@pytest.mark.anyio
+async def test_the_first_minute_defines_its_words_an_opening_card_and_the_glossary_first():
+    """Issue 39 item 5: a guided run opens on a card saying what a KV cache is, why it grows per
+    token and why blocks; `?` defines the basic words first; each later card names its words."""
+    from blockviz.model.glossary import BASICS, DEFINITIONS
+    from blockviz.tui.widgets.screens import HelpScreen
+
+    trace = load_trace("v1-story")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        card = app.player.card
+        assert card is not None and card.idea == "kv-cache" and app.player.timeline.position == 0
+        text = card_text(app)
+        for words in ("K/V", "grows one slot per token", "fixed-size blocks", "PagedAttention", "block table"):
+            assert words in text, words
+        assert text.startswith(f"card 1 of {len(app.player.guide.cards)}")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    async with app.run_test(size=(120, 60)) as pilot:  # the help, tall enough to show the words and the first keys
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        lines = [line.split("█")[1].strip() if line.count("█") >= 2 else "" for line in screen_text(app).splitlines()]
+        heads = [next(i for i, line in enumerate(lines) if line.startswith(term + " ")) for term, _ in BASICS]
+        assert heads == sorted(heads) and heads[-1] < next(i for i, line in enumerate(lines) if line.startswith("Keys"))
+    guide = Guide(opening=True)
+    guide.scan(load_trace("fork-cow").events)
+    guide.settle()
+    assert guide.cards[0].idea == "kv-cache" and all(card.terms for card in guide.cards)
+    assert all(term in DEFINITIONS for card in guide.cards for term in card.terms)
+    assert {"block table", "ref count", "forking"} <= set(next(c for c in guide.cards if c.idea == "forking").terms)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("projector", [False, True], ids=["plain", "projector"])
+@pytest.mark.parametrize("which", ["story", "v1-story"])
+async def test_at_80x24_every_card_brings_its_blocks_and_its_sequence_on_screen(which, projector, story_trace_path):
+    """Issue 39 item 4: the pools scroll to the blocks a card names (as many as fit, all when they
+    do) and the block tables to the sequence it is about, in a small terminal and in projector mode."""
+    from blockviz.tui.widgets.panels import BlockTables
+
+    trace = load_trace(story_trace_path if which == "story" else "v1-story")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True, projector=projector)
+    async with app.run_test(size=(80, 24)) as pilot:
+        guide, timeline = app.player.scan_guide(), app.player.timeline
+        for card in guide.cards[1:]:
+            timeline.seek(card.position)
+            app.render_views()
+            await pilot.pause()
+            await pilot.pause()
+            for grid in app._main.grids:
+                named = sorted(card.blocks_on(grid.device))
+                if not named:
+                    continue
+                shown = re.match(r"blocks (\d+)-(\d+) of", str(grid.border_subtitle))
+                low, high = (int(shown[1]), int(shown[2])) if shown else (0, grid.num_blocks - 1)
+                seen = [n for n in named if low <= n <= high]
+                rows = high // grid.columns - low // grid.columns + 1
+                fits = named[-1] // grid.columns - named[0] // grid.columns < rows
+                assert seen == named if fits else len(seen) >= 1, (card.idea, grid.device, named, low, high)
+            if card.seqs:
+                tables = app.query_one(BlockTables)
+                head = f"seq {card.seqs[0]} "
+                region = tables.region
+                lines = screen_text(app).splitlines()[region.y:region.y + region.height]
+                assert any(head in line[region.x:region.x + region.width] for line in lines), (card.idea, head)
+
+
+@pytest.mark.anyio
+async def test_a_trace_cut_off_mid_run_says_so_at_its_end_and_one_evicted_block_is_singular(tmp_path):
+    """Issue 39 item 7: a replay of a truncated trace says it ends before its requests finished;
+    a card for one evicted block says "was"."""
+    from blockviz.model.trace import Trace
+
+    whole = load_trace("fork-cow")
+    cut = Trace(whole.header, whole.events[:len(whole.events) // 2])
+    for trace, words in ((whole, "end of trace"), (cut, "it stops before 1 request finished")):
+        app = BlockvizApp(trace=trace, deterministic=True, play=False)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.press("G")
+            await pilot.pause()
+            text = " ".join(screen_text(app).split())
+            assert words in text and ("stops before" in text) == (trace is cut)
+    guide = Guide()
+    guide.scan(load_trace("eviction").events)
+    guide.settle()
+    card = next(c for c in guide.cards if c.idea == "eviction")
+    one = card.what.startswith("1 block ")
+    assert (" was free" in card.what) == one and (" were free" in card.what) == (not one)

@@ -16,6 +16,7 @@ from blockviz.model.view import STATE_CODES, block_state, event_log
 from blockviz.jupyter.visualizer import FrameThrottle
 from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.model.reducer import USED, ReducerState
+from story_fixtures import story_trace_path  # noqa: F401 (fixture)
 
 TRACES = shipped_traces()
 CODE_NAMES = {code: name for name, code in STATE_CODES.items()}
@@ -108,7 +109,8 @@ def test_visualizer_cursor_matches_timeline(name):
         if expected is None:
             assert event is None and viz.position == len(viz)
         else:
-            assert event.type == kind and viz.position == expected + 1
+            assert event.type == kind and viz.position == reference.operation_end(expected + 1) >= expected + 1
+            assert event == trace.events[expected] and viz.timeline.operation_at() is None  # the operation drawn whole
         same()
     assert viz.step_event() is None or viz.position <= len(viz)
     viz.run_to_completion()
@@ -470,6 +472,7 @@ def test_the_notebook_shows_the_guides_card_at_each_stop_and_nowhere_else():
     viz = Visualizer.from_trace(trace)
     for position in range(len(trace.events) + 1):
         viz.seek(position)
+        position = viz.position  # inside an operation, the slider lands at its end
         card = viz.frame()["card"]
         if position in stops:
             expected = stops[position]
@@ -477,3 +480,64 @@ def test_the_notebook_shows_the_guides_card_at_each_stop_and_nowhere_else():
             assert card["blocks"] == [list(b) for b in expected.blocks] and card["what"]
         else:
             assert card is None, position
+
+
+# ---------------------------------------------------------------------------- guided (issue 39 item 3)
+
+
+def test_a_guided_notebook_stops_on_each_card_while_playing_and_sends_it_with_its_blocks_highlighted(story_trace_path):
+    from blockviz.model.guide import Guide
+
+    trace = load_trace(story_trace_path)
+    guide = Guide(opening=True)  # a guided story opens on what a KV cache is
+    guide.scan(trace.events)
+    guide.settle()
+    viz = Visualizer.from_trace(trace)  # a recorded story: guided by default
+    assert viz.frame()["card"]["idea"] == "kv-cache" and viz.frame()["card"]["counter"].startswith("card 1 of")
+    stops = [0]
+    assert viz.player.guided and not Visualizer.from_trace("swap").player.guided
+    assert Visualizer.from_trace("swap", guided=True).player.guided
+    viz.play("max")
+    while True:
+        viz._play_thread.join(timeout=60)
+        viz.frames.flush()
+        sent = viz.controls.frame
+        if viz.position == len(viz):
+            break
+        card = guide.card_at(viz.position)
+        assert card is not None and not viz.playing, viz.position
+        assert sent["card"]["title"] == card.title and sent["card"]["counter"] == f"card {len(stops) + 1} of {len(guide.cards)}"
+        assert sent["cursor"]["position"] == card.position and sent["cursor"]["guided"]
+        touched = {(device, number) for device, numbers in viz.pools.frame["touched"].items() for number in numbers}
+        assert touched == set(card.blocks)  # the pools highlight the card's blocks
+        stops.append(card.position)
+        viz.play("max")
+    assert stops == [card.position for card in guide.cards]
+    viz.seek(0)
+    assert [viz.next_card().position for _ in guide.cards[1:]] == stops[1:]  # the "next idea ▸" button's
+    assert viz.next_card() is None and viz.position == len(viz)
+    viz.close()
+
+
+def test_the_breakpoints_bar_with_nothing_ticked_goes_to_the_next_card_when_guided(story_trace_path):
+    viz = Visualizer.from_trace(load_trace(story_trace_path))
+    bar = viz.breakpoints_view
+    bar._on_frontend_msg(bar, {"event": "break", "direction": "next"}, [])
+    viz._buttons.wait(timeout=60)
+    first = viz.player.guide.cards[1]  # the first after the opening card
+    assert viz.position == first.position and first.title in viz.insight.break_message
+    viz.controls._on_frontend_msg(viz.controls, {"event": "action", "action": "next_card"}, [])
+    viz._buttons.wait(timeout=60)
+    assert viz.position == viz.player.guide.cards[2].position
+    viz.close()
+
+
+def test_a_live_story_is_guided_by_default_and_stops_on_its_first_card():
+    viz = Visualizer.live({"device": "cpu"}, scenario="story")
+    try:
+        assert viz.player.guided and viz.frame()["cursor"]["guided"]
+        card = viz.next_card()  # steps the engine until the first idea's operation has ended
+        assert card is not None and card.idea == "forking" and viz.position == card.position
+        assert viz.frame()["card"]["counter"] == "card 2"  # live: the total is not known yet (1: the opening)
+    finally:
+        viz.close()

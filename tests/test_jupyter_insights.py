@@ -88,6 +88,7 @@ def test_every_insight_part_equals_the_model_layer_at_each_cursor(name):
     viz = Visualizer.from_trace(name)
     for position in cursors(trace.events):
         viz.seek(position)
+        position = viz.position  # the slider lands at an operation's end
         parts = viz.insight.parts()
         check_explain(parts["explain"], viz, position)
         check_ledger(parts["ledger"], trace.events, position)
@@ -153,7 +154,8 @@ def test_a_long_series_is_thinned_to_the_limit_keeping_the_newest():
 def test_back_to_lands_on_each_previous_breakpoint_in_a_replay(name):
     viz = Visualizer.from_trace(name)
     kinds = {"copy_on_write", "fork"} if name == "fork-cow" else {"swap_out", "swap_in"}
-    expected = [i + 1 for i, e in enumerate(viz.events) if e.type in kinds]
+    # each lands at the end of the engine operation the event is in (a swap-out with its frees)
+    expected = sorted({viz.timeline.operation_end(i + 1) for i, e in enumerate(viz.events) if e.type in kinds})
     assert len(expected) >= 2
     landed = []
     while (event := viz.run_until(sorted(kinds))) is not None:
@@ -170,7 +172,7 @@ def test_back_to_lands_on_each_previous_breakpoint_in_a_replay(name):
 
 def test_the_breakpoints_bar_sets_the_kinds_and_its_buttons_move_the_cursor():
     viz = Visualizer.from_trace("swap")
-    preempted = [i + 1 for i, e in enumerate(viz.events) if e.type == "preempted"]
+    preempted = [viz.timeline.operation_end(i + 1) for i, e in enumerate(viz.events) if e.type == "preempted"]
     bar = viz.breakpoints_view
     bar._on_frontend_msg(bar, {"event": "break", "direction": "next"}, [])
     viz._buttons.wait(timeout=60)
@@ -205,17 +207,18 @@ def test_breakpoints_land_on_the_right_event_live_and_back(tiny_gpt2_dir):
                           prompts=["To be, or not to be, that is", "To be, or not to be, that is the question"],
                           sampling_params=SamplingParams(max_tokens=6))
     hit = viz.run_until("prefix_cache_hit")  # steps the engine until it comes
-    assert hit is not None and viz.position == viz.events.index(hit) + 1
+    assert hit is not None and viz.position == viz.timeline.operation_end(viz.events.index(hit) + 1)
+    assert viz.timeline.operation_at() is None  # the admission drawn whole, its hits and allocations
     finished = viz.run_until(["sequence_finished"])
     assert finished.type == "sequence_finished" and viz.engine.num_steps > 1
-    hits = [i + 1 for i, e in enumerate(viz.events) if e.type == "prefix_cache_hit"]
+    hits = [viz.timeline.operation_end(i + 1) for i, e in enumerate(viz.events) if e.type == "prefix_cache_hit"]
     steps_before = viz.engine.num_steps
     back = viz.back_to("prefix_cache_hit")
     assert back.type == "prefix_cache_hit" and viz.position == hits[-1]
     assert viz.engine.num_steps == steps_before  # going back is time travel: the engine is left alone
     viz.breakpoints_view.break_on = ["sequence_finished"]
     assert viz.run_until() is finished  # the ticked kinds
-    assert viz.back_to() is None and viz.position == viz.events.index(finished) + 1  # none before it
+    assert viz.back_to() is None and viz.position == viz.timeline.operation_end(viz.events.index(finished) + 1)
     outputs = viz.run_to_completion()
     assert len(outputs) == 2 and viz.back_to("step_finished").type == "step_finished"
     viz.close()

@@ -1,5 +1,6 @@
-"""The story's key moments at 80x24 and 200x60 (issue 28 item 4): guided replays of the shipped
-traces stopped on the fork, the copy-on-write, the prefix hit and the swap out, each with its card;
+"""The story's key moments at 80x24 and 200x60 (issue 28 item 4, issue 39): guided replays of the shipped
+traces stopped on each card of both stories (v0: the fork, the copy-on-write, the prefix hit, the swap
+out and in, the eviction; v1: the chunked prefill, n=2 through the cache, recompute, eviction);
 SVG snapshots (pytest-textual-snapshot), and a scan of the screen text: no block-table row is split
 across lines, the header fits, the narration is whole.
 
@@ -18,12 +19,16 @@ from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.panels import BlockTables, StatusBar, TitleBar
 from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401 (anyio_backend: the fixture)
 
-# (trace, presses of ] from the start, the idea it stops on)
+# (trace, presses of ] from the start at least, the idea whose card it stops on)
 MOMENTS = {"fork": ("fork-cow", 1, "forking"), "copy-on-write": ("fork-cow", 2, "copy-on-write"),
-           "hit": ("prefix-hit", 1, "prefix-hit"), "swap": ("swap", 1, "swap-out")}
+           "hit": ("prefix-hit", 1, "prefix-hit"), "swap": ("swap", 1, "swap-out"), "swap-in": ("swap", 2, "swap-in"),
+           "eviction": ("eviction", 1, "eviction"),
+           # vLLM v1's story, card by card (issue 39 item 6)
+           "v1-chunk": ("v1-story", 1, "chunked-prefill"), "v1-n2": ("v1-story", 2, "prefix-hit"),
+           "v1-recompute": ("v1-story", 3, "recompute"), "v1-eviction": ("v1-story", 4, "eviction")}
 SIZES = [(80, 24), (200, 60)]
 # What a block-table line starts with: a sequence's head, its placement, a logical block, or none
-TABLE_ROW = re.compile(r"^(\s*$|[ ▶] seq \d+ |    blocks |    no blocks|[ ◀] L\d)")
+TABLE_ROW = re.compile(r"^(\s*$|[ ▶] seq \d+ |    blocks |    no blocks|    prefill \d|    \d+/\d+ computed|[ ◀] L\d)")
 
 
 def moment_app(name: str) -> BlockvizApp:
@@ -35,11 +40,13 @@ def moment_app(name: str) -> BlockvizApp:
 def _to_moment(name: str):
     async def run_before(pilot) -> None:
         app = pilot.app
-        for _ in range(MOMENTS[name][1]):
+        for _ in range(MOMENTS[name][1] + 8):  # ] plays to the next breakpoint or card: on to the idea's card
             await pilot.press("right_square_bracket")
             await _until(pilot, lambda: not app.player.playing, timeout=30)
+            if app.player.card is not None and MOMENTS[name][2] in app.player.card.ideas:
+                break
         await pilot.pause()
-        assert app.player.card is not None and app.player.card.idea == MOMENTS[name][2]
+        assert app.player.card is not None and MOMENTS[name][2] in app.player.card.ideas
 
     return run_before
 

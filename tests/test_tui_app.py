@@ -336,6 +336,11 @@ async def test_help_screen_lists_the_keys():
     async with app.run_test(size=(100, 40)) as pilot:
         await pilot.press("question_mark")
         text = screen_text(app)
+        assert "The words, first" in text and "block table" in text  # the words come first (issue 39 item 5)
+        for _ in range(6):  # the rest below them, a page at a time
+            await pilot.press("pagedown")
+            await pilot.pause()
+            text += screen_text(app)
         for words in ("Play/Pause", "Step back", "Fork", "Swap out", "Projector", "Pool grid legend"):
             assert words in text
         await pilot.press("escape")

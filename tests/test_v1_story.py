@@ -78,3 +78,31 @@ def test_the_v1_story_run_live_shows_every_moment():
         session.close()
     found = moments(session.header, events)
     assert all(index is not None for index in found.values()), found
+
+
+def test_the_v1_story_has_v1s_own_cards_at_its_moments():
+    """Issue 39 item 6: the guide tells v1 as v1 does it: a chunked prefill, n=2 as requests sharing
+    the prompt through the cache, recompute with v1's reason, eviction from the free queue's head."""
+    from blockviz.model.guide import Guide
+
+    trace = load_trace("v1-story")
+    found = moments(trace.header, trace.events)
+    guide = Guide("v1", opening=True)
+    guide.scan(trace.events)
+    guide.settle()
+    cards = {card.idea: card for card in guide.cards}
+    assert list(cards) == ["kv-cache", "chunked-prefill", "prefix-hit", "recompute", "eviction"]
+    chunk = cards["chunked-prefill"]
+    assert chunk.start == found["chunked_prefill"] and "16 tokens now (16 of 31 done)" in chunk.what
+    share = cards["prefix-hit"]
+    assert share.start == found["second_child_hit"] and "without a fork" in share.title
+    assert "another sample of the same request" in share.what and "its own request" in share.what
+    recompute = cards["recompute"]
+    assert "never swaps" in recompute.why and "copy out and back" not in recompute.why
+    assert "11 GPU blocks (" in recompute.what  # the plural where it belongs
+    evicted = cards["eviction"]
+    assert evicted.start == found["head_evicted"] and "head of the free queue" in evicted.what
+    v0 = Guide("v0")
+    v0.scan(load_trace("eviction").events)
+    v0.settle()
+    assert all("free queue" not in card.what and "never swaps" not in card.why for card in v0.cards)

@@ -125,6 +125,7 @@ async def test_the_tui_and_the_notebook_draw_the_same_records(name):
         async with app.run_test(size=(400, 120)) as pilot:
             timeline = app.player.timeline
             for position in cursors(len(trace.events)):
+                position = timeline.landing(position)  # the slider's landing (operations drawn whole)
                 timeline.seek(position)
                 app.selection = None
                 app.render_views()

@@ -70,7 +70,7 @@ def add_parser(subparsers) -> None:
 
 
 def execute(args) -> int:
-    from blockviz.session.compare import differences, same_step
+    from blockviz.session.compare import differences, same_step, why_lines
 
     runs = compare_runs(args)
     if args.tui:
@@ -82,10 +82,13 @@ def execute(args) -> int:
     rows = [dict(run.figures, gpu_used_at_step=run.used_by_step.get(at_step)) for run in runs]
     differ = differences(runs)
     if args.json:
-        print(json.dumps({"at_step": at_step, "runs": rows, "differences": dict(differ)}, indent=2))
+        print(json.dumps({"at_step": at_step, "runs": rows, "differences": dict(differ), "why": why_lines(runs)},
+                         indent=2))
     else:
         _print_table(rows, at_step)
         _print_differences(differ, len(runs))
+        for line in why_lines(runs):  # a figure that looks wrong, explained
+            print(textwrap.fill(line, width=100, subsequent_indent="  "))
     return 0
 
 

@@ -2,7 +2,8 @@
 a cursor of a trace, for a slide.
 
 No model and no torch: the trace's events are folded to the cursor (event N: N events applied, as
-`Visualizer.seek(N)` and the status bar's "event N/total"), and the frame the notebook draws there
+`Visualizer.seek(N)` and the status bar's "event N/total"; N inside an engine operation lands at its
+end, blockviz/model/operation.py), and the frame the notebook draws there
 is written as SVG, or PNG with the [export] extra (blockviz/model/export.py). `--frames A:B` writes
 one picture per event from A to B, numbered (step-0012.svg ...), for an animation on a slide.
 
@@ -117,7 +118,7 @@ def execute(args) -> int:
 
     def frames():
         for position in chosen:
-            timeline.seek(position)
+            timeline.seek(timeline.landing(position))  # a picture of a state the engine can be in
             yield trace_frame(timeline, trace.header, title)
 
     try:

@@ -6,6 +6,8 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
+from blockviz.session.scenario import is_story  # noqa: F401 (the replay's default: guided for a story)
+
 from blockviz.commands.options import add_break_on_option, add_guided_option
 from blockviz.errors import UsageError
 from blockviz.model.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
@@ -32,14 +34,6 @@ def check(args):
         return path, load_trace(path)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-
-
-def is_story(header: dict) -> bool:
-    """Whether a trace records `blockviz run`'s story (its arrivals are the story's)."""
-    from blockviz.session.scenario import DEFAULT_SCENARIO
-
-    arrivals = header.get("arrivals") or []
-    return [a.get("prompt") for a in arrivals if isinstance(a, dict)] == [a.prompt for a in DEFAULT_SCENARIO]
 
 
 def execute(args) -> int:

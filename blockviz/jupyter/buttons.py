@@ -39,7 +39,7 @@ class Buttons:
             elif action == "play":
                 self._in_background(viz.play)
             else:
-                run = {"step_event": viz.step_event, "step": viz.step, "back": viz.back,
+                run = {"step_event": viz.step_event, "step": viz.step, "back": viz.back, "next_card": viz.next_card,
                        "back_step": lambda: viz.seek(viz.timeline.previous_step_end()),
                        "start": lambda: viz.seek(0), "end": lambda: viz.seek(len(viz))}.get(action)
                 if run is not None:

@@ -120,6 +120,11 @@ class InsightPanel:
         kind; says where it stopped (or that there is none) in the bar."""
         viz = self.viz
         kinds = viz.player.break_on
+        if not kinds and viz.player.guided and direction == "next":  # guided, nothing ticked: the next card
+            card = viz.next_card()
+            self.break_message = f"{card.title} (event {viz.position})" if card is not None else "no further card: at the end"
+            viz._changed()
+            return None
         if not kinds:
             self.break_message = "tick an event kind first"
             viz._changed()

@@ -33,6 +33,8 @@ from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
+from blockviz.model.narration import step_label
+from blockviz.session.scenario import is_story
 from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -116,19 +118,23 @@ class Visualizer(LiveCommands):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_trace(cls, name_or_path: str | Path | Trace, *, projector: bool = False) -> "Visualizer":
+    def from_trace(cls, name_or_path: str | Path | Trace, *, projector: bool = False,
+                   guided: bool | None = None) -> "Visualizer":
         """Replay a trace file, or a shipped trace by name ("fork-cow", "prefix-hit", ...).
-        `projector=True`: big cells and the projector palette (set_projector)."""
+        `projector=True`: big cells and the projector palette (set_projector). `guided`: playing
+        stops on each card of the guide (blockviz/model/guide.py), as `blockviz replay` does; by
+        default for a recorded story, off for other traces."""
         trace = name_or_path if isinstance(name_or_path, Trace) else load_trace(name_or_path)
         name = Path(trace.path).stem if trace.path else "trace"
-        return cls(Viewer.from_trace(trace, cards=True), title=f"trace {name} · {engine_title(trace.header)}",
-                   projector=projector)
+        guided = is_story(trace.header) if guided is None else bool(guided)
+        return cls(Viewer.from_trace(trace, cards=True, guided=guided),
+                   title=f"trace {name} · {engine_title(trace.header)}", projector=projector)
 
     @classmethod
     def live(cls, llm_or_options: Any = None, prompts: str | list | None = None,
              sampling_params: Any = None, scenario: str | None = None,
              keep_events: int | None = LIVE_MAX_EVENTS, *, projector: bool = False,
-             kv_manager: str | None = None) -> "Visualizer":
+             kv_manager: str | None = None, guided: bool | None = None) -> "Visualizer":
         """Attach to a real engine: an `engine.llm.LLM`, or a dict of `LLM(...)` keyword arguments.
 
         `prompts` are queued as requests (nothing is stepped yet); `sampling_params` is one
@@ -138,7 +144,9 @@ class Visualizer(LiveCommands):
         sampled as it samples. A long session keeps its last `keep_events` events (None: all),
         dropping its oldest steps with a notice under the controls. `projector=True`: big cells and
         the projector palette. `kv_manager="v1"` runs vLLM v1's KV cache manager and scheduler
-        (`LLM(kv_manager=...)`; with `scenario="story"`, v1's own story)."""
+        (`LLM(kv_manager=...)`; with `scenario="story"`, v1's own story). `guided`: playing stops
+        on each card of the guide, with a "next idea ▸" button (next_card); by default for a
+        scenario (the story), off otherwise."""
         from engine.llm import LLM
 
         if kv_manager is not None:
@@ -164,7 +172,8 @@ class Visualizer(LiveCommands):
             spec.config = engine.config
         session = EngineSession(spec if spec is not None else _spec_of(engine), engine=engine)
         header = session.header
-        viz = cls(Viewer.live(header, keep_events, cards=True), llm=llm, session=session,
+        guided = scenario is not None if guided is None else bool(guided)
+        viz = cls(Viewer.live(header, keep_events, cards=True, guided=guided), llm=llm, session=session,
                   title=f"live {engine_title(header)}", projector=projector)
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
@@ -260,24 +269,39 @@ class Visualizer(LiveCommands):
         return event
 
     def back(self, n: int = 1) -> ev.Event | None:
-        """Go back `n` events (time travel: nothing in the engine changes); returns the event now
+        """Go back `n` events (time travel: nothing in the engine changes), into an engine
+        operation if that is where it lands (as step_event goes forward); returns the event now
         at the cursor."""
-        return self.seek(self.position - n)
+        return self._seek(self.position - n, land=False)
 
     def seek(self, position: int) -> ev.Event | None:
-        """Put the cursor at `position` (clamped to the events known); returns the event just passed."""
+        """Put the cursor at `position` (clamped to the events known), or at the end of the engine
+        operation `position` falls inside (blockviz/model/operation.py: the slider draws only
+        states the engine can be in); returns the event just passed."""
+        return self._seek(position, land=True)
+
+    def _seek(self, position: int, *, land: bool) -> ev.Event | None:
         self.pause()
         with self._lock:
-            self.timeline.seek(int(position))
+            position = max(0, min(int(position), len(self.timeline)))
+            self.timeline.seek(self._landing(position) if land else position)
             event = self.timeline.current_event
         self._changed()
         return event
 
+    def _landing(self, position: int) -> int:
+        """Where a cursor asked for at `position` lands (Timeline.landing), stepping a live engine
+        until the operation there has ended (lock held)."""
+        while self.timeline.operation_end(position) is None and self._driver is not None and self._driver.step():
+            pass
+        return self.timeline.landing(position)
+
     def run_until(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
-        """Move to just after the next event of `kinds` (one kind, "copy_on_write", or several:
+        """Move to the next event of `kinds` (one kind, "copy_on_write", or several:
         "swap_out,block_evicted" or a list; None: the kinds ticked in the breakpoints bar), stepping a
-        live engine as needed. Returns that event, or None (cursor at the end) when the run
-        finishes without one."""
+        live engine as needed: the cursor lands at the end of the engine operation that event is in
+        (a swap-out with its frees), where a guided card stops too. Returns that event, or None
+        (cursor at the end) when the run finishes without one."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
         with self._lock:
@@ -288,24 +312,47 @@ class Visualizer(LiveCommands):
                 if not self._driver.step():
                     break
                 found = self.timeline.next_of(kinds, start, len(self.timeline))
-            self.timeline.seek(found if found is not None else len(self.timeline))
-            event = self.timeline.current_event if found is not None else None
+            self.timeline.seek(self._landing(found) if found is not None else len(self.timeline))
+            event = self.timeline.events[found - 1] if found is not None else None
         self._changed()
         return event
 
     def back_to(self, kinds: str | Iterable[str] | None = None) -> ev.Event | None:
-        """Back to just after the previous event of `kinds` (as run_until takes them) before the
-        one the cursor just passed (Timeline.previous_of: time travel, the engine is left
-        alone). Returns that event, or None (the cursor stays) when there is none."""
+        """Back to the previous event of `kinds` (as run_until takes them) before the operation the
+        cursor ends (Timeline.previous_of: time travel, the engine is left alone), landing where
+        run_until would. Returns that event, or None (the cursor stays) when there is none."""
         kinds = event_kinds(self.player.break_on if kinds is None else kinds)
         self.pause()
         with self._lock:
-            target = self.timeline.previous_of(kinds)
+            timeline = self.timeline
+            target = timeline.previous_of(kinds)
+            while target is not None and timeline.landing(target) >= timeline.position:  # the operation the cursor ends
+                op = timeline.operation_at(target)
+                target = timeline.previous_of(kinds, before=op.start) if op is not None else None
             if target is not None:
-                self.timeline.seek(target)
-            event = self.timeline.current_event if target is not None else None
+                timeline.seek(timeline.landing(target))
+            event = timeline.events[target - 1] if target is not None else None
         self._changed()
         return event
+
+    def next_card(self):
+        """Go to the guide's next card (blockviz/model/guide.py: the next idea met for the first
+        time), stepping a live engine until it comes; the "next idea ▸" button. Returns the
+        Card, or None (the cursor at the end) when the run has no further one."""
+        self.pause()
+        with self._lock:
+            player, timeline = self.player, self.timeline
+            guide = player.scan_guide()
+            stop = guide.next_stop(timeline.position, len(timeline))
+            while stop is None and self._driver is not None and self._driver.step():
+                stop = player.scan_guide().next_stop(timeline.position, len(timeline))
+            if stop is None:
+                guide.settle()  # nothing more comes: the last operation is whole
+                stop = guide.next_stop(timeline.position, len(timeline))
+            timeline.seek(stop if stop is not None else len(timeline))
+            card = guide.card_at(timeline.position) if stop is not None else None
+        self._changed()
+        return card
 
     def run_to_completion(self) -> list[Any]:
         """Live: step the engine until no request is unfinished; then (trace or live) go to the
@@ -402,7 +449,11 @@ class Visualizer(LiveCommands):
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
-            snap["card"] = card_record(self.viewer.card)
+            card = self.viewer.card
+            snap["card"] = card_record(card, self.player.guide.counter(card) if card is not None else "")
+            if card is not None:  # the pools highlight the blocks the card names, as the TUI's do
+                snap["touched"] = {device: sorted(card.blocks_on(device)) for device in snap["pools"]
+                                   if card.blocks_on(device)}
         return snap
 
     def _send_frame(self) -> None:
@@ -436,8 +487,8 @@ class Visualizer(LiveCommands):
     # ------------------------------------------------------------------ moments
 
     def snapshot(self, at: int | None = None) -> Moment:
-        """A moment: the picture at the cursor (or at event position `at`, the cursor left where it
-        is), frozen. It draws the frame the widget draws there, with no link to the engine or the
+        """A moment: the picture at the cursor (or at event position `at`, or the end of the engine
+        operation `at` falls inside; the cursor left where it is), frozen. It draws the frame the widget draws there, with no link to the engine or the
         timeline, so later steps leave it as it was (blockviz.jupyter.moment)."""
         with self._lock:
             timeline = self.timeline
@@ -445,7 +496,7 @@ class Visualizer(LiveCommands):
             if at is not None:
                 if not 0 <= int(at) <= len(timeline):
                     raise ValueError(f"at={at!r} is outside the events known (0 to {len(timeline)})")
-                timeline.seek(int(at))
+                timeline.seek(self._landing(int(at)))  # a moment is a state the engine can be in
             try:
                 frame = self.frame()
                 state = timeline.state.copy()
@@ -469,7 +520,8 @@ class Visualizer(LiveCommands):
         """The state at the cursor as plain text."""
         with self._lock:
             return summary_text(self.timeline.state, title=self.title, position=self.position,
-                                length=len(self.timeline), current=self.timeline.current_event)
+                                length=len(self.timeline), current=self.timeline.current_event,
+                                step=step_label(self.timeline))
 
     def __repr__(self) -> str:
         return self.summary()

@@ -137,7 +137,7 @@ class Controls(_View):
     _kind = traitlets.Unicode("controls").tag(sync=True)
     speeds = traitlets.List(["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS]).tag(sync=True)
     zooms = traitlets.List(list(ZOOMS)).tag(sync=True)
-    parts = ("cursor",)
+    parts = ("cursor", "card")  # the card of a guided stop is drawn under the controls
 
 
 class MomentHeader(_View):
@@ -145,7 +145,7 @@ class MomentHeader(_View):
     and what the last event did; its element carries data-position / data-length."""
 
     _kind = traitlets.Unicode("moment").tag(sync=True)
-    parts = ("cursor",)
+    parts = ("cursor", "card")  # the card of a guided stop is drawn under the controls
 
 
 class _InsightView(_View):

@@ -4,11 +4,13 @@ The first time an idea of paged KV-cache management happens in an event stream �
 copy-on-write, a prefix-cache hit, a swap out, a swap in, a recompute, an eviction, a request that
 can never run — the guide makes a `Card`: a title, what happened (with the blocks, device and
 number), one line of why, and the vLLM function that did it (v0's BlockSpaceManager, or v1's
-KVCacheManager / BlockPool in v1 mode). An idea can span several events (a preemption's swap-out and
-frees, a run of prefix hits, a run of evictions): its card's `position` is the cursor just after the
-last of them, so the pools show the whole move when playback stops there.
+KVCacheManager / BlockPool in v1 mode). An idea happens inside one engine operation
+(blockviz/model/operation.py: a preemption and its moves, an admission with its hits, an eviction
+and the allocation it served): its card's `position` is the cursor at that operation's end, so the
+pools show the whole move, in a state the engine can be in, when playback stops there. One
+operation that shows two ideas first (an eviction, then the swap-in it made room for) makes one card.
 
-`Guide.scan(events)` reads a growing event list (a live timeline's) once; an idea whose run may
+`Guide.scan(events)` reads a growing event list (a live timeline's) once; an operation that may
 still grow is open until an event that is not part of it arrives (`settle()` closes it at a
 trace's end). Dispatch is by the event's record class. No textual import: the TUI and the notebook
 draw the same cards.
@@ -17,13 +19,16 @@ draw the same cards.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
+from blockviz.model.design import KV_DESIGNS, KVDesign
+from blockviz.model.glossary import terms_in
+from blockviz.model.operation import Operations
 from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
-IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs")
+IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
+         "chunked-prefill")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
     ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted})
@@ -46,6 +51,7 @@ FUNCTIONS = {
         "recompute": "Scheduler._preempt_request → KVCacheManager.free",
         "eviction": "BlockPool.get_new_blocks → BlockPool._maybe_evict_cached_block",
         "never-runs": "Scheduler.schedule (the request cannot fit the pool)",
+        "chunked-prefill": "Scheduler.schedule (num_new_tokens capped by the token budget) → KVCacheManager.allocate_slots",
     },
 }
 
@@ -62,7 +68,10 @@ class Card:
     blocks: tuple[tuple[str, int], ...]  # (device, number) of the blocks involved
     seq_no: int  # the first event of the idea
     start: int  # the index of that event in the stream (from its start, dropped events included)
-    position: int  # the cursor where playback stops: just after the idea's last event (the same way)
+    position: int  # the cursor where playback stops: the end of the operation the idea ran in (the same way)
+    ideas: tuple[str, ...] = ()  # every idea the stop shows first, `idea` first (an eviction, then the swap-in it served)
+    terms: tuple[str, ...] = ()  # the glossary's words it uses (blockviz/model/glossary.py), which `?` defines
+    seqs: tuple[int, ...] = ()  # the sequences it is about: the block tables show theirs first
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -76,76 +85,92 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-@dataclass(slots=True)
-class _Run:
-    """An idea being read: its first event, the events that continue it, where it ends."""
-
-    idea: str
-    first: ev.Event
-    follows: Callable[["_Run", ev.Event], bool]
-    events: list[ev.Event] = field(default_factory=list)
-    end: int = 0  # index just after its last event
-
-
-# ---------------------------------------------------------------------------------- what continues an idea
-
-
-def _moves_of_preemption(run: _Run, e: ev.Event) -> bool:
-    p = run.first
-    return ((isinstance(e, ev.SwappedOut) and e.request_id == p.request_id)
-            or (isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in p.seq_ids))
-
-
-def _swap_in_follows(run: _Run, e: ev.Event) -> bool:
-    first = run.first
-    return ((isinstance(e, ev.BlockFreed) and e.device == "cpu" and e.seq_id in first.seq_ids)
-            or (isinstance(e, ev.BlockHashed) and any(e.block == gpu for _, gpu in first.mapping)))
-
-
-def _more_hits(run: _Run, e: ev.Event) -> bool:
-    return isinstance(e, ev.PrefixCacheHit) and e.seq_ids == run.first.seq_ids
-
-
-def _more_evictions(run: _Run, e: ev.Event) -> bool:
-    return isinstance(e, ev.BlockEvicted)
-
-
-def _alone(run: _Run, e: ev.Event) -> bool:
-    return False
-
-
-def _starts(e: ev.Event) -> tuple[str, Callable[[_Run, ev.Event], bool]] | None:
-    """The idea an event starts, with what continues it (None: it starts none)."""
+def _starts(e: ev.Event) -> str | None:
+    """The idea an event starts (None: it starts none)."""
     if isinstance(e, ev.Forked):
-        return "forking", _alone
+        return "forking"
     if isinstance(e, ev.CopyOnWrite):
-        return "copy-on-write", _alone
+        return "copy-on-write"
     if isinstance(e, ev.PrefixCacheHit):
-        return "prefix-hit", _more_hits
+        return "prefix-hit"
     if isinstance(e, ev.Preempted):
-        return ("swap-out" if e.mode == "swap" else "recompute"), _moves_of_preemption
+        return "swap-out" if e.mode == "swap" else "recompute"
     if isinstance(e, ev.SwappedOut):  # a swap-out with no preemption announced (a user's `p` in old traces)
-        return "swap-out", _alone
+        return "swap-out"
     if isinstance(e, ev.SwappedIn):
-        return "swap-in", _swap_in_follows
+        return "swap-in"
     if isinstance(e, ev.BlockEvicted):
-        return "eviction", _more_evictions
+        return "eviction"
     if isinstance(e, ev.SequenceFinished) and e.reason == "ignored":
-        return "never-runs", _alone
+        return "never-runs"
+    if isinstance(e, ev.TokensScheduled) and any(
+            done + new < total for done, new, total in zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
+        return "chunked-prefill"
     return None
 
 
 # ---------------------------------------------------------------------------------- the cards
 
 
-def _card(run: _Run, kv_manager: str) -> Card:
-    title, what, why, blocks = _WORDS[run.idea](run.first, run.events)
-    function = FUNCTIONS.get(kv_manager, {}).get(run.idea) or FUNCTIONS["v0"][run.idea]
-    return Card(run.idea, title, what, why, function, tuple(blocks), run.first.seq_no,
-                run.end - len(run.events), run.end)
+@dataclass(slots=True)
+class _Context:
+    """What a card's words may need beyond its events: the run's design, and each sequence's request."""
+
+    design: KVDesign
+    siblings: dict[int, tuple[int, ...]]  # seq_id -> every seq_id of its request (RequestAdded)
 
 
-def _fork_words(e: ev.Forked, events):
+def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str, ctx: _Context) -> Card:
+    """The card of the ideas one operation (blockviz/model/operation.py) showed first: each as
+    (idea, index of its first event, the operation's events from there). Two in one operation (an
+    eviction and the swap-in it made room for) make one card telling both, in the order they ran."""
+    said = []
+    for idea, _, events in ideas:
+        title, what, why, blocks = _WORDS[idea](events[0], events, ctx)
+        function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"][idea]
+        said.append((title, what, why, function, blocks))
+    idea, start, events = ideas[0]
+    if len(said) == 1:
+        title, what, why, function, blocks = said[0]
+    elif [i for i, _, _ in ideas] == ["eviction", "swap-in"]:  # one move: the swap-in took the evicted blocks
+        title, what, why, function, blocks = _evicted_for_swap_in(ideas[0][2], ideas[1][2][0])
+        function = "; ".join(part[3] for part in said)
+    else:
+        title = ", then ".join(part[0] for part in said)
+        what = "; then ".join(part[1] for part in said)
+        why = "; ".join(part[2] for part in said)
+        function = "; ".join(part[3] for part in said)
+        blocks = list(dict.fromkeys(b for part in said for b in part[4]))
+    seqs = tuple(dict.fromkeys(seq for _, _, events in ideas for seq in _seqs_of(events[0])))
+    return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
+                tuple(i for i, _, _ in ideas), terms_in(what, why), seqs)
+
+
+def _seqs_of(e: ev.Event) -> tuple[int, ...]:
+    """The sequences an idea's first event is about (the one that hit, forked, wrote, moved)."""
+    if isinstance(e, ev.Forked):
+        return (e.child_seq_id, e.parent_seq_id)
+    if isinstance(e, (ev.CopyOnWrite, ev.SequenceFinished)):
+        return (e.seq_id,)
+    if isinstance(e, (ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.TokensScheduled)):
+        return tuple(e.seq_ids)
+    return ()
+
+
+def opening_card() -> Card:
+    """The story's first card, before any event: what a KV cache is, why it grows per token, and why
+    vLLM hands it out in fixed-size blocks rather than one reservation per request."""
+    what = ("Each token a model reads leaves its K/V (a key and a value vector per layer), read again for "
+            "every later token: the KV cache grows one slot per token. Reserving a request's longest length "
+            "up front wastes most of it (the PagedAttention paper measured how much); vLLM hands out "
+            "fixed-size blocks as a sequence grows, and a block table maps each sequence's blocks into the pool.")
+    why = "a block is taken only when a token needs it, and can be shared (its ref count): more requests fit"
+    return Card("kv-cache", "What the cells are: a KV cache in blocks", what, why,
+                "the PagedAttention paper (Kwon et al., SOSP 2023); vLLM's BlockSpaceManager / KVCacheManager",
+                (), -1, 0, 0, ("kv-cache",), terms_in(what, why))
+
+
+def _fork_words(e: ev.Forked, events, ctx):
     return ("Fork: two samples, one prompt",
             f"seq {e.parent_seq_id} forked seq {e.child_seq_id}: both block tables now point at "
             f"{e.device} {_numbers(e.blocks)}, each block's ref count went up by one; nothing was copied",
@@ -153,7 +178,7 @@ def _fork_words(e: ev.Forked, events):
             [(e.device, b) for b in e.blocks])
 
 
-def _cow_words(e: ev.CopyOnWrite, events):
+def _cow_words(e: ev.CopyOnWrite, events, ctx):
     return ("Copy-on-write",
             f"seq {e.seq_id} was about to write into {e.device} block {e.src_block}, which it shared: "
             f"its {_plural(len(e.token_ids), 'token')} were copied to block {e.dst_block}, which seq {e.seq_id} "
@@ -163,9 +188,19 @@ def _cow_words(e: ev.CopyOnWrite, events):
             [(e.device, e.src_block), (e.device, e.dst_block)])
 
 
-def _hit_words(e: ev.PrefixCacheHit, events):
-    blocks = [h.block for h in events]
-    tokens = sum(len(h.token_ids) for h in events)
+def _hit_words(e: ev.PrefixCacheHit, events, ctx):
+    hits = [h for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
+    blocks = [h.block for h in hits]
+    tokens = sum(len(h.token_ids) for h in hits)
+    owners = {seq for h in hits for seq in ctx.siblings.get(h.seq_ids[0], ())} - set(e.seq_ids)
+    if not ctx.design.copy_on_write and owners:  # vLLM v1: no fork; n samples share their prompt through the cache
+        return ("n = 2 without a fork: the prompt shared through the cache",
+                f"seq {', '.join(map(str, e.seq_ids))} is another sample of the same request as seq "
+                f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
+                f"found {_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
+                f"so {_plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
+                "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
+                [(e.device, b) for b in blocks])
     return ("Prefix-cache hit",
             f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
             f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
@@ -174,7 +209,7 @@ def _hit_words(e: ev.PrefixCacheHit, events):
             [(e.device, b) for b in blocks])
 
 
-def _preempt_words(e: ev.Preempted | ev.SwappedOut, events):
+def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
     swaps = [m for m in events if isinstance(m, ev.SwappedOut)]
     freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})
     if isinstance(e, ev.SwappedOut) or e.mode == "swap":
@@ -187,14 +222,17 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events):
                 f"to CPU blocks {_numbers(c for _, c in mapping)}, and the GPU blocks freed",
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
     return ("Recompute (preemption)",
-            f"request {e.request_id} was preempted by recompute: its GPU "
-            f"{_plural(len(freed), 'block')} {_numbers(freed)} freed and "
+            f"request {e.request_id} was preempted by recompute: its "
+            f"{_plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
             f"{_plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
-            f"{e.reason}: a lone sequence costs less to compute again than to copy out and back",
+            f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
+                               "back when it is admitted again, so little is computed twice"
+                               if not ctx.design.swaps else
+                               "a lone sequence costs less to compute again than to copy out and back"),
             [("gpu", b) for b in freed])
 
 
-def _swap_in_words(e: ev.SwappedIn, events):
+def _swap_in_words(e: ev.SwappedIn, events, ctx):
     return ("Swap in",
             f"request {e.request_id} came back: CPU blocks {_numbers(c for c, _ in e.mapping)} copied to GPU "
             f"blocks {_numbers(g for _, g in e.mapping)}; it decodes on from where it stopped",
@@ -202,17 +240,51 @@ def _swap_in_words(e: ev.SwappedIn, events):
             [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping])
 
 
-def _eviction_words(e: ev.BlockEvicted, events):
-    blocks = [x.block for x in events]
+def _eviction_words(e: ev.BlockEvicted, events, ctx):
+    blocks = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    if ctx.design.free_queue:  # v1: the free queue's head goes first
+        taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in blocks]
+        who = f" for seq {', '.join(str(s) for x in taken for s in x.seq_ids)}" if taken else ""
+        return ("Eviction from the free queue's head",
+                f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
+                f"free the longest, still cached; BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
+                f"dropping {'its hash' if len(blocks) == 1 else 'their hashes'}",
+                "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
+                "with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
-            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) were free but still cached; the pool "
-            f"needed room, so the least recently used lost {'its hash' if len(blocks) == 1 else 'their hashes'} "
-            "and were taken",
+            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {'was' if len(blocks) == 1 else 'were'} "
+            f"free but still cached; the pool needed room, so the least recently used lost "
+            f"{'its hash and was' if len(blocks) == 1 else 'their hashes and were'} taken",
             "a cached block is kept only while nobody needs the space: a later prompt with its tokens misses",
             [(e.device, b) for b in blocks])
 
 
-def _never_words(e: ev.SequenceFinished, events):
+def _evicted_for_swap_in(events, swap_in: ev.SwappedIn):
+    """An eviction and the swap-in it made room for, told as the one move they are."""
+    evicted = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    return ("Eviction, then swap in",
+            f"request {swap_in.request_id} came back from the CPU pool: its CPU blocks "
+            f"{_numbers(c for c, _ in swap_in.mapping)} were copied to GPU blocks "
+            f"{_numbers(g for _, g in swap_in.mapping)}; {len(evicted)} of those "
+            f"({_numbers(evicted)}) were free but still cached, so the least recently used lost their hashes",
+            "a swapped request goes before the waiting ones; a cached block is kept only while nobody needs the space",
+            None, [("cpu", c) for c, _ in swap_in.mapping] + [("gpu", g) for _, g in swap_in.mapping])
+
+
+def _chunk_words(e: ev.TokensScheduled, events, ctx):
+    """vLLM v1's first chunked prefill: a prompt computed over several steps, a chunk per step."""
+    i = next(i for i, (done, new, total) in enumerate(zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens))
+             if done + new < total)
+    seq, done, new, total = e.seq_ids[i], e.num_computed_tokens[i], e.num_new_tokens[i], e.num_tokens[i]
+    return ("Chunked prefill",
+            f"seq {seq}'s prompt is {_plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
+            f"{_plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
+            "only for the tokens computed so far",
+            "a step has a token budget (max_num_batched_tokens): a long prompt waits less, and decodes keep "
+            "running beside it", [])
+
+
+def _never_words(e: ev.SequenceFinished, events, ctx):
     return ("A request that can never run",
             f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
             "waiting would never help: the engine says so and goes on, it never waits forever",
@@ -222,20 +294,25 @@ def _never_words(e: ev.SequenceFinished, events):
 _WORDS = {
     "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
     "recompute": _preempt_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
-    "never-runs": _never_words,
+    "never-runs": _never_words, "chunked-prefill": _chunk_words,
 }
 
 
 class Guide:
-    """The cards of an event stream, one per idea at its first occurrence, read as events arrive."""
+    """The cards of an event stream, one per operation that shows an idea first, read as events arrive."""
 
-    def __init__(self, kv_manager: str = "v0") -> None:
+    def __init__(self, kv_manager: str = "v0", opening: bool = False) -> None:
+        """`opening`: the guide starts with opening_card() at position 0 (a guided story)."""
         self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
-        self.cards: list[Card] = []
-        self._positions: list[int] = []  # each card's position, for bisect
+        self.cards: list[Card] = [opening_card()] if opening else []
+        self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
-        self._open: _Run | None = None
+        self._operations = Operations()
+        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {})
+        self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)
+        self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
+        self.settled = False  # the stream has ended: every card is known
         # Events a capped live timeline dropped from its front (Timeline.dropped_events): cards
         # count positions from the stream's start, the methods below from the timeline's front
         self.offset = 0
@@ -244,36 +321,48 @@ class Guide:
         """Read what is new in `events`, the stream after its first `offset` events (the list
         grows; a capped timeline drops its front and says how many in `offset`)."""
         self.offset = offset
-        if offset > self._scanned and self._open is not None:
-            self._close()  # dropped before it was read to its end
+        if offset > self._scanned:  # dropped before it was read to its end
+            self._close()
+            self._operations.skip_to(offset)
         for index in range(max(self._scanned, offset), offset + len(events)):
             e = events[index - offset]
-            run = self._open
-            if run is not None:
-                if run.follows(run, e):
-                    run.events.append(e)
-                    run.end = index + 1
-                    continue
+            if self._operations.add(e):
                 self._close()
-            started = _starts(e)
-            if started is not None and started[0] not in self._seen:
-                idea, follows = started
-                self._seen.add(idea)
-                self._open = _Run(idea, e, follows, [e], index + 1)
-                if follows is _alone:
-                    self._close()
+            self._pending.append((index, e))
+            if isinstance(e, ev.RequestAdded):
+                self._ctx.siblings.update(dict.fromkeys(e.seq_ids, e.seq_ids))
+            idea = _starts(e)
+            if idea is not None and idea not in self._seen:
+                self._new_idea = True
         self._scanned = max(self._scanned, offset + len(events))
 
     def settle(self) -> None:
-        """The stream has ended: close the idea still open."""
-        if self._open is not None:
-            self._close()
+        """The stream has ended: close the operation still open."""
+        self.settled = True
+        self._close()
+        self._operations.close()
 
     def _close(self) -> None:
-        run, self._open = self._open, None
-        card = _card(run, self.kv_manager)
+        """The open operation has ended: a card for the ideas it showed first."""
+        pending, self._pending = self._pending, []
+        if not self._new_idea:
+            return
+        self._new_idea = False
+        ideas = []
+        for k, (index, e) in enumerate(pending):
+            idea = _starts(e)
+            if idea is not None and idea not in self._seen:
+                self._seen.add(idea)
+                ideas.append((idea, index, [event for _, event in pending[k:]]))
+        card = _card(ideas, pending[-1][0] + 1, self.kv_manager, self._ctx)
         self.cards.append(card)
         self._positions.append(card.position)
+
+    def counter(self, card: Card) -> str:
+        """Which card this is, in words: "card 2 of 6" once the stream has ended (a replay), "card
+        2" while more may come (a live run). The one counter every front end shows."""
+        number = self.cards.index(card) + 1
+        return f"card {number} of {len(self.cards)}" if self.settled else f"card {number}"
 
     def stop_of(self, card: Card) -> int:
         """Where playback stops for `card`, counted from the timeline's front."""
@@ -281,10 +370,10 @@ class Guide:
 
     @property
     def open_start(self) -> int | None:
-        """Where the idea still being read starts (its first event's index), if one is open."""
-        run = self._open
-        return None if run is None else run.end - len(run.events) - self.offset
-
+        """Where the operation still being read starts, if it shows an idea first."""
+        if not self._new_idea or not self._pending:
+            return None
+        return self._pending[0][0] - self.offset
     def next_stop(self, start: int, stop: int) -> int | None:
         """The first card position in (start, stop]."""
         index = bisect.bisect_right(self._positions, start + self.offset)

@@ -158,6 +158,15 @@ class LedgerRow(Record):
     tokens_lost: int
     resumed_step: int | None
     steps_until_resumed: int | None
+    state: str  # where the request stands at the cursor, in words: every front end draws this one
+
+
+def preempted_state(entry) -> str:
+    """Where a preempted request stands (an insights.Preemption as of the cursor), in words: the
+    ledger's one definition, drawn by the TUI and the notebook."""
+    if entry.resumed_step is None:
+        return "waiting"
+    return f"+{entry.steps_until_resumed} steps"
 
 
 @dataclass(slots=True)
@@ -173,7 +182,7 @@ def ledger_record(insights: Insights, position: int) -> LedgerRecord:
     """The preemption ledger at `position` (`insights` synced)."""
     entries = insights.ledger(position)
     rows = [LedgerRow(e.seq_no, e.step, e.request_id, list(e.seq_ids), e.mode, e.reason, e.blocks_swapped,
-                      e.blocks_freed, e.tokens_lost, e.resumed_step, e.steps_until_resumed)
+                      e.blocks_freed, e.tokens_lost, e.resumed_step, e.steps_until_resumed, preempted_state(e))
             for e in entries[-MAX_LEDGER_ROWS:]]
     return LedgerRecord(rows, len(entries), ledger_totals(entries))
 

@@ -27,7 +27,7 @@ class Preemption:
     """One preemption and what it cost."""
 
     seq_no: int  # the preempted event's number
-    step: int  # the engine step it happened before (the last step started)
+    step: int  # the engine step it belongs to, as narration.cursor_step counts (scheduling is the next step's)
     request_id: str
     seq_ids: tuple[int, ...]
     mode: str  # "swap" or "recompute"
@@ -35,9 +35,9 @@ class Preemption:
     blocks_swapped: int  # GPU blocks copied to the CPU pool (swap)
     blocks_freed: int  # GPU blocks the victim let go of (ref count dropped)
     tokens_lost: int  # computed tokens to compute again (recompute)
-    resumed_step: int | None = None  # the step at which it ran again
+    resumed_step: int | None = None  # the step it came back in: swapped in, or admitted again to recompute
     position: int = 0  # events fed up to and including the preempted event (Ledger)
-    resumed_position: int | None = None  # events fed up to its resuming step_started
+    resumed_position: int | None = None  # events fed up to its swap-in, re-admission or resuming step_started
     # Where its moves came (events fed up to each): the engine announces a preemption before its
     # swap-out and frees, so a cursor between them has seen only some (old traces: all before).
     swap_positions: tuple[tuple[int, int], ...] = ()  # (position, blocks swapped out)
@@ -63,6 +63,7 @@ class Ledger:
     def __init__(self) -> None:
         self.entries: list[Preemption] = []
         self._step = 0
+        self._running = False  # between a step_started and its step_finished
         self._fed = 0
         self._window: list = []  # (position, event) since the last step ended: where a preemption's moves are
         self._announced: list[Preemption] = []  # the preemptions announced since the last step ended
@@ -71,18 +72,32 @@ class Ledger:
     def feed(self, event) -> None:
         self._fed += 1
         if isinstance(event, ev.StepStarted):
-            self._step = event.step
-            for seq_id in event.seq_ids:
-                entry = self._waiting.pop(seq_id, None)
-                if entry is not None and entry.resumed_step is None:
-                    entry.resumed_step, entry.resumed_position = self._step, self._fed
+            self._step, self._running = event.step, True
+            self._resume(event.seq_ids)
+        elif isinstance(event, ev.SwappedIn):  # the swap-in is its return: it runs in the step being scheduled
+            self._resume(event.seq_ids)
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
+            self._resume(event.seq_ids)  # admitted again, to compute its tokens again
         elif isinstance(event, ev.Preempted):
             self._preempted(event)
         elif isinstance(event, (ev.SwappedOut, ev.BlockFreed)):
             self._moved(event)
         self._window.append((self._fed, event))
         if isinstance(event, ev.StepFinished):
+            self._running = False
             self._window, self._announced = [], []
+
+    @property
+    def step(self) -> int:
+        """The step the events being fed belong to: the running one, or, while the scheduler
+        works between two steps, the next (narration.cursor_step's numbering)."""
+        return self._step if self._running else self._step + 1
+
+    def _resume(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            entry = self._waiting.pop(seq_id, None)
+            if entry is not None and entry.resumed_step is None:
+                entry.resumed_step, entry.resumed_position = self.step, self._fed
 
     def rebase(self, shift: int) -> None:
         """Count positions from `shift` events later (a capped timeline dropped them): entries
@@ -109,7 +124,7 @@ class Ledger:
     def _preempted(self, event) -> None:
         """A preemption: its moves already in this step's window (traces recorded before the engine
         announced preemptions first) count now, later ones as they come (`_moved`)."""
-        entry = Preemption(event.seq_no, self._step, event.request_id, event.seq_ids, event.mode, event.reason,
+        entry = Preemption(event.seq_no, self.step, event.request_id, event.seq_ids, event.mode, event.reason,
                            0, 0, event.num_tokens_lost, position=self._fed)
         self.entries.append(entry)
         self._announced.append(entry)

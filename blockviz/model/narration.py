@@ -238,6 +238,24 @@ def cursor_step(timeline) -> tuple[int, str, int]:
     return step, state.step_kind if state.step == step else "scheduling", start
 
 
+def end_of_trace_note(state) -> str:
+    """What a replay says at its last event: "end of trace", or, for a trace cut off mid-run (a
+    recording stopped early), that it ends before its requests finished."""
+    unfinished = {seq.request_id for seq in state.seqs.values() if seq.status != "finished"}
+    if not unfinished:
+        return "end of trace"
+    return (f"end of trace: it stops before {len(unfinished)} request{'' if len(unfinished) == 1 else 's'} "
+            "finished (cut off mid-run)")
+
+
+def step_label(timeline) -> str:
+    """The step at the cursor in words, "step 33 scheduling" / "step 32 decode": the one figure
+    the TUI's status bar, the notebook's controls, a moment, the SVG export and the ledger agree on
+    (cursor_step's numbering; "step 0" before any event)."""
+    step, kind, _ = cursor_step(timeline)
+    return f"step {step} {kind}".rstrip()
+
+
 def narrate_step(timeline) -> str:
     """What the step at the cursor did up to the cursor, in one sentence: "step 12 decode: 4 tokens;
     seq 1 copied block 9 on write (→ 10); 2 new blocks". Playback at speed says this rather than

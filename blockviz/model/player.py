@@ -51,6 +51,7 @@ class Player:
         self.play_stops_at_breaks = False
         self.to_break = False  # `]` is playing to the next breakpoint
         self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
+        self.stop_position = -1  # where it stopped: the end of that event's operation
         self.guide: Guide | None = None  # the cards at the cursor (blockviz/model/guide.py)
         self.guided = False  # guided playback: it also stops at each card
         self._budget = 0.0
@@ -116,9 +117,17 @@ class Player:
             target = min(timeline.position + count, len(timeline))
         if guide is not None and guide.open_start is not None:
             target = min(target, guide.open_start)  # an idea still arriving: wait for its last event
+        if target > timeline.position:  # an operation is drawn whole (blockviz/model/operation.py) ...
+            landed = timeline.landing(target)
+            self._budget -= landed - target  # ... and its extra events are paid for by the next frames
+            target = landed
         stops = []
+        break_event = None
         if self.break_on and (self.to_break or self.play_stops_at_breaks):
             stop = timeline.next_of(self.break_on, timeline.position, target)
+            if stop is not None:
+                break_event = timeline.events[stop - 1]
+                stop = timeline.operation_end(stop)  # the operation it is in, drawn whole
             spanning = guide.spanning(stop) if guide is not None and stop is not None else None
             # a breakpoint inside a card's idea (its second hit, a preemption's swap-out): its card
             card_stop = guide.stop_of(spanning) if spanning is not None else None
@@ -129,7 +138,8 @@ class Player:
         moved = timeline.seek(stop if stop is not None else target) if target != timeline.position else False
         if stop is not None:
             self.playing = self.to_break = False
-            self.stopped_at = timeline.current_event
+            self.stopped_at = break_event if break_event is not None and stop == timeline.position else None
+            self.stop_position = timeline.position
             return moved
         if timeline.at_end and not self.live:
             self.playing = False
@@ -140,6 +150,8 @@ class Player:
     def scan_guide(self) -> Guide | None:
         """The guide, up to date with the timeline (its last idea closed once no more events come)."""
         guide = self.guide
+        if self.live and self.finished and not self.timeline.settled:
+            self.timeline.settle()
         if guide is not None:
             guide.scan(self.timeline.events, self.timeline.dropped_events)
             if not self.live or self.finished:
@@ -162,7 +174,14 @@ class Player:
 
     # ------------------------------------------------------------------ stepping and time travel
 
+    @property
+    def inside(self):
+        """The engine operation the cursor is inside (single-event stepping shows it), or None at a
+        boundary (blockviz.model.operation.Operation)."""
+        return self.timeline.operation_at()
+
     def step_event(self) -> bool:
+        """One event on, even into an operation (`inside` says so)."""
         if self.timeline.forward(1):
             return True
         if self.live:
@@ -192,6 +211,11 @@ class Player:
     def to_end(self) -> bool:
         return self.timeline.seek(len(self.timeline))
 
+    @property
+    def at_break(self) -> bool:
+        """Whether the cursor rests where playback stopped for a breakpoint (`stopped_at`)."""
+        return self.stopped_at is not None and self.stop_position == self.timeline.position
+
     def run_to_break(self) -> None:
         """The next play (playing = True) runs to the next breakpoint event or, guided, the next card."""
         self.stopped_at = None
@@ -201,7 +225,12 @@ class Player:
     def back_to_break(self) -> bool:
         """Back to just after the previous event of a `break_on` kind, or the previous card."""
         self.playing = False
-        candidates = [self.timeline.previous_of(self.break_on) if self.break_on else None]
+        timeline = self.timeline
+        previous = timeline.previous_of(self.break_on) if self.break_on else None
+        while previous is not None and timeline.landing(previous) >= timeline.position:  # the operation the cursor ends
+            op = timeline.operation_at(previous)
+            previous = timeline.previous_of(self.break_on, before=op.start) if op is not None else None
+        candidates = [timeline.landing(previous) if previous is not None else None]
         guide = self.scan_guide() if self.guided else None
         if guide is not None:
             earlier = [stop for card in guide.cards if 0 < (stop := guide.stop_of(card)) < self.timeline.position]

@@ -123,7 +123,7 @@ def _draw_title(canvas: _Canvas, frame: dict[str, Any], title: str) -> None:
     canvas.text(PAD, canvas.y, canvas.fit(name, canvas.width - 2 * PAD), bold=True, cls="title")
     canvas.y += canvas.line
     if cursor:
-        where = (f"event {cursor['position']}/{cursor['length']} · step {cursor['steps_done']}/{cursor['num_steps']}"
+        where = (f"event {cursor['position']}/{cursor['length']} · {cursor['step']} (of {cursor['num_steps']})"
                  f" · {cursor.get('current') or 'start: no event applied yet'}")
     else:
         where = f"step {frame.get('step', 0)}" + (f" ({frame['step_kind']})" if frame.get("step_kind") else "")

@@ -23,6 +23,7 @@ import bisect
 
 from engine import events as ev
 from blockviz.model.design import kv_manager_of
+from blockviz.model.operation import Operation, Operations
 from blockviz.model.reducer import ReducerState
 
 SNAPSHOT_EVERY = 256
@@ -71,6 +72,8 @@ class Timeline:
         self._step_stats: list[tuple[int, float]] = []  # (tokens generated, duration_s) per step
         self._tokens_since_step = 0
         self.token_texts: dict[int, str] = {}  # token id -> its text piece, from every event seen
+        self.operations = Operations()  # where each engine operation ends (blockviz/model/operation.py)
+        self.settled = False  # no more events will come (a trace, or a live engine that finished)
 
     @classmethod
     def for_header(cls, header: dict, snapshot_every: int | None = None,
@@ -83,6 +86,7 @@ class Timeline:
     def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":
         timeline = cls.for_header(trace.header, snapshot_every)
         timeline.extend(trace.events)
+        timeline.settle()
         return timeline
 
     def __len__(self) -> int:
@@ -99,13 +103,44 @@ class Timeline:
 
     def extend(self, events) -> None:
         """Add events at the end (the cursor does not move)."""
+        operations = self.operations
         for event in events:
             self.events.append(event)
+            operations.add(event)
             note = _NOTES.get(type(event))
             if note is not None:
                 note(self, event)
         if self.max_events is not None and len(self.events) > self.max_events:
             self._drop_oldest()
+
+    def settle(self) -> None:
+        """No more events will come: the operation still open is whole."""
+        self.settled = True
+        self.operations.close()
+
+    def operation_at(self, position: int | None = None) -> Operation | None:
+        """The engine operation a cursor at `position` (the cursor's by default) is inside, if any
+        (its start and end counted from the kept front; end None while it may still grow)."""
+        position = self.position if position is None else position
+        offset = self.dropped_events
+        op = self.operations.at(position + offset, self.settled)
+        if op is None:
+            return None
+        return Operation(op.kind, op.start - offset, None if op.end is None else op.end - offset)
+
+    def operation_end(self, position: int) -> int | None:
+        """The first operation boundary at or after `position`, where the drawn state is one the
+        engine can be in; None while the operation there may still grow (a live run)."""
+        op = self.operation_at(position)
+        return position if op is None else op.end
+
+    def landing(self, position: int) -> int:
+        """Where a cursor asked for at `position` lands: the end of the operation there, or its
+        start while that operation is still arriving."""
+        op = self.operation_at(position)
+        if op is None:
+            return position
+        return op.end if op.end is not None else max(op.start, 0)
 
     def _drop_oldest(self) -> None:
         """Drop the oldest steps until at most KEEP_AFTER_DROP of the cap is kept (at a step's end
@@ -239,9 +274,11 @@ class Timeline:
                 return index + 1
         return None
 
-    def previous_of(self, kinds: frozenset[type[ev.Event]]) -> int | None:
-        """The position just after the last event of one of the records `kinds` before the cursor's event."""
-        for index in range(self.position - 2, -1, -1):
+    def previous_of(self, kinds: frozenset[type[ev.Event]], before: int | None = None) -> int | None:
+        """The position just after the last event of one of the records `kinds` before the cursor's
+        event (or before position `before`)."""
+        start = self.position - 2 if before is None else before - 1
+        for index in range(start, -1, -1):
             if type(self.events[index]) in kinds:
                 return index + 1
         return None

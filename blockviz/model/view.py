@@ -17,7 +17,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from blockviz.model.narration import FILTERS, describe, narrate
+from blockviz.model.glossary import DEFINITIONS
+from blockviz.model.narration import FILTERS, describe, narrate, step_label
 from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.record import Record
 from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
@@ -498,10 +499,10 @@ def event_log(events: list[ev.Event], position: int, filter_name: str = "all eve
 
 
 def summary_text(state: ReducerState, *, title: str = "", position: int = 0, length: int = 0,
-                 current: ev.Event | None = None, max_tables: int = 12) -> str:
-    """A plain-text picture (for a notebook without widgets, or nbconvert to text)."""
-    lines = [f"{title or 'blockviz'} · event {position}/{length}"
-             + (f" · step {state.step} ({state.step_kind})" if state.step_kind else "")]
+                 current: ev.Event | None = None, max_tables: int = 12, step: str = "") -> str:
+    """A plain-text picture (for a notebook without widgets, or nbconvert to text); `step`:
+    narration.step_label at the cursor."""
+    lines = [f"{title or 'blockviz'} · event {position}/{length}" + (f" · {step}" if step else "")]
     notes = v1_notes(state)
     for device, (used, cached, free) in pool_counts(state).items():
         if not state.pools[device] and notes:
@@ -531,13 +532,15 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     return "\n".join(lines)
 
 
-def card_record(card) -> dict[str, Any] | None:
+def card_record(card, counter: str = "") -> dict[str, Any] | None:
     """A guided stop's card (blockviz.model.guide.Card) as the notebook draws it under its controls:
-    the idea, what happened with which blocks, one line of why, the vLLM function; None for none."""
+    the idea, what happened with which blocks, one line of why, the vLLM function, and which card
+    it is (`counter`: Guide.counter, "card 2 of 6"); None for none."""
     if card is None:
         return None
-    return {"idea": card.idea, "title": card.title, "what": card.what, "why": card.why,
-            "function": card.function, "blocks": [list(block) for block in card.blocks]}
+    return {"idea": card.idea, "ideas": list(card.ideas), "title": card.title, "what": card.what, "why": card.why,
+            "function": card.function, "blocks": [list(block) for block in card.blocks], "counter": counter,
+            "position": card.position, "terms": [[term, DEFINITIONS[term]] for term in card.terms]}
 
 
 def cursor_line(timeline, player, *, title: str = "", error: str = "", finished: bool = False) -> dict[str, Any]:
@@ -545,19 +548,23 @@ def cursor_line(timeline, player, *, title: str = "", error: str = "", finished:
     sentence, blockviz.model.narration, as the TUI's status bar says it), and an engine error (one line)
     if there was one. `timeline` / `player`: blockviz.model.timeline's and blockviz.model.player's."""
     current = timeline.current_event
+    inside = timeline.operation_at()
     return {
         "title": title,
         "position": timeline.position,
         "length": len(timeline),
+        "step": step_label(timeline),
         "steps_done": timeline.dropped_steps + timeline.num_steps_done(),
         "num_steps": timeline.dropped_steps + len(timeline.step_ends),
         "dropped": timeline.dropped_note(),
         "live": player.live,
+        "guided": player.guide is not None and player.guided,
         "playing": player.playing,
         "finished": finished,
         "speed_index": player.speed_index,
         "speed": player.speed_label,
         "current": narrate(current, timeline.state, timeline.token_texts),
         "current_type": current.type if current is not None else "",
+        "inside": inside.label(timeline.position) if inside is not None else "",
         "error": error,
     }

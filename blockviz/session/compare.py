@@ -78,6 +78,31 @@ def differences(runs: list["CompareRun"]) -> list[tuple[str, list]]:
     return out
 
 
+def why_lines(runs: list["CompareRun"]) -> list[str]:
+    """A line for each figure that looks surprising, saying why it differs: a run that found more
+    prefix-cache hits yet computed more tokens than another (vLLM v1 beside v0 with n > 1: v0 forks
+    the samples from one prefill, v1 prefills each sample and its cache serves only full blocks)."""
+    lines = []
+    for a in runs:
+        for b in runs:
+            fa, fb = a.figures, b.figures
+            if fa["prefix_hits"] > fb["prefix_hits"] and fa["tokens_computed"] > fb["tokens_computed"]:
+                more = fa["tokens_computed"] - fb["tokens_computed"]
+                if fb["forks"] and not fa["forks"]:
+                    reason = (f"{b.config.kv_manager} forks each request's samples from one prefill (their prompt "
+                              f"computed once), while {a.config.kv_manager} prefills every sample as a sequence of its "
+                              "own and its cache serves only full blocks: each sample computes the prompt's partial "
+                              "last block (and at least its last token) again")
+                else:
+                    reason = ("a hit serves only full blocks, and a prompt's last block is always computed (a token to "
+                              "sample from), so the hits save less than the other run's work differs by")
+                names = ((a.config.kv_manager, b.config.kv_manager) if a.config.kv_manager != b.config.kv_manager
+                         else (a.label, b.label))
+                lines.append(f"why {names[0]} computes {more} more tokens than {names[1]} despite "
+                             f"{fa['prefix_hits']} prefix hits to {fb['prefix_hits']}: {reason}")
+    return lines
+
+
 def run_all(prompts: list[str], configs: list, params, *, loaded: Any = None,
             progress: Callable[[int, Any], None] | None = None) -> list[CompareRun]:
     """Run `prompts` through a fresh engine per configuration, the model loaded once (or `loaded`)."""

@@ -73,6 +73,13 @@ SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 
 
+def is_story(header: dict) -> bool:
+    """Whether a run's header records one of the stories (its arrivals are a scenario's: `blockviz
+    run`'s v0 story or v1's): replays and notebooks of it are guided by default."""
+    arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
+    return any(arrivals == [a.prompt for a in story] for story, _ in SCENARIOS.values())
+
+
 def scenario(name: str) -> tuple[tuple[Arrival, ...], dict]:
     """A named scenario's arrivals and settings; a ValueError lists the names."""
     if name not in SCENARIOS:

@@ -24,7 +24,7 @@ from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.player import Player
 from blockviz.model.insights import Insights, ledger_totals, memory_truth
 from blockviz.model.design import design_of
-from blockviz.model.narration import cursor_step, narrate, narrate_step
+from blockviz.model.narration import end_of_trace_note, narrate, narrate_step, step_label
 from blockviz.model.viewer import Viewer
 from blockviz.model.trace import Trace, engine_title
 from blockviz.tui.bridge import Bridge
@@ -224,10 +224,11 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
             self._main.show_panels(timeline, self.selection, self.selected_seq, insights, truth,
-                                   marked=frozenset(card.blocks) if card is not None else frozenset())
-        cards = player.guide.cards if player.guide is not None else []
-        self._card.show(card, cards.index(card) + 1 if card is not None else 0, len(cards))
-        note = "end of trace" if not player.live and timeline.at_end and len(timeline) else self.note
+                                   marked=frozenset(card.blocks) if card is not None else frozenset(),
+                                   about=card.seqs if card is not None else ())
+        self._card.show(card, player.guide.counter(card) if card is not None else "")
+        self.screen.set_class(card is not None and bool(card.seqs), "-card-tables")  # projector: its tables
+        note = end_of_trace_note(timeline.state) if not player.live and timeline.at_end and len(timeline) else self.note
         if timeline.dropped_events:  # a long live session's cap: said on the status line, and once in full
             note = " · ".join(filter(None, (timeline.dropped_note(brief=True), note)))
             if not self._said_dropped:
@@ -235,15 +236,16 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
                 self.notify(timeline.dropped_note() + " (run --keep-events N keeps more)", timeout=8)
         if card is not None:
             note = ""  # the card says it
-        elif player.stopped_at is not None and timeline.current_event is player.stopped_at:
+        elif player.at_break:
             note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
-        step, kind, _ = cursor_step(timeline)
+        elif (inside := timeline.operation_at()) is not None:  # `.` stepped into an engine operation
+            note = inside.label(timeline.position)
         self._status.show(
             timeline.state, position=timeline.position, total=len(timeline), playing=player.playing,
             speed=player.speed_label, tokens_per_s=timeline.tokens_per_second(),
             deterministic=self.deterministic, live=player.live, note=note, counts=counts,
             narration=self._narration(timeline, player, card is not None), memory=memory_fields(truth),
-            ledger=ledger_totals(insights.ledger(timeline.position)), step=f"step {step} {kind}".rstrip())
+            ledger=ledger_totals(insights.ledger(timeline.position)), step=step_label(timeline))
 
     @staticmethod
     def _narration(timeline: Timeline, player: Player, at_card: bool = False) -> str:

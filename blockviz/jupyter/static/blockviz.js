@@ -368,6 +368,7 @@ const BUTTONS = [
   ["step_event", "event ▶", "one event"],
   ["step", "step ▶", "one engine step (to the next step_finished)"],
   ["end", "▶|", "to the newest event"],
+  ["next_card", "next idea ▸", "to the guide's next card: the next idea met for the first time"],
 ];
 
 function renderControls(model, el) {
@@ -409,15 +410,18 @@ function renderControls(model, el) {
     title.textContent = c.title + (c.live ? " · live" : "");
     buttons.play.textContent = c.playing ? "❚❚ pause" : "▶ play";
     buttons.play.dataset.playing = String(c.playing);
+    buttons.next_card.hidden = !c.guided;
     slider.max = String(c.length);
     if (!dragging) slider.value = String(c.position);
-    where.textContent = `event ${c.position}/${c.length} · step ${c.steps_done}/${c.num_steps}` +
+    where.textContent = `event ${c.position}/${c.length} · ${c.step} (of ${c.num_steps})` +
       (c.finished ? " · finished" : "");
     el.dataset.position = String(c.position);
     el.dataset.length = String(c.length);
     el.dataset.playing = String(c.playing);
-    current.textContent = c.current || "start: no event applied yet";
+    // a single event stepped into an engine operation says so (blockviz/model/operation.py)
+    current.textContent = (c.current || "start: no event applied yet") + (c.inside ? ` · ${c.inside}` : "");
     current.dataset.type = c.current_type;
+    current.dataset.inside = c.inside ? "true" : "false";
     error.textContent = c.error;
     error.hidden = !c.error;
     dropped.textContent = c.dropped || "";
@@ -425,10 +429,15 @@ function renderControls(model, el) {
     const k = frame.card;
     card.hidden = !k;
     card.dataset.idea = k ? k.idea : "";
+    card.dataset.position = k ? String(k.position) : "";
+    card.dataset.blocks = k ? k.blocks.map((b) => b.join(":")).join(",") : "";
     if (k) {
-      card.replaceChildren(h("div", { class: "bv-card-title", text: k.title }),
+      card.replaceChildren(h("div", { class: "bv-card-title", text: k.counter ? `${k.counter}: ${k.title}` : k.title }),
         h("div", { text: k.what }), h("div", { class: "bv-card-why", text: `why: ${k.why}` }),
-        h("div", { class: "bv-dim", text: `in vLLM: ${k.function}` }));
+        h("div", { class: "bv-dim", text: `in vLLM: ${k.function}` }),
+        // the words it uses, each defined on hover (blockviz/model/glossary.py, the TUI's ? help)
+        h("div", { class: "bv-card-terms" }, (k.terms || []).length ? "words: " : "",
+          ...(k.terms || []).map(([term, meaning]) => h("abbr", { class: "bv-term", title: meaning, text: term + " " }))));
     }
   };
 }

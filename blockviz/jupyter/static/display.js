@@ -9,7 +9,7 @@ function renderMoment(model, el) {
   return (frame) => {
     const c = frame.cursor;
     if (!c) return;
-    title.textContent = `${c.title} · moment at event ${c.position}/${c.length} · step ${c.steps_done}/${c.num_steps}`;
+    title.textContent = `${c.title} · moment at event ${c.position}/${c.length} · ${c.step} (of ${c.num_steps})`;
     current.textContent = c.current || "start: no event applied yet";
     el.dataset.position = String(c.position);
     el.dataset.length = String(c.length);

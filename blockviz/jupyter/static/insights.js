@@ -66,7 +66,7 @@ function renderLedger(model, el) {
       // a swap copies its blocks out and then frees them: one count, said once
       h("td", { text: r.mode === "swap" ? `${r.blocks_swapped} to CPU` : `${r.blocks_freed} freed` }),
       h("td", { text: String(r.tokens_lost) }),
-      h("td", { text: r.steps_until_resumed === null ? "waiting" : `${r.steps_until_resumed} steps` })));
+      h("td", { text: r.state })));
     body.replaceChildren(h("table", { class: "bv-table" },
       h("thead", {}, h("tr", {}, LEDGER_COLUMNS.map((c) => h("th", { text: c })))), h("tbody", {}, rows)));
   };

@@ -18,7 +18,7 @@ class GuideCard(Static):
     GuideCard {
         display: none;
         height: auto;
-        max-height: 9;
+        max-height: 10;
         border: round $warning;
         border-title-color: $warning;
         border-title-style: bold;
@@ -27,17 +27,24 @@ class GuideCard(Static):
     GuideCard.-shown {
         display: block;
     }
+    GuideCard.-opening {
+        max-height: 14;
+    }
     """
 
-    def show(self, card: Card | None, number: int = 0, total: int = 0) -> None:
+    def show(self, card: Card | None, counter: str = "") -> None:
+        """Draw `card` under its counter (Guide.counter: "card 2 of 6"), or hide."""
         self.card = card
         self.set_class(card is not None, "-shown")
+        self.set_class(card is not None and card.idea == "kv-cache", "-opening")  # nothing else on screen yet
         if card is None:
             return
-        self.border_title = f"guide {number}/{total}: {card.title}"
+        self.border_title = f"{counter}: {card.title}" if counter else card.title
         self.border_subtitle = "space or ] plays on"
         self.update(Group(  # the blocks are named in `what` and highlighted in the pools
             Text(card.what),
             Text.assemble(("why: ", "bold"), card.why),
             Text.assemble(("vLLM: ", "bold"), (card.function, "italic")),
+            *([Text.assemble(("words (? defines them): ", "bold"), " · ".join(card.terms))]
+              if card.terms else []),
         ))

@@ -97,12 +97,11 @@ def render_ledger(record: LedgerRecord) -> RenderableType:
     for column in ("step", "request", "seqs", "mode", "GPU blocks", "tokens lost", "resumed"):
         table.add_column(column, justify="left" if column in ("request", "mode", "seqs") else "right")
     for row in record.rows:
-        resumed = "waiting" if row.steps_until_resumed is None else f"+{row.steps_until_resumed} steps"
         table.add_row(str(row.step), row.request, ",".join(map(str, row.seqs)),
                       Text(row.mode, "bold red" if row.mode != "swap" else "yellow"),
                       # a swap copies its blocks out, then frees them: one count, said once
                       f"{row.blocks_swapped} to CPU" if row.mode == "swap" else f"{row.blocks_freed} freed",
-                      str(row.tokens_lost), resumed)
+                      str(row.tokens_lost), row.state)
     return Group(Text(record.totals, "bold"), table)
 
 

@@ -64,18 +64,22 @@ class MainView(Horizontal):
             grid.show(state, touched.get(grid.device, frozenset()),
                       title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used",
                       note="\n".join(notes.values()) if grid.device == "cpu" else "")
+            if marked is not None:  # a card: the blocks it names scrolled into view (once per card)
+                grid.bring_into_view(marked.get(grid.device, frozenset()))
         for row in self.query(FreeQueueRow):
             row.show(state)
         return counts
 
     def show_panels(self, timeline: Timeline, selection: tuple[str, int] | None, seq_id: int | None,
-                    insights: Insights, truth: MemoryTruth, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
+                    insights: Insights, truth: MemoryTruth, marked: frozenset[tuple[str, int]] = frozenset(),
+                    about: tuple[int, ...] = ()) -> None:
         """The inspector of `selection`, and the views (`seq_id` highlighted) at the cursor;
         `insights` synced with the timeline, `truth` the memory figures at the cursor; `marked`
-        (device, number) blocks are pointed at in the block tables (a guide card's)."""
+        (device, number) blocks are pointed at in the block tables (a guide card's), the table of
+        the first sequence in `about` (the card's) scrolled into view."""
         state, vocab, position = timeline.state, timeline.token_texts, timeline.position
         tables, text, hashes, inspector, log = self._panels
-        tables.show(state, seq_id, vocab, marked)
+        tables.show(state, seq_id, vocab, marked, about)
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)

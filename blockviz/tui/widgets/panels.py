@@ -107,9 +107,11 @@ class BlockTables(StatePanel):
     TITLE = "Block tables (logical → physical)"
 
     def draw(self, state: ReducerState, selected_seq: int | None = None,
-             vocab: dict[int, str] | None = None, marked: frozenset[tuple[str, int]] = frozenset()) -> None:
+             vocab: dict[int, str] | None = None, marked: frozenset[tuple[str, int]] = frozenset(),
+             about: tuple[int, ...] = ()) -> None:
         """`marked` (device, number): blocks a guide card names, pointed at with ◀ (first column, so
-        a cut row keeps it) and scrolled into view."""
+        a cut row keeps it) and scrolled into view; `about`: the sequences the card is about, whose
+        table is the one scrolled to (its head, then its blocks)."""
         parts: list[RenderableType] = []
         first_marked: int | None = None
         size = state.block_size
@@ -118,6 +120,8 @@ class BlockTables(StatePanel):
             seq_id = row.seq
             head = _row("▶" if seq_id == selected_seq else " ")
             head.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
+            if seq_id in about[:1]:  # the card's own sequence: its head in view above its blocks
+                first_marked = len(parts) + 2
             head.append(f" req {row.request} · {row.status}"
                         + (f" ({row.finish})" if row.finish else "")
                         + f" · {row.num_tokens} tokens", style="bold" if seq_id == selected_seq else "")
@@ -134,7 +138,7 @@ class BlockTables(StatePanel):
                 placement.append(" ")
             parts.append(placement)
             for index, (device, number, ref, texts) in enumerate(row.blocks):
-                pointed = (device, number) in marked
+                pointed = (device, number) in marked and (not about or seq_id in about)
                 line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
                 line.append(f"L{index:<2}", style="dim")
                 line.append(f" → {device} {number:<{width}}")

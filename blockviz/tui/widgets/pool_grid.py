@@ -85,6 +85,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self.head: int | None = None  # v1: the free queue's head
         self.note = ""  # what an empty pool says instead (view.v1_notes)
         self._rows: dict[int, tuple[tuple, list[Strip]]] = {}  # row -> (look key, its lines)
+        self._in_view: frozenset[int] = frozenset()  # the blocks bring_into_view last scrolled to
         self._look_styles: dict[tuple, Style] = {}
         self._base = Style()
         self._gap = GAP
@@ -375,6 +376,28 @@ class PoolGrid(ScrollView, can_focus=True):
         if number is not None:
             self.focus()
             self.select(number)
+
+    def bring_into_view(self, numbers: frozenset[int]) -> None:
+        """Scroll so that the blocks a guide card names are on screen: all of them when their rows
+        fit, else as many as fit. Done once per set of blocks, so the user's own scrolling stays."""
+        if numbers == self._in_view or not numbers or not self.num_blocks:
+            self._in_view = numbers
+            return
+        self._in_view = numbers
+
+        def scroll() -> None:
+            visible = max(1, self.scrollable_content_region.height // self.cell_height)
+            first, last = min(numbers) // self._columns, max(numbers) // self._columns
+            top = self.scroll_offset.y // self.cell_height
+            if first >= top and last < top + visible:
+                return  # already in view
+            rows = [n // self._columns for n in numbers]  # the start that shows the most of them
+            row = max(range(first, max(first, last - visible + 1) + 1),
+                      key=lambda start: (sum(start <= r < start + visible for r in rows), -start))
+            self.scroll_to(y=row * self.cell_height, animate=False, immediate=True)
+            self._show_page()
+
+        self.call_after_refresh(scroll)
 
     def _scroll_to_block(self, number: int) -> None:
         row, column = divmod(number, self._columns)

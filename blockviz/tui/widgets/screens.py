@@ -10,6 +10,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
+from blockviz.model.glossary import BASICS, GLOSSARY
+
 LEGEND = (
     ("cell", "block number, then the ref count as a superscript when shared (²), then the fill glyph ▁…█ (slots holding "
              "tokens / block_size)"),
@@ -20,25 +22,6 @@ LEGEND = (
     ("underline", "the block the last event touched"),
     ("reverse", "the selected block (see the inspector)"),
 )
-
-GLOSSARY = (
-    ("allocate", "prefill: one block table per request, shared by its n sequences (vLLM v0 BlockSpaceManager.allocate)"),
-    ("append_slot", "decode: the new token gets a slot; a fresh block when the last one is full"),
-    ("copy-on-write", "the last block was shared (ref > 1): copy it before writing (vLLM v0 append_slots)"),
-    ("fork", "n > 1: the child shares every block of its parent, ref count +1"),
-    ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (vLLM v0 swap_out / swap_in)"),
-    ("recompute", "preemption by recompute: blocks freed, the K/V is computed again later"),
-    ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (nano-vllm compute_hash)"),
-    ("tokens fill", "token utilization: slots holding tokens / slots in used GPU blocks (the memory line)"),
-    ("empty in last", "internal fragmentation: the unfilled slots of each sequence's last block, the only waste paging leaves"),
-    ("max-length reservation", "what reserving prompt + max_tokens slots per sequence up front would hold: the vLLM paper's baseline"),
-    ("why hit or miss", "a prompt's lookup block by block: different tokens, different parent, evicted (by event N), "
-                        "last prompt block (always computed, to sample from), partial block (no hash yet)"),
-    ("ledger", "each preemption: the victim, swap (its blocks to CPU) or recompute (blocks freed, tokens lost), "
-               "steps until it ran again (vLLM v0 Scheduler._preempt)"),
-    ("block count", "num_gpu_blocks = budget // (block_size × layers × 2 × K/V heads × head_dim × dtype) (vLLM determine_num_available_blocks; K/V heads, not query heads)"),
-)
-
 
 def _table(title: str, rows) -> Table:
     """Two columns, the first bold: a key or term, then what it means."""
@@ -79,6 +62,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(Text("blockviz — every picture is the engine's real block-manager state", "bold"))
+            yield Static(_table("The words, first", BASICS))
             yield Static(_table("Keys", self.key_rows))
             yield Static(_table("Pool grid legend", LEGEND))
             yield Static(_table("What you are looking at", GLOSSARY))
