@@ -175,6 +175,15 @@ class Operations:
             self.close()
             self.num_events = index
 
+    def forget_before(self, index: int) -> None:
+        """Forget the closed operations that end at or before stream position `index` (a capped
+        timeline dropped their events), so what is kept is bounded by the cap, not the session."""
+        keep = bisect.bisect_left(self._starts, index)
+        if keep and self._spans[keep - 1][1] > index:
+            keep -= 1  # it straddles the cut: a cursor may still land inside it
+        del self._spans[:keep]
+        del self._starts[:keep]
+
     def close(self) -> None:
         """The open operation has ended (the next event is not part of it, or the stream ended)."""
         op, self._open = self._open, None

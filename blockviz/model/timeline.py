@@ -173,6 +173,7 @@ class Timeline:
         self._step_stats = self._step_stats[steps:]
         self.events = self.events[cut:]  # a new list: views keyed on the old one start over
         self.dropped_events += cut
+        self.operations.forget_before(self.dropped_events)
         self.dropped_steps += steps
         self.dropped_requests += len(gone)
 
