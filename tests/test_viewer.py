@@ -20,7 +20,9 @@ def test_cards_show_at_each_stop_and_playback_passes_them_unless_guided():
     trace = load_trace("fork-cow")
     shown = Viewer.from_trace(trace, cards=True)
     guided = Viewer.from_trace(trace, guided=True)
-    first = guided.player.scan_guide().cards[0]
+    # the opening card is where playback starts; guided play stops at the first card after it
+    opening, first = guided.player.scan_guide().cards[:2]
+    assert opening.position == guided.timeline.position < first.position
     for viewer in (shown, guided):
         viewer.player.speed_index = SPEEDS.index(1000.0)
         viewer.player.toggle_play()
@@ -49,7 +51,9 @@ def test_the_notebook_draws_its_viewers_card():
         assert viz.insight.insights is viz.viewer.insights and viz.player is viz.viewer.player
         stop = viz.player.scan_guide().cards[0].position
         viz.seek(stop)
-        assert viz.frame()["card"] == card_record(viz.player.card) is not None
+        card = viz.player.card
+        assert viz.frame()["card"] == card_record(card, viz.player.guide.counter(card)) is not None
+        assert viz.frame()["card"]["counter"] == "card 1 of 2"  # a replay knows how many cards it has
     finally:
         viz.close()
 
