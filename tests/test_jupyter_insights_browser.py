@@ -64,7 +64,9 @@ def test_ledger_sparkline_and_explainer_draw_the_kernels_parts(jupyter_server, l
     # the breakpoints bar: tick "preempted", go back twice; the ledger shows the past each time
     page.click(".bv-view-breaks input[data-kind='preempted']")
     page.wait_for_function("() => document.querySelector('.bv-view-breaks').dataset.breakOn === 'preempted'")
-    preempted = kernel_json(page, "[i + 1 for i, e in enumerate(viz.events) if e.type == 'preempted']")
+    # each stop is the end of the preemption's operation (its swap-out drawn whole)
+    preempted = kernel_json(page, "[viz.viewer.timeline.landing(i + 1) for i, e in enumerate(viz.events) "
+                                  "if e.type == 'preempted']")
     for target in (preempted[-1], preempted[-2]):
         page.click(".bv-view-breaks button[data-direction='previous']")
         wait_for_position(page, target)

@@ -84,10 +84,11 @@ def kernel_env(tmp_path_factory):
             os.environ[name] = value
 
 
-def execute(notebook) -> float:
-    """Run a notebook in a fresh python3 kernel from lessons/ (as a student would); returns seconds."""
+def execute(notebook, cwd: Path = LESSONS_DIR) -> float:
+    """Run a notebook in a fresh python3 kernel from lessons/ (as a student would) or `cwd`; returns
+    seconds."""
     client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(LESSONS_DIR)}})
+                                     resources={"metadata": {"path": str(cwd)}})
     start = time.perf_counter()
     client.execute()
     return time.perf_counter() - start
@@ -288,9 +289,10 @@ def readme_notebook_block() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_notebook_block_pasted_as_one_cell_shows_the_widget(kernel_env):
-    """One cell, run as pasted: no error, and its last expression is the Visualizer, so the cell
-    shows the widget; `compare`, which the text after it calls, is imported by the block."""
+def test_the_readme_notebook_block_pasted_as_one_cell_shows_the_widget(kernel_env, tmp_path):
+    """One cell, run as pasted (in a directory of its own, so its picture is not written into the
+    repository): no error, its last expression is the Visualizer, so the cell shows the widget, and
+    the picture it saves is there; `compare`, which the text after it calls, is imported by the block."""
     block = readme_notebook_block()
     text = (ROOT / "README.md").read_text()
     after = text[text.index(block) + len(block):].split("\n## ", 1)[0]
@@ -300,7 +302,9 @@ def test_the_readme_notebook_block_pasted_as_one_cell_shows_the_widget(kernel_en
     notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                                  "language": "python"}})
     notebook.cells = [nbformat.v4.new_code_cell(block)]
-    execute(notebook)
+    execute(notebook, cwd=tmp_path)
+    saved = re.findall(r'\.save\("([^"]+)"\)', block)
+    assert saved and all((tmp_path / name).read_text().startswith("<svg") for name in saved)
     (result,) = [o for o in notebook.cells[0].outputs if o.output_type == "execute_result"]
     assert "application/vnd.jupyter.widget-view+json" in result.data
     assert result.data["text/plain"].startswith("live ")
