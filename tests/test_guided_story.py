@@ -427,3 +427,22 @@ async def test_a_trace_cut_off_mid_run_says_so_at_its_end_and_one_evicted_block_
     card = next(c for c in guide.cards if c.idea == "eviction")
     one = card.what.startswith("1 block ")
     assert (" was free" in card.what) == one and (" were free" in card.what) == (not one)
+
+
+def test_a_character_split_across_tokens_is_drawn_whole_in_the_tables_once_its_bytes_are_complete():
+    """An emoji or a CJK character that byte-level BPE splits over two tokens: the block tables and
+    the inspector draw the character on the token that completes it ('◌' before it), never its bytes."""
+    from transformers import AutoTokenizer
+
+    from blockviz.model.palette import show_tokens
+    from blockviz.session.engine_session import token_texts
+    from engine.model_source import check_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(check_model("tiny-shakespeare")))
+    for text in ("ROMEO: 🌹", "JULIET: 你好"):
+        ids = tokenizer.encode(text)
+        pieces = token_texts(tokenizer, ids)
+        assert any("\\x" in piece for piece in pieces), pieces  # split into byte pieces
+        drawn = show_tokens(list(pieces))
+        assert "\\x" not in "".join(drawn) and "".join(drawn).replace("◌", "").replace("·", " ") == text
+    assert show_tokens(["x", "\\xf0\\x9f", "y"])[1] == "\\xf0\\x9f"  # an incomplete character stays bytes

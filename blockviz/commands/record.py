@@ -123,6 +123,6 @@ def execute(args) -> int:
         return 1
     if tty:
         print(file=sys.stderr)
-    print(f"recorded {recording.num_events} events over {recording.num_steps} steps to {out}",
+    print(f"recorded {plural(recording.num_events, 'event')} over {plural(recording.num_steps, 'step')} to {out}",
           file=sys.stderr)
     return 0

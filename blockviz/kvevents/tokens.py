@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
-from blockviz.model.palette import show_token
+from blockviz.model.palette import show_tokens
 
 
 class TokenText:
@@ -30,7 +30,7 @@ class TokenText:
         """The tokens' text with spaces and newlines made visible, or the ids joined by spaces."""
         if self._piece is None:
             return " ".join(str(t) for t in token_ids)
-        return "".join(show_token(self._piece(t)) for t in token_ids)
+        return "".join(show_tokens([self._piece(t) for t in token_ids]))
 
 
 def load_tokenizer(name_or_path: str) -> TokenText:

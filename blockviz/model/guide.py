@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from blockviz.model.design import KV_DESIGNS, KVDesign
 from blockviz.model.glossary import terms_in
+from blockviz.model.narration import plural, were
 from blockviz.model.operation import Operations
 from engine import events as ev
 
@@ -79,10 +80,6 @@ class Card:
 
 def _numbers(blocks) -> str:
     return ", ".join(str(b) for b in blocks)
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _starts(e: ev.Event) -> str | None:
@@ -181,8 +178,8 @@ def _fork_words(e: ev.Forked, events, ctx):
 def _cow_words(e: ev.CopyOnWrite, events, ctx):
     return ("Copy-on-write",
             f"seq {e.seq_id} was about to write into {e.device} block {e.src_block}, which it shared: "
-            f"its {_plural(len(e.token_ids), 'token')} were copied to block {e.dst_block}, which seq {e.seq_id} "
-            f"owns alone; block {e.src_block} keeps {_plural(e.src_ref_count, 'other reference')}",
+            f"its {plural(len(e.token_ids), 'token')} {were(len(e.token_ids))} copied to block {e.dst_block}, which seq {e.seq_id} "
+            f"owns alone; block {e.src_block} keeps {plural(e.src_ref_count, 'other reference')}",
             "a shared block must never change under another sequence: the writer gets its own copy, "
             "only when it writes",
             [(e.device, e.src_block), (e.device, e.dst_block)])
@@ -197,14 +194,14 @@ def _hit_words(e: ev.PrefixCacheHit, events, ctx):
         return ("n = 2 without a fork: the prompt shared through the cache",
                 f"seq {', '.join(map(str, e.seq_ids))} is another sample of the same request as seq "
                 f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
-                f"found {_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
-                f"so {_plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
+                f"found {plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
+                f"so {plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
                 "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
                 [(e.device, b) for b in blocks])
     return ("Prefix-cache hit",
             f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
-            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
-            f"{_plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
+            f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
+            f"{plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
             "a full block's hash chains its tokens and every token before them: an equal hash means equal K/V",
             [(e.device, b) for b in blocks])
 
@@ -223,8 +220,8 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
     return ("Recompute (preemption)",
             f"request {e.request_id} was preempted by recompute: its "
-            f"{_plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
-            f"{_plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
+            f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
+            f"{plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
             f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
                                "back when it is admitted again, so little is computed twice"
                                if not ctx.design.swaps else
@@ -246,13 +243,13 @@ def _eviction_words(e: ev.BlockEvicted, events, ctx):
         taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in blocks]
         who = f" for seq {', '.join(str(s) for x in taken for s in x.seq_ids)}" if taken else ""
         return ("Eviction from the free queue's head",
-                f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
+                f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
                 f"free the longest, still cached; BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
                 f"dropping {'its hash' if len(blocks) == 1 else 'their hashes'}",
                 "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
                 "with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
-            f"{_plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {'was' if len(blocks) == 1 else 'were'} "
+            f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {were(len(blocks))} "
             f"free but still cached; the pool needed room, so the least recently used lost "
             f"{'its hash and was' if len(blocks) == 1 else 'their hashes and were'} taken",
             "a cached block is kept only while nobody needs the space: a later prompt with its tokens misses",
@@ -262,11 +259,13 @@ def _eviction_words(e: ev.BlockEvicted, events, ctx):
 def _evicted_for_swap_in(events, swap_in: ev.SwappedIn):
     """An eviction and the swap-in it made room for, told as the one move they are."""
     evicted = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    blocks = "block" if len(swap_in.mapping) == 1 else "blocks"
     return ("Eviction, then swap in",
-            f"request {swap_in.request_id} came back from the CPU pool: its CPU blocks "
-            f"{_numbers(c for c, _ in swap_in.mapping)} were copied to GPU blocks "
+            f"request {swap_in.request_id} came back from the CPU pool: its CPU {blocks} "
+            f"{_numbers(c for c, _ in swap_in.mapping)} {were(len(swap_in.mapping))} copied to GPU {blocks} "
             f"{_numbers(g for _, g in swap_in.mapping)}; {len(evicted)} of those "
-            f"({_numbers(evicted)}) were free but still cached, so the least recently used lost their hashes",
+            f"({_numbers(evicted)}) {were(len(evicted))} free but still cached, so the least recently used "
+            f"{'lost its hash' if len(evicted) == 1 else 'lost their hashes'}",
             "a swapped request goes before the waiting ones; a cached block is kept only while nobody needs the space",
             None, [("cpu", c) for c, _ in swap_in.mapping] + [("gpu", g) for _, g in swap_in.mapping])
 
@@ -277,8 +276,8 @@ def _chunk_words(e: ev.TokensScheduled, events, ctx):
              if done + new < total)
     seq, done, new, total = e.seq_ids[i], e.num_computed_tokens[i], e.num_new_tokens[i], e.num_tokens[i]
     return ("Chunked prefill",
-            f"seq {seq}'s prompt is {_plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
-            f"{_plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
+            f"seq {seq}'s prompt is {plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
+            f"{plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
             "only for the tokens computed so far",
             "a step has a token budget (max_num_batched_tokens): a long prompt waits less, and decodes keep "
             "running beside it", [])

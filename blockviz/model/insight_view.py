@@ -23,6 +23,7 @@ from typing import Any
 from blockviz.model.explain import EVICTED, Explanation
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals, memory_truth
 from blockviz.model.narration import describe
+from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.record import Record
 from blockviz.model.reducer import ReducerState
@@ -259,7 +260,7 @@ def memory_fields(truth: MemoryTruth | MemoryRecord) -> list[tuple[int, str]]:
     fields = [(0, f"{GPU_BLOCKS_IN_USE} {gpu.block_utilization:.0%}"),
               (0, f"tokens fill {gpu.token_utilization:.0%} of slots" if gpu.slots_allocated
                else "no slots in use"),
-              (2, f"{truth.internal_fragmentation} slots empty in last blocks")]
+              (2, f"{plural(truth.internal_fragmentation, 'slot')} empty in last blocks")]
     if truth.reserved_slots:
         fields.append((1, f"max-length reservation {1 - waste:.0%} used"))
     return fields

@@ -24,6 +24,11 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def were(count: int) -> str:
+    """The verb for `count` things: "was" for one, "were" for more."""
+    return "was" if count == 1 else "were"
+
+
 def _ids(ids) -> str:
     return ",".join(str(i) for i in ids)
 
@@ -92,7 +97,7 @@ def _request(e: ev.RequestAdded, vocab) -> str:
 
 def _preempted(e: ev.Preempted, vocab) -> str:
     return (f"PREEMPT req {e.request_id} seq {_ids(e.seq_ids)} by {e.mode}: {e.reason}"
-            + (f" ({e.num_tokens_lost} tokens to recompute)" if e.num_tokens_lost else ""))
+            + (f" ({plural(e.num_tokens_lost, 'token')} to recompute)" if e.num_tokens_lost else ""))
 
 
 def _scheduled(e: ev.TokensScheduled, vocab) -> str:

@@ -9,6 +9,9 @@ agrees on what colour a sequence or a cached block is.
 
 from __future__ import annotations
 
+import codecs
+import re
+
 # Distinct, dark-on-light-readable hues for sequences (index = seq_id % len).
 SEQ_COLOURS = (
     "#e06c75", "#61afef", "#98c379", "#e5c07b", "#c678dd", "#56b6c2",
@@ -63,6 +66,40 @@ def show_token(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out) or "∅"
+
+
+_BYTE = re.compile(r"(\\x[0-9a-f]{2})")  # one byte of a partial character, as token_texts writes it
+
+
+def show_tokens(texts: list[str]) -> list[str]:
+    """Token pieces side by side, each as show_token draws it, except where neighbouring pieces hold
+    the bytes of one multi-byte character ('\\xf0\\x9f' then '\\x8c\\xb9': an emoji or a CJK
+    character split by byte-level BPE): the piece that completes the character draws it, the pieces
+    before it '◌'. Bytes that never complete a character stay as their bytes."""
+    out = [show_token(t) for t in texts]
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    waiting: list[tuple[int, str]] = []  # pieces whose last bytes began a character not yet complete
+    for index, text in enumerate(texts):
+        if not _BYTE.search(text):
+            decoder.reset()
+            waiting = []
+            continue
+        raw = b"".join(bytes([int(part[2:], 16)]) if _BYTE.fullmatch(part) else part.encode()
+                       for part in _BYTE.split(text) if part)
+        try:
+            done = decoder.decode(raw)
+        except UnicodeDecodeError:  # not one character after all: leave these pieces as bytes
+            decoder.reset()
+            waiting = []
+            continue
+        if done:
+            for earlier, before in waiting:
+                out[earlier] = (show_token(before) if before else "") + "◌"
+            out[index] = show_token(done)
+            waiting = []
+        if decoder.getstate()[0]:  # bytes still waiting for the rest of their character
+            waiting.append((index, done))
+    return out
 
 
 def short_hash(block_hash: int | None, digits: int = 6) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 
 from blockviz.model.glossary import DEFINITIONS
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
-from blockviz.model.palette import event_number, short_hash, show_token
+from blockviz.model.palette import event_number, short_hash, show_tokens
 from blockviz.model.record import Record
 from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
 from engine import events as ev
@@ -204,8 +204,8 @@ def _slot_texts(state: ReducerState, seq_id: int, index: int, block: BlockState,
     if seq is not None:
         texts = seq.token_texts[start:start + len(block.token_ids)]
         if len(texts) == len(block.token_ids):
-            return [show_token(t) for t in texts]
-    return [show_token(t) for t in block_token_texts(state, block, vocab)]
+            return show_tokens(texts)
+    return show_tokens(block_token_texts(state, block, vocab))
 
 
 @dataclass(slots=True)
@@ -343,7 +343,7 @@ def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current:
         rows.append(HashRow(block.number, short_hash(block.block_hash),
                             short_hash(block.parent_hash) if block.parent_hash is not None else "", depth, branch,
                             block.ref_count, block.num_hits, block.number == hit_block, block_state(block),
-                            block.registered, [show_token(t) for t in block_token_texts(state, block, vocab)]))
+                            block.registered, show_tokens(block_token_texts(state, block, vocab))))
         push(block.block_hash, depth + 1 if branch else depth)
     return rows
 
@@ -400,7 +400,7 @@ def inspect_block(state: ReducerState, device: str, number: int,
         short_hash(block.block_hash, 16) if block.block_hash is not None else "",
         short_hash(block.parent_hash, 16) if block.parent_hash is not None else "",
         block.registered, block.num_hits,
-        [show_token(t) for t in block_token_texts(state, block, vocab)] if filled else [],
+        show_tokens(block_token_texts(state, block, vocab)) if filled else [],
         block.digest or "", block.digest_slots, block.digest_slots == filled, same, geometry)
     if block.state == NULL:  # vLLM v1's null block
         info.note = NULL_BLOCK_NOTE

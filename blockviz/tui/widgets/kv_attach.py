@@ -18,6 +18,7 @@ from textual.widgets.tree import TreeNode
 from blockviz.kvevents.protocol import MEDIUM_GPU, BlockHash
 from blockviz.kvevents.state import NOT_SENT, NOT_SENT_BY_VLLM, KVEventState, tier_label
 from blockviz.kvevents.tokens import TokenText
+from blockviz.model.narration import plural
 from blockviz.model.palette import short_hash, sparkline
 from blockviz.tui.widgets.panels import StatePanel
 
@@ -76,7 +77,7 @@ class ForestTree(Tree):
                 self._drawn_labels[block_hash] = label.plain
                 self._drawn[block_hash].set_label(label)
         forgotten = f", {state.num_forgotten} removed long ago not shown" if state.num_forgotten else ""
-        self.root.set_label(Text(f"{len(state.nodes)} blocks seen, {state.num_cached} cached now{forgotten}"))
+        self.root.set_label(Text(f"{plural(len(state.nodes), 'block')} seen, {state.num_cached} cached now{forgotten}"))
         self.root.expand()
 
     def _drop_forgotten(self, state: KVEventState) -> None:
@@ -147,7 +148,7 @@ class CachePanel(StatePanel):
                 rows.append(Text(f"       KV-cache groups: {groups}", style="dim"))
         rows.append(Text.assemble(("wire ", "bold"), state.wire_summary()))
         if state.num_unknown_events:
-            rows.append(Text(f"{state.num_unknown_events} events of unknown types ignored", style="dim"))
+            rows.append(Text(f"{plural(state.num_unknown_events, 'event')} of unknown types ignored", style="dim"))
         if state.num_removed_unseen:
             rows.append(Text(f"{state.num_removed_unseen} removals of blocks stored before we joined", style="dim"))
         self.set_body(Group(*rows))

@@ -21,6 +21,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
+from blockviz.model.narration import plural
 from blockviz.model.palette import block_tint, fill_glyph, show_token
 from blockviz.model.reducer import ReducerState
 from blockviz.model.view import STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, tables
@@ -124,7 +125,7 @@ class BlockTables(StatePanel):
                 first_marked = len(parts) + 2
             head.append(f" req {row.request} · {row.status}"
                         + (f" ({row.finish})" if row.finish else "")
-                        + f" · {row.num_tokens} tokens", style="bold" if seq_id == selected_seq else "")
+                        + f" · {plural(row.num_tokens, 'token')}", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
             if row.progress is not None:  # vLLM v1: chunked prefill progress
                 parts.append(Text(f"    {row.progress.text}", "bold #ff8c1a" if row.progress.prefilling else "dim"))
