@@ -176,3 +176,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case, args, expected):
     if case == "existing out":  # --force overwrites it
         assert _blockviz("fork-cow", "--out", str(tmp_path / "old.svg"), "--force").returncode == 0
         assert (tmp_path / "old.svg").read_text().startswith("<svg")
+
+
+def test_the_jupyter_install_brings_what_png_export_needs():
+    """`pip install -e '.[jupyter]'` (the README's "In Jupyter" line) is enough for viz.save("step.png")."""
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    assert extras["export"] and set(extras["export"]) <= set(extras["jupyter"])
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    jupyter = readme[readme.index("## In Jupyter"):].split("\n## ", 1)[0]
+    assert "pip install -e '.[jupyter]'" in jupyter
