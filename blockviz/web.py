@@ -66,6 +66,22 @@ button {{ padding: 12px 28px; background: #5e0ba7; color: #fff; border: none;
   font: inherit; cursor: pointer; }}
 </style>
 <script src="/static/js/textual.js"></script>
+<script>
+// keys reach the app from the first moment, with no click on the page first: xterm's input takes
+// the focus as soon as the terminal has made it
+window.addEventListener("load", () => {{
+  const terminal = document.getElementById("terminal");
+  const focus = () => {{
+    const input = terminal.querySelector("textarea.xterm-helper-textarea");
+    if (input) input.focus();
+    return input !== null;
+  }};
+  if (!focus()) {{
+    const watch = new MutationObserver(() => {{ if (focus()) watch.disconnect(); }});
+    watch.observe(terminal, {{ childList: true, subtree: true }});
+  }}
+}});
+</script>
 </head>
 <body>
 <div class="notice starting">Starting {title}...</div>

@@ -189,3 +189,21 @@ def test_the_jupyter_install_brings_what_png_export_needs():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     jupyter = readme[readme.index("## In Jupyter"):].split("\n## ", 1)[0]
     assert "pip install -e '.[jupyter]'" in jupyter
+
+
+def test_a_picture_has_a_legend_and_the_whole_narration_as_its_caption(tmp_path):
+    """A slide needs no narrator: the caption is the event's whole narration (never cut), and the
+    legend names each block state the pools can show (the null block only where there is one)."""
+    for name, null in (("swap", False), ("v1-story", True)):
+        viz = Visualizer.from_trace(name)
+        try:
+            position = viz.run_until("preempted") and viz.position
+            root = read_svg(viz.save(tmp_path / f"{name}.svg"))
+            narration = viz.frame()["cursor"]["current"]
+        finally:
+            viz.close()
+        caption = " ".join(t.text for t in root.iter(f"{SVG}text") if t.get("class") == "caption")
+        assert position and caption == narration and len(narration) > 20
+        (legend,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
+        swatches = [r.get("data-state") for r in legend.iter(f"{SVG}rect")]
+        assert swatches == ["used", "cached", "free"] + (["null"] if null else [])

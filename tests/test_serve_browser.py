@@ -65,10 +65,12 @@ class Visitor:
         raise AssertionError("the page never stopped updating")
 
     def drawn(self) -> None:
-        """Wait until the terminal has drawn the app (its status bar) and has the keyboard."""
+        """Wait until the terminal has drawn the app (its status bar) and has the keyboard, which
+        the page gives it by itself (no click first)."""
         self.page.wait_for_selector("body.-first-byte")
         self.wait_for_text(r"event 0/\d+")
-        self.page.focus("textarea.xterm-helper-textarea")
+        self.page.wait_for_function(
+            "() => document.activeElement && document.activeElement.matches('textarea.xterm-helper-textarea')")
         self.wait_until_quiet()
 
 

@@ -17,6 +17,7 @@ import pytest
 from blockviz.model.trace import load_trace
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.panels import BlockTables, StatusBar, TitleBar
+from blockviz.tui.widgets.pool_grid import PoolGrid
 from test_tui_app import _until, anyio_backend, screen_text  # noqa: F401 (anyio_backend: the fixture)
 
 # (trace, presses of ] from the start at least, the idea whose card it stops on)
@@ -45,8 +46,14 @@ def _to_moment(name: str):
             await _until(pilot, lambda: not app.player.playing, timeout=30)
             if app.player.card is not None and MOMENTS[name][2] in app.player.card.ideas:
                 break
+        card = app.player.card
+        assert card is not None and MOMENTS[name][2] in card.ideas
+        # the views have drawn the card and asked the pools to scroll to its blocks; the scroll runs
+        # after the next refresh (a slow machine must not photograph the screen before it)
+        grids = app.query(PoolGrid)
+        await _until(pilot, lambda: all(g.brought_into_view == card.blocks_on(g.device) for g in grids), timeout=30)
         await pilot.pause()
-        assert app.player.card is not None and MOMENTS[name][2] in app.player.card.ideas
+        await pilot.pause()
 
     return run_before
 

@@ -87,6 +87,12 @@ class _Canvas:
         most = max(1, int(width / self.char))
         return words if len(words) <= most else words[:most - 1] + "…"
 
+    def wrap(self, words: str, width: float) -> list[str]:
+        """`words` broken into lines that fit `width` px (nothing cut)."""
+        import textwrap
+
+        return textwrap.wrap(words, max(1, int(width / self.char)), break_long_words=True) or [""]
+
     def heading(self, words: str) -> None:
         self.text(PAD, self.y, words, bold=True)
         self.y += self.line
@@ -101,6 +107,7 @@ def frame_svg(frame: dict[str, Any], *, title: str = "", projector: bool = False
         pool = (frame.get("pools") or {}).get(device)
         if pool and pool["n"]:
             _draw_pool(canvas, device, pool, frame)
+    _draw_legend(canvas, frame)
     _draw_tables(canvas, frame)
     _draw_hashes(canvas, frame)
     height = round(canvas.y + PAD)
@@ -123,11 +130,43 @@ def _draw_title(canvas: _Canvas, frame: dict[str, Any], title: str) -> None:
     canvas.text(PAD, canvas.y, canvas.fit(name, canvas.width - 2 * PAD), bold=True, cls="title")
     canvas.y += canvas.line
     if cursor:
-        where = (f"event {cursor['position']}/{cursor['length']} · {cursor['step']} (of {cursor['num_steps']})"
-                 f" · {cursor.get('current') or 'start: no event applied yet'}")
+        where = f"event {cursor['position']}/{cursor['length']} · {cursor['step']} (of {cursor['num_steps']})"
+        caption = cursor.get("current") or "start: no event applied yet"
     else:
         where = f"step {frame.get('step', 0)}" + (f" ({frame['step_kind']})" if frame.get("step_kind") else "")
+        caption = ""
     canvas.text(PAD, canvas.y, canvas.fit(where, canvas.width - 2 * PAD), fill=canvas.dim, cls="cursor")
+    canvas.y += canvas.line
+    # the caption: what the event at the cursor did, whole, on as many lines as it takes
+    for line in canvas.wrap(caption, canvas.width - 2 * PAD) if caption else ():
+        canvas.text(PAD, canvas.y, line, cls="caption")
+        canvas.y += canvas.line
+    canvas.y += canvas.line * 0.4
+
+
+def _draw_legend(canvas: _Canvas, frame: dict[str, Any]) -> None:
+    """One row under the pools: a swatch for each block state the picture can show (the null block
+    only where a pool has one), the marks, and how a cell reads."""
+    pools = [pool for pool in (frame.get("pools") or {}).values() if pool and pool["n"] and not pool.get("empty_line")]
+    if not pools:
+        return
+    states = ["used", "cached", "free"] + (["null"] if any(STATE_CODES["null"] in pool["state"] for pool in pools)
+                                           else [])
+    size = round(canvas.font)
+    x = PAD
+    canvas.parts.append('<g class="legend">')
+    for name in states:
+        fill = (canvas.colour(0) if name == "used" else LOOK["cached"] if name == "cached"
+                else LOOK["null"] if name == "null" else "none")
+        dash = ' stroke-dasharray="3 3"' if name == "free" else ""
+        canvas.parts.append(f'<rect class="swatch" data-state="{name}" x="{x:.1f}" y="{canvas.y:.1f}" width="{size}" '
+                            f'height="{size}" rx="2" fill="{fill}" stroke="{LOOK["border"]}" stroke-width="1"{dash}/>')
+        label = STATE_LABELS[name] + (" (a sequence's colour)" if name == "used" else "")
+        canvas.text(x + size + 4, canvas.y, label, fill=canvas.dim)
+        x += size + 4 + (len(label) + 3) * canvas.char
+    key = "cell: block number, ²/³ = ref count, c = cached, bar = slots filled"
+    canvas.text(x, canvas.y, canvas.fit(key, max(canvas.char, canvas.width - PAD - x)), fill=canvas.dim)
+    canvas.parts.append("</g>")
     canvas.y += canvas.line * 1.4
 
 

@@ -35,9 +35,12 @@ NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point 
                    "(sliding-window layers); never allocated, freed, cached or counted as free")
 # What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
 V1_NOTES = {
-    "swap": "vLLM v1 has no CPU pool: a preempted request is recomputed, not swapped",
-    "cow": "vLLM v1 has no copy-on-write: n > 1 shares the prompt through the prefix cache",
+    "swap": "vLLM v1 never swaps: it recomputes",  # short: it fits the CPU pool box at 80x24
+    "cow": "vLLM v1 has no copy-on-write",
 }
+# The note (V1_NOTES) a guide card's idea (blockviz/model/guide.py IDEAS) is about in a v1 run.
+NOTE_OF_IDEA = {"recompute": "swap", "swap-out": "swap", "swap-in": "swap", "prefix-hit": "cow", "forking": "cow",
+                "copy-on-write": "cow"}
 
 
 # ------------------------------------------------------------------------------------ blocks and pools
@@ -132,11 +135,13 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> Fre
                      sum(1 for number in state.free_queue if pool[number].block_hash is not None))
 
 
-def v1_notes(state: ReducerState) -> dict[str, str]:
+def v1_notes(state: ReducerState, ideas: tuple[str, ...] = ()) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
-    copy-on-write); empty for a v0 run."""
+    copy-on-write); empty for a v0 run. The note a guide card's `ideas` are about comes first, so a
+    screen with room for one line shows that one."""
     lacks = {"swap": not state.design.swaps, "cow": not state.design.copy_on_write}
-    return {view: note for view, note in V1_NOTES.items() if lacks[view]}
+    about = {NOTE_OF_IDEA[idea] for idea in ideas if idea in NOTE_OF_IDEA}
+    return {view: V1_NOTES[view] for view in sorted(V1_NOTES, key=lambda view: view not in about) if lacks[view]}
 
 
 def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, int]) -> str:

@@ -219,7 +219,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         timeline = player.timeline
         card = player.card
         marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
-        counts = self._main.show_pools(timeline, marked)
+        counts = self._main.show_pools(timeline, marked, card.ideas if card is not None else ())
         insights.sync(timeline)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):

@@ -51,14 +51,14 @@ class MainView(Horizontal):
         for name in RIGHT_VIEWS:
             self.query_one(f"#{name}").set_class(name == view, "-shown")
 
-    def show_pools(self, timeline: Timeline,
-                   marked: dict[str, frozenset[int]] | None = None) -> dict[str, tuple[int, int, int]]:
+    def show_pools(self, timeline: Timeline, marked: dict[str, frozenset[int]] | None = None,
+                   ideas: tuple[str, ...] = ()) -> dict[str, tuple[int, int, int]]:
         """Both pools at the cursor, the blocks the last event touched marked (or `marked`: a guide
-        card's blocks); returns pool_counts."""
+        card's blocks, `ideas` its ideas: the note they are about first); returns pool_counts."""
         state = timeline.state
         touched = marked if marked is not None else touched_blocks(timeline.current_event)
         counts = pool_counts(state)
-        notes = v1_notes(state)
+        notes = v1_notes(state, ideas)
         for grid in self.grids:
             used, cached, free = counts[grid.device]
             grid.show(state, touched.get(grid.device, frozenset()),

@@ -377,6 +377,11 @@ class PoolGrid(ScrollView, can_focus=True):
             self.focus()
             self.select(number)
 
+    @property
+    def brought_into_view(self) -> frozenset[int]:
+        """The blocks bring_into_view was last asked to show (its scroll runs after the next refresh)."""
+        return self._in_view
+
     def bring_into_view(self, numbers: frozenset[int]) -> None:
         """Scroll so that the blocks a guide card names are on screen: all of them when their rows
         fit, else as many as fit. Done once per set of blocks, so the user's own scrolling stays."""
