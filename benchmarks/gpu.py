@@ -49,7 +49,7 @@ from throughput import make_workload, run_hf_generate_batch, span  # noqa: E402
 # Memory bandwidth by card, GB/s, from the vendors' spec sheets; the first name found in the
 # device's name wins (more specific names first).
 CARD_BANDWIDTH_GBS = {
-    "H200": 4800, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350, "GH200": 4000, "B200": 8000,
+    "GH200": 4000, "H200": 4800, "H100 NVL": 3900, "H100 PCIe": 2000, "H100": 3350, "B200": 8000,
     "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A10G": 600, "A10": 600, "L40S": 864,
     "L40": 864, "L4": 300, "RTX 4090": 1008, "RTX 3090": 936, "V100": 900, "T4": 320,
 }
@@ -189,6 +189,31 @@ def hf_padded(model, workload, device: str) -> float:
     return time.perf_counter() - start
 
 
+def hf_generate_batch(model, workload, device: str) -> tuple[float, int] | str:
+    """transformers' continuous batching, outside torch.inference_mode (which breaks it): throughput.py's
+    run, each request with its own max_new_tokens, where this transformers has ContinuousBatchingConfig;
+    else `generate_batch` itself, every request run to the longest max_tokens and only each request's
+    own tokens counted. (seconds, useful tokens), or why it did not run."""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: F401
+    except ImportError:
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(max_new_tokens=max(m for _, m in workload), do_sample=False, eos_token_id=-1,
+                                  pad_token_id=0, block_size=16, max_batch_tokens=8192,
+                                  num_blocks=sum((len(p) + max(m for _, m in workload)) // 16 + 2 for p, _ in workload))
+        try:
+            model.generate_batch(inputs=[p for p, _ in workload[:2]], generation_config=config)  # warm-up
+            sync(device)
+            start = time.perf_counter()
+            model.generate_batch(inputs=[p for p, _ in workload], generation_config=config)
+            sync(device)
+            return time.perf_counter() - start, sum(m for _, m in workload)
+        except Exception as exc:  # report, don't hide
+            return f"did not run: {type(exc).__name__}: {str(exc)[:160]}"
+    return run_hf_generate_batch(model, workload)
+
+
 # ---------------------------------------------------------------- one shape
 
 
@@ -244,7 +269,7 @@ def bench_shape(args, shape: str, folder: Path, device: str, figures: dict) -> N
     seconds = hf_padded(hf, workload, device)
     figures[f"{shape} hf generate (padded) tokens/s"] = useful / seconds
     print(f"{'hf generate (padded)':28} {useful / seconds:10.0f}")
-    batch = run_hf_generate_batch(hf, workload)  # outside torch.inference_mode, which breaks it
+    batch = hf_generate_batch(hf, workload, device)
     if isinstance(batch, str):
         print(f"{'hf generate_batch':28} {batch}")
     else:
