@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-lens", type=span, default=(32, 512), metavar="LO-HI")
     parser.add_argument("--max-tokens", type=span, default=(32, 256), metavar="LO-HI")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--profile-requests", type=int, default=32,
+    parser.add_argument("--profile-requests", type=int, default=64,
                         help="requests in the profiled run that measures the GPU's busy share")
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="the card's memory bandwidth, GB/s (default: from the table of known cards)")

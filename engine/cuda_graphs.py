@@ -148,8 +148,9 @@ class CUDAGraphRunner:
         the captured size, in one host-to-device copy; returns that size.
 
         The host packs (4, size) inputs and the (num_seqs, width) tables, width the step's longest
-        table; table columns past it keep what they held (valid block numbers), which no row reads:
-        a row reads the blocks of its own context only.
+        table; table columns past it, and the padding rows' tables, keep what they held (valid block
+        numbers): the triton kernel reads a row's blocks up to its context only, the torch path
+        gathers the rest but masks it out.
         """
         num_seqs = len(plan.scheduled)
         size = padded_batch_size(num_seqs, self.sizes)
@@ -163,10 +164,10 @@ class CUDAGraphRunner:
             slots.append(table[position // block_size] * block_size + position % block_size)
             lens.append(position + 1)
             tables.append(table)
-        width = max(len(t) for t in tables)
+        width = min(max(len(t) for t in tables), self.max_num_blocks)  # a context needs no more
         inputs, block_tables = to_device(
             [[input_ids + [0] * pad, positions + [0] * pad, slots + [PAD_SLOT_ID] * pad, lens + [0] * pad],
-             [list(t) + [0] * (width - len(t)) for t in tables]], self.device)
+             [list(t[:width]) + [0] * (width - len(t)) for t in tables]], self.device)
         self.inputs[:, :size].copy_(inputs)  # (4, size)
         self.block_tables[:num_seqs, :width].copy_(block_tables)  # (num_seqs, width)
         return size
