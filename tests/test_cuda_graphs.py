@@ -29,6 +29,9 @@ from engine.model_runner import ModelRunner  # noqa: E402
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install triton)")
 skip_without_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(CUDA, reason="with CUDA the kernels compile for the GPU: "
+                                                                     "the cuda cases run them")),
+           pytest.param("cuda", marks=[pytest.mark.cuda, skip_without_cuda])]
 PROMPTS = ["To be, or not to be, that is the question:", "The quick brown fox", "KV",
            "All the world's a stage, and all the men", "Paged attention keeps", "Whether 'tis nobler",
            "To be", "The quick", "merely players."]
@@ -147,55 +150,62 @@ def test_padded_rows_never_write_kv(tiny_gpt2_dir, backend):
     assert changed.nonzero().flatten().tolist() == sorted(plan_slots)
 
 
-def test_skipping_padding_writes_what_writing_the_real_rows_writes():
-    cache = CacheEngine(1, 2, 8, 4, 16, 0, "cpu", torch.float32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_skipping_padding_writes_what_writing_the_real_rows_writes(device):
+    cache = CacheEngine(1, 2, 8, 4, 16, 0, device, torch.float32)
     cache._gpu_kv.copy_(torch.randn(cache._gpu_kv.shape, generator=torch.Generator().manual_seed(0)))
     k_cache, v_cache = cache.gpu_cache[0]
-    key, value = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
-    slots = torch.tensor([9, 3, 40, -1, -1])
+    key, value = torch.randn(5, 2, 8, device=device), torch.randn(5, 2, 8, device=device)
+    slots = torch.tensor([9, 3, 40, -1, -1], device=device)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     write_to_cache(key[:3], value[:3], expected_k, expected_v, slots[:3])
     write_to_cache_skipping_padding(key, value, k_cache, v_cache, slots)
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
     before = cache._gpu_kv.clone()  # every row padding (a graph's capture): nothing changes
-    write_to_cache_skipping_padding(key, value, k_cache, v_cache, torch.full((5,), -1))
+    write_to_cache_skipping_padding(key, value, k_cache, v_cache, torch.full((5,), -1, device=device))
     assert torch.equal(cache._gpu_kv, before)
 
 
 # ---------------------------------------------------------------- a padded row's attention
 
 
-def graph_metadata(context_lens: list[int], tables: list[list[int]], block_size: int, width: int, backend: str):
+def graph_metadata(context_lens: list[int], tables: list[list[int]], block_size: int, width: int, backend: str,
+                   device: str):
     """What a graph's decode sees: full-width tables, the padding rows' context 0."""
-    padded_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    lens = torch.tensor(context_lens)
     from engine.attention import DecodeGroup, decode_key_mask
 
+    padded_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device)
+    lens = torch.tensor(context_lens, device=device)
     n = len(context_lens)
+    rows = torch.arange(n + 1, device=device)
     return AttentionMetadata(
-        slot_mapping=torch.full((n,), -1), positions=torch.zeros(n, dtype=torch.int64), block_tables=padded_tables,
-        context_lens_tensor=lens, query_start_loc=torch.arange(n + 1), query_starts=tuple(range(n + 1)),
-        last_token_indices=torch.arange(n), query_lens=(1,) * n, context_lens=(width * block_size,) * n,
-        block_size=block_size, prefill_seq_ids=(), decode_token_ids=torch.arange(n),
+        slot_mapping=torch.full((n,), -1, device=device), positions=torch.zeros_like(rows[:n]),
+        block_tables=padded_tables, context_lens_tensor=lens, query_start_loc=rows, query_starts=tuple(range(n + 1)),
+        last_token_indices=rows[:n], query_lens=(1,) * n, context_lens=(width * block_size,) * n,
+        block_size=block_size, prefill_seq_ids=(), decode_token_ids=rows[:n],
         decode_groups=(DecodeGroup(None, padded_tables, decode_key_mask(lens, width * block_size)),),
         decode_only=True, attention_backend=backend, padded=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
-def test_a_padding_rows_attention_is_finite_and_the_real_rows_are_unchanged(backend):
+def test_a_padding_rows_attention_is_finite_and_the_real_rows_are_unchanged(backend, device):
+    """The triton kernel's padding row is 0 by its own guard; the torch path's by SDPA's rule for a
+    fully masked row (0 rather than NaN since torch 2.5, pytorch#131060): this checks it on the
+    SDPA backend the device picks."""
     block_size, width, heads, head_dim = 4, 6, 4, 16
-    cache = CacheEngine(1, 2, head_dim, block_size, 32, 0, "cpu", torch.float32)
+    cache = CacheEngine(1, 2, head_dim, block_size, 32, 0, device, torch.float32)
     cache._gpu_kv.copy_(torch.randn(cache._gpu_kv.shape, generator=torch.Generator().manual_seed(1)))
     k_cache, v_cache = cache.gpu_cache[0]
     tables, lens = [[3, 7, 1], [5, 2]], [11, 6]
-    query = torch.randn(4, heads, head_dim)
-    key = value = torch.zeros(4, 2, head_dim)  # slot -1 everywhere: nothing is written
-    meta = graph_metadata(lens + [0, 0], tables + [[], []], block_size, width, backend)
+    query = torch.randn(4, heads, head_dim, device=device)
+    key = value = torch.zeros(4, 2, head_dim, device=device)  # slot -1 everywhere: nothing is written
+    meta = graph_metadata(lens + [0, 0], tables + [[], []], block_size, width, backend, device)
     out = paged_attention(query, key, value, k_cache, v_cache, meta, 0.25)
     assert torch.isfinite(out).all()
-    assert torch.equal(out[2:], torch.zeros(2, heads, head_dim))  # context 0: no key seen, 0 (not 0 / 0)
+    assert torch.equal(out[2:], torch.zeros(2, heads, head_dim, device=device))  # context 0: 0, not 0 / 0
     ref_k, ref_v = (c.repeat_interleave(2, dim=2) for c in (k_cache, v_cache))  # one K/V head per query head
-    ref_meta = AttentionMetadata.build(tables, [1, 1], lens, block_size)
+    ref_meta = AttentionMetadata.build(tables, [1, 1], lens, block_size, device)
     # the reference writes each row's newest K/V first: give it what its slot already holds
     last = ref_meta.slot_mapping
     ref = reference_paged_attention(query[:2], ref_k.flatten(0, 1)[last], ref_v.flatten(0, 1)[last],
