@@ -101,6 +101,8 @@ class AttentionMetadata:
     decode_groups: tuple[DecodeGroup, ...]  # the decodes cut into groups of similar length
     decode_only: bool  # every sequence has query_len == 1 (token i belongs to sequence i)
     attention_backend: str = "torch"  # which code computes it: "torch" (this module) or "triton" (engine/kernels)
+    # rows at the back may be a CUDA graph's padding (engine/cuda_graphs.py): slot -1, context 0
+    padded: bool = False
 
     @classmethod
     def build(
@@ -142,23 +144,24 @@ class AttentionMetadata:
         prefill_seq_ids = tuple(i for i, q in enumerate(query_lens) if q > 1)
         decode_tables = [block_tables[i] for i in decode_seq_ids]
         decode_lens = [context_lens[i] for i in decode_seq_ids]
-
-        def as_tensor(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
+        # every integer tensor of the step in one host-to-device copy
+        (slots, positions_tensor, tables, lens, starts, last, decode_tokens) = to_device(
+            [slot_mapping, positions, _padded(block_tables, context_lens, block_size), list(context_lens),
+             query_start_loc, [s - 1 for s in query_start_loc[1:]], [query_start_loc[i] for i in decode_seq_ids]],
+            device)
         return cls(
-            slot_mapping=as_tensor(slot_mapping),
-            positions=as_tensor(positions),
-            block_tables=as_tensor(_padded(block_tables, context_lens, block_size)),
-            context_lens_tensor=as_tensor(list(context_lens)),
-            query_start_loc=as_tensor(query_start_loc),
+            slot_mapping=slots,
+            positions=positions_tensor,
+            block_tables=tables,
+            context_lens_tensor=lens,
+            query_start_loc=starts,
             query_starts=tuple(query_start_loc),
-            last_token_indices=as_tensor([s - 1 for s in query_start_loc[1:]]),
+            last_token_indices=last,
             query_lens=tuple(int(q) for q in query_lens),
             context_lens=tuple(int(c) for c in context_lens),
             block_size=block_size,
             prefill_seq_ids=prefill_seq_ids,
-            decode_token_ids=as_tensor([query_start_loc[i] for i in decode_seq_ids]),
+            decode_token_ids=decode_tokens,
             decode_groups=_decode_groups(decode_tables, decode_lens, block_size, device),
             decode_only=not prefill_seq_ids,
             attention_backend=attention_backend,
@@ -222,17 +225,47 @@ def _decode_groups(
     if not tables:
         return ()
     groups = length_groups([-(-n // block_size) for n in lens], MAX_DECODE_GROUPS, MIN_BLOCKS_SAVED_PER_GROUP)
-    decode_groups = []
+    arrays = []  # per group: its lengths, its padded tables, its rows; all sent in one copy
     for rows in groups:
-        group_lens = torch.tensor([lens[r] for r in rows], dtype=torch.int64, device=device)
-        group_tables = _padded([tables[r] for r in rows], [lens[r] for r in rows], block_size)
-        block_tables = torch.tensor(group_tables, dtype=torch.int64, device=device)
-        num_keys = block_tables.shape[1] * block_size
-        # (n, 1, 1, num_keys): True where key position < context_len
-        key_mask = (torch.arange(num_keys, device=device)[None, :] < group_lens[:, None])[:, None, None, :]
-        rows_tensor = None if len(groups) == 1 else torch.tensor(rows, dtype=torch.int64, device=device)
-        decode_groups.append(DecodeGroup(rows_tensor, block_tables, key_mask))
+        arrays += [[lens[r] for r in rows], _padded([tables[r] for r in rows], [lens[r] for r in rows], block_size),
+                   rows]
+    sent = to_device(arrays, device)
+    decode_groups = []
+    for group_lens, block_tables, rows_tensor in zip(sent[0::3], sent[1::3], sent[2::3]):
+        key_mask = decode_key_mask(group_lens, block_tables.shape[1] * block_size)
+        decode_groups.append(DecodeGroup(None if len(groups) == 1 else rows_tensor, block_tables, key_mask))
     return tuple(decode_groups)
+
+
+def decode_key_mask(context_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """(n, 1, 1, num_keys) bool: True where key position < the row's context length (a row of
+    context 0, a CUDA graph's padding, sees no key: SDPA gives it 0)."""
+    return (torch.arange(num_keys, device=context_lens.device)[None, :] < context_lens[:, None])[:, None, None, :]
+
+
+def to_device(arrays: Sequence[Sequence[int] | Sequence[Sequence[int]]], device: torch.device | str) -> list[torch.Tensor]:
+    """Lists of ints (flat, or rows of equal length) as int64 tensors on `device`, in one copy:
+    packed into one host tensor (pinned when the device is CUDA), sent with one non_blocking copy
+    and split there into views (vLLM v1 `GPUModelRunner` keeps pinned host twins of its input
+    buffers for the same reason: a copy from pageable memory waits for the stream to drain)."""
+    flat: list[int] = []
+    shapes: list[tuple[int, ...]] = []
+    for values in arrays:
+        if values and isinstance(values[0], Sequence):  # rows of one length
+            shapes.append((len(values), len(values[0])))
+            for row in values:
+                flat.extend(row)
+        else:
+            shapes.append((len(values),))
+            flat.extend(values)
+    device = torch.device(device)
+    packed = torch.tensor(flat, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    views, offset = [], 0
+    for shape in shapes:
+        size = shape[0] * (shape[1] if len(shape) == 2 else 1)
+        views.append(packed[offset:offset + size].view(shape))
+        offset += size
+    return views
 
 
 def write_to_cache(
@@ -244,6 +277,27 @@ def write_to_cache(
     # (view, never reshape: a silent copy would drop the writes)
     head_major(k_cache).view(num_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
     head_major(v_cache).view(num_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
+
+
+def write_to_cache_skipping_padding(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """`write_to_cache` where a negative slot marks a padding row that writes nothing (vLLM's
+    PAD_SLOT_ID, which `reshape_and_cache` skips), without a host sync, so a CUDA graph can hold it.
+
+    Padding sits at the back, so row 0 is real unless every row is padding. Each padding row repeats
+    row 0's write (its slot, its values); when every row is padding they all write slot 0's own
+    contents back. Writers of one slot then write the same bits: the cache ends as if the padding
+    rows were skipped.
+    """
+    padding = slot_mapping < 0  # (num_tokens,)
+    first_slot = slot_mapping[:1].clamp(min=0)  # (1,)
+    slots = torch.where(padding, first_slot, slot_mapping)
+    for new, cache in ((key, k_cache), (value, v_cache)):
+        num_heads, head_dim = cache.shape[2:]
+        rows = head_major(cache).view(num_heads, -1, head_dim)  # (num_kv_heads, num_slots, head_dim)
+        first = torch.where(padding[0], rows.index_select(1, first_slot)[:, 0], new[0])  # (num_kv_heads, head_dim)
+        rows.index_copy_(1, slots, torch.where(padding[:, None, None], first, new).transpose(0, 1))
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:
@@ -332,7 +386,7 @@ def paged_attention(
     (`backend_ops`). Caches may be None for a cache-less profiling run (then every sequence must be
     a prefill from scratch).
     """
-    store, decode = backend_ops(meta.attention_backend)
+    store, decode = backend_ops(meta.attention_backend, meta.padded)
     has_cache = k_cache is not None and v_cache is not None and k_cache.numel() > 0
     if has_cache:
         store(key, value, k_cache, v_cache, meta.slot_mapping)
@@ -362,15 +416,16 @@ def paged_attention(
     return output
 
 
-def backend_ops(name: str):
+def backend_ops(name: str, padded: bool = False):
     """(store, decode) of an attention backend: the torch backend's `write_to_cache` and
     `decode_attention_by_length`, or the triton backend's kernels (engine/kernels; prefills stay
-    on the torch path either way)."""
+    on the torch path either way). `padded`: slots may be -1 (padding rows), which the triton
+    store skips and the torch backend's `write_to_cache_skipping_padding` too."""
     if name == "triton":
         from engine.kernels import triton_backend  # imports triton: only when asked for
 
         return triton_backend.store_kvcache, triton_backend.decode_attention
-    return write_to_cache, decode_attention_by_length
+    return (write_to_cache_skipping_padding if padded else write_to_cache), decode_attention_by_length
 
 
 def decode_attention_by_length(

@@ -57,6 +57,7 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "sha256"
     attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
     raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (engine/cuda_graphs.py; never used off CUDA)
     # kv_manager "vllm": vLLM SchedulerConfig / CacheConfig fields by name (engine/vllm_core/config.py)
     vllm_options: dict | None = None
 
@@ -78,6 +79,8 @@ class EngineConfig:
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)} or None, "
                              f"got {self.attention_backend!r}")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {self.enforce_eager!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.watermark < 0:

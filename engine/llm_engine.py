@@ -74,7 +74,8 @@ class LLMEngine:
                                            config.preemption_mode)
         self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config)
         self.model_runner = ModelRunner(self.model, self.cache_engine, config.block_size, self.device,
-                                        config.attention_backend)
+                                        config.attention_backend, max_num_seqs=config.max_num_seqs,
+                                        enforce_eager=config.enforce_eager)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()

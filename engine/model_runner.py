@@ -6,14 +6,19 @@ It computes from the scheduler's plan alone (engine/scheduler_output.py): a pref
 sequence's tokens that the prefix cache did not serve (at least its last), a prefill chunk its
 next tokens, a decode its newest token. Either way the attention metadata says where every new
 token's K/V goes and which blocks each sequence attends over (engine/attention.py).
+
+On CUDA a decode step replays a CUDA graph (engine/cuda_graphs.py, nano-vllm's `run_model`) unless
+`enforce_eager`; prefills and mixed steps, the LM head and sampling run eagerly. A step's inputs
+reach the device in one copy, its sampled ids come back in one (`sample`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, to_device
 from engine.cache_engine import CacheEngine
+from engine.cuda_graphs import CUDAGraphCapture, CUDAGraphRunner, EagerCapture
 from engine.kernels import resolve_attention_backend
 from engine.models import GPT2, Llama
 from engine.sampler import sample
@@ -25,13 +30,21 @@ class ModelRunner:
     """Runs the model over one step's plan against the paged KV cache, and samples."""
 
     def __init__(self, model: GPT2 | Llama, cache_engine: CacheEngine, block_size: int, device: torch.device,
-                 attention_backend: str | None = None) -> None:
+                 attention_backend: str | None = None, *, max_num_seqs: int = 64, enforce_eager: bool = False,
+                 capture: CUDAGraphCapture | EagerCapture | None = None) -> None:
+        """`enforce_eager` or a device other than CUDA: no graphs. `capture` overrides how the
+        decode graphs are captured (EagerCapture: the stand-in that runs them eagerly, on any
+        device); None captures CUDA graphs on CUDA (nano-vllm: `if not enforce_eager: capture_cudagraph()`)."""
         self.model = model
         self.cache_engine = cache_engine
         self.block_size = block_size
-        self.device = device
+        self.device = torch.device(device)
         # "torch" or "triton" (engine/kernels); None picks the device's default; ValueError if it cannot run here
         self.attention_backend = resolve_attention_backend(attention_backend, device)
+        if capture is None and self.device.type == "cuda":
+            capture = CUDAGraphCapture()
+        self.graph_runner = None if enforce_eager or capture is None else CUDAGraphRunner(
+            model, cache_engine.gpu_cache, block_size, max_num_seqs, self.attention_backend, self.device, capture)
 
     def prepare_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """The step's new tokens flattened, sequence after sequence, and their attention metadata
@@ -49,12 +62,15 @@ class ModelRunner:
             tables.append(s.block_ids[0])
         meta = AttentionMetadata.build(tables, query_lens, context_lens, self.block_size, self.device,
                                        self.attention_backend)
-        tokens = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # (num_tokens,)
+        (tokens,) = to_device([input_ids], self.device)  # (num_tokens,)
         return tokens, meta
 
     def execute_model(self, plan: SchedulerOutput) -> torch.Tensor:
         """Write the step's K/V into the cache and return each scheduled sequence's logits at its
-        last new token, (num_scheduled, vocab)."""
+        last new token, (num_scheduled, vocab): a decode step by a graph's replay when there are
+        graphs (nano-vllm `run_model`), any other step eagerly."""
+        if self.graph_runner is not None and self.graph_runner.can_run(plan):
+            return self.model.compute_logits(self.graph_runner.run(plan))  # (num_scheduled, vocab)
         tokens, meta = self.prepare_inputs(plan)
         hidden = self.model(tokens, meta.positions, self.cache_engine.gpu_cache, meta)  # (num_tokens, hidden)
         return self.model.compute_logits(hidden[meta.last_token_indices])  # (num_scheduled, vocab)

@@ -127,6 +127,8 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
                         help="torch (gather + SDPA, the reference) or triton (paged kernels; on the CPU only "
                              "under TRITON_INTERPRET=1) (default: triton on CUDA when installed, else torch)")
+    parser.add_argument("--enforce-eager", action="store_true", default=d["enforce_eager"],
+                        help="no CUDA graphs for decode steps (on CUDA they are on by default; the CPU never uses them)")
 
 
 def _vllm_option(text: str) -> tuple[str, object]:

@@ -20,7 +20,8 @@ DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 # The EngineConfig fields (engine/config.py) a command line sets, each an option named after it
 # (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
 ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
-                         "preemption_mode", "device", "seed", "attention_backend", "raw_prompt", "kv_manager")
+                         "preemption_mode", "device", "seed", "attention_backend", "raw_prompt", "kv_manager",
+                         "enforce_eager")
 
 
 def one_line(exc: BaseException) -> str:

@@ -67,7 +67,8 @@ def _paged_decode_kernel(
         acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # (GROUP, HEAD_DIM)
         running_max = new_max
 
-    out = acc / running_sum[:, None]
+    # a padding row (context_len 0, a CUDA graph's unused rows) saw no key: 0, not 0 / 0
+    out = acc / tl.where(running_sum > 0, running_sum, 1.0)[:, None]
     tl.store(out_ptr + seq * out_stride_seq + heads[:, None] * out_stride_head + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
@@ -85,7 +86,8 @@ def paged_decode_attention(
 
     query: (num_seqs, num_heads, head_dim); caches (num_blocks, block_size, num_kv_heads,
     head_dim) with equal strides, num_heads a multiple of num_kv_heads; block_tables (num_seqs,
-    max_num_blocks) int64 covering each context; context_lens (num_seqs,) int64, each >= 1.
+    max_num_blocks) int64 covering each context; context_lens (num_seqs,) int64, each >= 0 (a
+    row of context 0 is padding: it reads nothing and its output is 0).
     Returns (num_seqs, num_heads, head_dim) in the query's dtype.
     """
     num_seqs, num_heads, head_dim = query.shape
