@@ -14,6 +14,8 @@ reach the device in one copy, its sampled ids come back in one (`sample`).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from engine.attention import AttentionMetadata, to_device
@@ -43,8 +45,17 @@ class ModelRunner:
         self.attention_backend = resolve_attention_backend(attention_backend, device)
         if capture is None and self.device.type == "cuda":
             capture = CUDAGraphCapture()
-        self.graph_runner = None if enforce_eager or capture is None else CUDAGraphRunner(
-            model, cache_engine.gpu_cache, block_size, max_num_seqs, self.attention_backend, self.device, capture)
+        self.graph_runner: CUDAGraphRunner | None = None
+        self.graphs_skipped: str | None = None  # why decode runs eagerly although graphs were asked for
+        if not enforce_eager and capture is not None:
+            try:
+                self.graph_runner = CUDAGraphRunner(model, cache_engine.gpu_cache, block_size, max_num_seqs,
+                                                    self.attention_backend, self.device, capture)
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:  # a capture this device refuses
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.graphs_skipped = f"CUDA graphs could not be captured ({first}): decode steps run eagerly"
+                warnings.warn(self.graphs_skipped + "; --enforce-eager skips the attempt", RuntimeWarning,
+                              stacklevel=2)
 
     def prepare_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
         """The step's new tokens flattened, sequence after sequence, and their attention metadata

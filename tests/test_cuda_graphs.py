@@ -309,6 +309,27 @@ def test_graphs_are_off_on_the_cpu_and_with_enforce_eager(tiny_gpt2_dir):
         LLM(str(tiny_gpt2_dir), enforce_eager="yes")
 
 
+def test_a_capture_the_device_refuses_leaves_decode_eager_with_a_warning(tiny_gpt2_dir):
+    """Graphs are on by default on CUDA: a device or driver whose capture fails must not stop the
+    engine. The runner says why in one warning and decodes eagerly, giving the same tokens."""
+
+    class Refusing:
+        def capture(self, forward):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    llm = LLM(str(tiny_gpt2_dir), num_gpu_blocks=64, device="cpu")
+    expected, _ = run(llm)
+    engine = llm.engine
+    with pytest.warns(RuntimeWarning, match="could not be captured .operation not permitted when stream is "
+                                            "capturing.: decode steps run eagerly; --enforce-eager"):
+        runner = ModelRunner(engine.model, engine.cache_engine, engine.config.block_size, engine.device,
+                             engine.config.attention_backend, max_num_seqs=engine.config.max_num_seqs,
+                             capture=Refusing())
+    assert runner.graph_runner is None and "more detail" not in runner.graphs_skipped
+    engine.model_runner = runner
+    assert run(llm)[0] == expected
+
+
 def test_the_cli_takes_enforce_eager():
     from blockviz.cli import build_parser
     from blockviz.session.spec import EngineSpec
