@@ -1,9 +1,11 @@
 """The physical KV cache: a device pool and a CPU swap pool of fixed-size blocks.
 
 References: vLLM v0 `vllm/worker/cache_engine.py` (CacheEngine: allocate per-layer caches,
-swap_in / swap_out / copy, get_cache_block_size) and `vllm/worker/worker.py`
-(`determine_num_available_blocks`: profile a forward, then (total * utilization - peak) //
-block_bytes). Seed 001 gives the block-size formula, seed 003 the CacheEngine.
+swap_in / swap_out / copy, get_cache_block_size) and vLLM v1's pool sizing
+(`vllm/v1/worker/gpu_worker.py` determine_available_memory, `vllm/v1/worker/utils.py`
+request_memory, `vllm/utils/mem_utils.py` memory_profiling, `vllm/v1/core/kv_cache_planning.py`
+_check_enough_kv_cache_memory): check that the memory the utilization asks for is free, profile
+the largest step, then (total * utilization - peak - non_torch) // block_bytes.
 
 Layout: all layers share one tensor per pool shaped (num_layers, 2, num_kv_heads, num_blocks,
 block_size, head_dim); `gpu_cache[layer]` is the (K, V) pair of views the model writes into,
@@ -16,7 +18,9 @@ indexing operation.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,7 +28,10 @@ from typing import Literal
 import torch
 import xxhash
 
+from engine import mem_utils
+from engine.attention import AttentionMetadata
 from engine.config import DEFAULT_SWAP_SPACE_BYTES, MiB
+from engine.kernels import resolve_attention_backend
 
 logger = logging.getLogger(__name__)
 
@@ -185,13 +192,14 @@ class CacheEngine:
         return pool.numel() * pool.element_size()
 
 
+
 @dataclass(slots=True)
 class BlockBudget:
     """How many blocks each pool gets, and the figures the decision came from.
 
     source: 'explicit' (num_gpu_blocks given), 'budget' (kv_cache_memory_bytes given),
-    'profiled' (CUDA: (total * utilization - peak) // block_bytes) or 'default-cpu'
-    (DEFAULT_CPU_KV_CACHE_BYTES // block_bytes).
+    'profiled' (CUDA: (total * utilization - peak - non_torch) // block_bytes, `determine_num_blocks`)
+    or 'default-cpu' (DEFAULT_CPU_KV_CACHE_BYTES // block_bytes).
     """
 
     num_gpu_blocks: int
@@ -199,8 +207,10 @@ class BlockBudget:
     block_bytes: int
     source: Literal["explicit", "budget", "profiled", "default-cpu"]
     total_bytes: int | None = None  # device memory (profiled) or the KV budget
-    peak_bytes: int | None = None  # peak memory of the profiling forward
+    peak_bytes: int | None = None  # profiled: the most torch held, weights + the profile run's tensors
     utilization: float | None = None
+    free_bytes: int | None = None  # profiled: free on the device before this engine's weights
+    non_torch_bytes: int | None = None  # profiled: memory the profile run took outside torch
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1:
@@ -219,20 +229,25 @@ def determine_num_blocks(
     device: torch.device | str,
     dtype: torch.dtype,
     max_num_batched_tokens: int,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = 0.92,
     kv_cache_memory_bytes: int | None = None,
     num_gpu_blocks: int | None = None,
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES,
     num_cpu_blocks: int | None = None,
+    max_num_seqs: int = 1,
+    attention_backend: str | None = None,
 ) -> BlockBudget:
-    """Size the device and swap pools (vLLM v0 `Worker.determine_num_available_blocks`).
+    """Size the device and swap pools (vLLM v1 `Worker.determine_available_memory`, v0's
+    `determine_num_available_blocks`).
 
     Precedence for the device pool: an explicit num_gpu_blocks, then a KV memory budget
-    (kv_cache_memory_bytes // block_bytes), then on CUDA a profiled forward of
-    max_num_batched_tokens tokens: (total_memory * gpu_memory_utilization - peak) // block_bytes;
-    on CPU with neither, DEFAULT_CPU_KV_CACHE_BYTES (256 MiB) of KV.
+    (kv_cache_memory_bytes // block_bytes), then, on a device with a memory query
+    (mem_utils.device_memory: CUDA), the memory left under the utilization after a profile run
+    (`profile_device`); on the CPU with neither, DEFAULT_CPU_KV_CACHE_BYTES (256 MiB) of KV.
     The swap pool: num_cpu_blocks if given, else swap_space_bytes // block_bytes.
-    `config` needs num_layers, num_kv_heads, head_dim and max_model_len (any engine model config).
+    `config` needs num_layers, num_kv_heads, head_dim and max_model_len (any engine model config);
+    max_num_seqs and attention_backend (None: the device's default) shape the profile run as they
+    shape the steps served.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -246,43 +261,129 @@ def determine_num_blocks(
     elif kv_cache_memory_bytes is not None:
         budget = BlockBudget(kv_cache_memory_bytes // block_bytes, cpu_blocks, block_bytes, "budget",
                              total_bytes=kv_cache_memory_bytes)
-    elif device.type == "cuda":
-        peak = _profile_peak_memory(model, config, device, max_num_batched_tokens)
-        total = torch.cuda.mem_get_info(device)[1]
-        blocks = int((total * gpu_memory_utilization - peak) // block_bytes)
-        budget = BlockBudget(blocks, cpu_blocks, block_bytes, "profiled",
-                             total_bytes=total, peak_bytes=peak, utilization=gpu_memory_utilization)
+    elif (memory := mem_utils.device_memory(device)) is not None:
+        budget = profile_device(memory, model, config, block_size, block_bytes, device, dtype, gpu_memory_utilization,
+                                max_num_batched_tokens, max_num_seqs, attention_backend, cpu_blocks)
     else:
         budget = BlockBudget(DEFAULT_CPU_KV_CACHE_BYTES // block_bytes, cpu_blocks, block_bytes, "default-cpu",
                              total_bytes=DEFAULT_CPU_KV_CACHE_BYTES)
     logger.info(
         "KV cache (%s): %d device blocks + %d swap blocks of %d tokens, %d bytes each "
-        "(total=%s peak=%s utilization=%s)",
+        "(total=%s free=%s peak=%s non_torch=%s utilization=%s)",
         budget.source, budget.num_gpu_blocks, budget.num_cpu_blocks, block_size, block_bytes,
-        budget.total_bytes, budget.peak_bytes, budget.utilization,
+        budget.total_bytes, budget.free_bytes, budget.peak_bytes, budget.non_torch_bytes, budget.utilization,
     )
     return budget
 
 
-def _profile_peak_memory(model, config, device: torch.device, max_num_batched_tokens: int) -> int:
-    """Peak CUDA memory of one cache-less prefill of max_num_batched_tokens tokens (vLLM `profile_run`)."""
-    from engine.attention import AttentionMetadata
+def profile_device(memory: mem_utils.MemoryQuery, model, config, block_size: int, block_bytes: int,
+                   device: torch.device, dtype: torch.dtype, utilization: float, max_num_batched_tokens: int,
+                   max_num_seqs: int, attention_backend: str | None, num_cpu_blocks: int) -> BlockBudget:
+    """The device pool from the memory the utilization asks for, less what the engine needs
+    besides its KV cache (vLLM v1 `determine_available_memory` over `memory_profiling`).
 
-    max_len = config.max_model_len
-    lens = [max_len] * (max_num_batched_tokens // max_len)
-    if max_num_batched_tokens % max_len:
-        lens.append(max_num_batched_tokens % max_len)
-    meta = AttentionMetadata.build(
-        block_tables=[[0] * -(-n // max_len) for n in lens], query_lens=lens, context_lens=lens,
-        block_size=max_len, device=device,
+    Reads the device (`memory`) before and after `profile_run`. Free at startup is the reading's
+    free bytes plus this engine's weights (vLLM reads it before loading them); the utilization
+    asks for ceil(total * utilization) of it (`request_memory`). The engine's torch peak is its
+    weights plus the most the profile run's tensors added; memory outside torch is the drop in
+    free bytes that torch's own allocations do not explain (cuBLAS / cuDNN handles and
+    workspaces, Triton's modules). What is left, requested - peak - non_torch, holds the blocks,
+    if it holds one request of max_model_len (`check_enough_kv_cache_memory`)."""
+    before = memory(device)
+    weights = weights_bytes(model)
+    free = before.free_bytes + weights
+    requested = request_memory(free, before.total_bytes, utilization, device)
+    try:
+        profile_run(model, config, block_size, device, dtype, max_num_batched_tokens, max_num_seqs,
+                    attention_backend)
+    except torch.cuda.OutOfMemoryError:
+        raise ValueError(
+            f"the profile run ({max_num_batched_tokens} tokens, {max_num_seqs} sequences in a step) ran out of "
+            f"memory on {device}: lower max_num_batched_tokens or max_num_seqs, or free memory on the device"
+        ) from None
+    after = memory(device)
+    peak = weights + max(0, after.torch_peak_bytes - before.torch_allocated_bytes)
+    torch_growth = after.torch_allocated_bytes - before.torch_allocated_bytes
+    non_torch = max(0, before.free_bytes - after.free_bytes - torch_growth)
+    available = requested - peak - non_torch
+    check_enough_kv_cache_memory(
+        available, config.max_model_len, block_size, block_bytes,
+        f"{mem_utils.format_gib(requested)} ({utilization:g} × {mem_utils.format_gib(before.total_bytes)}) − "
+        f"{mem_utils.format_gib(peak)} torch peak − {mem_utils.format_gib(non_torch)} outside torch",
     )
-    input_ids = torch.zeros(sum(lens), dtype=torch.int64, device=device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    hidden = model(input_ids, meta.positions, None, meta)
-    model.compute_logits(hidden[meta.last_token_indices])
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    del hidden
-    torch.cuda.empty_cache()
-    return peak
+    return BlockBudget(available // block_bytes, num_cpu_blocks, block_bytes, "profiled",
+                       total_bytes=before.total_bytes, peak_bytes=peak, utilization=utilization,
+                       free_bytes=free, non_torch_bytes=non_torch)
+
+
+def request_memory(free_bytes: int, total_bytes: int, utilization: float, device: torch.device) -> int:
+    """The bytes the utilization asks for, ceil(total * utilization); a ValueError (one line
+    naming free, requested and the ways out) when that much is not free (vLLM v1 `request_memory`)."""
+    requested = math.ceil(total_bytes * utilization)
+    if free_bytes < requested:
+        fits = math.floor(free_bytes / total_bytes * 100) / 100
+        lower = f"lower gpu_memory_utilization to {fits:g} or less" if fits > 0 else "lower gpu_memory_utilization"
+        raise ValueError(
+            f"{device} has {mem_utils.format_gib(free_bytes)} free of {mem_utils.format_gib(total_bytes)}, less than "
+            f"gpu_memory_utilization {utilization:g} asks for ({mem_utils.format_gib(requested)}): {lower}, "
+            "or free memory on the device (other processes hold the rest) or give the pool's size "
+            "(num_gpu_blocks, --num-gpu-blocks)"
+        )
+    return requested
+
+
+def check_enough_kv_cache_memory(available_bytes: int, max_model_len: int, block_size: int, block_bytes: int,
+                                 budget: str) -> None:
+    """ValueError (one line) unless `available_bytes` hold the blocks of one request of
+    max_model_len tokens (vLLM v1 `_check_enough_kv_cache_memory`); `budget` says how the
+    available bytes were reached."""
+    needed_blocks = -(-max_model_len // block_size)
+    needed = needed_blocks * block_bytes
+    if available_bytes >= needed:
+        return
+    fits = max(0, available_bytes // block_bytes) * block_size
+    raise ValueError(
+        f"one request of max_model_len {max_model_len} tokens needs {mem_utils.format_gib(needed)} of KV cache "
+        f"({needed_blocks} blocks of {block_bytes:,} bytes), the budget gives {mem_utils.format_gib(available_bytes)} "
+        f"({budget}; a context of {fits} tokens fits): raise gpu_memory_utilization, free memory on the device, "
+        "or give the pool's size (num_gpu_blocks, --num-gpu-blocks)"
+    )
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (vLLM's `model_memory_usage`)."""
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@torch.inference_mode()
+def profile_run(model, config, block_size: int, device: torch.device, dtype: torch.dtype,
+                max_num_batched_tokens: int, max_num_seqs: int, attention_backend: str | None) -> None:
+    """The largest steps the scheduler can form, through the attention path serving takes
+    (vLLM v1 `GPUModelRunner.profile_run`: a dummy run of max_num_tokens, then the sampler's rows).
+
+    A K/V cache of one max_model_len sequence's blocks, which every profiled sequence shares, and
+    three steps on it with the serving backend: prefills from scratch of max_num_batched_tokens
+    tokens in sequences of max_model_len (at most max_num_seqs of them: SDPA's fused kernels and
+    their workspace at the longest attention); one prefill over cached blocks (a prefix hit or a
+    later chunk: the gather and the masked SDPA); a decode of max_num_seqs sequences at max_model_len
+    (the backend's decode, the K/V writes, the logits of every row). Unlike vLLM's profile, which
+    skips the attention kernels, the workspaces and modules they load are in the measurement.
+    """
+    backend = resolve_attention_backend(attention_backend, device)
+    max_len = config.max_model_len
+    num_blocks = -(-max_len // block_size)
+    cache = CacheEngine(config.num_layers, config.num_kv_heads, config.head_dim, block_size, num_blocks, 0,
+                        device, dtype)
+    num_tokens = min(max_num_batched_tokens, max_num_seqs * max_len)
+    prefill_lens = [max_len] * (num_tokens // max_len) + ([num_tokens % max_len] if num_tokens % max_len else [])
+    steps = [(prefill_lens, prefill_lens), ([1] * max_num_seqs, [max_len] * max_num_seqs)]
+    if min(num_tokens, max_len - 1) >= 2:
+        steps.insert(1, ([min(num_tokens, max_len - 1)], [max_len]))
+    table = list(range(num_blocks))
+    for query_lens, context_lens in steps:  # (new tokens, context) per sequence
+        meta = AttentionMetadata.build([table] * len(query_lens), query_lens, context_lens, block_size, device,
+                                       backend)
+        input_ids = torch.zeros(meta.num_tokens, dtype=torch.int64, device=device)
+        hidden = model(input_ids, meta.positions, cache.gpu_cache, meta)  # (num_tokens, hidden)
+        model.compute_logits(hidden[meta.last_token_indices])  # (num_seqs, vocab)

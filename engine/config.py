@@ -43,7 +43,7 @@ class EngineConfig:
     num_cpu_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92  # vLLM 0.33 CacheConfig's default
     enable_prefix_caching: bool | None = None  # None: off in v0, on in v1 (each as vLLM has it)
     preemption_mode: PreemptionMode | None = None
     device: str | None = None

@@ -1,10 +1,10 @@
 """LLMEngine: schedule -> run -> postprocess, one step at a time (vLLM v0 `LLMEngine.step`;
 nano-vllm's `LLMEngine.step`).
 
-Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools
-(`determine_num_available_blocks`), build the CacheEngine and the scheduler over a
-BlockSpaceManager, or, with `kv_manager="v1"`, vLLM v1's Scheduler over a KVCacheManager
-(engine/v1/). Every block operation and every step is an event on `self.events`, so a
+Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools (as
+vLLM v1's `determine_available_memory`: engine/cache_engine.py), build the CacheEngine and the
+scheduler over a BlockSpaceManager, or, with `kv_manager="v1"`, vLLM v1's Scheduler over a
+KVCacheManager (engine/v1/). Every block operation and every step is an event on `self.events`, so a
 subscriber sees one ordered story.
 """
 
@@ -65,6 +65,7 @@ class LLMEngine:
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
             swap_space_bytes=config.swap_space_bytes,
             num_cpu_blocks=0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,  # v1 has no swap
+            max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend,
         )
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,

@@ -184,13 +184,6 @@ def test_budget_too_small_is_a_clear_error():
         BlockBudget(num_gpu_blocks=4, num_cpu_blocks=-1, block_bytes=1, source="explicit")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="profiling needs CUDA")
-def test_determine_num_blocks_profiles_on_cuda(tiny_gpt2_dir):
-    loaded = load_model(tiny_gpt2_dir, device="cuda")
-    budget = determine_num_blocks(loaded.model, loaded.config, 16, "cuda", loaded.dtype, 512, gpu_memory_utilization=0.5)
-    assert budget.source == "profiled" and budget.peak_bytes > 0 and budget.num_gpu_blocks > 0
-
-
 # --- model-name resolution -------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from blockviz.model.trace_check import TraceChecker
 from engine import LLM, SamplingParams, check_invariants
 from blockviz.model.reducer import check_reducer_matches
 from blockviz.model.reducer import ReducerState
-from test_engine_parity import assert_parity, hf, run_checked  # noqa: F401  (hf is a fixture)
+from test_engine_parity import assert_parity, hf, make_llm, run_checked  # noqa: F401  (hf is a fixture)
 
 SHARED = [(7 * i + 11) % 300 + 1 for i in range(40)]  # a 40-token opening in common
 
@@ -36,7 +36,7 @@ def seqs_of_requests(events) -> list[int]:
 def test_prompts_sharing_an_opening_in_one_call_share_blocks_and_keep_parity(hf, tiny_gpt2_dir, num_prompts,
                                                                              block_size):
     prompts = shared_prompts(num_prompts)
-    llm = LLM(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=512, enable_prefix_caching=True)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=512, enable_prefix_caching=True)
     outputs, events = run_checked(llm, prompts, SamplingParams(max_tokens=8, ignore_eos=True))
     num_shared = len(SHARED) // block_size  # full blocks inside the common opening
     hits = {(e.seq_ids[0], e.logical_index) for e in events if e.type == "prefix_cache_hit"}
@@ -62,8 +62,8 @@ def test_prompts_sharing_an_opening_in_one_call_share_blocks_and_keep_parity(hf,
 def test_shared_opening_keeps_parity_under_preemption_on_a_tiny_pool(hf, tiny_gpt2_dir, block_size,
                                                                      num_gpu_blocks, mode):
     prompts = shared_prompts(8)
-    llm = LLM(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=256,
-              enable_prefix_caching=True, preemption_mode=mode, watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=256,
+                   enable_prefix_caching=True, preemption_mode=mode, watermark=0.0)
     outputs, events = run_checked(llm, prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     assert any(e.type == "preempted" and e.mode == mode for e in events)
     assert any(e.type == "prefix_cache_hit" for e in events)

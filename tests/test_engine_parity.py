@@ -1,5 +1,9 @@
 """The paged engine against Hugging Face transformers, token for token, on tiny GPT-2 checkpoints the
-tests build themselves; plus preemption, forks, prefix caching and real data movement."""
+tests build themselves; plus preemption, forks, prefix caching and real data movement.
+
+Engine and reference run on one device, CUDA when there is one (the tests are then marked `cuda`:
+swap goes through the pinned CPU pool there), in float32: CUDA's default float16 rounds apart
+from the float32 reference."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import torch
 from engine import LLM, SamplingParams, check_invariants
 from blockviz.model.reducer import ReducerState
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = [pytest.mark.cuda] if DEVICE == "cuda" else []
 PROMPTS = [
     "To be, or not to be, that is the question:",
     "The quick brown fox",
@@ -21,12 +27,17 @@ PROMPTS = [
 def hf(tiny_gpt2_dir):
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    return GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir).eval(), AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    return GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir).to(DEVICE).eval(), AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+
+
+def make_llm(model: str, **options) -> LLM:
+    """An LLM on DEVICE in float32, the reference's device and dtype."""
+    return LLM(model, device=DEVICE, dtype="float32", **options)
 
 
 def hf_greedy(hf, prompt_ids: list[int], max_tokens: int) -> list[int]:
     model, _ = hf
-    ids = torch.tensor([prompt_ids])
+    ids = torch.tensor([prompt_ids], device=model.device)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                              min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
@@ -58,7 +69,7 @@ def assert_parity(hf, llm: LLM, outputs, prompts, max_tokens: int) -> None:
 
 
 def test_tiny_model_output_depends_on_context(hf, tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
     outputs = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=12, ignore_eos=True))
     first, second = (o.outputs[0].token_ids for o in outputs)
     assert first != second and len(set(first)) > 2  # a broken cache could not hide behind one repeated token
@@ -66,7 +77,7 @@ def test_tiny_model_output_depends_on_context(hf, tiny_gpt2_dir):
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_greedy_batch_matches_transformers(hf, tiny_gpt2_dir, block_size):
-    llm = LLM(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=512 // block_size + 64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=512 // block_size + 64)
     outputs, events = run_checked(llm, PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
     assert_parity(hf, llm, outputs, PROMPTS, 16)
     assert [o.request_id for o in outputs] == ["0", "1", "2", "3"]
@@ -75,7 +86,7 @@ def test_greedy_batch_matches_transformers(hf, tiny_gpt2_dir, block_size):
 
 
 def test_token_id_prompts_and_text(hf, tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
     ids = llm.engine.encode(PROMPTS[1])
     (output,) = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=8, ignore_eos=True))
     assert output.outputs[0].token_ids == hf_greedy(hf, ids, 8)
@@ -86,7 +97,7 @@ def test_prefix_caching_hits_and_keeps_parity(hf, tiny_gpt2_dir):
     block_size = 4
     shared = "To be, or not to be, that is the question: whether"
     prompts = [shared + " tis nobler", shared + " the quick"]
-    llm = LLM(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=64, enable_prefix_caching=True)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=64, enable_prefix_caching=True)
     first, _ = run_checked(llm, prompts[:1], SamplingParams(max_tokens=10, ignore_eos=True))
     second, events = run_checked(llm, prompts[1:], SamplingParams(max_tokens=10, ignore_eos=True))
     hits = [e for e in events if e.type == "prefix_cache_hit"]
@@ -100,8 +111,8 @@ def test_prefix_caching_hits_and_keeps_parity(hf, tiny_gpt2_dir):
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_preemption_keeps_parity(hf, tiny_gpt2_dir, mode):
     block_size = 4
-    llm = LLM(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=24, num_cpu_blocks=32,
-              preemption_mode=mode, watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=block_size, num_gpu_blocks=24, num_cpu_blocks=32,
+                   preemption_mode=mode, watermark=0.0)
     outputs, events = run_checked(llm, PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
     preempted = [e for e in events if e.type == "preempted"]
     assert preempted and all(e.mode == mode for e in preempted)
@@ -113,7 +124,7 @@ def test_preemption_keeps_parity(hf, tiny_gpt2_dir, mode):
 
 
 def test_default_preemption_recomputes_a_lone_sequence(hf, tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=20, num_cpu_blocks=32, watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=20, num_cpu_blocks=32, watermark=0.0)
     outputs, events = run_checked(llm, PROMPTS[:3], SamplingParams(max_tokens=24, ignore_eos=True))
     preempted = [e for e in events if e.type == "preempted"]
     assert preempted and {e.mode for e in preempted} == {"recompute"}
@@ -121,7 +132,7 @@ def test_default_preemption_recomputes_a_lone_sequence(hf, tiny_gpt2_dir):
 
 
 def test_lone_sequence_that_cannot_grow_preempts_itself_without_crashing(tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=2, num_gpu_blocks=4, num_cpu_blocks=0, watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=2, num_gpu_blocks=4, num_cpu_blocks=0, watermark=0.0)
     (output,) = llm.generate(["To be"], SamplingParams(max_tokens=30, ignore_eos=True))
     # 4 blocks x 2 slots: the request is preempted, readmitted, and can never fit; it ends with a reason.
     assert output.finished and output.outputs[0].finish_reason in ("ignored", "length")
@@ -130,7 +141,7 @@ def test_lone_sequence_that_cannot_grow_preempts_itself_without_crashing(tiny_gp
 
 def test_n2_branches_each_equal_a_single_sequence_run(hf, tiny_gpt2_dir):
     model, tokenizer = hf
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
     engine = llm.engine
     logits_by_seq: dict[int, list[torch.Tensor]] = {}
     step_seqs: list[tuple[int, ...]] = []
@@ -152,7 +163,7 @@ def test_n2_branches_each_equal_a_single_sequence_run(hf, tiny_gpt2_dir):
     prompt_ids = engine.encode(prompt)
     parent_id = min(logits_by_seq)
     for seq_id, tokens in zip(sorted(logits_by_seq), branches):
-        ids = torch.tensor([prompt_ids + tokens])
+        ids = torch.tensor([prompt_ids + tokens], device=DEVICE)
         with torch.no_grad():
             expected = model(ids).logits[0, len(prompt_ids) - 1 : -1]  # (num_tokens, vocab)
         rows = logits_by_seq[seq_id]
@@ -163,7 +174,7 @@ def test_n2_branches_each_equal_a_single_sequence_run(hf, tiny_gpt2_dir):
 
 
 def test_n2_greedy_branches_match_transformers_and_copy_on_write_happens(hf, tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
     prompt = "To be, or not"  # 5 tokens or so: the last prompt block is partial and shared
     outputs, events = run_checked(llm, [prompt], SamplingParams(n=2, max_tokens=10, ignore_eos=True))
     assert any(e.type == "fork" for e in events) and any(e.type == "copy_on_write" for e in events)
@@ -171,8 +182,8 @@ def test_n2_greedy_branches_match_transformers_and_copy_on_write_happens(hf, tin
 
 
 def test_copy_on_write_and_swap_move_real_data(tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=40, num_cpu_blocks=40,
-              preemption_mode="swap", watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=40, num_cpu_blocks=40,
+                   preemption_mode="swap", watermark=0.0)
     cache = llm.engine.cache_engine
     checked = {"copy": 0, "swap_out": 0, "swap_in": 0}
 
@@ -201,7 +212,7 @@ def test_copy_on_write_and_swap_move_real_data(tiny_gpt2_dir):
 
 
 def test_bad_requests_are_clear_errors(tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=64)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([""], SamplingParams())
     with pytest.raises(ValueError, match="context"):
@@ -216,7 +227,7 @@ def test_bad_requests_are_clear_errors(tiny_gpt2_dir):
 
 
 def test_prompt_bigger_than_the_pool_finishes_with_a_reason_and_others_complete(hf, tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, watermark=0.0)
+    llm = make_llm(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, watermark=0.0)
     big = {"prompt_token_ids": list(range(1, 60))}  # 15 blocks > 8
     outputs, events = run_checked(llm, [PROMPTS[1], big, PROMPTS[3]], SamplingParams(max_tokens=6, ignore_eos=True))
     assert outputs[1].outputs[0].finish_reason == "ignored"
@@ -234,8 +245,8 @@ def test_shipped_model_matches_transformers_and_decodes_token_text():
     from engine.model_loader import resolve_model
 
     path = resolve_model("tiny-shakespeare")
-    hf = GPT2LMHeadModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-    llm = LLM("tiny-shakespeare", block_size=16, num_gpu_blocks=64)
+    hf = GPT2LMHeadModel.from_pretrained(path).to(DEVICE).eval(), AutoTokenizer.from_pretrained(path)
+    llm = make_llm("tiny-shakespeare", block_size=16, num_gpu_blocks=64)
     prompts = ["ROMEO:", "JULIET:\nO Romeo, Romeo, wherefore art thou", "First Citizen:\nBefore we proceed"]
     outputs, events = run_checked(llm, prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     assert_parity(hf, llm, outputs, prompts, 24)

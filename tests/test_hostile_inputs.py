@@ -59,6 +59,7 @@ BAD_VALUES = {
     "block_size": 0, "num_gpu_blocks": "48", "num_cpu_blocks": -1,
     "enable_prefix_caching": "yes", "preemption_mode": "evict", "dtype": "int4",
     "block_bytes": None, "total_bytes": 0, "peak_bytes": -5, "gpu_memory_utilization": 1.5,
+    "free_bytes": -1, "non_torch_bytes": "0",
     "max_model_len": 2.5, "vocab_size": 0, "num_layers": None, "num_heads": "4", "num_kv_heads": 0,
     "head_dim": True, "kv_manager": "v2", "prefix_caching_hash_algo": "md5",
     "prompts": ["ok", 3], "n": 0, "max_tokens": None, "seed": 1 << 64, "temperature": float("nan"),

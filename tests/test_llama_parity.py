@@ -1,7 +1,8 @@
 """Llama, Qwen2 and Qwen3 through the paged engine against Hugging Face transformers, token for
 token, on tiny random checkpoints the tests build themselves: grouped-query attention (K/V heads
 fewer than query heads, and a single K/V head), block sizes, prefix caching, swap and recompute
-preemption, n > 1; and the K/V geometry the engine reports against the tensors it allocates."""
+preemption, n > 1; and the K/V geometry the engine reports against the tensors it allocates.
+Engine and reference run on one device in float32 (test_engine_parity.DEVICE, make_llm)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import build_tokenizer
-from test_engine_parity import PROMPTS, hf_greedy, run_checked
+from test_engine_parity import DEVICE, PROMPTS, hf_greedy, make_llm, run_checked
 
 from blockviz.jupyter import Visualizer
 from blockviz.model.timeline import Timeline
@@ -23,6 +24,7 @@ from blockviz.session.engine_session import trace_header
 from engine import LLM, SamplingParams
 from engine import events as ev
 
+pytestmark = [pytest.mark.cuda] if DEVICE == "cuda" else []
 # name -> (transformers config class, overrides): each a different GQA shape and variant
 ARCHS = {
     "llama-gqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
@@ -61,7 +63,7 @@ def tiny(request, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = make_tiny_llama(tmp_path_factory.mktemp(request.param), request.param)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).to(DEVICE).eval()
     # the engine runs with ignore_eos: generate must not hold the end-of-text token back either
     # (min_new_tokens suppresses it), so it gets no eos id
     model.generation_config.eos_token_id = None
@@ -85,7 +87,7 @@ def assert_parity(hf, llm: LLM, outputs, prompts, max_tokens: int) -> None:
 
 def test_the_checkpoint_is_the_variant_asked_for(tiny):
     path, (model, _), arch = tiny
-    config = LLM(str(path), block_size=4, num_gpu_blocks=8).engine.loaded.config
+    config = make_llm(str(path), block_size=4, num_gpu_blocks=8).engine.loaded.config
     hf = model.config
     assert config.model_type == hf.model_type == arch.split("-")[0]
     assert config.num_kv_heads == hf.num_key_value_heads < config.num_heads == hf.num_attention_heads
@@ -95,7 +97,7 @@ def test_the_checkpoint_is_the_variant_asked_for(tiny):
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_greedy_batch_matches_transformers(tiny, block_size):
     path, hf, _ = tiny
-    llm = LLM(str(path), block_size=block_size, num_gpu_blocks=512 // block_size + 64)
+    llm = make_llm(str(path), block_size=block_size, num_gpu_blocks=512 // block_size + 64)
     outputs, _ = run_checked(llm, PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
     first, second = (o.outputs[0].token_ids for o in outputs[:2])
     assert first != second and len(set(first)) > 2  # a broken cache cannot hide behind one repeated token
@@ -106,7 +108,7 @@ def test_prefix_caching_hits_and_keeps_parity(tiny):
     path, hf, _ = tiny
     shared = "To be, or not to be, that is the question: whether"
     prompts = [shared + " tis nobler", shared + " the quick"]
-    llm = LLM(str(path), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True)
+    llm = make_llm(str(path), block_size=4, num_gpu_blocks=64, enable_prefix_caching=True)
     first, _ = run_checked(llm, prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True))
     second, events = run_checked(llm, prompts[1:], SamplingParams(max_tokens=8, ignore_eos=True))
     hits = [e for e in events if e.type == "prefix_cache_hit"]
@@ -117,7 +119,7 @@ def test_prefix_caching_hits_and_keeps_parity(tiny):
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_preemption_keeps_parity(tiny, mode):
     path, hf, _ = tiny
-    llm = LLM(str(path), block_size=4, num_gpu_blocks=24, num_cpu_blocks=32, preemption_mode=mode, watermark=0.0)
+    llm = make_llm(str(path), block_size=4, num_gpu_blocks=24, num_cpu_blocks=32, preemption_mode=mode, watermark=0.0)
     outputs, events = run_checked(llm, PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
     preempted = [e for e in events if e.type == "preempted"]
     assert preempted and all(e.mode == mode for e in preempted)
@@ -128,7 +130,7 @@ def test_preemption_keeps_parity(tiny, mode):
 
 def test_n2_greedy_branches_match_transformers_after_copy_on_write(tiny):
     path, hf, _ = tiny
-    llm = LLM(str(path), block_size=4, num_gpu_blocks=64)
+    llm = make_llm(str(path), block_size=4, num_gpu_blocks=64)
     prompt = "To be, or not"
     outputs, events = run_checked(llm, [prompt], SamplingParams(n=2, max_tokens=10, ignore_eos=True))
     assert any(e.type == "fork" for e in events) and any(e.type == "copy_on_write" for e in events)
@@ -140,7 +142,7 @@ def test_kv_bytes_reported_equal_the_tensors_allocated(tiny):
     """2 x layers x K/V heads x head_dim x block_size x dtype bytes, in the trace header and the
     cache engine, equal what the pools hold; counting query heads instead would be larger."""
     path, (model, _), _ = tiny
-    llm = LLM(str(path), block_size=8, num_gpu_blocks=10, num_cpu_blocks=3)
+    llm = make_llm(str(path), block_size=8, num_gpu_blocks=10, num_cpu_blocks=3)
     engine, hf = llm.engine, model.config
     header, cache = trace_header(engine), engine.cache_engine
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
@@ -228,7 +230,7 @@ def test_v1_mode_matches_transformers(tiny, options):
     to transformers' token for token, with prefix caching (on in v1), n=2 as two requests sharing
     the prompt through the cache, a tiny pool that preempts by recompute, and chunked prefills."""
     path, hf, _ = tiny
-    llm = LLM(str(path), kv_manager="v1", **options)
+    llm = make_llm(str(path), kv_manager="v1", **options)
     events: list = []
     llm.events.subscribe(events.append)
     outputs = llm.generate(PROMPTS + [PROMPTS[0]], SamplingParams(n=2, max_tokens=12, ignore_eos=True))

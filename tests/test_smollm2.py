@@ -28,7 +28,7 @@ MAX_TOKENS = 10
 def llm():
     from engine import LLM
 
-    return LLM("smollm2", block_size=16, num_gpu_blocks=64)
+    return LLM("smollm2", block_size=16, num_gpu_blocks=64, dtype="float32")  # the reference's dtype, on any device
 
 
 @pytest.fixture(scope="module")

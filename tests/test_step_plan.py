@@ -89,19 +89,19 @@ def test_a_hand_made_plan_over_scattered_blocks_gives_transformers_logits(tiny_g
     cache = CacheEngine(config.num_layers, config.num_kv_heads, config.head_dim, 4, 8, 0, loaded.device,
                         loaded.dtype)
     runner = ModelRunner(loaded.model, cache, 4, loaded.device, "torch")
-    hf = GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir).eval()
+    hf = GPT2LMHeadModel.from_pretrained(tiny_gpt2_dir).to(loaded.device).eval()  # one device, float32
     tokens = [5, 17, 3, 99, 42, 7, 11]
     seq = Sequence(0, tokens, 4)
     group = SequenceGroup("r", [seq], SamplingParams())
     table = [6, 1, 4]  # scattered, not ascending
     with torch.no_grad():
         logits = runner.execute_model(SchedulerOutput([plan_entry(group, seq, 0, len(tokens), table[:2])], "prefill"))
-        expected = hf(torch.tensor([tokens])).logits[0, -1]
+        expected = hf(torch.tensor([tokens], device=loaded.device)).logits[0, -1]
         torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-4)
         for token in (8, 250):
             seq.append_token_id(token)
             n = seq.get_len()
             blocks = table[: (n + 3) // 4]
             logits = runner.execute_model(SchedulerOutput([plan_entry(group, seq, n - 1, 1, blocks)], "decode"))
-            expected = hf(torch.tensor([seq.get_token_ids()])).logits[0, -1]
+            expected = hf(torch.tensor([seq.get_token_ids()], device=loaded.device)).logits[0, -1]
             torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-4)

@@ -76,12 +76,37 @@ class Trace:
 
 def engine_title(header: dict[str, Any]) -> str:
     """A short description for the UI from a trace header or an engine session's header: model,
-    block size, pools, prefix caching when on, and what a block holds (kv_geometry)."""
+    block size, pools, where a pool sized from memory got its size (pool_origin), prefix caching
+    when on, and what a block holds (kv_geometry)."""
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
-    geometry = kv_geometry(header)
+    geometry, origin = kv_geometry(header), pool_origin(header)
     return (f"{header.get('model', '?')} · block size {header['block_size']} · "
-            f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks{caching}"
+            f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks"
+            + (f" ({origin})" if origin else "") + caching
             + (f" · a block: {geometry}" if geometry else ""))
+
+
+def pool_origin(header: dict[str, Any]) -> str:
+    """Where the GPU pool's size came from when memory decided it (engine/cache_engine.py
+    determine_num_blocks): "profiled: 0.92 × 139.8 GiB − 1.2 GiB peak − 0.4 GiB non-torch, 139.5
+    GiB free" (utilization × total − torch peak − memory outside torch; free at startup) or "a
+    1.0 GiB KV budget". "" for a pool whose size was given, or the CPU's default, as before."""
+    def gib(key: str) -> str:
+        return f"{header[key] / (1 << 30):.1f} GiB"
+
+    source = header.get("budget_source")
+    try:
+        if source == "budget":
+            return f"a {gib('total_bytes')} KV budget"
+        if source == "profiled":
+            figures = (f"profiled: {header['gpu_memory_utilization']:g} × {gib('total_bytes')} − "
+                       f"{gib('peak_bytes')} peak")
+            if header.get("non_torch_bytes") is not None:
+                figures += f" − {gib('non_torch_bytes')} non-torch"
+            return figures + (f", {gib('free_bytes')} free" if header.get("free_bytes") is not None else "")
+    except (KeyError, TypeError):
+        pass
+    return ""
 
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -357,6 +382,7 @@ HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "preemption_mode": _or_null(_one_of(*(mode.value for mode in PreemptionMode))),
     "dtype": _one_of(*DTYPE_BYTES),
     "block_bytes": _POSITIVE, "total_bytes": _or_null(_POSITIVE), "peak_bytes": _or_null(_NON_NEGATIVE),
+    "free_bytes": _or_null(_NON_NEGATIVE), "non_torch_bytes": _or_null(_NON_NEGATIVE),
     "gpu_memory_utilization": _or_null((lambda value: _is_number(value) and 0 < value <= 1,
                                         "a number above 0 and at most 1")),
     "max_model_len": _or_null(_POSITIVE), "vocab_size": _POSITIVE,

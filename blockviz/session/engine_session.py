@@ -33,7 +33,7 @@ class CommandRefused(ValueError):
 def trace_header(engine: Any) -> dict[str, Any]:
     """The run's engine settings and the block-count formula's figures, for a trace header and the
     views' titles: the engine's config (engine/config.py), its BlockBudget (cache_engine.py's
-    determine_num_blocks, after vLLM's determine_num_available_blocks) and the model's geometry."""
+    determine_num_blocks, after vLLM v1's determine_available_memory) and the model's geometry."""
     config, budget, model = engine.config, engine.budget, engine.loaded.config
     mode = config.preemption_mode
     return {
@@ -46,8 +46,17 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
         "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
         "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-        **_kv_manager_fields(config),
+        **_profiled_fields(budget), **_kv_manager_fields(config),
     }
+
+
+def _profiled_fields(budget: Any) -> dict[str, Any]:
+    """A pool sized from the device's memory: the free bytes at startup and the bytes the profile
+    run took outside torch (cache_engine.profile_device); nothing for any other source, so those
+    headers are as they always were."""
+    if budget.source != "profiled":
+        return {}
+    return {"free_bytes": budget.free_bytes, "non_torch_bytes": budget.non_torch_bytes}
 
 
 def _kv_manager_fields(config: Any) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""What a device's memory holds, read in one place (vLLM `vllm/utils/mem_utils.py`: MemorySnapshot,
+the readings `memory_profiling` takes before and after the profile run).
+
+`device_memory(device)` is the one memory query the pool sizing uses (engine/cache_engine.py
+`determine_num_blocks`): CUDA's reading, or None where the pool is not sized from memory (the
+CPU). Tests replace it (monkeypatch) to give the sizing a device's figures on a machine without one.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    """One reading of a device's memory, in bytes (vLLM `MemorySnapshot`).
+
+    free_bytes and total_bytes are the driver's (`torch.cuda.mem_get_info`), so they count memory
+    outside torch too (other processes, the CUDA context, cuBLAS / cuDNN workspaces, Triton's
+    modules). torch_allocated_bytes is what torch's tensors hold now; torch_peak_bytes the most
+    they held at once since the previous reading (vLLM's `torch_peak`, "allocated_bytes.all.peak")."""
+
+    free_bytes: int
+    total_bytes: int
+    torch_allocated_bytes: int
+    torch_peak_bytes: int
+
+
+MemoryQuery = Callable[[torch.device], MemorySnapshot]
+
+
+def cuda_memory_snapshot(device: torch.device) -> MemorySnapshot:
+    """Read a CUDA device's memory once its queued work is done and torch's cached, unused
+    blocks are returned (gc + empty_cache, as vLLM's memory_profiling does before each reading);
+    then reset torch's peak, so the next reading's peak is the most held in between."""
+    torch.cuda.synchronize(device)
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    snapshot = MemorySnapshot(free, total, torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return snapshot
+
+
+def device_memory(device: torch.device) -> MemoryQuery | None:
+    """The memory query of `device`: CUDA's reading, or None for a device whose pool is not sized
+    from its memory (the CPU: a fixed default, engine/cache_engine.py DEFAULT_CPU_KV_CACHE_BYTES)."""
+    return cuda_memory_snapshot if device.type == "cuda" else None
+
+
+def format_gib(num_bytes: float) -> str:
+    """Bytes as GiB with two decimals, "73.60 GiB" (vLLM `format_gib`)."""
+    return f"{num_bytes / GiB:.2f} GiB"

@@ -1,0 +1,226 @@
+"""Pool sizing from the device's memory, as vLLM v1 sizes it (engine/cache_engine.py
+determine_num_blocks / profile_device, engine/mem_utils.py).
+
+On the CPU the device's figures are simulated: `SimulatedDevice` replaces the one memory query
+(mem_utils.device_memory) and the engine takes the same path it takes on CUDA: the startup check,
+the profile run through the serving attention path, the arithmetic, the one-request check, the
+trace header and the title the TUI draws. The `cuda` tests run the same on a real device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from blockviz.model.trace import check_header_fields, engine_title, load_trace, make_header
+from blockviz.session.engine_session import trace_header
+from engine import mem_utils
+from engine.cache_engine import CacheEngine, determine_num_blocks
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.mem_utils import MemorySnapshot
+from engine.model_loader import load_model
+
+MiB = 1 << 20
+UTILIZATION = EngineConfig().gpu_memory_utilization
+
+
+class SimulatedDevice:
+    """A device's memory as a test sets it: `free` and `total` at the first reading; the profile
+    run then takes `non_torch` outside torch, keeps `persistent` torch bytes and peaks
+    `activations` above what torch held before it. Readings alternate before / after."""
+
+    def __init__(self, total: int, free: int, non_torch: int = 0, activations: int = 0, persistent: int = 0,
+                 allocated: int = 3 * MiB):
+        self.before = MemorySnapshot(free, total, allocated, allocated)
+        self.after = MemorySnapshot(free - non_torch - persistent, total, allocated + persistent,
+                                    allocated + activations)
+        self.readings = 0
+
+    def __call__(self, device: torch.device) -> MemorySnapshot:
+        self.readings += 1
+        return self.before if self.readings % 2 else self.after
+
+
+@pytest.fixture
+def simulate(monkeypatch):
+    """simulate(device) makes every device (the CPU included) read its memory from `device`."""
+
+    def install(device: SimulatedDevice) -> SimulatedDevice:
+        monkeypatch.setattr(mem_utils, "device_memory", lambda _: device)
+        return device
+
+    return install
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_gpt2_dir):
+    return load_model(str(tiny_gpt2_dir), device="cpu")
+
+
+def weights_of(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def block_bytes_of(loaded, block_size: int = 16) -> int:
+    c = loaded.config
+    return CacheEngine.get_cache_block_size(block_size, c.num_layers, c.num_kv_heads, c.head_dim, loaded.dtype)
+
+
+def test_the_pool_is_what_the_utilization_leaves_after_the_profile(simulate, loaded, tiny_gpt2_dir):
+    device = simulate(SimulatedDevice(total=64 * MiB, free=62 * MiB, non_torch=2 * MiB, activations=5 * MiB,
+                                      persistent=1 * MiB))
+    engine = LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu"), loaded=loaded)
+    weights = weights_of(loaded.model)
+    requested = math.ceil(64 * MiB * UTILIZATION)
+    peak = weights + 5 * MiB  # the weights, then the most the profile run's tensors added
+    budget = engine.budget
+    assert (budget.source, budget.total_bytes, budget.utilization) == ("profiled", 64 * MiB, UTILIZATION)
+    assert (budget.free_bytes, budget.peak_bytes, budget.non_torch_bytes) == (62 * MiB + weights, peak, 2 * MiB)
+    assert budget.num_gpu_blocks == (requested - peak - 2 * MiB) // block_bytes_of(loaded)
+    assert engine.cache_engine.num_gpu_blocks == budget.num_gpu_blocks and device.readings == 2
+    from engine.llm import LLM
+    from engine.sequence import SamplingParams
+
+    (output,) = LLM.from_engine(engine).generate(["To be"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(output.outputs[0].token_ids) == 4  # the pool serves
+
+    header = make_header(trace_header(engine))
+    check_header_fields(header)
+    assert (header["free_bytes"], header["non_torch_bytes"], header["peak_bytes"]) == (
+        budget.free_bytes, 2 * MiB, peak)
+    title = engine_title(header)
+    assert (f"{budget.num_gpu_blocks} GPU / {budget.num_cpu_blocks} CPU blocks (profiled: {UTILIZATION:g} × "
+            f"0.1 GiB − 0.0 GiB peak − 0.0 GiB non-torch, 0.1 GiB free)") in title
+
+
+def test_refused_when_the_requested_memory_is_not_free(simulate, loaded):
+    device = simulate(SimulatedDevice(total=80 << 30, free=40 << 30))
+    with pytest.raises(ValueError) as refused:
+        determine_num_blocks(loaded.model, loaded.config, 16, "cpu", loaded.dtype, 256)
+    message = str(refused.value)
+    free = mem_utils.format_gib((40 << 30) + weights_of(loaded.model))
+    requested = mem_utils.format_gib(math.ceil((80 << 30) * UTILIZATION))
+    assert f"{free} free of 80.00 GiB" in message and f"asks for ({requested})" in message
+    assert "lower gpu_memory_utilization to 0.5 or less" in message and "num_gpu_blocks" in message
+    assert "\n" not in message and device.readings == 1  # refused before the profile run
+
+
+def test_one_request_of_max_model_len_must_fit(simulate, loaded):
+    block_bytes = block_bytes_of(loaded)
+    weights = weights_of(loaded.model)
+    total = 100 * MiB
+    requested = math.ceil(total * UTILIZATION)
+    # the profile leaves 5 blocks and a bit; one request of 128 tokens needs 8 blocks of 16
+    activations = requested - weights - 5 * block_bytes - 100
+    simulate(SimulatedDevice(total=total, free=total - MiB, activations=activations))
+    with pytest.raises(ValueError) as refused:
+        determine_num_blocks(loaded.model, loaded.config, 16, "cpu", loaded.dtype, 256)
+    message = str(refused.value)
+    assert loaded.config.max_model_len == 128
+    assert message.startswith(f"one request of max_model_len 128 tokens needs {mem_utils.format_gib(8 * block_bytes)}")
+    assert f"(8 blocks of {block_bytes:,} bytes)" in message and "a context of 80 tokens fits" in message
+
+
+def test_the_cli_says_so_in_one_line_and_exits_2(simulate, tiny_gpt2_dir, capsys):
+    from blockviz.cli import main
+
+    simulate(SimulatedDevice(total=80 << 30, free=10 << 30))
+    code = main(["generate", "--model", str(tiny_gpt2_dir), "--device", "cpu", "--prompt", "To be", "--json"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("blockviz: error: cpu has 10.00 GiB free of 80.00 GiB") and "gpu_memory_utilization" in err
+
+
+def test_the_profile_run_takes_the_serving_path_at_the_largest_batch(simulate, loaded, monkeypatch):
+    steps = []
+    forward = type(loaded.model).forward
+
+    def spy(model, input_ids, positions, kv_caches, meta):
+        steps.append((meta.query_lens, meta.context_lens, meta.attention_backend, kv_caches is not None))
+        return forward(model, input_ids, positions, kv_caches, meta)
+
+    monkeypatch.setattr(type(loaded.model), "forward", spy)
+    simulate(SimulatedDevice(total=64 * MiB, free=60 * MiB))
+    determine_num_blocks(loaded.model, loaded.config, 16, "cpu", loaded.dtype, 300, max_num_seqs=5)
+    (prefill, prefill_ctx, backend, cached), over_cache, decode = steps
+    assert prefill == prefill_ctx == (128, 128, 44) and sum(prefill) == 300  # max_num_batched_tokens
+    assert over_cache[:2] == ((127,), (128,))  # a prefill over cached blocks: the gather and the mask
+    assert decode[:2] == ((1,) * 5, (128,) * 5)  # max_num_seqs decodes at max_model_len
+    assert {s[2] for s in steps} == {backend} == {"torch"} and all(s[3] for s in steps)  # the serving backend, a cache
+
+
+def test_old_headers_load_and_the_new_fields_are_checked(tmp_path):
+    header = make_header({"model": "m", "block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
+                          "budget_source": "explicit", "total_bytes": None, "peak_bytes": None})
+    assert engine_title(header) == "m · block size 4 · 8 GPU / 0 CPU blocks"  # no origin for a given size
+    check_header_fields(header)  # no free_bytes / non_torch_bytes: a header as they were
+    with pytest.raises(ValueError, match="'non_torch_bytes' must be a non-negative integer"):
+        check_header_fields({**header, "non_torch_bytes": -1})
+    budget = {**header, "budget_source": "budget", "total_bytes": 1 << 30}
+    assert engine_title(budget) == "m · block size 4 · 8 GPU / 0 CPU blocks (a 1.0 GiB KV budget)"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_tui_title_says_where_the_pool_came_from(simulate, tiny_gpt2_dir, tmp_path):
+    from blockviz.commands.record import record_trace
+    from blockviz.session.spec import EngineSpec
+    from blockviz.tui.app import BlockvizApp
+
+    simulate(SimulatedDevice(total=32 * MiB, free=30 * MiB, non_torch=MiB, activations=2 * MiB))
+    out = tmp_path / "profiled.jsonl"
+    record_trace(EngineSpec.of(model=str(tiny_gpt2_dir), device="cpu", prompts=("To be",), max_tokens=2), out)
+    trace = load_trace(out)  # the header's new fields pass the reader's checks
+    header = trace.header
+    assert header["budget_source"] == "profiled" and header["non_torch_bytes"] == MiB
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, source_name="profiled")
+    async with app.run_test(size=(400, 30)):
+        title = str(app.query_one("#title").content)
+    assert f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks (profiled: " in title
+    assert f"{UTILIZATION:g} × 0.0 GiB − 0.0 GiB peak − 0.0 GiB non-torch, 0.0 GiB free)" in title
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_real_device_sizes_its_pool_and_refuses_what_is_not_free(tiny_gpt2_dir):
+    loaded = load_model(str(tiny_gpt2_dir), device="cuda")
+    budget = determine_num_blocks(loaded.model, loaded.config, 16, "cuda", loaded.dtype, 512,
+                                  gpu_memory_utilization=0.5, max_num_seqs=8)
+    free, total = torch.cuda.mem_get_info()
+    assert budget.source == "profiled" and budget.num_gpu_blocks > 0 and budget.total_bytes == total
+    assert budget.peak_bytes >= weights_of(loaded.model) and budget.non_torch_bytes >= 0
+    assert budget.num_gpu_blocks * budget.block_bytes <= math.ceil(total * 0.5) - budget.peak_bytes
+    hold = torch.empty(int(free * 0.6), dtype=torch.uint8, device="cuda")  # now less than half is free
+    with pytest.raises(ValueError, match="lower gpu_memory_utilization"):
+        determine_num_blocks(loaded.model, loaded.config, 16, "cuda", loaded.dtype, 512, gpu_memory_utilization=0.5)
+    del hold
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_engine_with_no_pool_size_builds_and_generates_on_cuda(tiny_gpt2_factory):
+    """The default utilization on a real device: the pool takes what the profile leaves, and the
+    first prefill and decodes run after it (the step that failed in cuDNN's SDPA when the pool was
+    sized from the total). A wider tiny model and large blocks keep the pool to some 10^5 blocks."""
+    import gc
+
+    from engine.llm import LLM
+    from engine.sequence import SamplingParams
+
+    path = tiny_gpt2_factory(n_embd=256, n_layer=4)
+    llm = LLM(str(path), device="cuda", dtype="float32", block_size=64)
+    budget = llm.engine.budget
+    assert budget.source == "profiled" and budget.utilization == UTILIZATION
+    assert budget.num_gpu_blocks * budget.block_bytes <= math.ceil(budget.total_bytes * UTILIZATION)
+    outputs = llm.generate(["To be, or not", "The quick brown fox jumps"], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [8, 8]
+    del llm, outputs
+    gc.collect()
+    torch.cuda.empty_cache()  # the next tests get the device back
