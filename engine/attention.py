@@ -33,6 +33,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# The SDPA kernels the engine lets torch pick from on CUDA, best first: FlashAttention, memory-efficient,
+# math. Not cuDNN's: its attention graph raised `mha_graph.execute(...).is_good()` on the first prefill
+# of a freshly sized pool on an H200 (torch 2.11, cu130), as PyTorch issues report for other shapes.
+SDPA_BACKENDS_CUDA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 # Decode batching: at most this many length groups, and a further cut is made only if it saves at
@@ -345,6 +351,9 @@ def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> tor
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if q.device.type == "cuda":  # never cuDNN's SDPA (its graph failed on an H200 where the others run)
+        with sdpa_kernel(SDPA_BACKENDS_CUDA):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
