@@ -63,11 +63,12 @@ def kv_cache_specs(model_config, block_size: int, dtype) -> tuple[AttentionSpec,
                  for window in windows)
 
 
-def check_kv_manager(kv_manager: str, specs: tuple[AttentionSpec, ...]) -> None:
-    """ValueError (one line) when block manager `kv_manager` cannot serve these layers: v0 runs
-    full attention only, as vLLM v0's BlockSpaceManager (one block table per sequence, no
-    per-layer windows)."""
-    sliding = [i for i, spec in enumerate(specs) if isinstance(spec, SlidingWindowSpec)]
-    if kv_manager == "v0" and sliding:
-        raise ValueError(f"kv_manager 'v0' cannot run this model: {len(sliding)} of its {len(specs)} layers use "
+def check_kv_manager(kv_manager: str, layer_types) -> None:
+    """ValueError (one line) when block manager `kv_manager` cannot serve a model whose layers are
+    `layer_types` (transformers' "full_attention" / "sliding_attention" per layer): v0 runs full
+    attention only, as vLLM v0's BlockSpaceManager (one block table per sequence, no per-layer
+    windows). The engine calls it, and engine.model_source.check_model before anything loads."""
+    num_sliding = sum(kind == "sliding_attention" for kind in layer_types)
+    if kv_manager == "v0" and num_sliding:
+        raise ValueError(f"kv_manager 'v0' cannot run this model: {num_sliding} of its {len(layer_types)} layers use "
                          f"sliding-window attention, which vLLM v0 never served per layer; use --kv-manager v1")

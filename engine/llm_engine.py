@@ -60,7 +60,7 @@ class LLMEngine:
         model_config = self.loaded.config
         # per layer, vLLM's FullAttentionSpec or SlidingWindowSpec (what each layer's attention reads)
         self.kv_cache_specs = kv_cache_specs(model_config, config.block_size, self.loaded.dtype)
-        check_kv_manager(config.kv_manager, self.kv_cache_specs)
+        check_kv_manager(config.kv_manager, getattr(model_config, "layer_types", ()))
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
         self.budget: BlockBudget = determine_num_blocks(

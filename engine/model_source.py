@@ -81,28 +81,33 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
     return name
 
 
-def check_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+def check_model(name_or_path: str | os.PathLike | None = None, kv_manager: str | None = None) -> str | Path:
     """Fail fast, before loading anything: resolve the name and, for a hub name, make sure it is
-    in the local cache or the hub is reachable. Returns what `resolve_model` returns.
+    in the local cache or the hub is reachable; read its config.json when there is one
+    (`check_model_config`). Returns what `resolve_model` returns.
 
-    Raises ModelNotFoundError (one line) otherwise; a UI calls this before it opens.
+    Raises ModelNotFoundError or ValueError (one line) otherwise; a UI calls this before it opens.
     """
     source = resolve_model(name_or_path)
     if isinstance(source, str):
         _hub_kwargs(source)
     config = checkpoint_file(source, "config.json") if not _is_gguf(source) else None
     if config is not None:
-        check_model_config(_read_config(config))
+        check_model_config(_read_config(config), kv_manager)
     return source
 
 
-def check_model_config(config: dict) -> None:
+def check_model_config(config: dict, kv_manager: str | None = None) -> None:
     """ValueError (one line) unless a model here runs the checkpoint's config.json: its model_type,
-    and for the Llama family its attention layers (`attention_layer_types`). Read before
-    transformers sees the config, whose own refusals span several lines."""
+    for the Llama family its attention layers (`attention_layer_types`), and sliding layers only
+    under a block manager that serves them (engine.kv_cache_interface.check_kv_manager). Read
+    before transformers sees the config, whose own refusals span several lines."""
+    from engine.kv_cache_interface import check_kv_manager
+
     check_model_type(config.get("model_type"))
     if config.get("model_type") != "gpt2" and isinstance(config.get("num_hidden_layers"), int):
-        attention_layer_types(config.get)
+        layer_types, _ = attention_layer_types(config.get)
+        check_kv_manager(kv_manager, layer_types)
 
 
 def attention_layer_types(get) -> tuple[tuple[str, ...], int | None]:

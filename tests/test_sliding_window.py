@@ -339,6 +339,7 @@ def test_cli_refuses_in_one_line_exit_2(tmp_path, capsys, fields, options, messa
     from blockviz import cli
 
     path = _edited_checkpoint(tmp_path, **fields)
+    capsys.readouterr()  # building a checkpoint prints progress bars
     argv = ["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2", "--num-gpu-blocks", "32", *options]
     assert cli.main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -349,3 +350,17 @@ def test_the_engine_under_v0_refuses_a_sliding_model_and_v1_runs_it():
     with pytest.raises(ValueError, match="use --kv-manager v1"):
         engine_llm("mistral", 3, kv_manager="v0")
     assert engine_llm("mistral", 3).generate(["KV"], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids
+
+
+def test_run_refuses_v0_before_its_app_opens(capsys, monkeypatch):
+    """`blockviz run` checks the checkpoint's layers against --kv-manager in the UI process, torch-free,
+    before the engine process starts."""
+    from blockviz import cli
+    from blockviz.session.engine_process import ProcessBridge
+
+    monkeypatch.setattr(ProcessBridge, "start", lambda self: pytest.fail("the engine process started"))
+    path = checkpoint("qwen2", 3)
+    capsys.readouterr()  # building a checkpoint prints progress bars
+    assert cli.main(["run", "--model", str(path), "--kv-manager", "v0"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "2 of its 3 layers use sliding-window attention" in lines[0], lines
