@@ -23,13 +23,20 @@ tested against the reference (tests/test_attention.py): a prefill from scratch a
 fresh K/V without a gather, and decodes are batched in groups of similar length, each group one
 gather and one SDPA call (`decode_attention_by_length`), K and V gathered together when the cache
 engine stores them in one tensor (`stacked_kv`).
+
+Sliding-window layers (Mistral, Qwen2/3 and Llama `layer_types`; vLLM `SlidingWindowSpec`) pass a
+`sliding_window`: the token at position p attends to positions p - sliding_window + 1 ... p, its
+own included (transformers `sliding_window_overlay`; FlashAttention's window (sliding_window - 1,
+0) in vLLM). Every path reads only the blocks that hold the window: a prefill over cached blocks
+gathers from the block of its first query's first key, a decode from the block holding position
+context_len - sliding_window (`sliding_window_group`; the triton kernel starts its walk there).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +116,9 @@ class AttentionMetadata:
     attention_backend: str = "torch"  # which code computes it: "torch" (this module) or "triton" (engine/kernels)
     # rows at the back may be a CUDA graph's padding (engine/cuda_graphs.py): slot -1, context 0
     padded: bool = False
+    # decode_groups narrowed to each sliding window the step's layers use, made on first use
+    # (`sliding_window_groups`): every layer of one window shares them
+    window_decode_groups: dict[int, tuple[DecodeGroup, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -325,9 +335,11 @@ def reference_paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Paged attention as defined: write the new K/V to the cache, then attend each sequence's new
-    tokens over its keys and values gathered through its block table.
+    tokens over its keys and values gathered through its block table (with a `sliding_window`,
+    over the last sliding_window positions up to each query's own).
 
     query, key, value: (num_tokens, num_heads, head_dim); caches (num_blocks, block_size,
     num_kv_heads, head_dim). Returns (num_tokens, num_heads, head_dim).
@@ -338,7 +350,7 @@ def reference_paged_attention(
         start, end = meta.query_starts[i], meta.query_starts[i + 1]
         q = query[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, q_len, head_dim)
         k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], meta.context_lens[i])
-        mask = causal_mask(meta.query_lens[i], meta.context_lens[i], query.device)
+        mask = causal_mask(meta.query_lens[i], meta.context_lens[i], query.device, sliding_window)
         out = sdpa_gqa(q, k, v, attn_mask=mask, scale=scale)
         output[start:end] = out[0].transpose(0, 1)
     return output
@@ -358,20 +370,33 @@ def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> tor
 
 
 def gather_sequence(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, ctx: int, start: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's first `ctx` keys and values, each (1, num_kv_heads, ctx, head_dim)."""
+    """One sequence's keys and values at positions start ... ctx - 1, each (1, num_kv_heads,
+    ctx - start, head_dim), read from the blocks that hold them only."""
     block_size, num_heads, head_dim = k_cache.shape[1:]
-    blocks = block_table[: -(-ctx // block_size)]
-    k = head_major(k_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]  # (num_heads, ctx, head_dim)
-    v = head_major(v_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, :ctx]
+    first = start // block_size
+    blocks = block_table[first : -(-ctx // block_size)]
+    keys = slice(start - first * block_size, ctx - first * block_size)
+    k = head_major(k_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, keys]  # (num_heads, keys, head_dim)
+    v = head_major(v_cache).index_select(1, blocks).view(num_heads, -1, head_dim)[:, keys]
     return k.unsqueeze(0), v.unsqueeze(0)
 
 
-def causal_mask(q_len: int, ctx: int, device: torch.device) -> torch.Tensor:
+def causal_mask(q_len: int, ctx: int, device: torch.device, sliding_window: int | None = None) -> torch.Tensor:
     """(q_len, ctx) bool: query j sits at position ctx - q_len + j and sees the keys up to it
-    (bottom-right causal; SDPA's is_causal is top-left aligned when q_len != ctx)."""
-    return torch.ones(q_len, ctx, dtype=torch.bool, device=device).tril(ctx - q_len)
+    (bottom-right causal; SDPA's is_causal is top-left aligned when q_len != ctx), and with a
+    `sliding_window` only the last sliding_window of them, its own included."""
+    mask = torch.ones(q_len, ctx, dtype=torch.bool, device=device).tril(ctx - q_len)
+    if sliding_window is not None:
+        mask = mask.triu(ctx - q_len - sliding_window + 1)
+    return mask
+
+
+def window_start(q_len: int, ctx: int, sliding_window: int | None) -> int:
+    """The first position any of a sequence's q_len new tokens attends to: 0, or with a window
+    the first query's first key (position ctx - q_len - sliding_window + 1)."""
+    return 0 if sliding_window is None else max(0, ctx - q_len - sliding_window + 1)
 
 
 # ---------------------------------------------------------------- the engine's path (CPU fast paths)
@@ -385,12 +410,14 @@ def paged_attention(
     v_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """What the model calls: the reference's result, by faster routes (vLLM v0
     `TorchSDPABackendImpl.forward` for prefills + `PagedAttention.forward_decode`).
 
     Prefills go one sequence at a time; one from scratch attends over its fresh K/V, skipping the
-    gather. Decodes go through `decode_attention_by_length`. With `meta.attention_backend ==
+    gather. Decodes go through `decode_attention_by_length`. A layer with a `sliding_window`
+    (None: full attention) reads only the blocks its window covers. With `meta.attention_backend ==
     "triton"` the cache writes and the decodes are engine/kernels' Triton kernels instead
     (`backend_ops`). Caches may be None for a cache-less profiling run (then every sequence must be
     a prefill from scratch).
@@ -400,7 +427,7 @@ def paged_attention(
     if has_cache:
         store(key, value, k_cache, v_cache, meta.slot_mapping)
     if meta.decode_only and has_cache:
-        return decode(query, k_cache, v_cache, meta, scale)
+        return decode(query, k_cache, v_cache, meta, scale, sliding_window)
 
     output = torch.empty_like(query)  # (num_tokens, num_heads, head_dim)
     for i in meta.prefill_seq_ids:
@@ -411,17 +438,23 @@ def paged_attention(
         if q_len == ctx:  # fast path: nothing cached before, attend over the fresh K/V
             k = key[start:end].transpose(0, 1).unsqueeze(0)  # (1, num_heads, ctx, head_dim)
             v = value[start:end].transpose(0, 1).unsqueeze(0)
-            out = sdpa_gqa(q, k, v, is_causal=True, scale=scale)
+            if sliding_window is None or sliding_window >= ctx:
+                out = sdpa_gqa(q, k, v, is_causal=True, scale=scale)
+            else:
+                out = sdpa_gqa(q, k, v, attn_mask=causal_mask(q_len, ctx, q.device, sliding_window), scale=scale)
         else:
             if not has_cache:
                 raise ValueError("a prefill over cached blocks needs a KV cache")
-            k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx)
-            out = sdpa_gqa(q, k, v, attn_mask=causal_mask(q_len, ctx, q.device), scale=scale)
+            first = window_start(q_len, ctx, sliding_window)
+            k, v = gather_sequence(k_cache, v_cache, meta.block_tables[i], ctx, first)
+            mask = causal_mask(q_len, ctx, q.device, sliding_window)[:, first:]
+            out = sdpa_gqa(q, k, v, attn_mask=mask, scale=scale)
         output[start:end] = out[0].transpose(0, 1)
     if meta.num_decodes:
         if not has_cache:
             raise ValueError("decode steps need a KV cache")
-        output[meta.decode_token_ids] = decode(query[meta.decode_token_ids], k_cache, v_cache, meta, scale)
+        output[meta.decode_token_ids] = decode(query[meta.decode_token_ids], k_cache, v_cache, meta, scale,
+                                               sliding_window)
     return output
 
 
@@ -438,20 +471,51 @@ def backend_ops(name: str, padded: bool = False):
 
 
 def decode_attention_by_length(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Fast path for single-token queries: per length group (`meta.decode_groups`), one gather by
-    block table and one masked SDPA call, so short sequences are not padded to the longest.
+    block table and one masked SDPA call, so short sequences are not padded to the longest. With
+    a `sliding_window`, each group gathers only the blocks of its sequences' windows
+    (`sliding_window_groups`).
 
     query: (num_decodes, num_heads, head_dim) -> (num_decodes, num_heads, head_dim).
     """
-    if len(meta.decode_groups) == 1:
-        return _decode_group(query, k_cache, v_cache, meta.decode_groups[0], scale)
+    groups = meta.decode_groups if sliding_window is None else sliding_window_groups(meta, sliding_window)
+    if len(groups) == 1:
+        return _decode_group(query, k_cache, v_cache, groups[0], scale)
     output = torch.empty_like(query)  # (num_decodes, num_heads, head_dim)
-    for group in meta.decode_groups:
+    for group in groups:
         out = _decode_group(query.index_select(0, group.rows), k_cache, v_cache, group, scale)
         output.index_copy_(0, group.rows, out)
     return output
+
+
+def sliding_window_groups(meta: AttentionMetadata, sliding_window: int) -> tuple[DecodeGroup, ...]:
+    """`meta.decode_groups` narrowed to a window, made once per step and window (every sliding
+    layer of the step reuses them): per sequence, the blocks from the one holding position
+    context_len - sliding_window to its last, and a mask admitting positions
+    context_len - sliding_window ... context_len - 1."""
+    groups = meta.window_decode_groups.get(sliding_window)
+    if groups is None:
+        groups = tuple(sliding_window_group(g, sliding_window, meta.block_size) for g in meta.decode_groups)
+        meta.window_decode_groups[sliding_window] = groups
+    return groups
+
+
+def sliding_window_group(group: DecodeGroup, sliding_window: int, block_size: int) -> DecodeGroup:
+    """One decode group restricted to each sequence's last `sliding_window` keys (see
+    `sliding_window_groups`). A window spans at most cdiv(sliding_window - 1, block_size) + 1 blocks."""
+    n, num_blocks = group.block_tables.shape
+    device = group.block_tables.device
+    context_lens = group.key_mask.view(n, -1).sum(-1)  # (n,)
+    width = min(num_blocks, -(-(sliding_window - 1) // block_size) + 1)
+    first = (context_lens - sliding_window).clamp(min=0) // block_size  # (n,) first block of each window
+    columns = (first[:, None] + torch.arange(width, device=device)).clamp(max=num_blocks - 1)  # (n, width)
+    positions = first[:, None] * block_size + torch.arange(width * block_size, device=device)  # (n, keys)
+    # a column clamped to the last block sits past the context: the mask drops it
+    key_mask = (positions >= context_lens[:, None] - sliding_window) & (positions < context_lens[:, None])
+    return DecodeGroup(group.rows, group.block_tables.gather(1, columns), key_mask[:, None, None, :])
 
 
 def _decode_group(

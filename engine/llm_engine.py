@@ -29,6 +29,7 @@ from engine.events import (
     TokenGenerated,
     TokensScheduled,
 )
+from engine.kv_cache_interface import check_kv_manager, kv_cache_specs
 from engine.model_loader import LoadedModel, load_model
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.model_runner import ModelRunner
@@ -57,6 +58,9 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.device = self.loaded.device
         model_config = self.loaded.config
+        # per layer, vLLM's FullAttentionSpec or SlidingWindowSpec (what each layer's attention reads)
+        self.kv_cache_specs = kv_cache_specs(model_config, config.block_size, self.loaded.dtype)
+        check_kv_manager(config.kv_manager, getattr(model_config, "layer_types", ()))
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
         self.budget: BlockBudget = determine_num_blocks(

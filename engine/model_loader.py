@@ -8,7 +8,7 @@ A name resolves (engine/model_source.py, torch-free, re-exported here: resolve_m
 check_model, ModelNotFoundError) to the bundled "tiny-shakespeare", a local save_pretrained
 directory, a Hugging Face hub name (cached, else downloaded), or a GGUF file ("smollm2", a
 `.gguf` path). A checkpoint's config.json `model_type` picks the model (engine.models.MODEL_REGISTRY:
-gpt2, llama, qwen2, qwen3); transformers loads its weights and we copy them. A GGUF file is read
+gpt2, and llama, mistral, ministral, qwen2, qwen3 on the Llama path); transformers loads its weights and we copy them. A GGUF file is read
 with the `gguf` package (engine/models/gguf_checkpoint.py), its tokenizer and chat template by
 transformers from the same file.
 """
@@ -31,8 +31,9 @@ from engine.model_source import (  # noqa: F401 - re-exported: the torch-free ha
     ModelNotFoundError,
     _hub_kwargs,
     _is_gguf,
-    _read_model_type,
+    _read_config,
     check_model,
+    check_model_config,
     check_model_type,
     checkpoint_file,
     resolve_model,
@@ -98,8 +99,8 @@ def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # slow import: after the checks
 
     config_path = checkpoint_file(source, "config.json")
-    if config_path is not None:  # before transformers sees a type it may not know
-        check_model_type(_read_model_type(config_path))
+    if config_path is not None:  # before transformers sees a type or layer layout it may refuse in many lines
+        check_model_config(_read_config(config_path))
     hf_config = _from_pretrained(AutoConfig, source, kwargs)
     check_model_type(hf_config.model_type)
     model_cls, config_cls = MODEL_REGISTRY[hf_config.model_type]

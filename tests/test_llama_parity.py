@@ -181,7 +181,7 @@ def _unsupported_checkpoint(tmp_path: Path) -> Path:
 
 def test_unsupported_model_type_is_one_line_naming_the_supported_ones(tmp_path):
     path = _unsupported_checkpoint(tmp_path)
-    with pytest.raises(ValueError, match="model_type 'mamba' is not supported: blockviz runs gpt2, llama, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="model_type 'mamba' is not supported: blockviz runs gpt2, llama, mistral, ministral, qwen2, qwen3"):
         LLM(str(path))
     result = subprocess.run([sys.executable, "-m", "blockviz", "generate", "--model", str(path)],
                             capture_output=True, text=True, timeout=120)

@@ -121,7 +121,7 @@ class EngineSpec:
                 from engine.vllm_core.config import check_options
 
                 check_options(self.config.vllm_options)
-            source = check_model(self.model)
+            source = check_model(self.model, self.config.kv_manager)
             self.sampling_params()
         except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
             raise UsageError(one_line(exc)) from None
@@ -207,14 +207,15 @@ def check_device(device: str) -> None:
         raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
 
 
-def check_model(name: str):
-    """Raise engine.model_source.ModelNotFoundError (one line) now, before any UI opens, when
-    `name` cannot be loaded: engine.model_source.check_model resolves a bundled name or a local
-    directory on disk and a hub name in the local cache (or with one quick probe of the hub).
-    Imports neither torch nor transformers: the UI process never loads them."""
+def check_model(name: str, kv_manager: str | None = None):
+    """Raise engine.model_source.ModelNotFoundError or ValueError (one line) now, before any UI
+    opens, when `name` cannot be loaded: engine.model_source.check_model resolves a bundled name or
+    a local directory on disk and a hub name in the local cache (or with one quick probe of the
+    hub), and refuses a config.json no model here runs (or whose sliding layers `kv_manager`
+    cannot serve). Imports neither torch nor transformers: the UI process never loads them."""
     from engine.model_source import check_model as check
 
-    return check(name)
+    return check(name, kv_manager)
 
 
 def quiet_model_loading() -> None:

@@ -13,6 +13,11 @@ j * group_size ... (j + 1) * group_size - 1). It walks the context TILE keys at 
 position p lives in block `block_table[p // block_size]`, slot `p % block_size`, so any block size
 works (a tile spans several small blocks or part of a large one). A running max, a running sum and
 an output accumulator in float32 (online softmax) make one pass over the keys.
+
+A sliding-window layer (vLLM `SlidingWindowSpec`) starts the walk at position
+max(0, context_len - sliding_window): the query sees its last sliding_window keys, its own included,
+and blocks before the window are never read (vLLM `triton_unified_attention.py` takes the window as
+its constexpr SLIDING_WINDOW, a key at distance < SLIDING_WINDOW from the query being seen).
 """
 
 from __future__ import annotations
@@ -29,14 +34,19 @@ def _paged_decode_kernel(
     block_tables_ptr,  # (num_seqs, max_num_blocks) int64
     context_lens_ptr,  # (num_seqs,) int64
     scale,
+    sliding_window,  # read only when SLIDING
     query_stride_seq, query_stride_head, out_stride_seq, out_stride_head, block_tables_stride,
     cache_stride_block, cache_stride_slot, cache_stride_head,
     block_size, head_dim, group_size,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,  # powers of two
+    SLIDING: tl.constexpr,  # a sliding-window layer: keys before context_len - sliding_window are skipped
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     context_len = tl.load(context_lens_ptr + seq)
+    first_key = 0
+    if SLIDING:
+        first_key = tl.maximum(context_len - sliding_window, 0)
 
     groups = tl.arange(0, GROUP)
     dims = tl.arange(0, HEAD_DIM)
@@ -48,7 +58,7 @@ def _paged_decode_kernel(
     running_max = tl.full((GROUP,), float("-inf"), tl.float32)
     running_sum = tl.zeros((GROUP,), tl.float32)
     acc = tl.zeros((GROUP, HEAD_DIM), tl.float32)
-    for start in range(0, context_len, TILE):
+    for start in range(first_key, context_len, TILE):
         positions = start + tl.arange(0, TILE)  # (TILE,)
         in_context = positions < context_len
         blocks = tl.load(block_tables_ptr + seq * block_tables_stride + positions // block_size,
@@ -80,9 +90,11 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Single-token queries attended over their sequences' cached keys and values, read through
-    the block tables (vLLM `paged_attention_v1`, nano-vllm's `flash_attn_with_kvcache` call).
+    the block tables (vLLM `paged_attention_v1`, nano-vllm's `flash_attn_with_kvcache` call); with
+    a `sliding_window`, over each sequence's last sliding_window keys only.
 
     query: (num_seqs, num_heads, head_dim); caches (num_blocks, block_size, num_kv_heads,
     head_dim) with equal strides, num_heads a multiple of num_kv_heads; block_tables (num_seqs,
@@ -103,11 +115,11 @@ def paged_decode_attention(
     group_size = num_heads // num_kv_heads
     stride_block, stride_slot, stride_head, _ = k_cache.stride()
     _paged_decode_kernel[(num_seqs, num_kv_heads)](
-        out, query, k_cache, v_cache, block_tables, context_lens, scale,
+        out, query, k_cache, v_cache, block_tables, context_lens, scale, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         stride_block, stride_slot, stride_head,
         block_size, head_dim, group_size,
         GROUP=triton.next_power_of_2(group_size), HEAD_DIM=triton.next_power_of_2(head_dim),
-        TILE=max(16, min(64, triton.next_power_of_2(block_size))),
+        TILE=max(16, min(64, triton.next_power_of_2(block_size))), SLIDING=sliding_window is not None,
     )
     return out

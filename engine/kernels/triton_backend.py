@@ -15,11 +15,14 @@ from engine.kernels.store_kvcache import store_kvcache
 __all__ = ["store_kvcache", "decode_attention"]
 
 
-def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
+def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, scale: float,
+                     sliding_window: int | None = None) -> torch.Tensor:
     """The step's single-token queries, (num_decodes, num_heads, head_dim), attended by the paged
-    decode kernel over the block tables of `meta` (an engine.attention.AttentionMetadata)."""
+    decode kernel over the block tables of `meta` (an engine.attention.AttentionMetadata), within
+    the layer's `sliding_window` when it has one."""
     if meta.decode_only:
-        return paged_decode_attention(query, k_cache, v_cache, meta.block_tables, meta.context_lens_tensor, scale)
+        return paged_decode_attention(query, k_cache, v_cache, meta.block_tables, meta.context_lens_tensor, scale,
+                                      sliding_window)
     rows = torch.tensor([i for i, q in enumerate(meta.query_lens) if q == 1], device=query.device)
     return paged_decode_attention(query, k_cache, v_cache, meta.block_tables.index_select(0, rows),
-                                  meta.context_lens_tensor.index_select(0, rows), scale)
+                                  meta.context_lens_tensor.index_select(0, rows), scale, sliding_window)

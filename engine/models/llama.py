@@ -1,10 +1,20 @@
-"""Llama, Qwen2 and Qwen3 over a paged KV cache with grouped-query attention.
+"""Llama, Mistral, Qwen2 and Qwen3 over a paged KV cache with grouped-query attention and
+sliding-window layers.
 
 References: Hugging Face `transformers/models/llama/modeling_llama.py` (the numerics we match:
 RMSNorm in float32, rotate-half RoPE, SwiGLU, `repeat_kv`), `qwen2/modeling_qwen2.py` (bias on
 q/k/v), `qwen3/modeling_qwen3.py` (per-head RMSNorm on q and k before RoPE, an explicit
-head_dim); vLLM v0 `vllm/model_executor/models/llama.py` (forward over `kv_caches` + attention
-metadata); nanoGPT `model.py` (module layout).
+head_dim), `mistral/` and `ministral/modeling_*.py` (Llama's layers, every or some of them
+sliding); vLLM v0 `vllm/model_executor/models/llama.py` (forward over `kv_caches` + attention
+metadata; `layer_types` picks each layer's window); nanoGPT `model.py` (module layout).
+
+Sliding-window layers: transformers' `layer_types` lists "full_attention" or "sliding_attention"
+per layer, and a sliding layer's token attends to the last `sliding_window` positions, its own
+included (engine.model_source.attention_layer_types reads them as transformers does, Qwen2's
+use_sliding_window / max_window_layers and Mistral's all-layers window included). Each layer
+passes its window to the attention (`LlamaAttention.sliding_window`); `LlamaConfig.sliding_windows`
+lists them, and engine.kv_cache_interface.kv_cache_specs turns them into vLLM's FullAttentionSpec /
+SlidingWindowSpec per layer for the block manager.
 
 Grouped-query attention: the model has `num_attention_heads` query heads but writes only
 `num_key_value_heads` K/V heads to its cache; query head h reads K/V head
@@ -28,19 +38,21 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, paged_attention
 from engine.kernels.lm_head import lm_head_logits
+from engine.model_source import attention_layer_types
 from engine.models.weights import build_empty, copy_hf_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "ministral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "llama3")
 
 
 @dataclass(slots=True)
 class LlamaConfig:
-    """The hyperparameters the forward needs (a validated subset of HF's LlamaConfig, Qwen2Config
-    and Qwen3Config). `model_type` picks the variant: qwen2 adds bias to q/k/v, qwen3 normalises
-    q and k per head."""
+    """The hyperparameters the forward needs (a validated subset of HF's LlamaConfig, MistralConfig,
+    MinistralConfig, Qwen2Config and Qwen3Config). `model_type` picks the variant: qwen2 adds bias
+    to q/k/v, qwen3 normalises q and k per head; mistral and ministral are Llama's layers.
+    `layer_types` (transformers' name) says which layers attend within `sliding_window`."""
 
     model_type: str
     vocab_size: int
@@ -57,6 +69,8 @@ class LlamaConfig:
     attention_bias: bool = False  # bias on q/k/v/o (Llama's option); qwen2 always has q/k/v bias
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
+    layer_types: tuple[str, ...] | None = None  # per layer "full_attention" or "sliding_attention"; None: all full
+    sliding_window: int | None = None  # the sliding layers' window (positions attended, the query's own included)
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -78,19 +92,22 @@ class LlamaConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        layout = dict(model_type="llama", num_hidden_layers=self.num_hidden_layers, sliding_window=self.sliding_window,
+                      layer_types=list(self.layer_types) if self.layer_types is not None else None)
+        self.layer_types, self.sliding_window = attention_layer_types(layout.get)
 
     @classmethod
     def from_hf(cls, hf_config) -> LlamaConfig:
-        """From a transformers LlamaConfig, Qwen2Config or Qwen3Config (transformers 4 or 5 rope
-        fields); sliding-window attention and activations other than SiLU are ValueErrors."""
+        """From a transformers LlamaConfig, MistralConfig, MinistralConfig, Qwen2Config or
+        Qwen3Config (transformers 4 or 5 rope fields), with its layers' windows as
+        `attention_layer_types` reads them; activations other than SiLU, layer types other than
+        full and sliding attention, and a bad window are ValueErrors."""
         model_type = getattr(hf_config, "model_type", None)
         if model_type not in MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not a Llama variant ({', '.join(MODEL_TYPES)})")
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
-        layer_types = getattr(hf_config, "layer_types", None) or ()
-        if getattr(hf_config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
-            raise ValueError("sliding-window attention is not supported")
+        layer_types, sliding_window = attention_layer_types(lambda name, default: getattr(hf_config, name, default))
         rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
         theta = rope.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0
         if "type" in rope and "rope_type" not in rope:  # transformers 4's old spelling
@@ -111,6 +128,8 @@ class LlamaConfig:
             attention_bias=bool(getattr(hf_config, "attention_bias", False)),
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            layer_types=layer_types,
+            sliding_window=sliding_window,
         )
 
     # the names the engine reads from every model config (GPT2Config has the same)
@@ -129,6 +148,12 @@ class LlamaConfig:
     @property
     def max_model_len(self) -> int:
         return self.max_position_embeddings
+
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Per layer, its window, or None for a full-attention layer (what each layer passes to
+        the attention; engine.kv_cache_interface.kv_cache_specs reads it)."""
+        return tuple(self.sliding_window if kind == "sliding_attention" else None for kind in self.layer_types)
 
 
 class RMSNorm(nn.Module):
@@ -180,10 +205,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class LlamaAttention(nn.Module):
     """Grouped-query attention whose K/V heads live in a paged cache (HF `LlamaAttention`,
-    `Qwen2Attention`, `Qwen3Attention`; vLLM `LlamaAttention`)."""
+    `Qwen2Attention`, `Qwen3Attention`, `MistralAttention`; vLLM `LlamaAttention`). Layer
+    `layer_idx` reads the window `config.sliding_windows[layer_idx]` (None: the whole context)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
+        self.sliding_window = config.sliding_windows[layer_idx]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -209,7 +236,7 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)  # K is rotated before it is cached
         k_cache, v_cache = kv_cache
-        y = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # (num_tokens, num_heads, head_dim)
+        y = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.sliding_window)  # (num_tokens, num_heads, head_dim)
         return self.o_proj(y.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
@@ -229,10 +256,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-RMSNorm transformer block (HF `LlamaDecoderLayer`)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
@@ -242,7 +269,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    """Llama / Qwen2 / Qwen3 causal LM over a paged KV cache (vLLM v0 `LlamaForCausalLM`)."""
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache (vLLM v0 `LlamaForCausalLM`)."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -250,7 +277,7 @@ class Llama(nn.Module):
         self.model = nn.ModuleDict(
             dict(
                 embed_tokens=nn.Embedding(config.vocab_size, config.hidden_size),
-                layers=nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)),
+                layers=nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)),
                 norm=RMSNorm(config.hidden_size, config.rms_norm_eps),
             )
         )
@@ -304,7 +331,7 @@ class Llama(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model, device: torch.device | str | None = None) -> Llama:
-        """A Llama with the config, weights and dtype of a transformers Llama/Qwen2/Qwen3ForCausalLM,
+        """A Llama with the config, weights and dtype of a transformers Llama/Mistral/Qwen2/Qwen3ForCausalLM,
         on `device` (default: the HF model's device)."""
         weight = hf_model.model.embed_tokens.weight
         return cls.from_config(LlamaConfig.from_hf(hf_model.config), hf_model.state_dict(),
