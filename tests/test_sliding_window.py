@@ -364,3 +364,16 @@ def test_run_refuses_v0_before_its_app_opens(capsys, monkeypatch):
     assert cli.main(["run", "--model", str(path), "--kv-manager", "v0"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "2 of its 3 layers use sliding-window attention" in lines[0], lines
+
+
+def test_decode_graphs_are_skipped_for_a_window_on_the_torch_backend():
+    """The torch decode path narrows each sequence's blocks to its window from the step's context
+    lengths on the host: a CUDA graph would replay the lengths it was captured with, so such a model
+    decodes eagerly (and says why); the triton kernel reads the lengths on the device and keeps them."""
+    from engine.cuda_graphs import EagerCapture
+    from engine.model_runner import ModelRunner
+
+    llm = engine_llm("mistral", 3)
+    engine = llm.engine
+    torch_runner = ModelRunner(engine.model, engine.cache_engine, 4, engine.device, "torch", capture=EagerCapture())
+    assert torch_runner.graph_runner is None and "sliding-window" in torch_runner.graphs_skipped
