@@ -37,6 +37,7 @@ from engine.sampler import make_generator
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
+from engine.vllm_core.config import offloading_bytes
 
 logger = logging.getLogger("engine")
 
@@ -59,12 +60,13 @@ class LLMEngine:
         model_config = self.loaded.config
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
+        cpu_tier = offloading_bytes(config.vllm_options)  # vLLM's CPU tier (kv_offloading_size) is the CPU pool
         self.budget: BlockBudget = determine_num_blocks(
             self.model, model_config, config.block_size, self.device, self.loaded.dtype, max_batched,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
-            swap_space_bytes=config.swap_space_bytes,
-            num_cpu_blocks=0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,  # v1 has no swap
+            swap_space_bytes=cpu_tier or config.swap_space_bytes,
+            num_cpu_blocks=None if cpu_tier else 0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,
         )
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,

@@ -162,6 +162,8 @@ _TOUCHES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
     ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
     ev.SwappedOut: _mapping_blocks,
     ev.SwappedIn: _mapping_blocks,
+    ev.OffloadStored: lambda e: {"gpu": frozenset(g for g, _ in e.mapping), "cpu": frozenset(c for _, c in e.mapping)},
+    ev.OffloadLoaded: lambda e: {"cpu": frozenset(c for c, _ in e.mapping), "gpu": frozenset(g for _, g in e.mapping)},
 }
 
 

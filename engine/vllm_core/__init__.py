@@ -41,7 +41,7 @@ def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
         prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
     kv_cache_config = build_kv_cache_config(num_gpu_blocks, config.block_size, model.num_kv_heads, model.head_dim,
-                                            engine.loaded.dtype)
+                                            engine.loaded.dtype, engine.budget.block_bytes)
     scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
     hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
     return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)
