@@ -302,3 +302,32 @@ def test_the_notebook_draws_the_cpu_tier_and_the_load(tiny_gpt2_dir):
         assert viz.state.pools["cpu"][cpu_block].state == CACHED
     finally:
         viz.close()
+
+
+def test_a_run_with_the_tier_is_not_told_v1_has_no_cpu_pool():
+    from blockviz.model.view import v1_notes
+
+    assert "swap" in v1_notes(ReducerState(4, 8, 0, "vllm"))
+    assert "swap" not in v1_notes(ReducerState(4, 8, 8, "vllm")) and "cow" in v1_notes(ReducerState(4, 8, 8, "vllm"))
+
+
+def test_the_story_on_vllm_with_the_tier_answers_v0s_swap():
+    """`blockviz run --kv-manager vllm --kv-offloading-size 0.01`: the story's preempted request is
+    recomputed, its prefix loaded back from the CPU tier rather than computed again (docs/vllm-core.md)."""
+    from blockviz.model.trace import make_header
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
+
+    spec = EngineSpec.for_scenario("story", kv_manager="vllm", device="cpu", vllm_options={"kv_offloading_size": 0.01})
+    session = EngineSession(spec)
+    events: list = []
+    session.run_to_completion(on_events=events.extend)
+    header = make_header(session.header)
+    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], kv_manager="vllm")
+    for event in events:
+        checker.check(event)
+    at, load = returning_load(events)
+    assert [e.mode for e in events[:at] if e.type == "preempted"] and load.num_tokens > 0
+    state = checker.state
+    assert sorted(state.free_queue) == list(range(1, header["num_gpu_blocks"]))  # every GPU block back
+    assert state.pools["cpu"][load.mapping[0][0]].num_hits >= 1

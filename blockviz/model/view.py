@@ -135,7 +135,8 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> Fre
 def v1_notes(state: ReducerState) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
     copy-on-write); empty for a v0 run."""
-    lacks = {"swap": not state.design.swaps, "cow": not state.design.copy_on_write}
+    lacks = {"swap": not state.design.swaps and not state.pools["cpu"],  # vLLM's CPU tier is a CPU pool
+             "cow": not state.design.copy_on_write}
     return {view: note for view, note in V1_NOTES.items() if lacks[view]}
 
 
