@@ -112,12 +112,12 @@ def run_tier(engine, prompts, params):
     return outputs, checked
 
 
-def trace_with_the_cpu_tier(tiny_gpt2_dir, out):
-    """`blockviz record` of PROMPTS on TINY with a CPU tier of NUM_CPU_BLOCKS (the CLI flag)."""
+def trace_with_the_cpu_tier(tiny_gpt2_dir, out, num_cpu_blocks: int = NUM_CPU_BLOCKS):
+    """`blockviz record` of PROMPTS on TINY with a CPU tier of `num_cpu_blocks` (the CLI flag)."""
     from blockviz.cli import main
     from blockviz.model.trace import read_trace
 
-    size = offloading_size(tiny_block_bytes(TINY["block_size"]))
+    size = offloading_size(tiny_block_bytes(TINY["block_size"]), num_cpu_blocks)
     args = ["record", "--out", str(out), "--model", str(tiny_gpt2_dir), "--block-size", str(TINY["block_size"]),
             "--num-gpu-blocks", str(TINY["num_gpu_blocks"]), "--max-tokens", "24", "--temperature", "0",
             "--kv-manager", "vllm", "--kv-offloading-size", repr(size)]
@@ -331,3 +331,26 @@ def test_the_story_on_vllm_with_the_tier_answers_v0s_swap():
     state = checker.state
     assert sorted(state.free_queue) == list(range(1, header["num_gpu_blocks"]))  # every GPU block back
     assert state.pools["cpu"][load.mapping[0][0]].num_hits >= 1
+
+
+def test_the_tier_publishes_vllms_kv_events_with_medium_cpu(tiny_gpt2_dir, tmp_path):
+    """Through vLLM's own decoder: one BlockStored per stored block and one BlockRemoved per CPU
+    eviction, medium "CPU" and locality "LOCAL", as SimpleCPUOffloadScheduler queues them."""
+    import msgspec
+    from vllm.distributed import kv_events
+
+    from blockviz.kvevents.mapping import external_hash, step_batches
+    from blockviz.kvevents.protocol import encode_batch
+
+    trace = trace_with_the_cpu_tier(tiny_gpt2_dir, tmp_path / "tier.jsonl", num_cpu_blocks=12)  # it evicts
+    decoder = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+    sent = [e for batch in step_batches(trace.events, trace.header["block_size"], "vllm")
+            for e in decoder.decode(encode_batch(batch)).events]
+    cpu_stored = [e for e in sent if isinstance(e, kv_events.BlockStored) and e.medium == "CPU"]
+    stores = [e for e in trace.events if e.type == "offload_store"]
+    assert [h for e in cpu_stored for h in e.block_hashes] == [external_hash(h) for e in stores for h in e.block_hashes]
+    assert all(e.locality == "LOCAL" and len(e.token_ids) == e.block_size for e in cpu_stored)
+    cpu_removed = [h for e in sent if isinstance(e, kv_events.BlockRemoved) and e.medium == "CPU" for h in e.block_hashes]
+    evicted = [external_hash(e.block_hash) for e in trace.events if e.type == "block_evicted" and e.device == "cpu"]
+    assert cpu_removed == evicted and evicted
+    assert any(isinstance(e, kv_events.BlockStored) and e.medium == "GPU" for e in sent)
