@@ -1,8 +1,9 @@
 """`kv_manager="vllm"`: vLLM 0.33's own v1 Scheduler and KVCacheManager drive our engine (docs/vllm-core.md).
 
 Not `engine/vllm`: a package of that name would shadow the vllm package itself. config.py builds
-vLLM's objects for one engine, scheduler.py presents our scheduler interface over them, and
-event_tap.py emits blockviz's block events as vLLM's objects do each operation.
+vLLM's objects for one engine, scheduler.py presents our scheduler interface over them,
+event_tap.py emits blockviz's block events as vLLM's objects do each operation, and offload.py plays
+the worker side of vLLM's CPU tier (`kv_offloading_size`).
 """
 
 from __future__ import annotations

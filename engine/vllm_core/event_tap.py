@@ -14,6 +14,8 @@ emitting what our v1 (engine/v1/) emits for the same operation, in the same orde
   queue's head in reverse, then those going to its tail, as engine/v1/block_pool.py documents, so
   the reducer rebuilds vLLM's `FreeKVCacheBlockQueue`;
 - `KVCacheManager.free`: SequenceFreed after the request's blocks.
+- `KVCacheCoordinator.allocate_new_computed_blocks`: notes how many blocks the request holds once
+  its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new (offload.py).
 
 Hashes are vLLM's `BlockHash` bytes as our events carry them (`external_block_hash`: the low 64
 bits, which is vLLM's `maybe_convert_block_hash` with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
