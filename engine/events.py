@@ -181,6 +181,39 @@ class BlockEvicted(Event):
     block_hash: int
 
 
+class OffloadStored(Event):
+    """vLLM v1's CPU tier takes copies of full, hashed GPU blocks (vLLM 0.33
+    `SimpleCPUOffloadScheduler._prepare_eager_store_specs` and `_queue_finished_eager_store`, eager
+    mode): `mapping` holds (gpu_block, cpu_block) pairs; each GPU block is pinned (ref count + 1) until
+    the copy completes and vLLM releases it (a BlockFreed with seq_id -1); each CPU block is then a
+    free-but-cached block of the CPU pool holding `block_hashes[i]` (its parent `parent_hashes[i]`,
+    its tokens `token_ids[i]`). `medium` is the tier as vLLM's KV events name it ("CPU")."""
+
+    type: ClassVar[str] = "offload_store"
+
+    medium: str
+    mapping: tuple[tuple[int, int], ...]
+    block_hashes: tuple[int, ...]
+    parent_hashes: tuple[int | None, ...]
+    token_ids: tuple[tuple[int, ...], ...]
+
+
+class OffloadLoaded(Event):
+    """A request missed these blocks on the GPU and vLLM's CPU tier holds them: their K/V is copied
+    back instead of recomputed (vLLM 0.33 `SimpleCPUOffloadScheduler.get_num_new_matched_tokens` and
+    `update_state_after_alloc`). `mapping` holds (cpu_block, gpu_block) pairs, the GPU blocks just
+    allocated to `seq_id` and pinned until the load completes (a BlockFreed with seq_id -1);
+    `num_tokens` tokens come back, counted as prefix-cache hits."""
+
+    type: ClassVar[str] = "offload_load"
+
+    medium: str
+    request_id: str
+    seq_id: int
+    mapping: tuple[tuple[int, int], ...]
+    num_tokens: int
+
+
 # ---------------------------------------------------------------- engine events (scheduler, engine)
 
 

@@ -38,6 +38,7 @@ from engine.sampler import make_generator
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
+from engine.vllm_core.config import offloading_bytes
 
 logger = logging.getLogger("engine")
 
@@ -63,12 +64,13 @@ class LLMEngine:
         check_kv_manager(config.kv_manager, getattr(model_config, "layer_types", ()))
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
+        cpu_tier = offloading_bytes(config.vllm_options)  # vLLM's CPU tier (kv_offloading_size) is the CPU pool
         self.budget: BlockBudget = determine_num_blocks(
             self.model, model_config, config.block_size, self.device, self.loaded.dtype, max_batched,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
-            swap_space_bytes=config.swap_space_bytes,
-            num_cpu_blocks=0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,  # v1 has no swap
+            swap_space_bytes=cpu_tier or config.swap_space_bytes,
+            num_cpu_blocks=None if cpu_tier else 0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,
             max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend,
         )
         self.cache_engine = CacheEngine(

@@ -118,6 +118,10 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
         parser.add_argument("--vllm-option", action="append", type=_vllm_option, dest="vllm_options", metavar="KEY=VALUE",
                             help="with --kv-manager vllm: a field of vLLM's SchedulerConfig or CacheConfig, e.g. "
                                  "scheduler_reserve_full_isl=false, watermark=0.01, policy=priority; repeatable")
+        parser.add_argument("--kv-offloading-size", action="append", type=_offloading_size, dest="vllm_options",
+                            metavar="GiB", help="with --kv-manager vllm: vLLM's CPU tier of this many GiB "
+                                                "(vLLM's --kv-offloading-size; the same as --vllm-option "
+                                                "kv_offloading_size=GiB; docs/vllm-core.md)")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=int_at_least("--seed", 0), default=d["seed"],
@@ -142,6 +146,17 @@ def _vllm_option(text: str) -> tuple[str, object]:
         return key.strip(), json.loads(value)
     except ValueError:
         return key.strip(), value
+
+
+def _offloading_size(text: str) -> tuple[str, float]:
+    """--kv-offloading-size GiB (vLLM's CacheConfig.kv_offloading_size) as a vllm option."""
+    try:
+        size = float(text)
+    except ValueError:
+        size = math.nan
+    if not (math.isfinite(size) and size > 0):
+        raise argparse.ArgumentTypeError(f"--kv-offloading-size takes a positive number of GiB, got {text!r}")
+    return "kv_offloading_size", size
 
 
 class _GivenChoice(argparse.Action):

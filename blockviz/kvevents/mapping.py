@@ -27,6 +27,9 @@ Two mappers, one per KV cache manager (`mapper_for(kv_manager, block_size)`):
 | block_evicted (LRU eviction of a cached block) | BlockRemoved([hash], "GPU", group 0)           |
 | block_freed, ref 0, not cached, of a registered| BlockRemoved([hash], ...): the block left      |
 |   block (freed before its K/V was computed)    |   the hash map without an eviction event       |
+| offload_store (vLLM's CPU tier, kv_manager     | BlockStored([hash], parent, tokens, size, "CPU",|
+|   "vllm" with kv_offloading_size), per block   |   group 0, "full_attention", "LOCAL"); v1 only  |
+| block_evicted on the CPU (the tier's LRU)      | BlockRemoved([hash], "CPU", group 0, "LOCAL")   |
 | allocate, append, fork, copy-on-write, swap,   | nothing: physical blocks, tables and ref counts |
 |   preemption, tokens, steps                    |   are not part of vLLM's protocol              |
 
@@ -51,10 +54,11 @@ import msgspec
 
 from blockviz.kvevents.protocol import KIND_FULL_ATTENTION, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
 from blockviz.model.design import design_of
-from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, StepFinished
+from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, OffloadStored, StepFinished
 
 LOW_64_BITS = (1 << 64) - 1
 GROUP = 0  # blockviz's one KV-cache group
+MEDIUM_CPU = "CPU"  # vLLM's kv_events.MEDIUM_CPU: its CPU offloading tier
 
 
 def mapper_for(kv_manager: str | None, block_size: int) -> "KVEventMapper | V1KVEventMapper":
@@ -138,6 +142,15 @@ class V1KVEventMapper:
         self._open = None  # any other event ends a cache_full_blocks call
         if isinstance(event, BlockEvicted) and event.device == "gpu":
             self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_GPU, group_idx=GROUP))
+        elif isinstance(event, BlockEvicted):  # vLLM's CPU tier (SimpleCPUOffloadScheduler.take_events)
+            self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_CPU, group_idx=GROUP,
+                                             locality="LOCAL"))
+        elif isinstance(event, OffloadStored):  # one BlockStored per block (_process_store_completion)
+            for block_hash, parent, token_ids in zip(event.block_hashes, event.parent_hashes, event.token_ids):
+                self.pending.append(BlockStored(
+                    (external_hash(block_hash),), None if parent is None else external_hash(parent),
+                    tuple(token_ids), self.block_size, medium=event.medium, group_idx=GROUP,
+                    kv_cache_spec_kind=KIND_FULL_ATTENTION, locality="LOCAL"))
 
     def _on_hashed(self, event: BlockHashed) -> None:
         block_hash = external_hash(event.block_hash)

@@ -84,8 +84,17 @@ def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab) -> str:
     return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}"
 
 
+def _offload(e: ev.OffloadStored | ev.OffloadLoaded, vocab) -> str:
+    pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
+    if isinstance(e, ev.OffloadStored):
+        return f"offload store gpu→{e.medium.lower()} {pairs}"
+    return f"offload LOAD req {e.request_id} seq {e.seq_id}: {e.medium.lower()}→gpu {pairs} ({plural(e.num_tokens, 'token')})"
+
+
 def _freed(e: ev.BlockFreed, vocab) -> str:
     left = "free-but-cached" if e.cached and e.ref_count == 0 else ("free" if e.ref_count == 0 else "kept")
+    if e.seq_id < 0:  # vLLM's CPU tier releasing the pin of a copy
+        return f"free {e.device} {e.block} by the CPU tier's copy: ref {e.ref_count} ({left})"
     return f"free {e.device} {e.block} by seq {e.seq_id}: ref {e.ref_count} ({left})"
 
 
@@ -117,6 +126,8 @@ _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.Forked: _fork,
     ev.SwappedOut: _swap,
     ev.SwappedIn: _swap,
+    ev.OffloadStored: _offload,
+    ev.OffloadLoaded: _offload,
     ev.BlockFreed: _freed,
     ev.SequenceFreed: lambda e, vocab: f"seq {e.seq_id}: block table freed",
     ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
@@ -213,6 +224,8 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.Forked: _fork_means,
     ev.SwappedOut: lambda e, state: "the request's K/V copied to the CPU pool",
     ev.SwappedIn: lambda e, state: "the request's K/V copied back to the GPU pool",
+    ev.OffloadStored: lambda e, state: "copies of full blocks kept in vLLM's CPU tier, keyed by their hashes",
+    ev.OffloadLoaded: lambda e, state: "blocks the GPU had evicted come back from the CPU tier: hits, not recomputed",
     ev.BlockFreed: _freed_means,
     ev.BlockEvicted: lambda e, state: "the least recently used cached block, its hash forgotten, to make room",
     ev.StepStarted: lambda e, state: ("whole prompts through the model" if e.kind == "prefill"

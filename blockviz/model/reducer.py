@@ -90,6 +90,9 @@ class ReducerState:
         if self.design.null_block and num_gpu_blocks:
             self.pools["gpu"][0].state = NULL
             self.free_queue = list(range(1, num_gpu_blocks))
+        if self.design.null_block and num_cpu_blocks:  # vLLM's CPU tier is a BlockPool too: block 0 is null
+            self.pools["cpu"][0].state = NULL
+        self.cpu_hash_map: dict[int, int] = {}  # vLLM's CPU tier: block_hash -> the first cpu block holding it
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
         self.seqs: dict[int, SeqState] = {}
@@ -340,6 +343,10 @@ class ReducerState:
 
     def _on_evicted(self, e: ev.BlockEvicted) -> None:
         block = self.pools[e.device][e.block]
+        if e.device == "cpu" and self.design.null_block:  # vLLM's CPU tier: its own hash map
+            self._drop_cpu_hash(e.block_hash, e.block)
+            block.clear()
+            return
         self._leave_queue(e.device, e.block)  # v1: popped from the free queue's head
         if self.design.shared_hashes:  # another holder of its hash may take over
             holders = tuple(b for b in self.hash_blocks.get(e.block_hash, ()) if b != e.block)
@@ -352,6 +359,40 @@ class ReducerState:
         elif self.hash_map.get(e.block_hash) == e.block:
             del self.hash_map[e.block_hash]
         block.clear()
+
+    def _drop_cpu_hash(self, block_hash: int, number: int) -> None:
+        if self.cpu_hash_map.get(block_hash) == number:
+            del self.cpu_hash_map[block_hash]
+            others = [b.number for b in self.pools["cpu"] if b.block_hash == block_hash and b.number != number]
+            if others:
+                self.cpu_hash_map[block_hash] = others[0]
+
+    def _on_offload_store(self, e: ev.OffloadStored) -> None:
+        """vLLM's CPU tier: each GPU block pinned for its copy, each CPU block a cached copy of it."""
+        for (gpu_number, cpu_number), block_hash, parent_hash, token_ids in zip(
+                e.mapping, e.block_hashes, e.parent_hashes, e.token_ids):
+            src, dst = self.pools["gpu"][gpu_number], self.pools["cpu"][cpu_number]
+            src.ref_count += 1
+            dst.clear()
+            dst.block_hash, dst.parent_hash, dst.token_ids = block_hash, parent_hash, token_ids
+            dst.num_hashed_tokens = src.num_hashed_tokens
+            dst.digest, dst.digest_slots = src.digest, src.digest_slots
+            dst.state, dst.registered = CACHED, True
+            self.cpu_hash_map.setdefault(block_hash, cpu_number)
+
+    def _on_offload_load(self, e: ev.OffloadLoaded) -> None:
+        """vLLM's CPU tier: each GPU block pinned for its load, holding its CPU block's K/V; each
+        block a prefix-cache hit served from the CPU."""
+        for cpu_number, gpu_number in e.mapping:
+            src, dst = self.pools["cpu"][cpu_number], self.pools["gpu"][gpu_number]
+            dst.ref_count += 1
+            dst.digest, dst.digest_slots = src.digest, src.digest_slots
+            src.num_hits += 1
+        self.num_prefix_hits += len(e.mapping)
+        seq = self.seqs.get(e.seq_id)
+        table = self.tables.get(e.seq_id, [])
+        if seq is not None and e.mapping and ("gpu", e.mapping[-1][1]) in table:
+            seq.num_cached_tokens = (table.index(("gpu", e.mapping[-1][1])) + 1) * self.block_size
 
     def _on_request(self, e: ev.RequestAdded) -> None:
         self.requests[e.request_id] = e.seq_ids
@@ -426,6 +467,8 @@ _HANDLERS = {
     ev.KVDigest: ReducerState._on_digest,
     ev.StepFinished: ReducerState._on_step_finished,
     ev.TokensScheduled: ReducerState._on_tokens_scheduled,
+    ev.OffloadStored: ReducerState._on_offload_store,
+    ev.OffloadLoaded: ReducerState._on_offload_load,
 }
 
 

@@ -30,7 +30,8 @@ MAX_TOKEN_ID = (1 << 31) - 1  # when the header gives no vocab_size
 MAX_SEQS_PER_REQUEST = 1 << 12
 MIN_SEQ_TOKENS = 1 << 22  # tokens copied into sequences that any trace may ask for (limits, not measurements)
 TOKEN_FIELDS = ("token_id", "token_ids", "prompt_token_ids")
-HASH_FIELDS = ("block_hash", "parent_hash")
+HASH_FIELDS = ("block_hash", "parent_hash", "block_hashes", "parent_hashes")
+OFFLOAD_PIN = -1  # the seq_id of a BlockFreed in which vLLM's CPU tier releases a block it pinned for a copy
 
 
 class TraceChecker:
@@ -84,6 +85,7 @@ class TraceChecker:
             if isinstance(value, tuple):
                 if value and isinstance(value[0], tuple):
                     value = [number for pair in value for number in pair]
+                value = [number for number in value if number is not None]  # a root block's parent_hashes
                 if not value or not isinstance(value[0], int):
                     continue
                 low, high = min(value), max(value)
@@ -96,6 +98,8 @@ class TraceChecker:
             else:
                 continue
             limit = self.limits.get(name, MAX_ID)
+            if name == "seq_id" and low == OFFLOAD_PIN and isinstance(event, ev.BlockFreed):
+                continue  # vLLM's CPU tier releasing a pin (checked in _freed)
             if low < 0 or high > limit:
                 what = "token id" if name in TOKEN_FIELDS else name
                 bad = low if low < 0 else high
@@ -233,7 +237,9 @@ class TraceChecker:
 
     def _freed(self, e: ev.BlockFreed) -> None:
         block = self._block(e.device, e.block)
-        if block.state != USED or e.seq_id not in block.owners:
+        if e.seq_id == OFFLOAD_PIN and block.state == USED and block.ref_count > len(block.owners):
+            pass  # vLLM's CPU tier lets go of a block it pinned for a copy (an offload store or load)
+        elif block.state != USED or e.seq_id not in block.owners:
             raise ValueError(f"seq {e.seq_id} frees {e.device} block {e.block}, which it does not hold")
         if e.ref_count != block.ref_count - 1:
             raise ValueError(f"ref count {e.ref_count} after freeing block {e.block} with ref count {block.ref_count}")
@@ -242,6 +248,27 @@ class TraceChecker:
         block = self._block(e.device, e.block)
         if block.state != CACHED or block.block_hash != e.block_hash:
             raise ValueError(f"eviction of {e.device} block {e.block}, which is not free-but-cached with that hash")
+
+    def _offload_store(self, e: ev.OffloadStored) -> None:
+        if not len(e.mapping) == len(e.block_hashes) == len(e.parent_hashes) == len(e.token_ids):
+            raise ValueError("offload_store lists differ in length")
+        for (gpu_number, cpu_number), block_hash, token_ids in zip(e.mapping, e.block_hashes, e.token_ids):
+            src = self._block("gpu", gpu_number, "gpu block")
+            if src.state != USED or src.block_hash != block_hash:
+                raise ValueError(f"offload store of gpu block {gpu_number}, which is not a block in use with "
+                                 f"hash {block_hash}")
+            if self._block("cpu", cpu_number, "cpu block").state != FREE:
+                raise ValueError(f"offload store into cpu block {cpu_number}, which is not free")
+            self._fits(token_ids, "the stored block")
+
+    def _offload_load(self, e: ev.OffloadLoaded) -> None:
+        self._known_seqs(e)
+        table = self._table(e.seq_id)
+        for cpu_number, gpu_number in e.mapping:
+            if self._block("cpu", cpu_number, "cpu block").state != CACHED:
+                raise ValueError(f"offload load from cpu block {cpu_number}, which holds no cached copy")
+            if ("gpu", gpu_number) not in table:
+                raise ValueError(f"offload load into gpu block {gpu_number}, which seq {e.seq_id} does not hold")
 
     def _seq_freed(self, e: ev.SequenceFreed) -> None:
         for device, number in self._table(e.seq_id):  # the blocks it holds: a look at each, not the pools
@@ -300,4 +327,6 @@ _RULES = {
     ev.Preempted: TraceChecker._known_seqs,
     ev.TokensScheduled: TraceChecker._scheduled,
     ev.KVDigest: lambda self, e: self._block(e.device, e.block),
+    ev.OffloadStored: TraceChecker._offload_store,
+    ev.OffloadLoaded: TraceChecker._offload_load,
 }

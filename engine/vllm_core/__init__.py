@@ -1,8 +1,9 @@
 """`kv_manager="vllm"`: vLLM 0.33's own v1 Scheduler and KVCacheManager drive our engine (docs/vllm-core.md).
 
 Not `engine/vllm`: a package of that name would shadow the vllm package itself. config.py builds
-vLLM's objects for one engine, scheduler.py presents our scheduler interface over them, and
-event_tap.py emits blockviz's block events as vLLM's objects do each operation.
+vLLM's objects for one engine, scheduler.py presents our scheduler interface over them,
+event_tap.py emits blockviz's block events as vLLM's objects do each operation, and offload.py plays
+the worker side of vLLM's CPU tier (`kv_offloading_size`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
         prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
     kv_cache_config = build_kv_cache_config(num_gpu_blocks, config.block_size, model.num_kv_heads, model.head_dim,
-                                            engine.loaded.dtype)
+                                            engine.loaded.dtype, engine.budget.block_bytes)
     scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
     hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
     return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)

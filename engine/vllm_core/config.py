@@ -12,6 +12,13 @@ config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `prefix_caching_hash_algo`), so a run reproduces a server's settings: `scheduler_reserve_full_isl`,
 `watermark`, `policy`, `long_prefill_token_threshold`, ... An unknown name, a field the adapter owns
 (`OWNED`) or a value vLLM's validation refuses is one ValueError line.
+
+`kv_offloading_size` (GiB, as vLLM's `--kv-offloading-size`) turns on vLLM's CPU tier: as vLLM's
+`VllmConfig._post_init_kv_transfer_config` does with `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, the scheduler gets a
+`SimpleCPUOffloadConnector` whose `SimpleCPUOffloadScheduler` keeps a second caching BlockPool of
+`kv_offloading_size` GiB // block bytes blocks (`_derive_cpu_config`); the `KVCacheConfig` then names one
+backing tensor of our pool's bytes (`gpu_total_bytes` reads it), and our cache engine's CPU pool has the
+same number of blocks (engine/vllm_core/offload.py moves the data).
 """
 
 from __future__ import annotations
@@ -24,14 +31,30 @@ from typing import Any
 import torch
 
 # Fields the engine sets itself (its pool, its block size, its model), or that need what no CPU
-# run here has (a worker, KV offloading, asynchronous output, a hash unit finer than a block).
+# run here has (a worker, an offloading backend other than vLLM's native CPU tier, asynchronous output,
+# a hash unit finer than a block).
 OWNED = {
     "block_size": "the engine option block_size", "num_gpu_blocks_override": "the engine option num_gpu_blocks",
     "max_model_len": "the model's context", "runner_type": None, "is_multimodal_model": None,
     "is_encoder_decoder": None, "scheduler_cls": None, "async_scheduling": None, "prefix_match_unit": None,
-    "kv_offloading_size": None, "kv_offloading_backend": None, "cache_dtype": None, "sliding_window": None,
+    "kv_offloading_backend": None, "cache_dtype": None, "sliding_window": None,
     "gpu_memory_utilization": "the engine option gpu_memory_utilization",
 }
+
+
+GiB = 1 << 30
+OFFLOAD_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"  # vLLM's switch from OffloadingConnector to SimpleCPUOffloadConnector
+
+
+def offloading_bytes(options: dict[str, Any] | None) -> int | None:
+    """The CPU tier's bytes from the `kv_offloading_size` option (GiB, vLLM's CacheConfig field), or
+    None when it is not set; a ValueError line for a size that is not a positive number."""
+    size = (options or {}).get("kv_offloading_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size < float("inf"):
+        raise ValueError(f"vllm option kv_offloading_size must be a positive number of GiB, got {size!r}")
+    return int(size * GiB)
 
 
 def _fields(cls) -> set[str]:
@@ -77,6 +100,7 @@ def check_options(options: dict[str, Any] | None) -> None:
     from vllm.config import CacheConfig, SchedulerConfig
 
     sched_options, cache_options = split_options(options)
+    offloading_bytes(options)
     for make in (lambda: SchedulerConfig(**{"max_model_len": 1 << 20, "is_encoder_decoder": False, **sched_options}),
                  lambda: CacheConfig(**cache_options)):
         try:
@@ -100,28 +124,49 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
     try:
         model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32",
                             seed=0, max_model_len=max_model_len)
+        offloading = offloading_bytes(options) is not None
+        # with the CPU tier, one batch in flight, as our engine runs: vLLM would otherwise defer every
+        # free a step for a second batch (Scheduler.defer_block_free) that never exists here
+        sync = {"async_scheduling": False} if offloading else {}
         scheduler = SchedulerConfig(**{
             "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
             "max_model_len": max_model_len, "enable_chunked_prefill": True, "is_encoder_decoder": False,
-            **sched_options})
+            **sync, **sched_options})
         cache = CacheConfig(**{"block_size": block_size, "cache_dtype": "auto",
                                "enable_prefix_caching": enable_prefix_caching,
                                "prefix_caching_hash_algo": prefix_caching_hash_algo, **cache_options})
         cache.num_gpu_blocks = num_gpu_blocks
-        return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
-                          device_config=DeviceConfig("cpu"))
+        if offloading and not enable_prefix_caching:  # vLLM's connector would switch itself off
+            raise ValueError("vllm option kv_offloading_size needs prefix caching: the CPU tier is keyed by "
+                             "the blocks' hashes")
+        saved = os.environ.get(OFFLOAD_ENV)
+        os.environ[OFFLOAD_ENV] = "1" if offloading else "0"
+        try:
+            return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
+                              device_config=DeviceConfig("cpu"))
+        finally:
+            if saved is None:
+                del os.environ[OFFLOAD_ENV]
+            else:
+                os.environ[OFFLOAD_ENV] = saved
     except (ValueError, TypeError, AssertionError) as error:
         raise _refused(error) from None
 
 
 def build_kv_cache_config(num_gpu_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                          dtype: torch.dtype):
+                          dtype: torch.dtype, block_bytes: int | None = None):
     """One full-attention KV-cache group over the whole pool (vLLM's get_kv_cache_config_from_groups
-    for a model whose layers all share one FullAttentionSpec); no tensors: our cache engine holds them."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    for a model whose layers all share one FullAttentionSpec). Its one KVCacheTensor only describes our
+    cache engine's pool (num_gpu_blocks x block_bytes, every layer's K and V of a block together): the
+    CPU tier sizes itself from it; the cache engine holds the tensors. Without block_bytes, one layer's
+    page (FullAttentionSpec.page_size_bytes)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
-    return KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[],
+    block_bytes = block_bytes or spec.page_size_bytes
+    tensor = KVCacheTensor(size=num_gpu_blocks * block_bytes, layers=["model.layers"], layer_stride=0,
+                           block_stride=block_bytes)
+    return KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[tensor],
                          kv_cache_groups=[KVCacheGroupSpec(["model.layers"], spec)])
 
 

@@ -14,6 +14,8 @@ emitting what our v1 (engine/v1/) emits for the same operation, in the same orde
   queue's head in reverse, then those going to its tail, as engine/v1/block_pool.py documents, so
   the reducer rebuilds vLLM's `FreeKVCacheBlockQueue`;
 - `KVCacheManager.free`: SequenceFreed after the request's blocks.
+- `KVCacheCoordinator.allocate_new_computed_blocks`: notes how many blocks the request holds once
+  its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new (offload.py).
 
 Hashes are vLLM's `BlockHash` bytes as our events carry them (`external_block_hash`: the low 64
 bits, which is vLLM's `maybe_convert_block_hash` with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
@@ -67,8 +69,11 @@ class VllmEventTap:
         self._key = make_block_hash_with_group_id
         self._request: Any = None  # the Request allocate_slots is working for
         self._start = 0  # where its new slots start (computed tokens plus new hits)
-        self._freeing = -1  # the seq id KVCacheManager.free is freeing
+        self._freeing = -1  # the seq id KVCacheManager.free is freeing (-1: vLLM's CPU tier releasing a pin)
+        self.hashed: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # block id -> (parent hash, tokens)
+        self._num_old_blocks: int | None = None  # the request's blocks before allocate_slots' new ones
         for obj, name in ((self.manager, "allocate_slots"), (self.manager, "free"),
+                          (self.coordinator, "allocate_new_computed_blocks"),
                           (self.coordinator, "allocate_new_blocks"), (self.pool, "touch"),
                           (self.pool, "_maybe_evict_cached_block"), (self.pool, "cache_full_blocks"),
                           (self.pool, "free_blocks")):
@@ -84,6 +89,7 @@ class VllmEventTap:
         def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kwargs):
             self._request = request
             self._start = request.num_computed_tokens + num_new_computed_tokens
+            self._num_old_blocks = None
             try:
                 return original(request, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
                                 new_computed_blocks=new_computed_blocks, **kwargs)
@@ -107,18 +113,31 @@ class VllmEventTap:
                                  token_ids=tuple(token_ids[index * bs : (index + 1) * bs]))
         return touch
 
-    def _maybe_evict_cached_block(self, original):
+    def _maybe_evict_cached_block(self, original, device: str = GPU):
+        """BlockEvicted on `device` for each block the pool evicts (the GPU pool's, or vLLM's CPU tier's)."""
         def maybe_evict_cached_block(block):
             key = block.block_hash
             evicted = original(block)
             if evicted and self.events.active:
-                self.events.emit(BlockEvicted, device=GPU, block=block.block_id, block_hash=self.external(key))
+                self.events.emit(BlockEvicted, device=device, block=block.block_id, block_hash=self.external(key))
             return evicted
         return maybe_evict_cached_block
 
+    def _allocate_new_computed_blocks(self, original):
+        def allocate_new_computed_blocks(request_id, new_computed_blocks, *args, **kwargs):
+            # the hits join the table here, then (vLLM's CPU tier) fresh blocks for the tokens a
+            # load brings back: those are new blocks, announced with allocate_new_blocks' own
+            self._num_old_blocks = len(self.single.req_to_blocks.get(request_id, ())) + sum(
+                1 for _ in new_computed_blocks[0])
+            return original(request_id, new_computed_blocks, *args, **kwargs)
+        return allocate_new_computed_blocks
+
     def _allocate_new_blocks(self, original):
         def allocate_new_blocks(request_id, num_tokens, *args, **kwargs):
-            num_old_blocks = len(self.single.req_to_blocks.get(request_id, ()))
+            num_old_blocks = self._num_old_blocks
+            if num_old_blocks is None:
+                num_old_blocks = len(self.single.req_to_blocks.get(request_id, ()))
+            self._num_old_blocks = None
             new_blocks = original(request_id, num_tokens, *args, **kwargs)
             if self.events.active and self._request is not None:
                 self._emit_slots(self._request, num_old_blocks, self._start, num_tokens)
@@ -143,10 +162,11 @@ class VllmEventTap:
                 if block.block_hash is None:
                     continue
                 parent = external_block_hash(hashes[index - 1]) if index else None
+                held = tuple(token_ids[index * block_size : (index + 1) * block_size])
+                self.hashed[block.block_id] = (parent, held)
                 self.events.emit(BlockHashed, device=GPU, block=block.block_id,
                                  block_hash=external_block_hash(hashes[index]), parent_hash=parent,
-                                 token_ids=tuple(token_ids[index * block_size : (index + 1) * block_size]),
-                                 num_hashed_tokens=(index + 1) * block_size, registered=registered)
+                                 token_ids=held, num_hashed_tokens=(index + 1) * block_size, registered=registered)
         return cache_full_blocks
 
     def _free_blocks(self, original):

@@ -37,6 +37,7 @@ from engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import cdiv
 from engine.vllm_core.event_tap import VllmEventTap
+from engine.vllm_core.offload import CpuTier
 
 NONE_HASH_SEED = "0"  # engine/v1/kv_cache_utils.NONE_HASH_SEED: vLLM's seed under PYTHONHASHSEED=0
 
@@ -81,6 +82,8 @@ class VllmScheduler:
         self.block_size = scheduler.block_size
         self.events = events
         self.tap = VllmEventTap(scheduler, events)
+        # vLLM's CPU tier (kv_offloading_size): its scheduler side decides, we copy (offload.py)
+        self.cpu_tier = CpuTier(scheduler, events, self.tap) if scheduler.connector is not None else None
         self.block_hasher = block_hasher
         # our engine stops every request itself: the model's context comes before this
         self.sampling_params = VllmSamplingParams(max_tokens=max_model_len + 1, ignore_eos=True)
@@ -128,7 +131,9 @@ class VllmScheduler:
                 f"(block 0 is the null block)")
 
     def has_unfinished_seqs(self) -> bool:
-        return bool(self._ignored) or self.vllm.has_unfinished_requests()
+        """Requests to run, or (vLLM's Scheduler.has_requests) stores the CPU tier still has to copy."""
+        return (bool(self._ignored) or self.vllm.has_unfinished_requests()
+                or (self.cpu_tier is not None and self.cpu_tier.has_pending_stores()))
 
     def abort_seq_group(self, group: SequenceGroup) -> list[Sequence]:
         """Finish the request's sequences in vLLM as aborted, one at a time (vLLM finish_requests);
@@ -173,15 +178,16 @@ class VllmScheduler:
             self.free_finished_seq_groups()
         self._preempted = []
         ignored, self._ignored = self._ignored, []
-        while self.vllm.get_request_counts()[1] and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
+        while len(self.vllm.waiting) and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
             ignored.append(self._ignore_head())
         out = self.vllm.schedule()
+        stores, loads = CpuTier.moves(out)  # vLLM's CPU tier: our cache engine copies, as v0's swaps
         if not out.num_scheduled_tokens:
             self._update_vllm(out)  # nothing runs: vLLM still takes its (empty) output
-            if not self.vllm.running and not self._preempted and self.vllm.get_request_counts()[1]:
+            if not self.vllm.running and not self._preempted and not loads and len(self.vllm.waiting):
                 ignored.append(self._ignore_head())
             return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=self._preempted,
-                                   ignored_seq_groups=ignored)
+                                   ignored_seq_groups=ignored, blocks_to_swap_out=stores, blocks_to_swap_in=loads)
         num_computed = self._update_block_tables(out)
         scheduled: list[ScheduledSequence] = []
         for request_id, num_new_tokens in out.num_scheduled_tokens.items():
@@ -197,7 +203,7 @@ class VllmScheduler:
         decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
         kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
         return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=self._preempted,
-                               ignored_seq_groups=ignored)
+                               ignored_seq_groups=ignored, blocks_to_swap_out=stores, blocks_to_swap_in=loads)
 
     def _update_block_tables(self, out: Any) -> dict[str, int]:
         """Each scheduled request's block table, updated as vLLM's GPU model runner does from the
@@ -243,7 +249,8 @@ class VllmScheduler:
             sampled.append([seq.get_last_token_id()] if seq is not None and self._samples.get(request_id) else [])
         self.vllm.update_from_output(out, ModelRunnerOutput(
             req_ids=request_ids, req_id_to_index={r: i for i, r in enumerate(request_ids)},
-            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
+            kv_connector_output=CpuTier.connector_output(out)))
         self._samples = {}
 
     # ------------------------------------------------------------------ preemption and refusal
