@@ -122,9 +122,10 @@ def check_aligned_hits():
         return viz.state.num_prefix_hits - before
 
 
-@exercise("10", "my_chunk_steps", "each step computes at most max_num_batched_tokens tokens: 8 here.",
+@exercise("10", "my_chunk_steps", "a step computes at most max_num_batched_tokens of the prompt: count the steps "
+                                  "it takes to compute all 20 of its tokens.",
           slips=[Slip(1, "that is v0's prefill: the whole prompt in one step. v1 cuts it to the token budget."),
-                 Slip(2, "20 tokens at 8 a step: 8, 8, then the last 4.")])
+                 Slip(2, "two full steps compute 16 tokens: is that the whole prompt?")])
 def check_chunk_steps():
     """Steps the 20-token prompt's prefill takes in v1 with a budget of 8 tokens a step."""
     from engine import events as ev

@@ -3,9 +3,11 @@ KVCacheBlock, hash_block_tokens, init_none_hash; `vllm/utils/hashing.py`: sha256
 CBOR forms, sha256_cbor and xxhash_cbor, which need the cbor2 package).
 
 A full block's hash covers (its parent block's hash, or NONE_HASH for the first block, its token
-ids, its extra keys), so equal hashes mean equal prefixes. vLLM seeds NONE_HASH with
-hash_fn(PYTHONHASHSEED) when that is set and random bytes otherwise; we always seed it, so runs
-and traces are reproducible.
+ids, its extra keys), so equal hashes mean equal prefixes. vLLM 0.33's init_none_hash
+(resolve_none_hash_seed) seeds NONE_HASH with hash_fn(PYTHONHASHSEED) when that is set, otherwise
+with hash_fn("vllm-none-hash") for sha256 and sha256_cbor and with random bytes for xxhash and
+xxhash_cbor; we always seed it from "0", as PYTHONHASHSEED=0 would, so runs and traces are
+reproducible and a prefix hashes as it does under kv_manager="vllm".
 """
 
 from __future__ import annotations
