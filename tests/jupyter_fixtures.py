@@ -224,8 +224,9 @@ DRAWN_BLOCKS_JS = """() => {
         const canvas = pool.querySelector('canvas.bv-pool-canvas[data-states]');
         if (canvas) {
             const refs = canvas.dataset.refs.split(',');
+            const start = Number(canvas.dataset.start || 0);  // a range of a big pool: cell i is block start + i
             Array.from(canvas.dataset.states).forEach((code, i) =>
-                out.push([canvas.dataset.device, i, names[code] || code, Number(refs[i])]));
+                out.push([canvas.dataset.device, start + i, names[code] || code, Number(refs[i])]));
         }
         for (const c of pool.querySelectorAll('.bv-cell')) {
             out.push([c.dataset.device, Number(c.dataset.block), c.dataset.state, Number(c.dataset.ref)]);
