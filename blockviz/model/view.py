@@ -2,7 +2,8 @@
 
 One pure function per panel, used by the TUI (blockviz/tui/widgets) and the notebook
 (blockviz/jupyter, whose JavaScript only draws what these return): the pools (`block_cell`,
-`pool_columns`, `pool_counts`), the block tables (`tables`), the hash chains (`hash_chains`), the
+`pool_columns`, `pool_counts`, `pool_record`: a big pool or a range of it through
+blockviz.model.pool_zoom), the block tables (`tables`), the hash chains (`hash_chains`), the
 block inspector (`inspect_block`), the event log (`log_row`, `LogIndex`, `event_log`) and the
 playback line (`cursor_line`, with the narration). The records Python reads (a table row and its
 progress, a hash-chain row, the inspector, the free queue) are dataclasses (blockviz.model.record);

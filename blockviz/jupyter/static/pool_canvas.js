@@ -24,6 +24,16 @@ const CELL_EM = { width: 2.9, height: 2.2, strip: 1.3 };  // as .bv-grid's colum
 const GRID_GAP = 3, GRID_PAD = 2, CELL_RADIUS = 3, BAR_HEIGHT = 4;
 const OUTLINE_WIDTH = { touched: 2, selected: 3 };  // the colours: the palette's "blocks" (palette.BLOCK_COLOURS)
 
+// Size a canvas to width x height CSS pixels at the device's pixel ratio (returned).
+function sizeCanvas(canvas, width, height) {
+  const dpr = window.devicePixelRatio || 1;
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  return dpr;
+}
+
 function canvasGrid(model, device, n, start = 0) {
   const canvas = h("canvas", { class: "bv-pool-canvas", "data-device": device, "data-n": n, "data-start": start,
     role: "img", "aria-label": `${device} pool, ${n} blocks` });
@@ -46,11 +56,7 @@ function canvasGrid(model, device, n, start = 0) {
     const contentHeight = 2 * GRID_PAD + rows * (ch + GRID_GAP) - GRID_GAP;
     sizer.style.height = `${contentHeight}px`;
     const height = Math.min(contentHeight, grid.clientHeight || contentHeight);
-    const dpr = window.devicePixelRatio || 1;
-    canvas.style.width = `${width}px`;
-    canvas.style.height = `${height}px`;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
+    const dpr = sizeCanvas(canvas, width, height);
     Object.assign(canvas.dataset, { cols, cellWidth: cw, cellHeight: ch, gap: GRID_GAP, pad: GRID_PAD });
     return { cols, cw, ch, em, width, height, dpr, font: `bold ${em}px ${style.fontFamily}` };
   }
@@ -211,11 +217,7 @@ function zoomGrid(model, device, n, start, stop, perCell) {
     const width = grid.clientWidth, side = Math.round(ZOOM_CELL_EM * em);
     const cols = Math.max(1, Math.floor((width - 2 * GRID_PAD + ZOOM_GAP) / (side + ZOOM_GAP)));
     const height = 2 * GRID_PAD + Math.ceil(numCells / cols) * (side + ZOOM_GAP) - ZOOM_GAP;
-    const dpr = window.devicePixelRatio || 1;
-    canvas.style.width = `${width}px`;
-    canvas.style.height = `${height}px`;
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
+    const dpr = sizeCanvas(canvas, width, height);
     Object.assign(canvas.dataset, { cols, cellWidth: side, cellHeight: side, gap: ZOOM_GAP, pad: GRID_PAD });
     return { cols, side, width, height, dpr };
   }

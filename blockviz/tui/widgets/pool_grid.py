@@ -535,20 +535,21 @@ class PoolGrid(ScrollView, can_focus=True):
         self._in_view = numbers
 
         def scroll() -> None:
-            positions = [p for p in map(self._position, numbers) if p is not None]
-            if not positions:
-                return
             visible = max(1, self.scrollable_content_region.height // self.cell_height)
-            first, last = min(positions) // self._columns, max(positions) // self._columns
+            first, last = min(numbers) // self._columns, max(numbers) // self._columns
             top = self.scroll_offset.y // self.cell_height
             if first >= top and last < top + visible:
                 return  # already in view
-            rows = [p // self._columns for p in positions]  # the start that shows the most of them
+            rows = [n // self._columns for n in numbers]  # the start that shows the most of them
             row = max(range(first, max(first, last - visible + 1) + 1),
                       key=lambda start: (sum(start <= r < start + visible for r in rows), -start))
             self.scroll_to(y=row * self.cell_height, animate=False, immediate=True)
             self._show_page()
 
+        if self.zoom is not None or self.zoomed_out:  # a range or zoomed out: the cells of the blocks named
+            numbers = frozenset(p for p in map(self._position, numbers) if p is not None)
+            if not numbers:
+                return
         self.call_after_refresh(scroll)
 
     def _scroll_to_block(self, number: int) -> None:
