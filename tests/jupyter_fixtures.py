@@ -249,7 +249,8 @@ CELL_BOX_JS = """([device, number]) => {
     const canvas = document.querySelector(`.bv-view-pool canvas.bv-pool-canvas[data-device='${device}']`);
     const d = canvas.dataset, grid = canvas.closest('.bv-grid');
     const [w, h, gap, pad] = [d.cellWidth, d.cellHeight, d.gap, d.pad].map(Number);
-    const col = number % Number(d.cols), row = Math.floor(number / Number(d.cols));
+    const i = number - Number(d.start || 0);  // a range of a big pool starts at data-start
+    const col = i % Number(d.cols), row = Math.floor(i / Number(d.cols));
     const top = pad + row * (h + gap);
     if (top < grid.scrollTop || top + h > grid.scrollTop + grid.clientHeight) grid.scrollTop = top - pad;
     return { x: pad + col * (w + gap), y: top - grid.scrollTop, w, h };

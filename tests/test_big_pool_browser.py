@@ -1,7 +1,8 @@
 """A 200,000-block pool in a real browser (issue 37 item 5): JupyterLab runs a notebook, chromium
 draws the pool zoomed out (pool_canvas.js zoomGrid), and the counts it painted per cell must be
 the kernel's reducer states of the blocks each cell covers; a click on a cell zooms into its
-blocks, drawn one by one and equal to the reducer; "whole pool" zooms back out.
+blocks, drawn one by one and equal to the reducer, where a click inspects the exact block; "whole
+pool" zooms back out.
 
 Fixtures and helpers: tests/jupyter_fixtures.py (one server per session, a fresh page per test)."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jupyter_fixtures import kernel_json, open_notebook, page_cells, run_all_cells, wait_for_visualizer
+from jupyter_fixtures import click_block, kernel_json, open_notebook, page_cells, run_all_cells, wait_for_visualizer
 
 TESTS = Path(__file__).resolve().parent
 CELLS = [
@@ -66,6 +67,9 @@ def test_a_200000_block_pool_is_drawn_zoomed_out_as_the_kernel_has_it_and_zooms_
     expected = kernel_json(page, "[['gpu', b.number, __import__('blockviz.model.view', fromlist=['x']).block_state(b), "
                                  "b.ref_count] for b in viz.state.pools['gpu'][99840:100096]]")
     assert gpu == expected and {state for _, _, state, _ in gpu} == {"used", "cached", "free"}
+    click_block(page, "gpu", 100_003)  # the inspector names the exact block clicked
+    page.wait_for_selector(".bv-inspector[data-device='gpu'][data-block='100003'][data-state='cached']")
+    assert kernel_json(page, "list(viz.selected)") == ["gpu", 100_003]
 
     page.click(".bv-view-pool .bv-zoom-bar button.bv-zoom-out")
     page.wait_for_selector(f"{ZOOM_CANVAS}[data-states][data-cells='782']")
