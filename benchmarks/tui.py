@@ -14,6 +14,8 @@
    events (headless): each frame applies a batch of events to the timeline's reducer, hands the
    state to the PoolGrid and renders every visible line through Textual's Widget.render_lines.
    Also the whole app (every panel, Textual's compositor) end to end. Target: >= 30 frames/s.
+   Then the same stream on a 200,000-block GPU pool (`--big-pool`, the size vLLM's sizing gives a
+   GPU), which the PoolGrid draws zoomed out (blockviz/model/pool_zoom.py): the pool view alone.
 2. The engine's tokens/s with the TUI attached (live app, headless, playing at "max", the engine
    in its own process and the app's process scheduled SCHED_IDLE, as `blockviz run` runs them)
    against the same engine with nothing attached.
@@ -177,7 +179,8 @@ def block_manager_stream(num_events: int, seed: int = 0) -> list:
     return events[:num_events]
 
 
-async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds: float) -> tuple[float, int]:
+async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds: float,
+                       num_gpu_blocks: int = NUM_GPU_BLOCKS) -> tuple[float, int]:
     from textual.app import App, ComposeResult
     from textual.geometry import Region
 
@@ -189,7 +192,7 @@ async def _pool_frames(events: list, batch: int, size: tuple[int, int], seconds:
         def compose(self) -> ComposeResult:
             yield PoolGrid("gpu", id="gpu")
 
-    timeline = Timeline(BLOCK_SIZE, NUM_GPU_BLOCKS, NUM_CPU_BLOCKS)
+    timeline = Timeline(BLOCK_SIZE, num_gpu_blocks, NUM_CPU_BLOCKS)
     timeline.extend(events)
     app = PoolHost()
     async with app.run_test(size=size) as pilot:
@@ -241,7 +244,7 @@ async def _app_frames(events: list, speed: float, size: tuple[int, int], seconds
         return frames / elapsed, position / elapsed
 
 
-def bench_frames(seconds: float, num_events: int = 60_000) -> dict[str, float]:
+def bench_frames(seconds: float, num_events: int = 60_000, big_pool: int = 200_000) -> dict[str, float]:
     t0 = time.perf_counter()
     events = block_manager_stream(num_events)
     figures: dict[str, float] = {}
@@ -260,6 +263,13 @@ def bench_frames(seconds: float, num_events: int = 60_000) -> dict[str, float]:
         print(f"  whole app       {size[0]}x{size[1]}, playing at 1000 events/s: {fps:7.1f} frames/s, "
               f"kept up with {rate:6.0f} events/s  [{verdict}; every panel + Textual's compositor]")
         figures[f"whole app {size[0]}x{size[1]} frames/s"] = fps
+    print(f"pool view: {big_pool:,} GPU blocks (the same events), drawn zoomed out")
+    for size in ((80, 24), (200, 60)):
+        fps, columns = asyncio.run(_pool_frames(events, 10, size, seconds, big_pool))
+        verdict = "ok" if fps >= 30 else "BELOW TARGET"
+        print(f"  PoolGrid alone  {size[0]}x{size[1]} ({columns} cells a row),  10 events/frame: "
+              f"{fps:7.1f} frames/s  [{verdict}: target >= 30]")
+        figures[f"PoolGrid {big_pool} blocks {size[0]}x{size[1]} frames/s"] = fps
     return figures
 
 
@@ -811,20 +821,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--startup-runs", type=int, default=5, help="startup part: `blockviz run`s timed")
     parser.add_argument("--events", type=int, default=60_000, help="frames part: events in the stream played")
+    parser.add_argument("--big-pool", type=int, default=200_000, help="frames part: GPU blocks of the big pool")
     parser.add_argument("--step-runs", type=int, default=6, help="engine part: runs of the step-by-step comparison")
     parser.add_argument("--smoke", action="store_true",
                         help="every part once, briefly, on the bundled model: a check that it runs, not a figure")
     args = parser.parse_args(argv)
     if args.smoke:
         vars(args).update(part="all", seconds=0.2, events=3_000, sessions=1, cycles=1, max_tokens=8, no_thread=False,
-                          step_runs=1, startup_runs=1, gpt2_shape=False)
+                          step_runs=1, startup_runs=1, gpt2_shape=False, big_pool=8192)
     if args.session:
         print(json.dumps(run_session(args.session, args.model, args.max_tokens, args.cycles, args.first,
                                      args.ui_priority)))
         return 0
     figures: dict[str, float] = {}
     if args.part in ("frames", "all"):
-        figures.update(bench_frames(args.seconds, args.events))
+        figures.update(bench_frames(args.seconds, args.events, args.big_pool))
     if args.part in ("engine", "all"):
         model = _gpt2_shape_dir() if args.gpt2_shape else args.model
         figures.update(bench_engine(model, args.sessions, args.cycles, args.max_tokens, not args.no_thread,

@@ -12,6 +12,9 @@
    frame handed to the views (`Visualizer._send_frame`, traitlets and ipywidgets' state sync with
    no frontend; the insight sections closed, as they start), and the insight views' parts (the
    explainer, ledger and memory, sent when their section is open). Target: <= 20 ms for snapshot + sync.
+   Then the same for a 200,000-block GPU pool (`--big-pool`; the size vLLM's sizing gives a GPU),
+   drawn zoomed out (blockviz/model/pool_zoom.py: per-cell state counts, not a column per block),
+   during playback (one event a frame), and zoomed into a range of 256 blocks.
 2. The same pool in JupyterLab and Debian's chromium (tests/jupyter_fixtures.py): in the kernel,
    `_send_frame()` with a real comm; in the page, the pool view's draw of that frame with the
    layout it causes (its data-render-ms) and the time until the next frame is painted (its
@@ -129,6 +132,44 @@ def part_frame(repeats: int = 30) -> dict[str, float]:
     for name, samples in timings.items():
         print(f"   {name:40s} {median_ms(samples)}")
     print(f"   frame size: {len(encoded) / 1024:.0f} KiB of JSON")
+    viz.close()
+    return {f"{name} ms": statistics.median(samples) * 1e3 for name, samples in timings.items()}
+
+
+def part_big_pool(num_blocks: int, repeats: int) -> dict[str, float]:
+    """Part 1 on a pool of `num_blocks` GPU blocks (the synthetic trace's 4,096 blocks used, the
+    rest free): one event a frame (playback), the whole pool zoomed out, then a range zoomed into."""
+    from blockviz.jupyter import Visualizer, snapshot
+    from blockviz.model.trace import Trace, make_header
+
+    header = make_header({"model": "synthetic", "block_size": BLOCK_SIZE, "num_gpu_blocks": num_blocks,
+                          "num_cpu_blocks": NUM_CPU_BLOCKS})
+    t0 = time.perf_counter()
+    viz = Visualizer.from_trace(Trace(header, synthetic_events()))
+    viz.seek(len(viz) // 2)
+    print(f"1b. one frame, {num_blocks:,} GPU blocks zoomed out ({len(viz.frame()['pools']['gpu']['state'])} cells; "
+          f"Visualizer built in {time.perf_counter() - t0:.1f} s), one event a frame ({repeats} frames each)")
+    timings: dict[str, list[float]] = {"big pool snapshot()": [], "big pool _send_frame": [],
+                                       "big pool zoomed into 256 blocks _send_frame": []}
+    for i in range(repeats):
+        viz.timeline.forward(1)
+        t0 = time.perf_counter()
+        snapshot(viz.state, current=viz.current_event, selected=viz.selected)
+        t1 = time.perf_counter()
+        viz._send_frame()
+        t2 = time.perf_counter()
+        timings["big pool snapshot()"].append(t1 - t0)
+        timings["big pool _send_frame"].append(t2 - t1)
+    encoded = json.dumps(viz.frame())
+    viz.pool_ranges["gpu"] = (2048, 2304)
+    for i in range(repeats):
+        viz.timeline.forward(1)
+        t0 = time.perf_counter()
+        viz._send_frame()
+        timings["big pool zoomed into 256 blocks _send_frame"].append(time.perf_counter() - t0)
+    for name, samples in timings.items():
+        print(f"   {name:44s} {median_ms(samples)}")
+    print(f"   frame size zoomed out: {len(encoded) / 1024:.0f} KiB of JSON")
     viz.close()
     return {f"{name} ms": statistics.median(samples) * 1e3 for name, samples in timings.items()}
 
@@ -290,13 +331,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--renderer", choices=("both", "cells", "canvas"), default="both",
                         help="the pool view's renderer(s) in part 2, side by side (PoolView.renderer)")
     parser.add_argument("--repeats", type=int, default=None, help="frames per case (default 30 in part 1, 20 in 2)")
+    parser.add_argument("--big-pool", type=int, default=200_000, help="GPU blocks of part 1's big pool")
     parser.add_argument("--smoke", action="store_true", help="every part briefly: 2 frames a case, one 8-token run")
     args = parser.parse_args(argv)
     if args.smoke:
         args.part, args.runs, args.max_tokens, args.renderer, args.repeats = "all", 1, 8, "both", 2
+        args.big_pool = 8192  # zoomed out all the same, built in a moment
     figures: dict[str, float] = {}
     if args.part in ("all", "frame"):
         figures.update(part_frame(args.repeats or 30))
+        figures.update(part_big_pool(args.big_pool, args.repeats or 30))
     if args.part in ("all", "browser"):
         renderers = ("cells", "canvas") if args.renderer == "both" else (args.renderer,)
         figures.update(part_browser(args.runs, args.max_tokens, renderers, args.repeats or 20))

@@ -224,8 +224,9 @@ DRAWN_BLOCKS_JS = """() => {
         const canvas = pool.querySelector('canvas.bv-pool-canvas[data-states]');
         if (canvas) {
             const refs = canvas.dataset.refs.split(',');
+            const start = Number(canvas.dataset.start || 0);  // a range of a big pool: cell i is block start + i
             Array.from(canvas.dataset.states).forEach((code, i) =>
-                out.push([canvas.dataset.device, i, names[code] || code, Number(refs[i])]));
+                out.push([canvas.dataset.device, start + i, names[code] || code, Number(refs[i])]));
         }
         for (const c of pool.querySelectorAll('.bv-cell')) {
             out.push([c.dataset.device, Number(c.dataset.block), c.dataset.state, Number(c.dataset.ref)]);
@@ -248,7 +249,8 @@ CELL_BOX_JS = """([device, number]) => {
     const canvas = document.querySelector(`.bv-view-pool canvas.bv-pool-canvas[data-device='${device}']`);
     const d = canvas.dataset, grid = canvas.closest('.bv-grid');
     const [w, h, gap, pad] = [d.cellWidth, d.cellHeight, d.gap, d.pad].map(Number);
-    const col = number % Number(d.cols), row = Math.floor(number / Number(d.cols));
+    const i = number - Number(d.start || 0);  // a range of a big pool starts at data-start
+    const col = i % Number(d.cols), row = Math.floor(i / Number(d.cols));
     const top = pad + row * (h + gap);
     if (top < grid.scrollTop || top + h > grid.scrollTop + grid.clientHeight) grid.scrollTop = top - pad;
     return { x: pad + col * (w + gap), y: top - grid.scrollTop, w, h };

@@ -1,11 +1,13 @@
-"""`blockviz export TRACE --at N --out step.svg [--frames A:B] [--projector] [--force]`: the picture at
-a cursor of a trace, for a slide.
+"""`blockviz export TRACE --at N --out step.svg [--frames A:B] [--blocks START-END] [--projector] [--force]`:
+the picture at a cursor of a trace, for a slide.
 
 No model and no torch: the trace's events are folded to the cursor (event N: N events applied, as
 `Visualizer.seek(N)` and the status bar's "event N/total"; N inside an engine operation lands at its
 end, blockviz/model/operation.py), and the frame the notebook draws there
 is written as SVG, or PNG with the [export] extra (blockviz/model/export.py). `--frames A:B` writes
 one picture per event from A to B, numbered (step-0012.svg ...), for an animation on a slide.
+`--blocks START-END` draws those blocks of the GPU pool (a pool bigger than a picture's cells is
+otherwise drawn zoomed out, a cell per N blocks: blockviz/model/pool_zoom.py).
 
 What an export writes is bounded by the limits here and in blockviz/model/svg.py, never by the
 pools a trace's header claims (docs/traces.md): a picture draws at most MAX_POOL_CELLS blocks per
@@ -37,6 +39,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--frames", metavar="A:B", help="one picture per event from A to B (both included), "
                                                         "numbered after --out's name")
     parser.add_argument("--out", required=True, metavar="FILE", help="the picture: a .svg or .png name")
+    parser.add_argument("--blocks", metavar="START-END", help="draw blocks START to END of the GPU pool (both "
+                                                              "included); default the whole pool, zoomed out when big")
     parser.add_argument("--projector", action="store_true", help="big cells, the projector palette")
     parser.add_argument("--force", action="store_true", help="overwrite existing pictures")
 
@@ -112,6 +116,13 @@ def execute(args) -> int:
         raise UsageError(str(exc)) from None
     _, trace = check(args)
     timeline = Timeline.for_trace(trace)
+    ranges = None
+    if args.blocks is not None:
+        from blockviz.model.pool_zoom import parse_block_range
+        try:
+            ranges = {"gpu": parse_block_range(args.blocks, trace.num_gpu_blocks)}
+        except ValueError as exc:
+            raise UsageError(f"--blocks: {exc}") from None
     chosen = positions(args, len(timeline), trace.num_gpu_blocks + trace.num_cpu_blocks)
     paths = out_paths(out, chosen, numbered=args.frames is not None)
     title = trace_title(trace)
@@ -119,7 +130,7 @@ def execute(args) -> int:
     def frames():
         for position in chosen:
             timeline.seek(timeline.landing(position))  # a picture of a state the engine can be in
-            yield trace_frame(timeline, trace.header, title)
+            yield trace_frame(timeline, trace.header, title, ranges)
 
     try:
         for path in paths:

@@ -55,8 +55,13 @@ class Buttons:
             self._in_background(lambda: viz.set_projector(bool(message.get("on"))))
 
     def on_pools(self, message: dict[str, Any]) -> None:
-        if message.get("event") == "select":
-            self._in_background(lambda: self.viz.select(str(message.get("device")), int(message.get("number", 0))))
+        kind, device = message.get("event"), str(message.get("device"))
+        if kind == "select":
+            self._in_background(lambda: self.viz.select(device, int(message.get("number", 0))))
+        elif kind == "zoom_pool":  # a zoomed-out cell's blocks, or (no start) the whole pool
+            start, stop = message.get("start"), message.get("stop")
+            self._in_background(lambda: self.viz.zoom_pool(device, None if start is None else int(start),
+                                                           None if stop is None else int(stop)))
 
     def on_explain(self, message: dict[str, Any]) -> None:
         if message.get("event") == "pick":

@@ -32,6 +32,7 @@ from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
 from blockviz.jupyter.moment import Moment
+from blockviz.model.pool_zoom import check_range
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
 from blockviz.model.narration import step_label
 from blockviz.session.scenario import is_story
@@ -75,6 +76,7 @@ class Visualizer(LiveCommands):
         self.projector = bool(projector)
         self.zoom = float(zoom) if zoom is not None else (PROJECTOR_ZOOM if projector else 1.0)
         self.selected: tuple[str, int] | None = None
+        self.pool_ranges: dict[str, tuple[int, int]] = {}  # device -> the blocks its pool is zoomed into (zoom_pool)
         self._lock = threading.RLock()  # the engine and the timeline
         self._send_lock = threading.Lock()  # frames leave in order
         self._driver = PlayerDriver(session, self.player, self._set_error) if session is not None else None
@@ -374,6 +376,19 @@ class Visualizer(LiveCommands):
         self.insight.picked = None  # the explainer follows the selected block's request again
         self._changed()
 
+    def zoom_pool(self, device: str = "gpu", start: int | None = None, stop: int | None = None) -> None:
+        """Draw blocks `start` to `stop` of `device`'s pool (a click on a zoomed-out cell): one cell
+        per block when they are at most pool_zoom.MAX_BLOCK_CELLS, else a cell per N blocks; no
+        `start`: the whole pool again (zoomed out when it is big: blockviz.model.pool_zoom)."""
+        pool = self.timeline.state.pools.get(device)
+        if pool is None:
+            raise ValueError(f"no {device!r} pool")
+        if start is None:
+            self.pool_ranges.pop(device, None)
+        else:
+            self.pool_ranges[device] = check_range(int(start), len(pool) if stop is None else int(stop), len(pool))
+        self._changed()
+
     # ------------------------------------------------------------------ playback
 
     @property
@@ -442,7 +457,7 @@ class Visualizer(LiveCommands):
         with self._lock:
             timeline = self.timeline
             snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected,
-                            vocab=timeline.token_texts, geometry=kv_geometry(self.header))
+                            vocab=timeline.token_texts, geometry=kv_geometry(self.header), ranges=self.pool_ranges)
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
                                              timeline.token_texts)}

@@ -37,11 +37,13 @@ def picture_format(path: str | Path) -> str:
     return suffix
 
 
-def trace_frame(timeline: Timeline, header: dict[str, Any], title: str) -> dict[str, Any]:
+def trace_frame(timeline: Timeline, header: dict[str, Any], title: str,
+                ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """The frame the notebook draws at `timeline`'s cursor (Visualizer.frame without the log and
-    the insights): the view records and the controls' cursor line."""
+    the insights): the view records and the controls' cursor line; `ranges` the blocks a pool is
+    zoomed into (view.snapshot)."""
     frame = snapshot(timeline.state, current=timeline.current_event, vocab=timeline.token_texts,
-                     geometry=kv_geometry(header))
+                     geometry=kv_geometry(header), ranges=ranges)
     frame["cursor"] = cursor_line(timeline, Player(timeline), title=title, finished=timeline.at_end)
     return frame
 

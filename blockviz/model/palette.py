@@ -29,6 +29,7 @@ BLOCK_COLOURS = {
     "touched": "#ffd400",  # the outline of a block the last event touched
     "selected": "#ff3b3b",  # the outline of the inspected block
     "head": "#ff8c1a",  # vLLM v1: the free queue's head (the next block taken), its number
+    "used": "#4f9d69",  # a zoomed-out cell's bar: the share of its blocks in use (blockviz.model.pool_zoom)
 }
 # Background tints for "which block holds this token" (index = block number % len), two shades each.
 BLOCK_TINTS = (

@@ -17,6 +17,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.pool_zoom import LEGEND as ZOOM_LEGEND, ZoomCells, cell_counts, cell_label, zoom_level
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
 WIDTH = 1280  # px: a 16:9 slide's width at 1x; the height follows the content
@@ -30,7 +31,8 @@ GAP, PAD, BAR = 3, 12, 4  # px between cells, around the picture, the fill bar's
 MAX_HASH_ROWS = 32  # chains shown on a slide; the rest summed up in one line
 # What one picture draws at most, whatever a trace's header claims (pools of any size, blocks of
 # 4,096 slots): the rest is summed up in one line. Limits for a slide, not measurements.
-MAX_POOL_CELLS = 1024  # cells drawn per pool: blocks 0 to 1,023
+MAX_POOL_CELLS = 1024  # cells drawn per pool: a bigger pool (or range) is drawn zoomed out (pool_zoom)
+ZOOM_CELL_EM, ZOOM_GAP = 1.2, 2  # a zoomed-out cell's side in em, the px between them
 MAX_TABLE_ROWS = 32  # sequences' block tables
 MAX_TABLE_BLOCKS = 32  # logical blocks drawn per table
 MAX_SLOTS = 16  # slots drawn per logical block
@@ -174,20 +176,27 @@ def _draw_legend(canvas: _Canvas, frame: dict[str, Any]) -> None:
 
 
 def _draw_pool(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[str, Any]) -> None:
-    """A pool's header line and its grid of cells, the first MAX_POOL_CELLS of them (a line sums
-    up the rest); a pool with an `empty_line` is only that line."""
+    """A pool's header line and its grid of cells, one per block; a pool (or the range of it a
+    frame is zoomed into: view.pool_record's start and stop) of more than MAX_POOL_CELLS blocks
+    zoomed out (_draw_zoomed); a pool with an `empty_line` is only that line."""
     n = pool["n"]
-    drawn = min(n, MAX_POOL_CELLS)
-    states = "".join(pool["state"][:drawn])
-    canvas.parts.append(f'<g class="pool" data-device="{device}" data-n="{n}" data-drawn="{drawn}" data-states={attr(states)} '
-                        f'data-refs="{",".join(map(str, pool["ref"][:drawn]))}" data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
-    if pool.get("empty_line"):
-        canvas.text(PAD, canvas.y, pool["empty_line"], fill=canvas.dim, cls="pool-line")
-        canvas.y += canvas.line * 1.4
-        canvas.parts.append("</g>")
+    start, stop = pool.get("start", 0), pool.get("stop", n)
+    per_cell = pool.get("per_cell", 1)
+    if per_cell > 1:
+        cells = ZoomCells(start, stop, per_cell, *(pool["cells"][key] for key in ("used", "cached", "free", "null")))
+        return _draw_zoomed(canvas, device, pool, frame, cells)
+    if stop - start > MAX_POOL_CELLS:  # exact columns, too many for a slide: zoomed out here
+        return _draw_zoomed(canvas, device, pool, frame, cell_counts(
+            pool["state"], start, zoom_level(stop - start, MAX_POOL_CELLS, MAX_POOL_CELLS)))
+    drawn = stop - start
+    ranged = f' data-start="{start}" data-stop="{stop}"' if "start" in pool else ""
+    canvas.parts.append(f'<g class="pool" data-device="{device}" data-n="{n}" data-drawn="{drawn}"{ranged} '
+                        f'data-states={attr(pool["state"])} data-refs="{",".join(map(str, pool["ref"]))}" '
+                        f'data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
+    if _draw_empty_line(canvas, pool):
         return
-    canvas.text(PAD, canvas.y, f"{device.upper()} pool · {n} blocks · {pool['used']} used · {pool['cached']} cached"
-                               f" · {pool['free']} free", bold=True, cls="pool-line")
+    canvas.text(PAD, canvas.y, _pool_line(device, pool) + (f" · blocks {start}-{stop - 1}" if ranged else ""),
+                bold=True, cls="pool-line")
     canvas.y += canvas.line
     cw, ch = round(CELL_EM[0] * canvas.font), round(CELL_EM[1] * canvas.font)
     cols = max(1, int((canvas.width - 2 * PAD + GAP) // (cw + GAP)))
@@ -198,29 +207,99 @@ def _draw_pool(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[s
     for i in range(drawn):
         x = PAD + (i % cols) * (cw + GAP)
         y = canvas.y + (i // cols) * (ch + GAP)
-        mark = LOOK["selected"] if i == chosen else LOOK["touched"] if i in touched else None
-        canvas.parts.append(_cell(canvas, device, i, pool, x, y, cw, ch, block_size, mark))
+        number = start + i
+        mark = LOOK["selected"] if number == chosen else LOOK["touched"] if number in touched else None
+        canvas.parts.append(_cell(canvas, device, i, number, pool, x, y, cw, ch, block_size, mark))
     canvas.y += ((drawn + cols - 1) // cols) * (ch + GAP) - GAP + canvas.line
-    if drawn < n:
-        rest = pool["state"][drawn:]
-        canvas.text(PAD, canvas.y, f"… blocks {drawn} to {n - 1} not drawn ({rest.count(STATE_CODES['used'])} used, "
-                                   f"{rest.count(STATE_CODES['cached'])} cached): a picture shows {MAX_POOL_CELLS} "
-                                   "blocks of a pool", fill=canvas.dim, cls="pool-rest")
-        canvas.y += canvas.line
     canvas.parts.append("</g>")
 
 
-def _cell(canvas: _Canvas, device: str, i: int, pool: dict[str, Any], x: float, y: float, cw: int, ch: int,
-          block_size: int, mark: tuple[str, int] | None) -> str:
-    """One block: background (owner colour, cached slate, nothing when free), the fill bar, the
-    second owner's strip, the border (dashed when free), number and ref count, an outline when marked."""
+def _draw_empty_line(canvas: _Canvas, pool: dict[str, Any]) -> bool:
+    """A pool with an `empty_line` is only that line (and its group closed): whether it was one."""
+    if not pool.get("empty_line"):
+        return False
+    canvas.text(PAD, canvas.y, pool["empty_line"], fill=canvas.dim, cls="pool-line")
+    canvas.y += canvas.line * 1.4
+    canvas.parts.append("</g>")
+    return True
+
+
+def _pool_line(device: str, pool: dict[str, Any]) -> str:
+    return f"{device.upper()} pool · {pool['n']} blocks · {pool['used']} used · {pool['cached']} cached · {pool['free']} free"
+
+
+def _draw_zoomed(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[str, Any], cells: ZoomCells) -> None:
+    """A pool zoomed out (blockviz.model.pool_zoom): a square per `cells.per_cell` blocks, its bar
+    the share of them in use, its ground the state most of the rest are in, outlined when it holds
+    the selected or a touched block; each a `<g class="cell">` with the blocks it covers
+    (data-first, data-last) and its counts (data-used, data-cached, data-free, data-null)."""
+    codes = cells.codes()
+    canvas.parts.append(f'<g class="pool zoomed" data-device="{device}" data-n="{pool["n"]}" data-start="{cells.start}" '
+                        f'data-stop="{cells.stop}" data-per-cell="{cells.per_cell}" data-cells="{cells.num_cells}" '
+                        f'data-states={attr(codes)} data-collapsed="{str(bool(pool.get("empty_line"))).lower()}">')
+    if _draw_empty_line(canvas, pool):
+        return
+    whole = cells.start == 0 and cells.stop == pool["n"]
+    canvas.text(PAD, canvas.y, canvas.fit(_pool_line(device, pool) + ("" if whole else f" · blocks {cells.start}-{cells.stop - 1}")
+                                          + f" · {cell_label(cells.per_cell)}", canvas.width - 2 * PAD), bold=True, cls="pool-line")
+    canvas.y += canvas.line
+    canvas.text(PAD, canvas.y, canvas.fit(f"{cell_label(cells.per_cell)} · {ZOOM_LEGEND}", canvas.width - 2 * PAD),
+                fill=canvas.dim, cls="pool-legend")
+    canvas.y += canvas.line
+    side = round(ZOOM_CELL_EM * canvas.font)
+    cols = max(1, int((canvas.width - 2 * PAD + ZOOM_GAP) // (side + ZOOM_GAP)))
+    marks = {}
+    for number in (frame.get("touched") or {}).get(device, ()):
+        if (cell := cells.cell_of(number)) is not None:
+            marks[cell] = LOOK["touched"]
+    selected = frame.get("selected")
+    if selected and selected[0] == device and (cell := cells.cell_of(selected[1])) is not None:
+        marks[cell] = LOOK["selected"]
+    for i in range(cells.num_cells):
+        x = PAD + (i % cols) * (side + ZOOM_GAP)
+        y = canvas.y + (i // cols) * (side + ZOOM_GAP)
+        canvas.parts.append(_zoom_cell(device, cells, i, x, y, side, marks.get(i)))
+    canvas.y += ((cells.num_cells + cols - 1) // cols) * (side + ZOOM_GAP) - ZOOM_GAP + canvas.line
+    canvas.parts.append("</g>")
+
+
+def _zoom_cell(device: str, cells: ZoomCells, i: int, x: float, y: float, side: int,
+               mark: tuple[str, int] | None) -> str:
+    blocks = cells.blocks_of(i)
+    used, cached, free, null = cells.used[i], cells.cached[i], cells.free[i], cells.null[i]
+    eighths, ground = cells.look(i)
+    title = (f"{device} blocks {blocks.start}-{blocks.stop - 1} · {used} used · {cached} cached · {free} free"
+             + (f" · {null} null" if null else ""))
+    fill = {"cached": LOOK["cached"], "null": LOOK["null"]}.get(ground, "none")
+    out = [f'<g class="cell" data-device="{device}" data-first="{blocks.start}" data-last="{blocks.stop - 1}" '
+           f'data-used="{used}" data-cached="{cached}" data-free="{free}" data-null="{null}">',
+           f"<title>{text_of(title)}</title>",
+           f'<rect x="{x:.1f}" y="{y:.1f}" width="{side}" height="{side}" fill="{fill}" stroke="{LOOK["border"]}" '
+           f'stroke-width="1"/>']
+    if eighths:
+        height = (side - 2) * eighths / 8
+        out.append(f'<rect class="fill" x="{x + 1:.1f}" y="{y + side - 1 - height:.1f}" width="{side - 2}" '
+                   f'height="{height:.1f}" fill="{LOOK["used"]}"/>')
+    if mark is not None:
+        colour, width = mark
+        out.append(f'<rect class="mark" x="{x + width / 2:.1f}" y="{y + width / 2:.1f}" width="{side - width}" '
+                   f'height="{side - width}" fill="none" stroke="{colour}" stroke-width="{width}"/>')
+    out.append("</g>")
+    return "".join(out)
+
+
+def _cell(canvas: _Canvas, device: str, i: int, number: int, pool: dict[str, Any], x: float, y: float, cw: int,
+          ch: int, block_size: int, mark: tuple[str, int] | None) -> str:
+    """One block (`number`, at index `i` of the pool's columns): background (owner colour, cached
+    slate, nothing when free), the fill bar, the second owner's strip, the border (dashed when
+    free), number and ref count, an outline when marked."""
     code = pool["state"][i]
     name = CODE_NAMES.get(code, code)
     ref, fill, owner, owner2 = pool["ref"][i], pool["fill"][i], pool["owner"][i], pool["owner2"][i]
     look = name if name in LOOK["text"] else "free"
-    out = [f'<g class="block" data-device="{device}" data-block="{i}" data-state={attr(name)} data-ref="{ref}" '
+    out = [f'<g class="block" data-device="{device}" data-block="{number}" data-state={attr(name)} data-ref="{ref}" '
            f'data-fill="{fill}" data-owner="{owner}" data-owner2="{owner2}">',
-           f"<title>{text_of(_block_title(device, i, name, ref, fill, block_size, owner, owner2))}</title>"]
+           f"<title>{text_of(_block_title(device, number, name, ref, fill, block_size, owner, owner2))}</title>"]
     background = (canvas.colour(owner) if name == "used" and owner >= 0 else LOOK["cached"] if name == "cached"
                   else LOOK["null"] if name == "null" else LOOK["other"] if name not in LOOK["text"] else "none")
     dash = ' stroke-dasharray="3 3"' if look == "free" else ""
@@ -236,7 +315,7 @@ def _cell(canvas: _Canvas, device: str, i: int, pool: dict[str, Any], x: float, 
                    f'fill="{LOOK["bar"][look]}"/>')
     size = canvas.font * 0.92
     out.append(f'<text x="{x + 4:.1f}" y="{y + 3:.1f}" fill="{LOOK["text"][look]}" font-size="{size:.1f}" '
-               f'font-weight="bold" dominant-baseline="hanging">{i}</text>')
+               f'font-weight="bold" dominant-baseline="hanging">{number}</text>')
     sup = str(ref).translate(_SUPERSCRIPT) if ref > 1 else ("c" if name == "cached" else "")
     if sup:
         out.append(f'<text x="{x + cw - 4:.1f}" y="{y + 2:.1f}" fill="{LOOK["text"][look]}" font-size="{size:.1f}" '

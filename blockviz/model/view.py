@@ -2,7 +2,8 @@
 
 One pure function per panel, used by the TUI (blockviz/tui/widgets) and the notebook
 (blockviz/jupyter, whose JavaScript only draws what these return): the pools (`block_cell`,
-`pool_columns`, `pool_counts`), the block tables (`tables`), the hash chains (`hash_chains`), the
+`pool_columns`, `pool_counts`, `pool_record`: a big pool or a range of it through
+blockviz.model.pool_zoom), the block tables (`tables`), the hash chains (`hash_chains`), the
 block inspector (`inspect_block`), the event log (`log_row`, `LogIndex`, `event_log`) and the
 playback line (`cursor_line`, with the narration). The records Python reads (a table row and its
 progress, a hash-chain row, the inspector, the free queue) are dataclasses (blockviz.model.record);
@@ -20,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 from blockviz.model.glossary import DEFINITIONS
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
 from blockviz.model.palette import event_number, short_hash, show_tokens
+from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, block_codes, cell_counts, check_range, zoom_level
 from blockviz.model.record import Record
 from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
 from engine import events as ev
@@ -100,18 +102,43 @@ def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
 def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
     """Per device: (used, cached-free, free) blocks, in one pass over each pool (v1's null block
     is none of them: vLLM v1 never counts it)."""
-    counts = {}
-    for device, pool in state.pools.items():
-        used = cached = null = 0
-        for block in pool:
-            if block.state == USED:
-                used += 1
-            elif block.block_hash is not None:
-                cached += 1
-            elif block.state == NULL:
-                null += 1
-        counts[device] = (used, cached, len(pool) - used - cached - null)
-    return counts
+    return {device: _counts(pool) for device, pool in state.pools.items()}
+
+
+def _counts(pool: list[BlockState]) -> tuple[int, int, int]:
+    used = cached = null = 0
+    for block in pool:
+        if block.state == USED:
+            used += 1
+        elif block.block_hash is not None:
+            cached += 1
+        elif block.state == NULL:
+            null += 1
+    return used, cached, len(pool) - used - cached - null
+
+
+def pool_record(state: ReducerState, device: str, start: int | None = None, stop: int | None = None) -> dict[str, Any]:
+    """One pool as every front end draws it: `n` (its blocks), the used / cached / free counts and
+    the `empty_line`; then, for a pool of at most MAX_BLOCK_CELLS blocks and no range, its columns
+    (pool_columns); for a range (`start` to `stop`) or a bigger pool, `start`, `stop` and
+    `per_cell` (pool_zoom.zoom_level): a range of at most MAX_BLOCK_CELLS blocks has the columns of
+    those blocks (index i is block start + i), a bigger one per cell its counts of each state
+    (`cells`, pool_zoom.cell_counts) and in `state` the state most of its blocks are in."""
+    pool = state.pools[device]
+    if start is None and stop is None and len(pool) <= MAX_BLOCK_CELLS:
+        counts = _counts(pool)
+        return {**pool_columns(pool), "used": counts[0], "cached": counts[1], "free": counts[2],
+                "empty_line": empty_pool_line(state, device, counts)}
+    start, stop = check_range(start or 0, len(pool) if stop is None else stop, len(pool))
+    codes = block_codes(pool)
+    counts = (codes.count("u"), codes.count("c"), codes.count("f"))
+    per_cell = zoom_level(stop - start)
+    record = {"n": len(pool), "start": start, "stop": stop, "per_cell": per_cell, "used": counts[0],
+              "cached": counts[1], "free": counts[2], "empty_line": empty_pool_line(state, device, counts)}
+    if per_cell == 1:
+        return {**pool_columns(pool[start:stop]), **record}
+    cells = cell_counts(codes[start:stop], start, per_cell)
+    return {**record, "state": cells.codes(), "cells": cells.to_json()}
 
 
 @dataclass(slots=True)
@@ -420,17 +447,21 @@ def inspect_block(state: ReducerState, device: str, number: int,
 
 def snapshot(state: ReducerState, *, current: ev.Event | None = None,
              selected: tuple[str, int] | None = None, vocab: dict[int, str] | None = None,
-             geometry: str = "") -> dict[str, Any]:
-    """The picture of `state`: pools (columns and counts), tables, hash chains, the inspected block.
+             geometry: str = "", ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """The picture of `state`: pools (pool_record: columns or zoomed-out cells, and counts),
+    tables, hash chains, the inspected block.
 
     `current` is the event the cursor just passed (its blocks are marked touched); `selected` the
-    (device, number) the inspector shows; `vocab` words tokens no sequence holds any more."""
-    counts = pool_counts(state)
+    (device, number) the inspector shows; `vocab` words tokens no sequence holds any more;
+    `ranges` the (start, stop) blocks a pool is zoomed into, per device (a range outside the pool
+    is left out)."""
     pools = {}
-    for device, pool in state.pools.items():
-        used, cached, free = counts[device]
-        pools[device] = {**pool_columns(pool), "used": used, "cached": cached, "free": free,
-                         "empty_line": empty_pool_line(state, device, counts[device])}
+    for device in state.pools:
+        span = (ranges or {}).get(device)
+        try:
+            pools[device] = pool_record(state, device, *(span or (None, None)))
+        except ValueError:  # a range the pool no longer holds: the whole pool
+            pools[device] = pool_record(state, device)
     touched = {device: sorted(blocks) for device, blocks in touched_blocks(current).items()}
     if selected is not None:
         device, number = selected

@@ -70,9 +70,9 @@ function seqChip(palette, seqId) {
 // ------------------------------------------------------------------ pools
 
 // What a block's tooltip says, for either way of drawing a pool.
-function blockTitle(device, i, data, blockSize) {
+function blockTitle(device, i, data, blockSize, number = i) {
   const owners = [data.owner[i], data.owner2[i]].filter((s) => s >= 0);
-  return `${device} block ${i} · ${STATE_NAMES[data.state[i]] || "free"} · ref ${data.ref[i]} · ` +
+  return `${device} block ${number} · ${STATE_NAMES[data.state[i]] || "free"} · ref ${data.ref[i]} · ` +
     `${data.fill[i]}/${blockSize} slots` + (owners.length ? ` · seq ${owners.join(",")}` : "");
 }
 
@@ -163,16 +163,35 @@ function renderPool(model, el) {
     );
   }
 
-  function ensurePool(device, n) {
-    const renderer = model.get("renderer") === "cells" ? "cells" : "canvas";
+  // A pool's grid: a cell per block (canvasGrid, or cellGrid as PoolView.renderer says; a range
+  // of a big pool always on a canvas), or zoomed out (zoomGrid) when the frame's pool record has
+  // per_cell > 1 (view.pool_record).
+  function ensurePool(device, data) {
+    const n = data.n, start = data.start || 0, stop = data.stop === undefined ? n : data.stop;
+    const perCell = data.per_cell || 1;
+    const renderer = perCell > 1 ? "zoom" : (model.get("renderer") === "cells" && !start && stop === n ? "cells" : "canvas");
+    const key = `${renderer} ${n} ${start} ${stop} ${perCell}`;
     const zoom = model.get("zoom");
     let pool = pools[device];
-    if (pool && pool.grid.n === n && pool.renderer === renderer && pool.zoom === zoom) return pool;
+    if (pool && pool.key === key && pool.zoom === zoom) return pool;
     if (pool) pool.grid.dispose();
     const header = h("div", { class: "bv-pool-title" });
-    const grid = (renderer === "cells" ? cellGrid : canvasGrid)(model, device, n);
+    const grid = renderer === "zoom" ? zoomGrid(model, device, n, start, stop, perCell)
+      : renderer === "cells" ? cellGrid(model, device, n) : canvasGrid(model, device, stop - start, start);
     const note = h("div", { class: "bv-pool-note", hidden: true });
-    const section = h("div", { class: "bv-pool", "data-device": device }, header, grid.element, note);
+    const zoomBar = h("div", { class: "bv-zoom-bar", hidden: perCell === 1 && !start && stop === n });
+    if (!zoomBar.hidden) {
+      const whole = !start && stop === n;
+      zoomBar.append(h("span", { class: "bv-dim", text: (perCell > 1 ? `1 cell = ${perCell.toLocaleString("en")} blocks · ` +
+        "bar: share of its blocks in use · ground: slate most of the rest cached, empty free · click a cell to zoom in"
+        : `blocks ${start}-${stop - 1}, 1 cell = 1 block`) }));
+      if (!whole) {
+        const out = h("button", { class: "bv-button bv-zoom-out", text: "whole pool" });
+        out.addEventListener("click", () => model.send({ event: "zoom_pool", device }));
+        zoomBar.append(" ", out);
+      }
+    }
+    const section = h("div", { class: "bv-pool", "data-device": device }, header, zoomBar, grid.element, note);
     header.addEventListener("click", () => {
       if (!lastFrame || !((lastFrame.pools || {})[device] || {}).empty_line) return;
       expanded[device] = !expanded[device];
@@ -180,7 +199,7 @@ function renderPool(model, el) {
     });
     if (pool) pool.section.replaceWith(section);
     else body.append(section);
-    return (pools[device] = { section, header, grid, renderer, zoom, note });
+    return (pools[device] = { section, header, grid, renderer, zoom, note, key });
   }
 
   // vLLM v1: the free queue's first blocks, head first (view.free_queue), under the GPU pool.
@@ -216,14 +235,14 @@ function renderPool(model, el) {
     for (const device of ["gpu", "cpu"]) {
       const data = frame.pools && frame.pools[device];
       if (!data) continue;
-      const pool = ensurePool(device, data.n);
+      const pool = ensurePool(device, data);
       // an empty pool says why when the run has a note for it (vLLM v1's CPU pool), else hides
       const notes = data.n === 0 ? Object.values(frame.notes || {}) : [];
       pool.section.hidden = data.n === 0 && !notes.length;
       pool.note.hidden = !notes.length;
       pool.note.replaceChildren(...notes.map((text) => h("div", { class: "bv-note", text })));
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
-        `${data.cached} cached · ${data.free} free`;
+        `${data.cached} cached · ${data.free} free` + (data.per_cell > 1 ? ` · 1 cell = ${data.per_cell} blocks` : "");
       drawCollapsed(pool, data, !!expanded[device]);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
       const queue = device === "gpu" ? frame.free_queue : null;

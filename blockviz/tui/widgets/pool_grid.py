@@ -12,6 +12,14 @@ touched is underlined; the selected block is reversed.
 
 Only the visible lines are rendered, each a Strip cached until the state changes, so a 4,096-block
 pool costs what fits on screen, not 4,096 widgets.
+
+A pool of more than pool_zoom.MAX_BLOCK_CELLS blocks (a GPU's, sized from its memory) is drawn
+zoomed out (blockviz.model.pool_zoom): a character per N blocks, its bar (▁ … █, green) the share
+of them in use on the ground of the state most of the rest are in (slate: cached, dark: free); the
+subtitle says N. `z` zooms into the selected block's cell (a range of at most MAX_BLOCK_CELLS
+blocks is drawn one cell per block, numbered as in the pool), `Z` back out to the whole pool.
+Selection stays a block: in a zoomed-out pool a cell selects its first block, so the inspector
+and the tables name exact blocks.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from blockviz.model.palette import BLOCK_COLOURS, fill_glyph, seq_colour
+from blockviz.model.palette import BLOCK_COLOURS, FILL_GLYPHS, fill_glyph, seq_colour
+from blockviz.model.pool_zoom import ZoomCells, cell_label, check_range, zoom_cells, zoom_level
 from blockviz.model.reducer import BlockState, ReducerState
 from blockviz.model.view import BlockCell, block_cell, free_queue
 from blockviz.tui.messages import BlockSelected
@@ -43,6 +52,8 @@ EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 LEGEND = "█ fill · ² refs · c cached"
 LEGEND_BIG = "█ fill · ×2 refs · c cached"
 NULL_MARK = "∅"
+ZOOM_GROUNDS = {"free": FILL_GROUND, "cached": BLOCK_COLOURS["cached"], "null": BLOCK_COLOURS["null"]}
+ZOOM_LEGEND = "▁…█ share used · slate cached · z in · Z out"
 
 
 class PoolGrid(ScrollView, can_focus=True):
@@ -71,6 +82,8 @@ class PoolGrid(ScrollView, can_focus=True):
         Binding("down", "move(0, 1)", "Block below", show=False),
         Binding("home", "jump(0)", "First block", show=False),
         Binding("end", "jump(-1)", "Last block", show=False),
+        Binding("z", "zoom_in", "Zoom in", show=False, tooltip="Zoom into the selected block's cell (a big pool)"),
+        Binding("Z", "zoom_out", "Zoom out", show=False, tooltip="Zoom out to the whole pool"),
     ]
 
     selected: reactive[int | None] = reactive(None)
@@ -84,6 +97,9 @@ class PoolGrid(ScrollView, can_focus=True):
         self.touched: frozenset[int] = frozenset()
         self.head: int | None = None  # v1: the free queue's head
         self.note = ""  # what an empty pool says instead (view.v1_notes)
+        self.zoom: tuple[int, int] | None = None  # the blocks (start, stop) zoomed into; None: the whole pool
+        self._start, self._stop, self._per_cell = 0, 0, 1  # the range drawn, blocks per cell
+        self._cells: ZoomCells | None = None  # the range's cells while zoomed out
         self._rows: dict[int, tuple[tuple, list[Strip]]] = {}  # row -> (look key, its lines)
         self._in_view: frozenset[int] = frozenset()  # the blocks bring_into_view last scrolled to
         self._look_styles: dict[tuple, Style] = {}
@@ -102,7 +118,53 @@ class PoolGrid(ScrollView, can_focus=True):
 
     @property
     def digits(self) -> int:
-        return len(str(max(self.num_blocks - 1, 0)))
+        return len(str(max(self._stop - 1, self.num_blocks - 1 if self.zoom is None else 0, 0)))
+
+    @property
+    def zoomed_out(self) -> bool:
+        """Whether a cell stands for several blocks (per_cell > 1)."""
+        return self._per_cell > 1
+
+    @property
+    def per_cell(self) -> int:
+        return self._per_cell
+
+    @property
+    def block_range(self) -> tuple[int, int]:
+        """The blocks drawn: (start, stop)."""
+        return self._start, self._stop
+
+    @property
+    def cells(self) -> ZoomCells | None:
+        """The zoomed-out cells (pool_zoom.zoom_cells) drawn, None when drawn one cell per block."""
+        return self._cells
+
+    @property
+    def num_positions(self) -> int:
+        """Cells drawn: blocks in the range, or zoomed-out cells."""
+        return self._cells.num_cells if self._cells is not None else self._stop - self._start
+
+    def _set_range(self) -> None:
+        """The range to draw (the zoom, clipped to the pool; the whole pool when it no longer
+        holds it) and its blocks per cell; the cells counted when zoomed out."""
+        n = self.num_blocks
+        try:
+            self._start, self._stop = check_range(*self.zoom, n) if self.zoom is not None else (0, n)
+        except ValueError:
+            self.zoom = None
+            self._start, self._stop = 0, n
+        self._per_cell = zoom_level(self._stop - self._start)
+        self._count_cells()
+
+    def _count_cells(self) -> None:
+        self._cells = (zoom_cells(self.state.pools[self.device], self._start, self._stop, self._per_cell)
+                       if self._per_cell > 1 and self.state is not None else None)
+
+    def _position(self, number: int) -> int | None:
+        """The cell drawing block `number`, None outside the range."""
+        if not self._start <= number < self._stop:
+            return None
+        return (number - self._start) // self._per_cell
 
     @property
     def big_cells(self) -> bool:
@@ -110,34 +172,49 @@ class PoolGrid(ScrollView, can_focus=True):
 
     @property
     def cell_height(self) -> int:
-        return 2 if self.big_cells else 1
+        return 2 if self.big_cells and not self.zoomed_out else 1
 
     @property
     def cell_width(self) -> int:
         """Characters per cell, without the gap."""
-        return self.digits + (4 if self.big_cells else 2)
+        return 1 if self.zoomed_out else self.digits + (4 if self.big_cells else 2)
+
+    @property
+    def pitch(self) -> int:
+        """Characters from one cell to the next: zoomed-out cells have no gap."""
+        return self.cell_width + (0 if self.zoomed_out else 1)
 
     @property
     def columns(self) -> int:
         return self._columns
 
     def _relayout(self) -> None:
+        self._set_range()
         self._digits = self.digits
         self._invalidate()
         width = self.scrollable_content_region.width or self.size.width or 80
-        self._columns = max(1, (width + 1) // (self.cell_width + 1))
-        rows = -(-self.num_blocks // self._columns) if self.num_blocks else len(self._note_lines())
-        self.virtual_size = Size(self._columns * (self.cell_width + 1), rows * self.cell_height)
+        gap = self.pitch - self.cell_width
+        self._columns = max(1, (width + gap) // self.pitch)
+        rows = -(-self.num_positions // self._columns) if self.num_blocks else len(self._note_lines())
+        self.virtual_size = Size(self._columns * self.pitch, rows * self.cell_height)
         self._show_page()
 
     def _show_page(self) -> None:
         """The legend under the grid; when the pool does not fit, which blocks are in view."""
         visible_rows = self.scrollable_content_region.height // self.cell_height
-        total_rows = -(-self.num_blocks // self._columns)
-        if self.num_blocks and visible_rows and total_rows > visible_rows:
+        total_rows = -(-self.num_positions // self._columns)
+        ranged = self.zoom is not None or self.zoomed_out
+        where = (f"blocks {self._start}-{self._stop - 1} of {self.num_blocks} · "
+                 if (self._start, self._stop) != (0, self.num_blocks) else "")
+        if self.num_blocks and visible_rows and total_rows > visible_rows and not self.zoomed_out:
             first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
-            last = min(self.num_blocks, (first_row + visible_rows) * self._columns) - 1
-            self.border_subtitle = f"blocks {first_row * self._columns}-{last} of {self.num_blocks} · ↑↓ scrolls"
+            last = min(self._stop, self._start + (first_row + visible_rows) * self._columns) - 1
+            of = f"{self._start}-{self._stop - 1} · Z whole pool" if self.zoom is not None else str(self.num_blocks)
+            self.border_subtitle = f"blocks {self._start + first_row * self._columns}-{last} of {of} · ↑↓ scrolls"
+        elif self.zoomed_out:
+            self.border_subtitle = f"{where}{cell_label(self._per_cell)} · {ZOOM_LEGEND}"
+        elif ranged:
+            self.border_subtitle = f"{where}{cell_label(1)} · Z whole pool"
         elif self.num_blocks or not self.note:
             self.border_subtitle = LEGEND_BIG if self.big_cells else LEGEND
         else:  # an empty pool saying why: no legend to read
@@ -164,7 +241,7 @@ class PoolGrid(ScrollView, can_focus=True):
     def watch_selected(self, old: int | None, new: int | None) -> None:
         self._rows.clear()
         self.refresh()
-        if new is not None and self.num_blocks:
+        if new is not None and self.num_blocks and self._position(new) is not None:
             self._scroll_to_block(new)
 
     # ------------------------------------------------------------------ data down
@@ -189,6 +266,7 @@ class PoolGrid(ScrollView, can_focus=True):
             self._relayout()
             self.refresh(layout=True)
             return
+        self._count_cells()
         base = self.rich_style
         if base != self._base:
             self._invalidate()
@@ -237,9 +315,28 @@ class PoolGrid(ScrollView, can_focus=True):
     def _row_key(self, row: int) -> tuple:
         if self.state is None:
             return ()
+        if self._cells is not None:
+            return tuple(self._zoom_key(cell) for cell in self._row_positions(row))
         blocks = self.state.pools[self.device]
+        return tuple(self._cell_key(blocks[n]) for n in self._row_numbers(row))
+
+    def _row_numbers(self, row: int) -> range:
+        """The blocks of one row, drawn one cell per block."""
+        start = self._start + row * self._columns
+        return range(start, min(start + self._columns, self._stop))
+
+    def _row_positions(self, row: int) -> range:
         start = row * self._columns
-        return tuple(self._cell_key(blocks[n]) for n in range(start, min(start + self._columns, len(blocks))))
+        return range(start, min(start + self._columns, self.num_positions))
+
+    def _zoom_key(self, cell: int) -> tuple:
+        """A zoomed-out cell's look: its eighths used and ground, whether it holds the selected
+        block or a touched one."""
+        cells = self._cells
+        blocks = cells.blocks_of(cell)
+        selected = self.selected is not None and self.selected in blocks
+        touched = any(number in blocks for number in self.touched) if self.touched else False
+        return (*cells.look(cell), selected, touched)
 
     def _build_row(self, row: int) -> list[Strip]:
         """Every line of one row of cells, each padded to the content width."""
@@ -247,9 +344,10 @@ class PoolGrid(ScrollView, can_focus=True):
         blank = Strip.blank(width, self._base)
         if self.state is None:
             return [blank] * self.cell_height
+        if self._cells is not None:
+            return [self._zoom_line(row, width, blank)]
         blocks = self.state.pools[self.device]
-        start = row * self._columns
-        numbers = range(start, min(start + self._columns, len(blocks)))
+        numbers = self._row_numbers(row)
         if not numbers:
             return [blank] * self.cell_height
         cell = self._cell_big if self.big_cells else self._cell
@@ -265,6 +363,29 @@ class PoolGrid(ScrollView, can_focus=True):
                 segments.append(Segment(" " * (width - length), self._base))
             lines.append(Strip(segments, max(length, width)).crop(0, width))
         return lines
+
+    def _zoom_line(self, row: int, width: int, blank: Strip) -> Strip:
+        """One row of zoomed-out cells: per cell the glyph of its eighths used on its ground."""
+        positions = self._row_positions(row)
+        if not positions:
+            return blank
+        segments = [self._zoom_segment(cell) for cell in positions]
+        if len(positions) < width:
+            segments.append(Segment(" " * (width - len(positions)), self._base))
+        return Strip(segments, max(len(positions), width)).crop(0, width)
+
+    def _zoom_segment(self, cell: int) -> Segment:
+        eighths, ground, selected, touched = self._zoom_key(cell)
+        key = ("zoom", ground, selected, touched)
+        style = self._look_styles.get(key)
+        if style is None:
+            style = self._base + Style(color=BLOCK_COLOURS["used"], bgcolor=ZOOM_GROUNDS[ground])
+            if selected:
+                style += SELECTED_STYLE
+            if touched:
+                style += TOUCHED_STYLE
+            self._look_styles[key] = style
+        return Segment(FILL_GLYPHS[eighths], style)
 
     def _style(self, key: tuple) -> Style:
         """Styles by (role, kind, owner, projector, selected, touched), built once."""
@@ -347,26 +468,54 @@ class PoolGrid(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ selection
 
     def block_at(self, x: int, y: int) -> int | None:
-        """The block under content offset (x, y), scroll included, if any."""
-        column, within = divmod(x, self.cell_width + 1)
+        """The block under content offset (x, y), scroll included, if any (a zoomed-out cell's first)."""
+        column, within = divmod(x, self.pitch)
         if within >= self.cell_width or column >= self._columns:
             return None
-        number = (y // self.cell_height) * self._columns + column
-        return number if 0 <= number < self.num_blocks else None
+        position = (y // self.cell_height) * self._columns + column
+        if not 0 <= position < self.num_positions:
+            return None
+        return self._start + position * self._per_cell
 
     def select(self, number: int) -> None:
         if not self.num_blocks:
             return
-        number = max(0, min(number, self.num_blocks - 1))
+        number = max(self._start, min(number, self._stop - 1))
         self.selected = number
         self.post_message(BlockSelected(self.device, number))
 
     def action_move(self, dx: int, dy: int) -> None:
-        current = self.selected if self.selected is not None else 0
-        self.select(current + dx + dy * self._columns if self.selected is not None else 0)
+        """Move the selection by cells: blocks, or a zoomed-out cell's first block."""
+        if self.selected is None or self._position(self.selected) is None:
+            self.select(self._start)
+            return
+        position = self._position(self.selected) + dx + dy * self._columns
+        position = max(0, min(position, self.num_positions - 1))
+        self.select(self._start + position * self._per_cell)
 
     def action_jump(self, number: int) -> None:
-        self.select(number if number >= 0 else self.num_blocks - 1)
+        self.select(self._start if number >= 0 else self._stop - 1)
+
+    def zoom_to(self, start: int | None = None, stop: int | None = None) -> None:
+        """Draw blocks `start` to `stop` (one cell per block when they are at most
+        pool_zoom.MAX_BLOCK_CELLS, else zoomed out); no range: the whole pool."""
+        self.zoom = None if start is None else (start, self.num_blocks if stop is None else stop)
+        self.scroll_to(y=0, animate=False, immediate=True)
+        self._relayout()
+        self.refresh(layout=True)
+        if self.selected is not None and self._position(self.selected) is not None:
+            self.call_after_refresh(self._scroll_to_block, self.selected)
+
+    def action_zoom_in(self) -> None:
+        """Zoom into the cell of the selected block (the first cell when none is selected)."""
+        if self._cells is None:
+            return
+        cell = self._position(self.selected) if self.selected is not None else None
+        blocks = self._cells.blocks_of(cell or 0)
+        self.zoom_to(blocks.start, blocks.stop)
+
+    def action_zoom_out(self) -> None:
+        self.zoom_to()
 
     def on_click(self, event: Click) -> None:
         offset = event.get_content_offset(self)
@@ -402,11 +551,18 @@ class PoolGrid(ScrollView, can_focus=True):
             self.scroll_to(y=row * self.cell_height, animate=False, immediate=True)
             self._show_page()
 
+        if self.zoom is not None or self.zoomed_out:  # a range or zoomed out: the cells of the blocks named
+            numbers = frozenset(p for p in map(self._position, numbers) if p is not None)
+            if not numbers:
+                return
         self.call_after_refresh(scroll)
 
     def _scroll_to_block(self, number: int) -> None:
-        row, column = divmod(number, self._columns)
-        region = Region(column * (self.cell_width + 1), row * self.cell_height, self.cell_width, self.cell_height)
+        position = self._position(number)
+        if position is None:
+            return
+        row, column = divmod(position, self._columns)
+        region = Region(column * self.pitch, row * self.cell_height, self.cell_width, self.cell_height)
         self.scroll_to_region(region, animate=False, immediate=True)
 
     # ------------------------------------------------------------------ text for tests and screen readers
