@@ -43,6 +43,9 @@ async def test_the_split_view_steps_every_run_together(two_runs):
     app = CompareApp(two_runs)
     async with app.run_test(size=(160, 40)) as pilot:
         assert app.step == same_step(two_runs)
+        for grid in app.query(PoolGrid):  # drawn as far as the run ever reaches, not all 64 blocks
+            start, stop = grid.block_range
+            assert start == 0 and 8 <= stop < 64 and stop % 8 == 0
         for _ in range(2):
             grids = [app.query_one(f"#gpu-{i}", PoolGrid) for i in range(2)]
             used = [grid.state.num_used("gpu") for grid in grids]
@@ -103,6 +106,7 @@ async def test_compare_kv_manager_v0_v1_steps_both_managers_together(v0_v1_runs)
 
 def test_the_notebook_compare_of_v0_and_v1_draws_each_managers_frame(tiny_gpt2_factory):
     from blockviz.jupyter import compare
+    from blockviz.model.reducer import USED
     from blockviz.model.view import snapshot
 
     grid = compare(["To be, or not to be, that is the question"], kv_manager=["v0", "v1"], n=2, block_size=4,
@@ -111,13 +115,17 @@ def test_the_notebook_compare_of_v0_and_v1_draws_each_managers_frame(tiny_gpt2_f
     assert (v0.config.kv_manager, v0.config.enable_prefix_caching) == ("v0", False)
     assert (v1.config.kv_manager, v1.config.enable_prefix_caching) == ("v1", True)
     assert "forks 1 | 0" in grid.differences.value and "prefix hits 0 |" in grid.differences.value
+    # each pool is drawn as far as its run ever reaches: a few rows of the 64 blocks, none beyond held
+    assert all(extent % 8 == 0 and 8 <= extent < 64 for extent in grid.extents)
     for step in range(1, grid.num_steps + 1):
         grid.seek_step(step)
-        for run, timeline, pool, cell in zip(grid.runs, grid.timelines, grid.pools, grid.cell_figures):
+        for run, extent, pool, cell in zip(grid.runs, grid.extents, grid.pools, grid.cell_figures):
             reference = Timeline.for_header(run.header)
             reference.extend(run.events)
             reference.seek(reference.step_end(step))
-            assert pool.frame == pool.part(snapshot(reference.state))
+            assert pool.frame == pool.part(snapshot(reference.state, ranges={"gpu": (0, extent)}))
+            assert all(block.state != USED and block.block_hash is None
+                       for block in reference.state.pools["gpu"][extent:])
             assert f"hits {reference.state.num_prefix_hits} ·" in cell.value
     assert "<th style='padding:0 8px'>forks</th>" in grid.figures_html() and "tok/s" not in grid.figures_html()
     grid.close()

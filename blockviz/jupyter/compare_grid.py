@@ -19,6 +19,7 @@ import ipywidgets
 
 from blockviz.session.compare import (DEFAULT_PROMPTS, CompareRun, configurations, differences_line, figure_text, run_all,
                                       same_step)
+from blockviz.model.pool_zoom import used_extent
 from blockviz.model.timeline import Timeline
 from blockviz.model.view import snapshot
 from blockviz.jupyter.widgets import PoolView
@@ -70,6 +71,7 @@ class CompareGrid:
             timeline = Timeline.for_header(run.header)
             timeline.extend(run.events)
             self.timelines.append(timeline)
+        self.extents = [used_extent(t) for t in self.timelines]  # the blocks each run ever holds: drawn
         self.num_steps = max(len(t.step_ends) for t in self.timelines)
         self.pools = [PoolView() for _ in runs]
         self.cell_figures = [ipywidgets.HTML() for _ in runs]
@@ -112,7 +114,7 @@ class CompareGrid:
     def _show(self, step: int) -> None:
         for index, (timeline, pool) in enumerate(zip(self.timelines, self.pools)):
             timeline.seek(timeline.step_end(step))
-            pool.show(snapshot(timeline.state))
+            pool.show(snapshot(timeline.state, ranges={"gpu": (0, self.extents[index])}))
             self.cell_figures[index].value = self._cell_html(index, step)
 
     def _cell_html(self, index: int, step: int) -> str:

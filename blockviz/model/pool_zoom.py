@@ -155,3 +155,19 @@ def parse_block_range(text: str, num_blocks: int) -> tuple[int, int]:
     if end < start:
         raise ValueError(f"block range {text!r}: the end comes before the start")
     return check_range(start, end + 1, num_blocks)
+
+
+def used_extent(timeline: Any, device: str = "gpu", multiple: int = 8) -> int:
+    """How many of a run's blocks a side-by-side view needs (`blockviz compare`): one past the
+    highest-numbered block in use or cached at the end of any of its steps, rounded up to `multiple`,
+    at most the whole pool. A compare on a big default pool then draws the 11 blocks its runs use,
+    not 2,048 empty cells. The timeline's cursor is put back."""
+    position = timeline.position
+    top = -1
+    for end in sorted(set(timeline.step_ends) | {len(timeline)}):
+        timeline.seek(end)
+        codes = block_codes(timeline.state.pools[device])
+        top = max(top, max(codes.rfind(USED_CODE), codes.rfind(CACHED_CODE)))
+    timeline.seek(position)
+    size = len(timeline.state.pools[device])
+    return min(size, max(multiple, -(-(top + 1) // multiple) * multiple))

@@ -17,6 +17,7 @@ from textual.containers import HorizontalScroll, Vertical
 from textual.widgets import Footer, Static
 
 from blockviz.session.compare import CompareRun, differences_line, same_step
+from blockviz.model.pool_zoom import used_extent
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth
 from blockviz.model.view import pool_counts
@@ -93,6 +94,8 @@ class CompareApp(App[None]):
         for grid in self.query(PoolGrid):
             grid.projector = self.projector
         self.show_step()
+        for index, timeline in enumerate(self.timelines):  # only the blocks the run ever holds (pool known now)
+            self.query_one(f"#gpu-{index}", PoolGrid).zoom_to(0, used_extent(timeline))
 
     # ------------------------------------------------------------------ drawing
 
