@@ -13,7 +13,7 @@ hit" itself (vLLM's KVCacheCoordinatorNoPrefixCache).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from engine.events import EventBus
@@ -48,9 +48,11 @@ class KVCacheCoordinator(ABC):
     def get_num_blocks_to_allocate(self, seq_id: int, num_tokens: int, new_computed_blocks: BlocksPerGroup,
                                    total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
         """Blocks to allocate over every group (vLLM get_num_blocks_to_allocate)."""
-        return sum(manager.get_num_blocks_to_allocate(seq_id, num_tokens, blocks, total_computed_tokens,
-                                                      apply_admission_cap)
-                   for manager, blocks in zip(self.single_type_managers, new_computed_blocks))
+        num_blocks = 0
+        for manager, blocks in zip(self.single_type_managers, new_computed_blocks):
+            num_blocks += manager.get_num_blocks_to_allocate(seq_id, num_tokens, blocks, total_computed_tokens,
+                                                             apply_admission_cap)
+        return num_blocks
 
     def allocate_new_computed_blocks(self, seq_id: int, new_computed_blocks: BlocksPerGroup,
                                      num_local_computed_tokens: int) -> None:
@@ -65,10 +67,12 @@ class KVCacheCoordinator(ABC):
     def allocate_new_blocks(self, seq_id: int, num_tokens: int) -> BlocksPerGroup:
         """New blocks in each group until its table holds `num_tokens` slots (vLLM
         allocate_new_blocks)."""
-        return tuple(manager.allocate_new_blocks(seq_id, num_tokens) for manager in self.single_type_managers)
+        return tuple([manager.allocate_new_blocks(seq_id, num_tokens) for manager in self.single_type_managers])
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int, block_hashes: list[BlockHash]) -> None:
-        """Cache the full blocks of every group (vLLM cache_blocks)."""
+    def cache_blocks(self, request: Request, num_computed_tokens: int,
+                     block_hashes: Callable[[Request], list[BlockHash]]) -> None:
+        """Cache the full blocks of every group (vLLM cache_blocks); `block_hashes(request)` gives
+        the request's block hashes (vLLM's request.block_hashes), asked only when a block fills."""
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens, block_hashes)
 

@@ -63,6 +63,8 @@ class KVCacheManager:
         # KVCacheManager.watermark_blocks, SchedulerConfig.watermark; 0 unless asked for)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
+        self._no_blocks = ((),) * len(self.kv_cache_groups)
+        self._one_group = len(self.kv_cache_groups) == 1
 
     @property
     def num_kv_cache_groups(self) -> int:
@@ -95,14 +97,15 @@ class KVCacheManager:
         return total
 
     def _per_group(self, blocks) -> BlocksPerGroup:
-        """Blocks as handed in (one group's list, or one list per group) as one list per group."""
+        """Blocks as handed in (one group's list, or one list per group) as one list per group
+        (no blocks: an empty tuple per group, read only)."""
         if blocks is None:
-            return tuple([] for _ in self.kv_cache_groups)
-        return (blocks,) if self.num_kv_cache_groups == 1 else tuple(blocks)
+            return self._no_blocks
+        return (blocks,) if self._one_group else tuple(blocks)
 
     def _as_given(self, blocks_per_group: tuple):
         """One list per group as handed out: the list itself when there is one group."""
-        return blocks_per_group[0] if self.num_kv_cache_groups == 1 else blocks_per_group
+        return blocks_per_group[0] if self._one_group else blocks_per_group
 
     # ------------------------------------------------------------------ hashes
 
@@ -133,7 +136,7 @@ class KVCacheManager:
             tokens.
         """
         if not self.enable_caching:
-            return self._as_given(self._per_group(None)), 0
+            return self._as_given(tuple([] for _ in self.kv_cache_groups)), 0
         blocks, num_computed_tokens = self.coordinator.find_longest_cache_hit(self.block_hashes(seq), seq.get_len() - 1)
         return self._as_given(blocks), num_computed_tokens
 
@@ -167,20 +170,20 @@ class KVCacheManager:
         total_computed_tokens = num_local_computed_tokens
         if self.max_model_len is not None:
             total_computed_tokens = min(total_computed_tokens, self.max_model_len)
-        num_free = self.block_pool.get_num_free_blocks() - (self.watermark_blocks if apply_watermark else 0)
+        watermark_blocks = self.watermark_blocks if apply_watermark else 0
         coordinator = self.coordinator
         if full_sequence_must_fit:
             full_num_tokens = seq.get_len() if self.max_model_len is None else min(seq.get_len(), self.max_model_len)
-            if coordinator.get_num_blocks_to_allocate(seq_id, full_num_tokens, computed_blocks, total_computed_tokens,
-                                                      apply_admission_cap=True) > num_free:
+            if (coordinator.get_num_blocks_to_allocate(seq_id, full_num_tokens, computed_blocks, total_computed_tokens,
+                                                       apply_admission_cap=True)
+                    > self.block_pool.get_num_free_blocks() - watermark_blocks):
                 return None
         num_tokens_need_slot = total_computed_tokens + num_new_tokens
         if self.max_model_len is not None:
             num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
         coordinator.remove_skipped_blocks(seq_id, total_computed_tokens)
-        num_free = self.block_pool.get_num_free_blocks() - (self.watermark_blocks if apply_watermark else 0)
-        if coordinator.get_num_blocks_to_allocate(seq_id, num_tokens_need_slot, computed_blocks,
-                                                  num_local_computed_tokens) > num_free:
+        if (coordinator.get_num_blocks_to_allocate(seq_id, num_tokens_need_slot, computed_blocks, num_local_computed_tokens)
+                > self.block_pool.get_num_free_blocks() - watermark_blocks):
             return None
 
         if any(computed_blocks):
@@ -188,14 +191,13 @@ class KVCacheManager:
             if self.events.active:
                 for blocks, hits in zip(coordinator.get_blocks(seq_id), computed_blocks):
                     self._emit_hits(seq, blocks, len(blocks) - len(hits))
-        num_old_blocks = [len(blocks) for blocks in coordinator.get_blocks(seq_id)]
         new_blocks = coordinator.allocate_new_blocks(seq_id, num_tokens_need_slot)
         if self.events.active:
-            for blocks, num_old in zip(coordinator.get_blocks(seq_id), num_old_blocks):
-                self._emit_slots(seq, blocks, num_old, num_local_computed_tokens, num_tokens_need_slot)
+            for blocks, new in zip(coordinator.get_blocks(seq_id), new_blocks):
+                self._emit_slots(seq, blocks, len(blocks) - len(new), num_local_computed_tokens, num_tokens_need_slot)
         if self.enable_caching:
             num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, seq.get_len())
-            coordinator.cache_blocks(seq, num_tokens_to_cache, self.block_hashes(seq))
+            coordinator.cache_blocks(seq, num_tokens_to_cache, self.block_hashes)
         return self._as_given(new_blocks)
 
     def free(self, seq: Sequence) -> None:

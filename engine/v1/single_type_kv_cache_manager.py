@@ -17,7 +17,7 @@ here: a window of 1 token never reads a cached block, so caches none), DCP / PCP
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.sequence import Sequence as Request
 from engine.v1.block_pool import BlockPool
@@ -85,14 +85,16 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: Request, num_tokens: int, block_hashes: list[BlockHash]) -> None:
-        """Hash and cache the blocks that `num_tokens` tokens fill (vLLM cache_blocks)."""
+    def cache_blocks(self, request: Request, num_tokens: int, block_hashes: Callable[[Request], list[BlockHash]]
+                     ) -> None:
+        """Hash and cache the blocks that `num_tokens` tokens fill (vLLM cache_blocks); the hashes
+        come from `block_hashes(request)`."""
         num_cached_blocks = self.num_cached_block.get(request.seq_id, 0)
-        num_full_blocks = min(num_tokens, len(block_hashes) * self.block_size) // self.block_size
+        num_full_blocks = num_tokens // self.block_size
         if num_cached_blocks >= num_full_blocks:
             return
         if self.caches_blocks:
-            self.block_pool.cache_full_blocks(self.req_to_blocks[request.seq_id], block_hashes, num_cached_blocks,
+            self.block_pool.cache_full_blocks(self.req_to_blocks[request.seq_id], block_hashes(request), num_cached_blocks,
                                               num_full_blocks, request.get_token_ids(), self.block_size,
                                               self.kv_cache_group_id)
         self.num_cached_block[request.seq_id] = num_full_blocks
