@@ -81,8 +81,9 @@ class LLMEngine:
                                            config.preemption_mode)
         self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config)
         self.model_runner = ModelRunner(self.model, self.cache_engine, config.block_size, self.device,
-                                        config.attention_backend, max_num_seqs=config.max_num_seqs,
-                                        enforce_eager=config.enforce_eager)
+                                        config.attention_backend,
+                                        self.kv_manager.kv_cache_groups if config.kv_manager == "v1" else None,
+                                        max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
         self._seq_counter = itertools.count()
@@ -111,12 +112,17 @@ class LLMEngine:
             scheduler = make_vllm_scheduler(self, scheduler_config.max_num_batched_tokens)
             return scheduler.kv_cache_manager, scheduler
         if config.kv_manager == "v1":
+            from engine.v1.kv_cache_interface import get_kv_cache_groups_for_model
             from engine.v1.kv_cache_manager import KVCacheManager
             from engine.v1.scheduler import Scheduler as V1Scheduler
 
+            # one block table per KV-cache group when the model reads a metadata per layer
+            groups = (get_kv_cache_groups_for_model(self.loaded.config, config.block_size)
+                      if getattr(self.model, "takes_layer_metadata", False) else None)
             manager = KVCacheManager(config.block_size, self.budget.num_gpu_blocks, self.max_model_len,
                                      enable_caching=bool(config.enable_prefix_caching),
-                                     hash_algo=config.prefix_caching_hash_algo, events=self.events)
+                                     hash_algo=config.prefix_caching_hash_algo, events=self.events,
+                                     kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
             return manager, V1Scheduler(scheduler_config, manager)
         manager = BlockSpaceManager(
             config.block_size, self.budget.num_gpu_blocks, self.budget.num_cpu_blocks,
@@ -352,8 +358,8 @@ class LLMEngine:
         bs = self.config.block_size
         written = self._written
         for s in plan.scheduled:
-            table = s.block_ids[0]
-            written.update(dict.fromkeys(table[s.num_computed_tokens // bs : (s.num_tokens - 1) // bs + 1]))
+            for table in s.block_ids:  # every KV-cache group's
+                written.update(dict.fromkeys(table[s.num_computed_tokens // bs : (s.num_tokens - 1) // bs + 1]))
 
     def _fork_branches(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
         """A request with n > 1 forks its other n - 1 branches once its prompt is computed."""

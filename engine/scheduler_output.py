@@ -6,8 +6,9 @@ sequences the runner prepares).
 Both schedulers (v0's `engine/scheduler.py`, v1's `engine/v1/scheduler.py`) return one
 `SchedulerOutput`. Per scheduled sequence it says where the step starts (`num_computed_tokens`),
 how many tokens it computes (`num_new_tokens`: a whole prompt, a prefill chunk or one decode token)
-and the block table those tokens attend over, one per KV-cache group (a one-element tuple today,
-as vLLM's `NewRequestData.block_ids: tuple[list[int], ...]`). The block moves the cache engine
+and the block table those tokens attend over, one per KV-cache group (as vLLM's
+`NewRequestData.block_ids: tuple[list[int], ...]`: one table for a full-attention model, one per
+group for a hybrid one under engine/v1). The block moves the cache engine
 makes first (swaps, copy-on-write copies) and the requests refused for good travel with it. The
 model runner computes from the plan alone; it never reads a block manager.
 """

@@ -73,14 +73,16 @@ def hashes(blocks) -> dict[int, object]:
 
 class VllmSide:
     """vLLM's KVCacheManager on the CPU, one FullAttentionSpec group (as vLLM's
-    tests/v1/core/test_prefix_caching.py builds it)."""
+    tests/v1/core/test_prefix_caching.py builds it), or the KV-cache groups given."""
 
-    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool, max_model_len: int) -> None:
+    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool, max_model_len: int,
+                 kv_cache_groups: list | None = None, max_in_flight_tokens: int | None = None) -> None:
         spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
         config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+                               kv_cache_groups=kv_cache_groups or [KVCacheGroupSpec(["layer"], spec)])
         self.manager = VllmKVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=block_size,
-                                          hash_block_size=block_size, enable_caching=enable_caching)
+                                          hash_block_size=block_size, enable_caching=enable_caching,
+                                          max_in_flight_tokens=max_in_flight_tokens)
         init_none_hash(vllm_sha256)
         self.hasher = get_request_block_hasher(block_size, vllm_sha256)
         self.pool = self.manager.block_pool
@@ -110,12 +112,13 @@ class VllmSide:
 
 class BlockvizSide:
     def __init__(self, block_size: int, num_blocks: int, hash_algo: str, enable_caching: bool,
-                 max_model_len: int) -> None:
+                 max_model_len: int, **groups) -> None:
+        """groups: KVCacheManager's kv_cache_groups and max_in_flight_tokens, when given."""
         self.bus = EventBus()
         self.evicted: list[int] = []
         self.bus.subscribe(lambda e: self.evicted.append(e.block) if isinstance(e, BlockEvicted) else None)
         self.manager = KVCacheManager(block_size, num_blocks, max_model_len=max_model_len,
-                                      enable_caching=enable_caching, hash_algo=hash_algo, events=self.bus)
+                                      enable_caching=enable_caching, hash_algo=hash_algo, events=self.bus, **groups)
         self.pool = self.manager.block_pool
 
     def block_ids(self, seq: Sequence) -> list[int] | None:
@@ -216,9 +219,16 @@ def run_sequence(seed: int, enable_caching: bool = True, max_model_len: int = MA
     block_size = rng.randint(1, 4)
     hash_algo = HASH_ALGOS[seed % len(HASH_ALGOS)]
     diff = Differential(block_size, rng.randint(4, 12), hash_algo, enable_caching, max_model_len)
+    random_operations(rng, diff, block_size, NUM_OPS)
+    return diff
+
+
+def random_operations(rng: random.Random, diff: Differential, block_size: int, num_ops: int) -> None:
+    """Admit, decode and free in the order `rng` picks, prompts from three stems over four token
+    ids, then free what is left; the free queues agree at the end."""
     stems = [[rng.randrange(4) for _ in range(rng.randint(1, 3 * block_size))] for _ in range(3)]
     next_id = 0
-    for _ in range(NUM_OPS):
+    for _ in range(num_ops):
         op = rng.random()
         if op < 0.4 or not diff.seqs:
             prompt = rng.choice(stems)[: rng.randint(1, 3 * block_size)]
@@ -233,7 +243,6 @@ def run_sequence(seed: int, enable_caching: bool = True, max_model_len: int = MA
     for rid in sorted(diff.seqs):
         diff.free(rid)
     assert diff.ours.free_queue() == diff.theirs.free_queue()
-    return diff
 
 
 @pytest.mark.parametrize("chunk", range(6))

@@ -1,8 +1,12 @@
 """BlockPool: every KV cache block, the free queue and the prefix-cache map (vLLM v1
 `vllm/v1/core/block_pool.py`).
 
-Block 0 is the null block: taken out of the free queue at start, never allocated, freed or
-counted. Blocks are not de-duplicated: a block that fills up is cached under its hash even when
+Block 0 is the null block: taken out of the free queue at start, never allocated, freed,
+touched or counted; a sliding-window table holds it in the slots of blocks that left the window.
+One pool serves every KV-cache group: vLLM keys its prefix cache by (hash, group id)
+(BlockHashWithGroupId); here the key is the hash and `cached_block_group_ids` says which group
+each cached block was cached for, so a lookup in one group never returns another group's block,
+and a one-group run's map is keyed by the hash alone. Blocks are not de-duplicated: a block that fills up is cached under its hash even when
 another block already holds that hash (block tables stay append-only); a lookup returns the
 block cached first. Eviction is lazy: a freed cached block keeps its hash, and loses it only when
 `get_new_blocks` pops it from the head of the free queue.
@@ -37,27 +41,40 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         # hash -> the blocks cached under it, in the order they were cached (a dict keeps it)
         self.cached_block_hash_to_block: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        self.cached_block_group_ids: dict[int, int] = {}  # cached block id -> its KV-cache group
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """The block cached first under `block_hash`, or None (vLLM get_cached_block)."""
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        """The block cached first under `block_hash` in group `kv_cache_group_id`, or None (vLLM
+        get_cached_block, which answers for a list of groups at once)."""
         blocks = self.cached_block_hash_to_block.get(block_hash)
-        return next(iter(blocks.values())) if blocks else None
+        if not blocks:
+            return None
+        group_ids = self.cached_block_group_ids
+        return next((block for block in blocks.values() if group_ids[block.block_id] == kv_cache_group_id), None)
+
+    def get_cached_blocks(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        """The block cached first under `block_hash` in each of the groups, or None if one has
+        none (vLLM get_cached_block)."""
+        blocks = [self.get_cached_block(block_hash, group_id) for group_id in kv_cache_group_ids]
+        return None if None in blocks else blocks
 
     def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int, token_ids: Sequence[int],
-                          block_size: int) -> None:
-        """Give blocks[num_cached_blocks:num_full_blocks] their hashes and cache them (vLLM
-        cache_full_blocks). A block that already has one (a prefix hit) is left as it is."""
+                          block_size: int, kv_cache_group_id: int = 0) -> None:
+        """Give blocks[num_cached_blocks:num_full_blocks] their hashes and cache them in group
+        `kv_cache_group_id` (vLLM cache_full_blocks). A block that already has one (a prefix hit)
+        and a null block (out of a sliding window) are left as they are."""
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if block.block_hash is not None or block.is_null:
                 continue
             block_hash = block_hashes[index]
             same = self.cached_block_hash_to_block.setdefault(block_hash, {})
-            first = not same
+            first = all(self.cached_block_group_ids[b] != kv_cache_group_id for b in same)
             same[block.block_id] = block
+            self.cached_block_group_ids[block.block_id] = kv_cache_group_id
             block.block_hash = block_hash
             if self.events.active:
                 parent = external_block_hash(block_hashes[index - 1]) if index else None
@@ -87,6 +104,7 @@ class BlockPool:
         same = self.cached_block_hash_to_block.get(block_hash)
         if not same or same.pop(block.block_id, None) is None:
             return False
+        del self.cached_block_group_ids[block.block_id]
         if not same:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
@@ -96,9 +114,12 @@ class BlockPool:
         return True
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """One more reference to each block; a free one leaves the free queue (vLLM touch)."""
+        """One more reference to each block; a free one leaves the free queue; the null block is
+        skipped (vLLM touch)."""
         for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 

@@ -12,9 +12,11 @@ from collections import Counter
 
 def check_kv_cache_invariants(manager) -> None:
     """Every non-null block is either in the free queue with ref_cnt 0 or out of it with ref_cnt
-    > 0; ref_cnt is the number of tables holding it; the null block is in no table and not in the
-    queue; the queue's links agree both ways and with its count; the hash map holds exactly the
-    blocks that have a hash, under that hash."""
+    > 0; ref_cnt is the number of tables holding it, over every KV-cache group; the null block is
+    not in the queue, and in no table but a sliding window's (in the slots it let go, at the
+    table's head); the queue's links agree both ways and with its count; the hash map holds
+    exactly the blocks that have a hash, under that hash, each cached for the group whose table
+    holds it."""
     pool = manager.block_pool
     queue = pool.free_block_queue
     forward = list(queue)
@@ -29,15 +31,21 @@ def check_kv_cache_invariants(manager) -> None:
     assert len(in_queue) == len(forward), "a block is in the free queue twice"
 
     refs: Counter[int] = Counter()
-    for seq_id, blocks in manager.req_to_blocks.items():
-        ids = [b.block_id for b in blocks]
-        assert len(set(ids)) == len(ids), f"sequence {seq_id} holds a block twice: {ids}"
-        assert all(b is pool.blocks[b.block_id] for b in blocks), f"sequence {seq_id} holds a foreign block"
-        refs.update(ids)
+    group_of: dict[int, int] = {}
+    for group_id, single in enumerate(manager.coordinator.single_type_managers):
+        for seq_id, blocks in single.req_to_blocks.items():
+            ids = [b.block_id for b in blocks if not b.is_null]
+            assert len(set(ids)) == len(ids), f"sequence {seq_id} holds a block twice: {ids}"
+            assert all(b is pool.blocks[b.block_id] for b in blocks), f"sequence {seq_id} holds a foreign block"
+            num_null = len(blocks) - len(ids)
+            assert not num_null or (hasattr(single, "sliding_window") and all(b.is_null for b in blocks[:num_null])), (
+                f"sequence {seq_id} holds the null block in group {group_id} outside a window's head")
+            refs.update(ids)
+            group_of.update(dict.fromkeys(ids, group_id))
 
     null = pool.null_block
     assert null.block_id == 0 and null.is_null, "block 0 is not the null block"
-    assert 0 not in refs and 0 not in in_queue, "the null block is in a table or the free queue"
+    assert 0 not in in_queue, "the null block is in the free queue"
     for block in pool.blocks[1:]:
         if block.block_id in in_queue:
             assert block.ref_cnt == 0, f"block {block.block_id} is free with ref_cnt {block.ref_cnt}"
@@ -55,5 +63,8 @@ def check_kv_cache_invariants(manager) -> None:
                 f"hash map entry for block {block_id} does not match its hash")
             mapped.add(block_id)
     assert mapped == hashed, f"blocks with a hash {sorted(hashed)} differ from the hash map's {sorted(mapped)}"
+    assert set(pool.cached_block_group_ids) == hashed, "the cached blocks' groups do not match the hash map"
+    for block_id, group_id in pool.cached_block_group_ids.items():
+        assert group_of.get(block_id, group_id) == group_id, f"block {block_id} is cached for another group"
     if not manager.enable_caching:
         assert not hashed, "blocks were hashed with prefix caching off"

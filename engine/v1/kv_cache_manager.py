@@ -1,47 +1,80 @@
 """KVCacheManager: a request's blocks, from prefix-cache lookup to free (vLLM v1
-`vllm/v1/core/kv_cache_manager.py`, one full-attention KV cache group).
+`vllm/v1/core/kv_cache_manager.py`).
 
 A request here is one `Sequence` (n > 1 runs as n sequences that share the prompt through the
 prefix cache). The scheduler asks `get_computed_blocks` which leading blocks are cached, then
-`allocate_slots` for the tokens it schedules: all or nothing, None before touching anything when
+`allocate_slots` for the tokens it schedules: all or nothing, None before allocating anything when
 the pool cannot hold them. Full blocks are hashed and cached as soon as their tokens have slots,
 so a request admitted later in the same step already hits them. The block hashes of each request
 are kept here, extended as its tokens grow (vLLM 0.8's req_to_block_hashes; newer vLLM keeps them
 on the Request).
+
+The layers' KV-cache groups (engine/v1/kv_cache_interface.py) each keep a table per request, over
+one BlockPool, through a KVCacheCoordinator (engine/v1/kv_cache_coordinator.py). A full-attention
+model has one group, and then the blocks handed in and out are that group's list, as in vLLM
+before hybrid models; with several groups they are a tuple of lists, one per group (vLLM's
+KVCacheBlocks.blocks). Events name a block by (device, number) in every group: a run with several
+groups emits each group's allocations, hits, hashes and frees, the frees of blocks that leave a
+sliding window included, as the existing event kinds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
 from engine.events import BlockAllocated, EventBus, PrefixCacheHit, SequenceFreed, SlotAppended
 from engine.sequence import Sequence
-from engine.v1.block_pool import GPU, BlockPool
+from engine.v1.block_pool import GPU
+from engine.v1.kv_cache_coordinator import BlocksPerGroup, get_kv_cache_coordinator
+from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, cdiv
 from engine.v1.kv_cache_utils import BlockHash, KVCacheBlock, external_block_hash, get_hash_fn_by_name, hash_block_tokens
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ = ["KVCacheManager", "cdiv"]
 
 
 class KVCacheManager:
-    """Block tables over a BlockPool, with prefix caching (vLLM v1 KVCacheManager)."""
+    """Block tables over a BlockPool, with prefix caching, for one or more KV-cache groups (vLLM
+    v1 KVCacheManager)."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, max_model_len: int | None = None,
                  enable_caching: bool = True, hash_algo: str = "sha256", events: EventBus | None = None,
-                 watermark: float = 0.0) -> None:
+                 watermark: float = 0.0, kv_cache_groups: Seq[KVCacheGroupSpec] | None = None,
+                 max_in_flight_tokens: int | None = None) -> None:
+        """kv_cache_groups: the model's groups, each of `block_size` tokens a block; None is one
+        full-attention group. max_in_flight_tokens: the most tokens a step schedules, which
+        bounds what a sliding-window group holds at once (vLLM's max_in_flight_tokens, by
+        default max_model_len)."""
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if kv_cache_groups is None:
+            kv_cache_groups = [KVCacheGroupSpec(["*"], FullAttentionSpec(block_size))]
+        if any(group.kv_cache_spec.block_size != block_size for group in kv_cache_groups):
+            raise ValueError(f"every KV-cache group must have block_size {block_size}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.hash_fn = get_hash_fn_by_name(hash_algo)
         self.events = events if events is not None else EventBus()
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.events)
+        self.kv_cache_groups = list(kv_cache_groups)
+        self.coordinator = get_kv_cache_coordinator(self.kv_cache_groups, num_gpu_blocks, enable_caching, self.events,
+                                                    max_model_len, max_in_flight_tokens)
+        self.block_pool = self.coordinator.block_pool
         # blocks kept free when admitting a waiting request beside running ones (vLLM 0.33's
         # KVCacheManager.watermark_blocks, SchedulerConfig.watermark; 0 unless asked for)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
-        self.req_to_blocks: dict[int, list[KVCacheBlock]] = {}
         self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
-        self.num_cached_block: dict[int, int] = {}  # seq_id -> its leading blocks already hashed
+        self._no_blocks = ((),) * len(self.kv_cache_groups)
+        self._one_group = len(self.kv_cache_groups) == 1
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        return len(self.kv_cache_groups)
+
+    @property
+    def req_to_blocks(self) -> dict[int, list[KVCacheBlock]]:
+        """seq_id -> its table in the first KV-cache group (the only one of a full-attention
+        model; what the views draw)."""
+        return self.coordinator.single_type_managers[0].req_to_blocks
 
     @property
     def num_total_gpu_blocks(self) -> int:
@@ -51,6 +84,28 @@ class KVCacheManager:
     def num_usable_blocks(self) -> int:
         """Blocks a request can ever hold: all but the null block."""
         return self.block_pool.num_gpu_blocks - 1
+
+    def get_num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most at once, over every group: a
+        sliding-window group no more than its window needs (its admission cap)."""
+        total = 0
+        for manager in self.coordinator.single_type_managers:
+            num_blocks = cdiv(num_tokens, self.block_size)
+            if manager.max_admission_blocks_per_request is not None:
+                num_blocks = min(num_blocks, manager.max_admission_blocks_per_request)
+            total += num_blocks
+        return total
+
+    def _per_group(self, blocks) -> BlocksPerGroup:
+        """Blocks as handed in (one group's list, or one list per group) as one list per group
+        (no blocks: an empty tuple per group, read only)."""
+        if blocks is None:
+            return self._no_blocks
+        return (blocks,) if self._one_group else tuple(blocks)
+
+    def _as_given(self, blocks_per_group: tuple):
+        """One list per group as handed out: the list itself when there is one group."""
+        return blocks_per_group[0] if self._one_group else blocks_per_group
 
     # ------------------------------------------------------------------ hashes
 
@@ -69,26 +124,28 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ the scheduler's calls
 
-    def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
-        """The longest run of cached full blocks at the start of the sequence, and the tokens they
-        hold (vLLM get_computed_blocks). At most num_tokens - 1 tokens are served, so a
+    def get_computed_blocks(self, seq: Sequence):
+        """The longest prefix of the sequence whose blocks are cached in every group, and the
+        tokens it holds (vLLM get_computed_blocks). At most num_tokens - 1 tokens are served, so a
         block-aligned prompt still computes its last block (its logits are needed). A lookup,
-        nothing changes: allocate_slots takes the blocks."""
+        nothing changes: allocate_slots takes the blocks.
+
+        Returns:
+            The hit blocks (the group's list, or one list per group; a sliding-window group's
+            list holds the null block where the hit's early blocks are not needed) and the hit
+            tokens.
+        """
         if not self.enable_caching:
-            return [], 0
-        max_cache_hit_length = seq.get_len() - 1
-        computed: list[KVCacheBlock] = []
-        for block_hash in self.block_hashes(seq)[: max_cache_hit_length // self.block_size]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            computed.append(block)
-        return computed, len(computed) * self.block_size
+            return self._as_given(tuple([] for _ in self.kv_cache_groups)), 0
+        blocks, num_computed_tokens = self.coordinator.find_longest_cache_hit(self.block_hashes(seq), seq.get_len() - 1)
+        return self._as_given(blocks), num_computed_tokens
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None, full_sequence_must_fit: bool = False,
-                       apply_watermark: bool = False) -> list[KVCacheBlock] | None:
-        """Slots for `num_new_tokens` more tokens of `seq` (vLLM allocate_slots).
+                       new_computed_blocks=None, full_sequence_must_fit: bool = False, apply_watermark: bool = False):
+        """Slots for `num_new_tokens` more tokens of `seq` (vLLM allocate_slots): first each
+        sliding-window group frees the blocks out of its window (even when the answer is None),
+        then, if the pool holds the tokens, the hits are taken and new blocks allocated in every
+        group, and the full blocks cached.
 
         Args:
             seq: the request.
@@ -101,67 +158,54 @@ class KVCacheManager:
                 others run, as vLLM 0.33 applies it).
 
         Returns:
-            The blocks newly allocated, or None when the free blocks (cached hits with ref 0
-            count against them) cannot hold the tokens; then nothing has changed.
+            The blocks newly allocated (the group's list, or one list per group), or None when the
+            free blocks (cached hits with ref 0 count against them) cannot hold the tokens; then
+            no block was allocated or taken.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
-        computed_blocks = new_computed_blocks or []
-        num_computed_tokens = seq.num_computed_tokens + num_new_computed_tokens
-        num_tokens_need_slot = num_computed_tokens + num_new_tokens
+        seq_id = seq.seq_id
+        computed_blocks = self._per_group(new_computed_blocks)
+        num_local_computed_tokens = seq.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = num_local_computed_tokens
         if self.max_model_len is not None:
-            num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
-        req_blocks = self.req_to_blocks.get(seq.seq_id)
-        if req_blocks is None:
-            req_blocks = self.req_to_blocks[seq.seq_id] = []
-        num_new_blocks = cdiv(num_tokens_need_slot, self.block_size) - len(req_blocks) - len(computed_blocks)
-        num_evictable_computed_blocks = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
-        num_free = self.block_pool.get_num_free_blocks() - num_evictable_computed_blocks
-        num_needed = num_new_blocks
-        if apply_watermark:
-            num_free -= self.watermark_blocks
+            total_computed_tokens = min(total_computed_tokens, self.max_model_len)
+        watermark_blocks = self.watermark_blocks if apply_watermark else 0
+        coordinator = self.coordinator
         if full_sequence_must_fit:
             full_num_tokens = seq.get_len() if self.max_model_len is None else min(seq.get_len(), self.max_model_len)
-            num_needed = max(num_needed, cdiv(full_num_tokens, self.block_size) - len(req_blocks) - len(computed_blocks))
-        if num_needed > num_free:
-            if not req_blocks:
-                del self.req_to_blocks[seq.seq_id]  # nothing changed: not even an empty table
+            if (coordinator.get_num_blocks_to_allocate(seq_id, full_num_tokens, computed_blocks, total_computed_tokens,
+                                                       apply_admission_cap=True)
+                    > self.block_pool.get_num_free_blocks() - watermark_blocks):
+                return None
+        num_tokens_need_slot = total_computed_tokens + num_new_tokens
+        if self.max_model_len is not None:
+            num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
+        coordinator.remove_skipped_blocks(seq_id, total_computed_tokens)
+        if (coordinator.get_num_blocks_to_allocate(seq_id, num_tokens_need_slot, computed_blocks, num_local_computed_tokens)
+                > self.block_pool.get_num_free_blocks() - watermark_blocks):
             return None
 
-        if computed_blocks:
-            self.block_pool.touch(computed_blocks)
-            first = len(req_blocks)
-            req_blocks.extend(computed_blocks)
-            self._emit_hits(seq, computed_blocks, first)
-        num_old_blocks = len(req_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        req_blocks.extend(new_blocks)
+        if any(computed_blocks):
+            coordinator.allocate_new_computed_blocks(seq_id, computed_blocks, num_local_computed_tokens)
+            if self.events.active:
+                for blocks, hits in zip(coordinator.get_blocks(seq_id), computed_blocks):
+                    self._emit_hits(seq, blocks, len(blocks) - len(hits))
+        new_blocks = coordinator.allocate_new_blocks(seq_id, num_tokens_need_slot)
         if self.events.active:
-            self._emit_slots(seq, req_blocks, num_old_blocks, num_computed_tokens, num_tokens_need_slot)
+            for blocks, new in zip(coordinator.get_blocks(seq_id), new_blocks):
+                self._emit_slots(seq, blocks, len(blocks) - len(new), num_local_computed_tokens, num_tokens_need_slot)
         if self.enable_caching:
-            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, seq.get_len())
-            self.cache_blocks(seq, num_tokens_to_cache)
-        return new_blocks
-
-    def cache_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
-        """Hash and cache the sequence's blocks that `num_computed_tokens` tokens fill (vLLM
-        cache_blocks)."""
-        num_cached = self.num_cached_block.get(seq.seq_id, 0)
-        num_full = num_computed_tokens // self.block_size
-        if num_full <= num_cached:
-            return
-        self.block_pool.cache_full_blocks(self.req_to_blocks[seq.seq_id], self.block_hashes(seq), num_cached,
-                                          num_full, seq.get_token_ids(), self.block_size)
-        self.num_cached_block[seq.seq_id] = num_full
+            num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, seq.get_len())
+            coordinator.cache_blocks(seq, num_tokens_to_cache, self.block_hashes)
+        return self._as_given(new_blocks)
 
     def free(self, seq: Sequence) -> None:
-        """Release the sequence's blocks, last first, so a chain's tail is evicted before its
-        head (vLLM free: block_pool.free_blocks(reversed(blocks)))."""
-        blocks = self.req_to_blocks.pop(seq.seq_id, None)
-        if blocks is None:
+        """Release the sequence's blocks, group after group, each last first, so a chain's tail is
+        evicted before its head (vLLM free)."""
+        if not self.has_blocks(seq):
             raise KeyError(f"sequence {seq.seq_id} holds no blocks")
-        self.block_pool.free_blocks(reversed(blocks), seq.seq_id)
-        self.num_cached_block.pop(seq.seq_id, None)
+        self.coordinator.free(seq.seq_id)
         self.req_to_block_hashes.pop(seq.seq_id, None)
         if self.events.active:
             self.events.emit(SequenceFreed, seq_id=seq.seq_id)
@@ -179,9 +223,14 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ what the step plan reads
 
-    def get_block_ids(self, seq: Sequence) -> list[int]:
-        """The sequence's block table as block ids (vLLM get_block_ids)."""
-        return [block.block_id for block in self.req_to_blocks.get(seq.seq_id, [])]
+    def get_block_ids(self, seq: Sequence):
+        """The sequence's block table as block ids: the group's list, or one list per group (vLLM
+        get_block_ids)."""
+        return self._as_given(self.get_block_ids_per_group(seq))
+
+    def get_block_ids_per_group(self, seq: Sequence) -> tuple[list[int], ...]:
+        """The sequence's block ids in each group, the null block (0) where a window let a block go."""
+        return tuple([block.block_id for block in blocks] for blocks in self.coordinator.get_blocks(seq.seq_id))
 
     def has_blocks(self, seq: Sequence) -> bool:
         return seq.seq_id in self.req_to_blocks
@@ -200,7 +249,9 @@ class KVCacheManager:
             return
         token_ids = seq.get_token_ids()
         bs = self.block_size
-        for index, block in enumerate(blocks, start=first):
+        for index, block in enumerate(blocks[first:], start=first):
+            if block.is_null:  # a hit before the window: never taken
+                continue
             assert block.block_hash is not None
             self.events.emit(PrefixCacheHit, device=GPU, block=block.block_id, seq_ids=(seq.seq_id,),
                              logical_index=index, ref_count=block.ref_cnt,

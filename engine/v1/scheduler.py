@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from engine.events import Preempted
 from engine.scheduler import SchedulerConfig
-from engine.scheduler_output import SchedulerOutput, plan_entry
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from engine.v1.kv_cache_manager import KVCacheManager, cdiv
+from engine.v1.kv_cache_manager import KVCacheManager
 
 
 @dataclass(slots=True)
@@ -121,10 +121,11 @@ class Scheduler:
         return self._plan(out)
 
     def _plan(self, out: _Scheduling) -> SchedulerOutput:
-        """The step plan, with each sequence's block ids as allocate_slots left them (vLLM v1
-        SchedulerOutput: num_scheduled_tokens and the requests' block ids)."""
+        """The step plan, with each sequence's block ids in every KV-cache group as allocate_slots
+        left them (vLLM v1 SchedulerOutput: num_scheduled_tokens and the requests' block ids)."""
         manager = self.kv_cache_manager
-        scheduled = [plan_entry(group, seq, seq.num_computed_tokens, n, manager.get_block_ids(seq))
+        scheduled = [ScheduledSequence(group, seq, seq.num_computed_tokens, n,
+                                       tuple(map(tuple, manager.get_block_ids_per_group(seq))))
                      for group, seq, n in out.scheduled]
         decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
         kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
@@ -145,7 +146,7 @@ class Scheduler:
         manager = self.kv_cache_manager
         while self.waiting and token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            needed = cdiv(seq.get_len(), manager.block_size)
+            needed = manager.get_num_blocks_needed(seq.get_len())
             if needed > manager.num_usable_blocks or seq.get_len() > self.config.max_model_len:
                 self._ignore(seq, f"needs {needed} blocks for {seq.get_len()} tokens but the pool has "
                                   f"{manager.num_usable_blocks} (block 0 is the null block)", out)
