@@ -138,6 +138,8 @@ def test_a_replay_that_never_ends_is_reported_within_its_deadline(answers, said)
     assert done, "catch_up never returned"
     update = done[0]
     assert any(f"replay from #0: {said}" in notice for notice in update.notices), update.notices
+    if answers == 0:  # nobody answered and nothing is followed yet: said as the usual cause, not as a loss
+        assert any("no publisher there yet?: following the live stream" in n for n in update.notices)
     if answers is None:  # what came before the deadline is shown, and not taken for every batch
         assert update.received and [r.seq for r in update.received] == list(range(len(update.received)))
         assert not update.gaps[0].replay_ended and "the replay did not end" in update.gaps[0].describe()

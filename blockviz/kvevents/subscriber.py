@@ -274,6 +274,11 @@ class StreamFollower:
     def _unended(self, first: int, result: "ReplayResult") -> str:
         why = {"stopped": "stopped", "silent": f"no answer for {self.replay_timeout_s:g} s",
                "deadline": f"no end marker within {self.replay_deadline_s:g} s"}[result.why]
+        if result.why == "silent" and not result.batches and self.last_seq is None:
+            # nothing followed yet and nobody answers: most often the publisher is not up yet (attach
+            # started first); its batches will come live, and the first one asks replay for any before it
+            return (f"rank {self.stream}: replay from #{first}: {why}, no publisher there yet?: following the "
+                    "live stream (its first batch asks replay for any missed; r asks again)")
         return (f"rank {self.stream}: replay from #{first}: {why} "
                 f"({len(result.batches)} batch{'es' if len(result.batches) != 1 else ''} came)")
 
