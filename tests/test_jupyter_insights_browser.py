@@ -87,8 +87,9 @@ COMPARE_CELLS = [
 PAGE_COMPARE = """() => Array.from(document.querySelectorAll('.bv-view-pool')).map((view) => {
     const canvas = view.querySelector("canvas.bv-pool-canvas[data-device='gpu'][data-states]");
     return canvas ? canvas.dataset.states : null; })"""
+# each run's pool as far as the grid draws it (the blocks the run ever holds: grid.extents)
 KERNEL_COMPARE = ("[''.join(__import__('blockviz.model.view', fromlist=['x']).block_state(b)[0] "
-                  "for b in t.state.pools['gpu']) for t in grid.timelines]")
+                  "for b in t.state.pools['gpu'][:extent]) for t, extent in zip(grid.timelines, grid.extents)]")
 
 
 def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_together(jupyter_server, lab_page):

@@ -91,6 +91,7 @@ def add_parser(subparsers) -> None:
 def execute(args) -> int:
     from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
+    from blockviz.model.narration import plural
     from blockviz.model.trace import TraceError, check_new_trace_path
 
     out = Path(args.out)
