@@ -82,6 +82,8 @@ def moments_equal_the_kernel(page) -> list[dict]:
     pools are on the page."""
     for index, moment in enumerate(page.evaluate(MOMENTS_JS)):
         expected = kernel_cells(page, f"viz.snapshot(at={moment['position']})")
+        # a pool canvas paints when it is on screen with a width: look at the moment, as a reader does
+        page.evaluate("(i) => document.querySelectorAll('.blockviz-moment')[i].scrollIntoView()", index)
         page.wait_for_function(MOMENT_BLOCKS_DRAWN, arg=[index, len(expected)], timeout=UI_LIMIT_MS)
     moments = page.evaluate(MOMENTS_JS)
     for moment in moments:
