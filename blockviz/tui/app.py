@@ -333,4 +333,5 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(key_rows(self.BINDINGS) + [
             ("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
+            ("z / Z", "a big pool (a cell per N blocks): zoom into the selected block's cell / out to the whole pool"),
             ("ctrl+p", "command palette")]))
