@@ -29,15 +29,18 @@ OUT_DIR = ROOT / "screenshots"
 
 def after_first(kind: str, settle: tuple[str, ...] = ()) -> Callable[[Trace], int]:
     """Position just after the first `kind` event, plus the `settle` events that directly follow it
-    (e.g. the K/V digests the engine reports once it has moved the data)."""
+    (e.g. the K/V digests the engine reports once it has moved the data), at the end of the engine
+    operation it is in (Timeline.landing): a picture of a state the engine can be in."""
 
     def find(trace: Trace) -> int:
+        from blockviz.model.timeline import Timeline
+
         events = trace.events
         index = next(i for i, e in enumerate(events) if e.type == kind)
         position = index + 1
         while position < len(events) and events[position].type in settle:
             position += 1
-        return position
+        return Timeline.for_trace(trace).landing(position)
 
     return find
 
