@@ -2,10 +2,13 @@
 `vllm/v1/engine/core.py` `EngineCore.__init__` building its `Scheduler` from a `VllmConfig` and the
 `KVCacheConfig` its workers reported).
 
-No worker runs: the `KVCacheConfig` is made by hand, as `get_kv_cache_configs` would report our
-cache engine (`engine/cache_engine.py`): one full-attention KV-cache group (`FullAttentionSpec` with
-our block size, KV heads, head size and dtype) over exactly our pool's blocks. The `ModelConfig` reads
-the engine's local checkpoint directory (its config.json; no weights, no tokenizer).
+No worker runs: the `KVCacheConfig` is made as `get_kv_cache_configs` would make it from our cache
+engine (`engine/cache_engine.py`): each layer's `FullAttentionSpec` or `SlidingWindowSpec` (our block
+size, KV heads, head size and dtype; the window of a sliding layer) grouped by vLLM's own
+`get_kv_cache_groups`, over exactly our pool's blocks. A hybrid model thus runs on vLLM's
+HybridKVCacheCoordinator (vLLM switches its hybrid manager off on the CPU; `build_vllm_config` says
+why it stays on here). The `ModelConfig` reads the engine's local checkpoint directory (its
+config.json; no weights, no tokenizer).
 
 `vllm_options` set vLLM's `SchedulerConfig` / `CacheConfig` fields by name on top of what the engine
 config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
