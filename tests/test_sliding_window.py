@@ -386,7 +386,7 @@ def test_the_python_api_refuses_with_one_line(tmp_path, fields, options, message
 def test_a_window_as_long_as_the_context_and_an_unread_long_window_load(tmp_path):
     """What must still load: a window equal to the context on sliding layers, and Qwen2.5's
     sliding_window 131072 over 32768 positions with use_sliding_window false (no layer slides)."""
-    assert LLM(str(_edited_checkpoint(tmp_path, sliding_window=256)), device="cpu", num_gpu_blocks=32)
+    assert LLM(str(_edited_checkpoint(tmp_path, sliding_window=256)), device="cpu", num_gpu_blocks=32, kv_manager="v1")
     qwen = {"model_type": "qwen2", "num_hidden_layers": 28, "max_position_embeddings": 32768,
             "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 21}
     assert attention_layer_types(qwen.get) == ((FULL,) * 28, None)
