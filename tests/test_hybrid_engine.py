@@ -28,7 +28,9 @@ from blockviz.model.reducer import ReducerState
 from engine import LLM, SamplingParams
 from engine.events import BlockFreed, PrefixCacheHit, Preempted, SequenceFreed
 from engine.v1.kv_cache_interface import get_kv_cache_groups
-from test_sliding_window import ARCHS, PROMPTS, checkpoint_root, engine_llm, needs_triton, reference  # noqa: F401 (a module fixture)
+from test_sliding_window import (  # noqa: F401 (checkpoint_root: a module fixture)
+    ARCHS, DEVICE, PROMPTS, checkpoint_root, engine_llm, needs_triton, reference,
+)
 
 HYBRID = ("llama", "qwen2", "qwen3")  # full and sliding layers mixed
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -153,6 +155,18 @@ def test_v1_a_small_pool_preempts_a_hybrid_request_and_keeps_parity(arch):
     watch = Watch(llm)
     run(llm, arch, 3, [SHARED, OTHER], max_tokens=16, watch=watch)
     assert any(isinstance(e, Preempted) for e in watch.events), "the pool never ran short"
+    assert_groups_ran(llm, watch, hybrid=True)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", HYBRID)
+def test_v1_groups_on_the_triton_backend(arch):
+    """The triton kernels read each layer's group table (the null block where a window let go),
+    on CUDA when lent, else Triton's interpreter on the CPU."""
+    llm = engine_llm(arch, 3, block_size=4, device=DEVICE, attention_backend="triton")
+    assert llm.engine.model_runner.attention_backend == "triton"
+    watch = Watch(llm)
+    run(llm, arch, 3, PROMPTS, max_tokens=8, watch=watch)
     assert_groups_ran(llm, watch, hybrid=True)
 
 
