@@ -10,7 +10,7 @@ head_size_v) x dtype bytes per layer; `FullAttentionSpec`, `SlidingWindowSpec`) 
 (one latent of kv_lora_rank + qk_rope_head_dim numbers per token per layer, no separate V; DeepSeek's
 `get_kv_cache_spec` builds it with num_kv_heads=1). `vllm_block_bytes` asks vLLM's own classes;
 `engine_block_bytes` our engine's (engine.cache_engine.CacheEngine.get_cache_block_size, and
-engine.kv_cache_interface.kv_cache_specs per layer); tests/test_lessons.py holds them equal.
+engine.v1.kv_cache_interface.kv_cache_specs per layer); tests/test_lessons.py holds them equal.
 """
 
 from __future__ import annotations
@@ -128,12 +128,12 @@ def _torch_dtype(kv_dtype: str):
 
 def engine_block_bytes(shape: KVShape, block_size: int, kv_dtype: str) -> int | None:
     """Bytes of one block as our engine sizes it: CacheEngine.get_cache_block_size (K and V per
-    layer), checked against the sum of engine.kv_cache_interface.kv_cache_specs's page sizes (one
+    layer), checked against the sum of engine.v1.kv_cache_interface.kv_cache_specs's page sizes (one
     spec per layer, sliding ones included). None for MLA: the engine has no latent cache."""
     from types import SimpleNamespace
 
     from engine.cache_engine import CacheEngine
-    from engine.kv_cache_interface import kv_cache_specs
+    from engine.v1.kv_cache_interface import kv_cache_specs
 
     if shape.kv_factor != 2:
         return None
