@@ -24,7 +24,7 @@ from blockviz.model.palette import event_number, short_hash, show_tokens
 from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, cell_counts, check_range, zoom_level
 from blockviz.model.record import Record
 from blockviz.model.reducer import (CACHED_CODE, FREE_CODE, NULL, NULL_CODE, USED, USED_CODE, BlockState, ReducerState,
-                                    touched_blocks, state_code)
+                                    state_code, touched_blocks)
 from engine import events as ev
 
 STATE_CODES = {"used": USED_CODE, "cached": CACHED_CODE, "free": FREE_CODE, "null": NULL_CODE}  # "state"'s characters
