@@ -18,6 +18,8 @@ from engine import events as ev
 
 FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / free-but-cached
 NULL = "null"  # vLLM v1's block 0: a placeholder, never allocated, freed or counted
+# A block's state code, one character (view.STATE_CODES): the state every view colours it by.
+USED_CODE, CACHED_CODE, FREE_CODE, NULL_CODE = "u", "c", "f", "n"
 
 
 @dataclass(slots=True)
@@ -49,6 +51,17 @@ class BlockState:
         self.registered = False
         self.digest = None
         self.digest_slots = 0
+
+
+def state_code(block: BlockState) -> str:
+    """The block's state code: u in use, n vLLM v1's null block (BlockPool.null_block), c free but
+    still hashed (a prefix-cache hit can revive it until it is evicted), f free. The one rule every
+    view colours a block by (view.block_state names it)."""
+    if block.state == USED:
+        return USED_CODE
+    if block.state == NULL:
+        return NULL_CODE
+    return CACHED_CODE if block.block_hash is not None else FREE_CODE
 
 
 @dataclass(slots=True)
@@ -92,6 +105,14 @@ class ReducerState:
             self.free_queue = list(range(1, num_gpu_blocks))
         if self.design.null_block and num_cpu_blocks:  # vLLM's CPU tier is a BlockPool too: block 0 is null
             self.pools["cpu"][0].state = NULL
+        # Per device a state code (state_code) per block, kept as events change blocks (_recode), so a
+        # view of a pool of any size reads its states and counts without a pass over its blocks.
+        self.codes: dict[str, bytearray] = {device: bytearray(FREE_CODE * len(pool), "ascii")
+                                            for device, pool in self.pools.items()}
+        for device, pool in self.pools.items():
+            if pool and pool[0].state == NULL:
+                self.codes[device][0] = ord(NULL_CODE)
+        self.hashed_gpu_blocks: set[int] = set()  # the GPU blocks holding a hash (the hash chains')
         self.cpu_hash_map: dict[int, int] = {}  # vLLM's CPU tier: block_hash -> the first cpu block holding it
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
@@ -180,6 +201,22 @@ class ReducerState:
             setattr(state, name, _THAW.get(name, _deepcopy)(value))
         return state
 
+    # ------------------------------------------------------------------ state codes
+
+    def block_codes(self, device: str, start: int = 0, stop: int | None = None) -> str:
+        """One state code (state_code) per block of `device` from `start` to `stop`."""
+        return self.codes[device][start:stop].decode("ascii")
+
+    def _recode(self, device: str, number: int) -> None:
+        """Keep block `number`'s state code, and whether it is a hashed GPU block, after a change."""
+        block = self.pools[device][number]
+        self.codes[device][number] = ord(state_code(block))
+        if device == "gpu":
+            if block.block_hash is None:
+                self.hashed_gpu_blocks.discard(number)
+            else:
+                self.hashed_gpu_blocks.add(number)
+
     # ------------------------------------------------------------------ applying events
 
     def apply(self, event: ev.Event) -> None:
@@ -187,6 +224,9 @@ class ReducerState:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            recode = _RECODES[type(event)]
+            if recode is not None:
+                recode(self, event)
         self.counts[event.type] = self.counts.get(event.type, 0) + 1
         self.num_events += 1
         self.last_seq_no = event.seq_no
@@ -197,11 +237,14 @@ class ReducerState:
         events = events if isinstance(events, (list, tuple)) else list(events)
         if not events:
             return self
-        handlers = _HANDLERS
+        handlers, recodes = _HANDLERS, _RECODES
         for event in events:
             handler = handlers.get(type(event))
             if handler is not None:
                 handler(self, event)
+                recode = recodes[type(event)]
+                if recode is not None:
+                    recode(self, event)
         counts = self.counts
         for cls, count in Counter(map(type, events)).items():
             counts[cls.type] = counts.get(cls.type, 0) + count
@@ -472,6 +515,58 @@ _HANDLERS = {
 }
 
 
+def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
+    return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
+
+
+# The events that change other blocks than their own `block` (the rest change that one, or none).
+_CHANGES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
+    ev.CopyOnWrite: lambda e: {e.device: frozenset((e.src_block, e.dst_block))},
+    ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
+    ev.SwappedOut: _mapping_blocks,
+    ev.SwappedIn: _mapping_blocks,
+    ev.OffloadStored: lambda e: {"gpu": frozenset(g for g, _ in e.mapping), "cpu": frozenset(c for _, c in e.mapping)},
+    ev.OffloadLoaded: lambda e: {"cpu": frozenset(c for c, _ in e.mapping), "gpu": frozenset(g for _, g in e.mapping)},
+}
+
+
+def touched_blocks(event: ev.Event | None) -> dict[str, frozenset[int]]:
+    """The blocks an event changed, per device: the reducer recodes them (_RECODES), the views
+    underline them."""
+    if event is None:
+        return {}
+    changes = _CHANGES.get(type(event))
+    if changes is not None:
+        return changes(event)
+    block = getattr(event, "block", None)
+    return {event.device: frozenset((block,))} if block is not None else {}
+
+
+# Events whose handler changes no block's state or hash (ref counts, tokens, digests only).
+_CODES_KEPT = frozenset({ev.SlotAppended, ev.KVDigest, ev.Forked, ev.OffloadLoaded})
+
+
+def _recode_one(state: ReducerState, event: Any) -> None:
+    state._recode(event.device, event.block)
+
+
+def _recoder(changes: Callable[[Any], dict[str, frozenset[int]]]) -> Callable[[ReducerState, Any], None]:
+    def recode(state: ReducerState, event: Any) -> None:
+        for device, numbers in changes(event).items():
+            for number in numbers:
+                state._recode(device, number)
+    return recode
+
+
+# Per handled event class, what recodes the blocks its handler changed (touched_blocks), or None:
+# ReducerState.apply runs it after the handler. An event class the reducer gains is recoded too.
+_RECODES: dict[type[ev.Event], Callable[[ReducerState, Any], None] | None] = {
+    cls: None if cls in _CODES_KEPT else _recoder(_CHANGES[cls]) if cls in _CHANGES
+    else _recode_one if "block" in cls.__struct_fields__ else None
+    for cls in _HANDLERS}
+
+
 def _deepcopy(value):
     """Scalars as they are; anything else (a field without a fast path) deep-copied."""
     return value if isinstance(value, (int, float, str, bool, type(None))) else copy.deepcopy(value)
@@ -511,6 +606,8 @@ _FREEZE = {
     "seqs": lambda seqs: tuple(map(_SEQS.freeze, seqs.values())),
     "free_queue": tuple,
     "design": lambda design: design,  # frozen: shared by every snapshot
+    "codes": lambda codes: tuple((device, bytes(device_codes)) for device, device_codes in codes.items()),
+    "hashed_gpu_blocks": tuple,
     **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
 }
 _THAW = {
@@ -519,8 +616,19 @@ _THAW = {
     "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
     "free_queue": list,
     "design": lambda design: design,
+    "codes": lambda codes: {device: bytearray(device_codes) for device, device_codes in codes},
+    "hashed_gpu_blocks": set,
     **{name: dict for name in _DICTS},
 }
+
+
+def check_state_codes(reducer: ReducerState) -> None:
+    """The state codes and hashed GPU blocks a ReducerState keeps as events arrive equal the ones
+    recomputed from its blocks (state_code of each)."""
+    for device, pool in reducer.pools.items():
+        assert reducer.block_codes(device) == "".join(map(state_code, pool)), f"{device} state codes differ from its blocks'"
+    assert reducer.hashed_gpu_blocks == {b.number for b in reducer.pools["gpu"] if b.block_hash is not None}, (
+        "the hashed GPU blocks differ from the blocks holding a hash")
 
 
 def check_reducer_matches(reducer, manager) -> None:
@@ -551,6 +659,7 @@ def check_reducer_matches(reducer, manager) -> None:
         cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
         assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
         assert reducer.hash_map == {h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()}
+    check_state_codes(reducer)
 
 
 def check_reducer_matches_v1(reducer, manager) -> None:
@@ -581,3 +690,4 @@ def check_reducer_matches_v1(reducer, manager) -> None:
 
     expected = {external_block_hash(h): next(iter(blocks)) for h, blocks in pool.cached_block_hash_to_block.items()}
     assert reducer.hash_map == expected, "reducer's hash map differs from the manager's"
+    check_state_codes(reducer)
