@@ -46,8 +46,17 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
         "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
         "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-        **_profiled_fields(budget), **_kv_manager_fields(config),
+        **_profiled_fields(budget), **_kv_manager_fields(config), **_kv_cache_group_fields(engine),
     }
+
+
+def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
+    """A hybrid model's KV-cache groups under engine/v1 (kind, window, layers: design.py
+    kv_cache_groups_header); nothing for one group, so those headers are as they always were."""
+    from blockviz.model.design import kv_cache_groups_header
+
+    groups = kv_cache_groups_header(getattr(getattr(engine, "kv_manager", None), "kv_cache_groups", None) or [])
+    return {"kv_cache_groups": groups} if groups else {}
 
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:
