@@ -2,9 +2,10 @@
 
 Line 1 is a header ({"format": "blockviz-trace", "version": 1, ...} with the model, block size,
 pool sizes, prefix caching and the requests that were run); every following line is one event's
-`Event.to_json()`. Version 2 is a run with several KV-cache groups (a hybrid model under engine/v1):
-its header names them ("kv_cache_groups") and its block events carry their `group`; a run with one
-group is written as version 1, as before groups existed, and every version-1 trace still loads. A replay feeds these events to the same reducer and views as a live run, so a
+`Event.to_json()`. Version 2 is a run with KV-cache groups (a hybrid or sliding-window model under
+engine/v1): its header names them ("kv_cache_groups"), its block events carry their `group` and a
+window's freed slots are blocks_skipped events (docs/traces.md); a run with one full-attention group
+is written as version 1, as before groups existed, and every version-1 trace still loads. A replay feeds these events to the same reducer and views as a live run, so a
 trace needs no model and no torch (this module imports only `engine.events` and `engine.config`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
@@ -136,7 +137,7 @@ def make_header(engine_header: dict[str, Any], **run: Any) -> dict[str, Any]:
     """The header line: format name and version, blockviz version, the engine's settings
     (blockviz.session.engine_session.trace_header: model, block_size, num_gpu_blocks,
     num_cpu_blocks, enable_prefix_caching, ...) and the run's settings (prompts, n, max_tokens,
-    seed, ...)."""
+    seed, ...). Version 1, or GROUPS_FORMAT_VERSION when the engine's header names KV-cache groups."""
     from blockviz import __version__
 
     header: dict[str, Any] = {"format": FORMAT_NAME, "version": 1, "blockviz_version": __version__}
