@@ -129,6 +129,17 @@ def test_hybrid_events_name_their_group_and_the_window_puts_the_null_block_in_it
     assert hit_window[0] == ("gpu", 0) and hit_full[:2] == full[:2]  # B's window hit: the null block at its head
 
 
+def test_the_log_names_a_blocks_group_and_a_windows_null_slots():
+    from blockviz.model.narration import describe
+
+    run, _ = window_hit_run()
+    skip = next(e for e in run.events if isinstance(e, ev.BlocksSkipped))
+    assert describe(skip) == (f"window of seq 0 [group 1] lets go of gpu {','.join(map(str, skip.blocks))}: "
+                              "L0, L1, L2 now the null block")
+    lines = [describe(e) for e in run.events if isinstance(e, ev.BlockAllocated)]
+    assert any(line.endswith("[group 1]") for line in lines) and any("[group" not in line for line in lines)
+
+
 def test_a_hybrid_trace_round_trips_checked_and_replays_to_the_same_state(tmp_path):
     run, _ = window_hit_run()
     path = tmp_path / "hybrid.jsonl"
@@ -140,6 +151,23 @@ def test_a_hybrid_trace_round_trips_checked_and_replays_to_the_same_state(tmp_pa
     replayed = ReducerState.from_header(trace.header).apply_all(trace.events)
     assert replayed.freeze() == run.reducer.freeze()
     assert ReducerState.thaw(replayed.freeze()).seq_tables(0) == run.reducer.seq_tables(0)
+
+
+def test_a_windows_frees_are_one_operation_and_every_boundary_is_a_state_the_engine_has():
+    """BlocksSkipped and the frees it causes are drawn whole (blockviz/model/operation.py); at every
+    boundary of a hybrid run each group's tables hold what the ref counts say."""
+    from test_operations import walk
+
+    from blockviz.model.timeline import Timeline
+
+    run, _ = window_hit_run()
+    timeline = Timeline.for_header(run.header)
+    timeline.extend(run.events)
+    skip = next(i for i, e in enumerate(run.events) if isinstance(e, ev.BlocksSkipped))
+    operation = timeline.operation_at(skip + 1)
+    assert operation is not None and operation.kind == "window" and operation.end == skip + 1 + len(run.events[skip].blocks)
+    boundaries, inside_wrong = walk(run.events, run.header, timeline)
+    assert boundaries >= 10 and inside_wrong > 0  # walk asserted each boundary; inside, the checker sees problems
 
 
 @pytest.mark.parametrize("field,value,message", [
