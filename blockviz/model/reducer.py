@@ -159,7 +159,7 @@ class ReducerState:
     def cached_block(self, block_hash: int, group: int = 0) -> int | None:
         """The block a lookup of `block_hash` in `group` returns now: the first cached for that
         group (vLLM BlockPool.get_cached_block), or None."""
-        if not self.kv_cache_groups:
+        if not self.kv_cache_groups and not self.group_tables:  # one group: the first block cached
             return self.hash_map.get(block_hash)
         gpu = self.pools["gpu"]
         return next((n for n in self.hash_blocks.get(block_hash, ()) if gpu[n].group == group), None)
