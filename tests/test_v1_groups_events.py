@@ -188,7 +188,8 @@ def test_a_bad_groups_header_is_one_line_naming_the_field(tmp_path, field, value
 
 
 def _checker_after(run: Run, count: int) -> TraceChecker:
-    checker = TraceChecker(4, 16, 0, kv_manager="v1", kv_cache_groups=kv_cache_groups_of(run.header))
+    checker = TraceChecker(4, run.header["num_gpu_blocks"], 0, kv_manager="v1",
+                           kv_cache_groups=kv_cache_groups_of(run.header))
     for event in run.events[:count]:
         checker.check(event)
     return checker
@@ -408,3 +409,20 @@ def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_t
     write_trace(out, header, events)
     trace = read_trace(out)
     assert ReducerState.from_header(trace.header).apply_all(trace.events).freeze() == reducer.freeze()
+
+
+def test_a_model_of_one_window_names_its_group_and_explains_a_cold_cache_as_before():
+    """Every layer one window (Mistral): one group, named in the header since it lets blocks go; the
+    first lookup misses on an empty cache, not on a window tail; a repeat hits."""
+    run = Run(4, 30, [6])
+    assert run.header["version"] == 2 and len(run.header["kv_cache_groups"]) == 1
+    a = run.add(0, list(range(14)))
+    assert run.admit(a)
+    for token in range(6):
+        run.decode(a, token)
+    assert run.admit(run.add(1, list(range(14))))
+    check_reducer_matches_v1(run.reducer, run.manager)
+    explained = explain_requests(run.events, 4, 30, 0, True, "v1", kv_cache_groups=kv_cache_groups_of(run.header))
+    assert explained[0].blocks[0].verdict == "not cached: the cache is empty"
+    assert explained[1].num_hit_tokens == 12 and explained[1].blocks[3].verdict != WINDOW_TAIL
+    _checker_after(run, len(run.events))

@@ -252,8 +252,8 @@ def _explain_groups(request_id: str, tokens: tuple[int, ...], seq_id: int, state
     """The lookup of a run with KV-cache groups (vLLM v1 get_computed_blocks through
     HybridKVCacheCoordinator): the hit is the longest prefix of at most num_tokens - 1 tokens that
     every group accepts (hybrid_hit_blocks). Its first missing block is a window-tail miss when
-    every full-attention group holds it, and the prompt goes on past it; else the reasons of a
-    single group's lookup, in the full-attention groups."""
+    every full-attention group holds it (a model of windows only: every group), and the prompt goes
+    on past it; else the reasons of a single group's lookup, in the full-attention groups."""
     size = state.block_size
     chunks = [tuple(tokens[i:i + size]) for i in range(0, len(tokens), size)]
     block_hashes = hashes(chunks, size)
@@ -273,9 +273,10 @@ def _explain_groups(request_id: str, tokens: tuple[int, ...], seq_id: int, state
             row.verdict = AFTER_A_MISS
         elif len(chunk) < size:
             row.verdict = PARTIAL
-        elif any(state.cached_block(block_hash, g) is None for g in full):
+        elif any(state.cached_block(block_hash, g) is None for g in full or range(len(groups))):
             cached = state.cached_block(block_hash, shown)
-            row.verdict, row.evicted_by = _why_missed(chunk, block_hash, cached, state, evicted_at)
+            evictions = evicted_at if full else {h: at for (h, _), at in window_evicted_at.items()}
+            row.verdict, row.evicted_by = _why_missed(chunk, block_hash, cached, state, evictions)
         elif index >= max_blocks:
             row.verdict = LAST_BLOCK
         else:
