@@ -29,8 +29,8 @@ from engine.events import (
     TokenGenerated,
     TokensScheduled,
 )
-from engine.kv_cache_interface import check_kv_manager, kv_cache_specs
 from engine.model_loader import LoadedModel, load_model
+from engine.model_source import check_kv_manager
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.model_runner import ModelRunner
 from engine.output_processor import Detokenizer, StopChecker
@@ -38,6 +38,7 @@ from engine.sampler import make_generator
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
+from engine.v1.kv_cache_interface import kv_cache_specs
 from engine.vllm_core.config import offloading_bytes
 
 logger = logging.getLogger("engine")
@@ -80,9 +81,14 @@ class LLMEngine:
         scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
                                            config.preemption_mode)
         self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config)
+        # the layers' KV-cache groups, one block table per request each (v0 keeps one table for all layers);
+        # their layer names are layer indices
+        self.kv_cache_groups = (self.kv_manager.kv_cache_groups if config.kv_manager == "v1"
+                                else self.scheduler.vllm.kv_cache_config.kv_cache_groups if config.kv_manager == "vllm"
+                                else None)
         self.model_runner = ModelRunner(self.model, self.cache_engine, config.block_size, self.device,
                                         config.attention_backend,
-                                        self.kv_manager.kv_cache_groups if config.kv_manager == "v1" else None,
+                                        self.kv_cache_groups,
                                         max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager)
         self.eos_token_id = self._eos_token_id()
         self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
@@ -112,13 +118,12 @@ class LLMEngine:
             scheduler = make_vllm_scheduler(self, scheduler_config.max_num_batched_tokens)
             return scheduler.kv_cache_manager, scheduler
         if config.kv_manager == "v1":
-            from engine.v1.kv_cache_interface import get_kv_cache_groups_for_model
+            from engine.v1.kv_cache_interface import get_kv_cache_groups
             from engine.v1.kv_cache_manager import KVCacheManager
             from engine.v1.scheduler import Scheduler as V1Scheduler
 
             # one block table per KV-cache group when the model reads a metadata per layer
-            groups = (get_kv_cache_groups_for_model(self.loaded.config, config.block_size)
-                      if getattr(self.model, "takes_layer_metadata", False) else None)
+            groups = get_kv_cache_groups(self.kv_cache_specs) if getattr(self.model, "takes_layer_metadata", False) else None
             manager = KVCacheManager(config.block_size, self.budget.num_gpu_blocks, self.max_model_len,
                                      enable_caching=bool(config.enable_prefix_caching),
                                      hash_algo=config.prefix_caching_hash_algo, events=self.events,

@@ -30,7 +30,7 @@ SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "ministral", "qwen2", "qwen
 # (engine.models.MODEL_REGISTRY)
 
 # The attention layer types the models here run (transformers' `layer_types` entries; vLLM's
-# FullAttentionSpec and SlidingWindowSpec, engine/kv_cache_interface.py).
+# FullAttentionSpec and SlidingWindowSpec, engine/v1/kv_cache_interface.py).
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 # model types whose transformers config defaults sliding_window to 4096 when config.json omits it
 _SLIDING_WINDOW_DEFAULT = {"mistral": 4096, "ministral": 4096, "qwen2": 4096, "qwen3": 4096}
@@ -100,10 +100,8 @@ def check_model(name_or_path: str | os.PathLike | None = None, kv_manager: str |
 def check_model_config(config: dict, kv_manager: str | None = None) -> None:
     """ValueError (one line) unless a model here runs the checkpoint's config.json: its model_type,
     for the Llama family its attention layers (`attention_layer_types`), and sliding layers only
-    under a block manager that serves them (engine.kv_cache_interface.check_kv_manager). Read
-    before transformers sees the config, whose own refusals span several lines."""
-    from engine.kv_cache_interface import check_kv_manager
-
+    under a block manager that serves them (`check_kv_manager`). Read before transformers sees
+    the config, whose own refusals span several lines."""
     check_model_type(config.get("model_type"))
     if config.get("model_type") != "gpt2" and isinstance(config.get("num_hidden_layers"), int):
         layer_types, _ = attention_layer_types(config.get)
@@ -126,11 +124,16 @@ def attention_layer_types(get) -> tuple[tuple[str, ...], int | None]:
 
     A sliding layer attends to the last `sliding_window` positions, its own included
     (transformers' `sliding_window_overlay`: key k is seen from query q when q - window < k <= q).
-    A window at least as long as the context is full attention: valid, as transformers allows
-    (Qwen2.5's configs carry sliding_window 131072 over 32768 positions).
+    A window as long as the context (`max_position_embeddings`) is full attention in effect and
+    valid; one longer than the context on a layer that slides is refused: it can never slide, so
+    the layers would cost a KV-cache group of their own (and a prefix hit must hold in it) for
+    nothing, and it is far more likely a config mistake than a choice. A window on no sliding layer
+    is not read, however long: Qwen2.5's configs carry sliding_window 131072 over 32768 positions
+    with use_sliding_window false, and load.
 
     Raises ValueError (one line) for an unknown layer type, a layer_types list whose length is not
-    num_hidden_layers, or sliding layers without a whole-number window >= 1.
+    num_hidden_layers, sliding layers without a whole-number window >= 1, or with one longer than
+    the context.
     """
     model_type = get("model_type", None)
     num_layers = get("num_hidden_layers", None)
@@ -158,7 +161,24 @@ def attention_layer_types(get) -> tuple[tuple[str, ...], int | None]:
         return tuple(layer_types), None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"sliding_window must be a whole number >= 1 for the sliding_attention layers, got {window!r}")
+    context = get("max_position_embeddings", None)
+    if isinstance(context, int) and window > context:
+        raise ValueError(f"sliding_window {window} is longer than the model's context (max_position_embeddings="
+                         f"{context}), so its {layer_types.count('sliding_attention')} sliding_attention layers "
+                         f"could never slide: make them full_attention or the window at most {context}")
     return tuple(layer_types), window
+
+
+def check_kv_manager(kv_manager: str | None, layer_types) -> None:
+    """ValueError (one line) when block manager `kv_manager` cannot serve a model whose layers are
+    `layer_types` (transformers' "full_attention" / "sliding_attention" per layer): v0 runs full
+    attention only, as vLLM v0's BlockSpaceManager (one block table per sequence, no per-layer
+    windows, no KV-cache groups), for a hybrid model and an all-sliding one alike. The engine
+    calls it, and `check_model_config` before anything loads."""
+    num_sliding = sum(kind == "sliding_attention" for kind in layer_types)
+    if kv_manager == "v0" and num_sliding:
+        raise ValueError(f"kv_manager 'v0' cannot run this model: {num_sliding} of its {len(layer_types)} layers use "
+                         f"sliding-window attention, which vLLM v0 never served per layer; use --kv-manager v1")
 
 
 def check_model_type(model_type) -> None:

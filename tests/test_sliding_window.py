@@ -3,8 +3,9 @@
 Tiny random checkpoints the tests build (save_pretrained into a temp dir), each with full and
 sliding layers mixed as its family mixes them: Llama with explicit `layer_types`, Qwen2 with
 `use_sliding_window` + `max_window_layers`, Qwen3 with `layer_types`, and Mistral's window on
-every layer. The paged engine (vLLM v1's manager, which keeps every block for now) must generate
-what transformers' greedy `generate` does, token for token in float32, for windows smaller and
+every layer. The paged engine (vLLM v1's manager, one block table per KV-cache group:
+tests/test_hybrid_engine.py checks the groups themselves) must generate what transformers' greedy
+`generate` does, token for token in float32, for windows smaller and
 larger than a block, block sizes 1, 4 and 16, prompts longer than the window, on the torch and the
 triton backend (Triton's interpreter on the CPU, as tests/test_kernels.py runs it).
 
@@ -14,6 +15,10 @@ layers with `layer_types`.
 
 At the attention level the window is checked against transformers' own mask function, and blocks
 wholly before a window are filled with NaN: any path that read them would return NaN.
+
+Bad layouts (v0 under sliding layers, an unknown layer type, a window longer than the context on
+layers that slide) are one line: exit 2 from `blockviz generate` and `blockviz run`, a ValueError
+from the Python API.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from engine.attention import AttentionMetadata, causal_mask, paged_attention, re
 from engine.cache_engine import CacheEngine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.kernels import triton_available  # noqa: E402
-from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, kv_cache_specs  # noqa: E402
+from engine.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, kv_cache_specs  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model_loader import load_model  # noqa: E402
 from engine.model_source import attention_layer_types  # noqa: E402
@@ -185,11 +190,10 @@ def test_greedy_parity_torch(arch, window, block_size):
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_the_window_changes_the_tokens_and_a_window_past_the_context_is_full_attention(arch):
-    """A window of 3 and one of 1000 (past max_position_embeddings=256: valid, as transformers
-    allows; every key is in it) give different tokens on the same weights, each equal to
-    transformers'."""
-    long = assert_parity(arch, 1000, engine_llm(arch, 1000))
+def test_the_window_changes_the_tokens_and_a_window_as_long_as_the_context_is_full_attention(arch):
+    """A window of 3 and one of 256 (max_position_embeddings: valid; every key is in it) give
+    different tokens on the same weights, each equal to transformers'."""
+    long = assert_parity(arch, 256, engine_llm(arch, 256))
     short = assert_parity(arch, 3, engine_llm(arch, 3))
     assert long[0] != short[0]
 
@@ -329,21 +333,65 @@ def _edited_checkpoint(tmp_path: Path, **fields) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fields, options, message", [
-    ({}, ["--kv-manager", "v0"], "kv_manager 'v0' cannot run this model: 2 of its 3 layers use sliding-window"),
-    (dict(layer_types=[FULL, FULL, "chunked_attention"]), [], "layer type 'chunked_attention' (layer 2)"),
-    (dict(layer_types=[FULL, SLIDING]), [], "layer_types has 2 entries"),
-    (dict(sliding_window=0), [], "sliding_window must be a whole number >= 1"),
-])
+BAD_LAYOUTS = [  # (config.json fields, engine options, the one line)
+    ({}, dict(kv_manager="v0"), "kv_manager 'v0' cannot run this model: 2 of its 3 layers use sliding-window"),
+    (dict(layer_types=[SLIDING] * 3), dict(kv_manager="v0"), "kv_manager 'v0' cannot run this model: 3 of its 3"),
+    (dict(layer_types=[FULL, FULL, "chunked_attention"]), {}, "layer type 'chunked_attention' (layer 2)"),
+    (dict(layer_types=[FULL, SLIDING]), {}, "layer_types has 2 entries"),
+    (dict(sliding_window=0), {}, "sliding_window must be a whole number >= 1"),
+    (dict(sliding_window=257), {}, "sliding_window 257 is longer than the model's context (max_position_embeddings=256)"),
+]
+
+
+def _cli_options(options: dict) -> list[str]:
+    return [arg for name, value in options.items() for arg in (f"--{name.replace('_', '-')}", value)]
+
+
+@pytest.mark.parametrize("fields, options, message", BAD_LAYOUTS)
 def test_cli_refuses_in_one_line_exit_2(tmp_path, capsys, fields, options, message):
     from blockviz import cli
 
     path = _edited_checkpoint(tmp_path, **fields)
     capsys.readouterr()  # building a checkpoint prints progress bars
-    argv = ["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2", "--num-gpu-blocks", "32", *options]
+    argv = ["generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2", "--num-gpu-blocks", "32",
+            *_cli_options(options)]
     assert cli.main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize("fields, options, message", BAD_LAYOUTS)
+def test_run_refuses_in_one_line_exit_2_before_its_app_opens(tmp_path, capsys, monkeypatch, fields, options, message):
+    """`blockviz run` reads the checkpoint's layers in the UI process, torch-free, before the
+    engine process starts."""
+    from blockviz import cli
+    from blockviz.session.engine_process import ProcessBridge
+
+    monkeypatch.setattr(ProcessBridge, "start", lambda self: pytest.fail("the engine process started"))
+    path = _edited_checkpoint(tmp_path, **fields)
+    capsys.readouterr()
+    assert cli.main(["run", "--model", str(path), *_cli_options(options)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize("fields, options, message", BAD_LAYOUTS)
+def test_the_python_api_refuses_with_one_line(tmp_path, fields, options, message):
+    path = _edited_checkpoint(tmp_path, **fields)
+    with pytest.raises(ValueError) as info:
+        LLM(str(path), device="cpu", num_gpu_blocks=32, **options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_window_as_long_as_the_context_and_an_unread_long_window_load(tmp_path):
+    """What must still load: a window equal to the context on sliding layers, and Qwen2.5's
+    sliding_window 131072 over 32768 positions with use_sliding_window false (no layer slides)."""
+    assert LLM(str(_edited_checkpoint(tmp_path, sliding_window=256)), device="cpu", num_gpu_blocks=32, kv_manager="v1")
+    qwen = {"model_type": "qwen2", "num_hidden_layers": 28, "max_position_embeddings": 32768,
+            "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 21}
+    assert attention_layer_types(qwen.get) == ((FULL,) * 28, None)
+    with pytest.raises(ValueError, match="sliding_window 131072 is longer"):  # the same window, sliding
+        attention_layer_types({**qwen, "use_sliding_window": True}.get)
 
 
 def test_the_engine_under_v0_refuses_a_sliding_model_and_v1_runs_it():

@@ -23,7 +23,7 @@ from engine.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
     get_kv_cache_groups,
-    get_kv_cache_groups_for_model,
+    kv_cache_specs,
 )
 from engine.v1.scheduler import Scheduler
 
@@ -66,15 +66,22 @@ def test_layers_group_as_vllm_groups_them(layout):
     assert len(ours) == 1 or layout not in ("all full", "all one window")
 
 
+def model_config(**fields) -> SimpleNamespace:
+    """The fields of a model config (engine.models) that kv_cache_specs reads."""
+    return SimpleNamespace(num_kv_heads=2, head_dim=8, **fields)
+
+
 def test_a_model_config_gives_its_groups():
     """A config's `sliding_windows` (one per layer, None for full attention) gives its groups;
     a config without them (GPT-2) one full-attention group over every layer."""
-    groups = get_kv_cache_groups_for_model(SimpleNamespace(num_layers=4, sliding_windows=(None, 8, 8, None)), 4)
+    groups = get_kv_cache_groups(kv_cache_specs(model_config(num_layers=4, sliding_windows=(None, 8, 8, None)), 4))
     assert [(g.layer_names, type(g.kv_cache_spec).__name__) for g in groups] == [
         (["0", "3"], "FullAttentionSpec"), (["1", "2"], "SlidingWindowSpec")]
     assert groups[1].kv_cache_spec.sliding_window == 8
-    (group,) = get_kv_cache_groups_for_model(SimpleNamespace(num_layers=3), 16)
-    assert group.layer_names == ["0", "1", "2"] and group.kv_cache_spec == FullAttentionSpec(16)
+    (group,) = get_kv_cache_groups(kv_cache_specs(model_config(num_layers=3), 16, torch.float16))
+    assert group.layer_names == ["0", "1", "2"]
+    assert group.kv_cache_spec == FullAttentionSpec(16, num_kv_heads=2, head_size=8, dtype=torch.float16)
+    assert group.kv_cache_spec.page_size_bytes == 2 * 16 * 2 * 8 * 2
 
 
 def test_one_group_is_unitary_and_hands_out_lists():
@@ -156,7 +163,7 @@ def test_the_plan_and_the_runner_carry_one_table_per_group():
     """The v1 scheduler's plan holds each sequence's table in every group (the null block where
     the window let a block go), and the model runner hands each layer the metadata of its group:
     its new tokens' slots lie in that group's blocks."""
-    groups = get_kv_cache_groups_for_model(SimpleNamespace(num_layers=4, sliding_windows=(None, 5, 5, None)), 4)
+    groups = get_kv_cache_groups(kv_cache_specs(model_config(num_layers=4, sliding_windows=(None, 5, 5, None)), 4))
     manager = KVCacheManager(4, 30, max_model_len=64, kv_cache_groups=groups)
     scheduler = Scheduler(SchedulerConfig(4, 64, 64), manager)
     seq = Sequence(0, list(range(10)), 4)

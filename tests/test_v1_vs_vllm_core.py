@@ -120,6 +120,7 @@ def v1_side(w: Workload, events: EventBus):
 def vllm_side(w: Workload, events: EventBus, model_dir):
     import torch
 
+    from engine.v1.kv_cache_interface import FullAttentionSpec
     from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config
     from engine.vllm_core.scheduler import VllmScheduler, make_block_hasher
 
@@ -128,8 +129,8 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
                                prefix_caching_hash_algo=w.hash_algo, options={"scheduler_reserve_full_isl": w.reserve_full_isl,
                                                                             "watermark": w.watermark})
-    vllm = build_scheduler(config, build_kv_cache_config(w.num_gpu_blocks, w.block_size, 2, 16, torch.float32),
-                           w.block_size)
+    spec = FullAttentionSpec(w.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    vllm = build_scheduler(config, build_kv_cache_config(config, [spec], w.num_gpu_blocks), w.block_size)
     scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
     pool = scheduler.block_pool
     return scheduler, lambda: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]

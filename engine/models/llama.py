@@ -13,8 +13,9 @@ per layer, and a sliding layer's token attends to the last `sliding_window` posi
 included (engine.model_source.attention_layer_types reads them as transformers does, Qwen2's
 use_sliding_window / max_window_layers and Mistral's all-layers window included). Each layer
 passes its window to the attention (`LlamaAttention.sliding_window`); `LlamaConfig.sliding_windows`
-lists them, and engine.kv_cache_interface.kv_cache_specs turns them into vLLM's FullAttentionSpec /
-SlidingWindowSpec per layer for the block manager.
+lists them, and engine.v1.kv_cache_interface.kv_cache_specs turns them into vLLM's FullAttentionSpec /
+SlidingWindowSpec per layer for the block manager, which groups the layers into KV-cache groups of
+one block table each (the forward then takes one AttentionMetadata per layer, its group's).
 
 Grouped-query attention: the model has `num_attention_heads` query heads but writes only
 `num_key_value_heads` K/V heads to its cache; query head h reads K/V head
@@ -93,6 +94,7 @@ class LlamaConfig:
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
         layout = dict(model_type="llama", num_hidden_layers=self.num_hidden_layers, sliding_window=self.sliding_window,
+                      max_position_embeddings=self.max_position_embeddings,
                       layer_types=list(self.layer_types) if self.layer_types is not None else None)
         self.layer_types, self.sliding_window = attention_layer_types(layout.get)
 
@@ -152,7 +154,7 @@ class LlamaConfig:
     @property
     def sliding_windows(self) -> tuple[int | None, ...]:
         """Per layer, its window, or None for a full-attention layer (what each layer passes to
-        the attention; engine.kv_cache_interface.kv_cache_specs reads it)."""
+        the attention; engine.v1.kv_cache_interface.kv_cache_specs reads it)."""
         return tuple(self.sliding_window if kind == "sliding_attention" else None for kind in self.layer_types)
 
 
@@ -269,7 +271,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache (vLLM v0 `LlamaForCausalLM`)."""
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache (vLLM v0 `LlamaForCausalLM`).
+
+    `takes_layer_metadata`: the forward takes one AttentionMetadata per layer, so a model whose
+    layers fall into several KV-cache groups (full and sliding-window layers) reads each layer's
+    blocks from its group's table (vLLM v1 GPUModelRunner: each layer gets its group's metadata)."""
+
+    takes_layer_metadata = True
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -290,23 +298,30 @@ class Llama(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: Sequence[KVCache] | None,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         """One step: input_ids and positions (num_tokens,) -> final hidden states (num_tokens, hidden_size).
 
         kv_caches holds one (k_cache, v_cache) pair per layer, each (num_blocks, block_size,
         num_kv_heads, head_dim); the new tokens' rotated K and their V are written at
         `meta.slot_mapping`. kv_caches=None runs without a cache (prefill-from-scratch only).
+        `meta` is one metadata for every layer, or one per layer (each its KV-cache group's: the
+        same tokens and lengths over that group's block tables).
         """
-        if max(meta.context_lens) > self.config.max_position_embeddings:
-            raise ValueError(f"context of {max(meta.context_lens)} tokens exceeds the model's "
+        num_layers = self.config.num_hidden_layers
+        metas = [meta] * num_layers if isinstance(meta, AttentionMetadata) else list(meta)
+        if len(metas) != num_layers:
+            raise ValueError(f"{len(metas)} attention metadata for a model of {num_layers} layers: give one, "
+                             f"or one per layer")
+        if max(metas[0].context_lens) > self.config.max_position_embeddings:
+            raise ValueError(f"context of {max(metas[0].context_lens)} tokens exceeds the model's "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if kv_caches is None:
-            kv_caches = [(None, None)] * self.config.num_hidden_layers
+            kv_caches = [(None, None)] * num_layers
         x = self.model.embed_tokens(input_ids)  # (num_tokens, hidden_size)
         rope = rope_cos_sin(self.inv_freq, positions, x.dtype)  # one pair for every layer
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, meta)
+        for layer, kv_cache, layer_meta in zip(self.model.layers, kv_caches, metas, strict=True):
+            x = layer(x, rope, kv_cache, layer_meta)
         return self.model.norm(x)  # (num_tokens, hidden_size)
 
     @torch.inference_mode()

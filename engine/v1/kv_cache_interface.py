@@ -12,12 +12,18 @@ own table per request. The block manager reads only `block_size` and `sliding_wi
 so any spec objects with those attributes (the model's, with their page sizes) group the same.
 vLLM's page-size unification, padding layers and its Mamba, MLA and chunked-local specs are left
 out: the layers of one model here all have one page size.
+
+`kv_cache_specs` reads a model config's specs, one per layer in layer order (vLLM
+`GPUModelRunner.get_kv_cache_spec`, which asks each attention layer), with the page shape (KV heads,
+head size, dtype) the cache engine allocates; the engine groups them with `get_kv_cache_groups`, and
+kv_manager="vllm" hands the same specs to vLLM's own grouping (engine/vllm_core/config.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def cdiv(a: int, b: int) -> int:
@@ -36,14 +42,33 @@ class KVCacheSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class FullAttentionSpec(KVCacheSpec):
+class AttentionSpec(KVCacheSpec):
+    """An attention layer's page: `block_size` tokens of K and V for `num_kv_heads` heads of
+    `head_size` in `dtype`, a torch.dtype (vLLM AttentionSpec). The block manager reads only
+    block_size; a spec made for it alone (KVCacheManager's default group, the block-manager
+    tests) leaves the shape out, and has no page size."""
+
+    num_kv_heads: int = field(default=1, kw_only=True)
+    head_size: int = field(default=1, kw_only=True)
+    dtype: Any = field(default=None, kw_only=True)
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of this layer, K and V (vLLM AttentionSpec.page_size_bytes)."""
+        if self.dtype is None:
+            raise ValueError("a spec without a dtype has no page size")
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class FullAttentionSpec(AttentionSpec):
     """A layer that attends over every earlier token (vLLM FullAttentionSpec)."""
 
 
 @dataclass(frozen=True, slots=True)
-class SlidingWindowSpec(KVCacheSpec):
+class SlidingWindowSpec(AttentionSpec):
     """A layer whose token at position p attends over positions p - sliding_window + 1 .. p
-    (vLLM SlidingWindowSpec)."""
+    (vLLM SlidingWindowSpec): blocks wholly before a request's window are never read again."""
 
     sliding_window: int = field(kw_only=True)
 
@@ -105,9 +130,12 @@ def get_kv_cache_groups(layer_specs: Sequence) -> list[KVCacheGroupSpec]:
     return groups
 
 
-def get_kv_cache_groups_for_model(model_config, block_size: int) -> list[KVCacheGroupSpec]:
-    """The KV-cache groups of a model config: its `sliding_windows` (one per layer, None for a
-    full-attention layer) where it has them, one full-attention group otherwise (GPT-2)."""
+def kv_cache_specs(model_config, block_size: int, dtype=None) -> tuple[AttentionSpec, ...]:
+    """One spec per layer of a model config (engine.models: GPT2Config, LlamaConfig), in layer
+    order (vLLM GPUModelRunner.get_kv_cache_spec): SlidingWindowSpec for a layer with a window in
+    its `sliding_windows` (None for a full-attention layer), FullAttentionSpec otherwise; a config
+    without `sliding_windows` (GPT-2) is full attention throughout."""
     windows = getattr(model_config, "sliding_windows", None) or (None,) * model_config.num_layers
-    return get_kv_cache_groups([FullAttentionSpec(block_size) if window is None
-                                else SlidingWindowSpec(block_size, sliding_window=window) for window in windows])
+    shape = dict(num_kv_heads=model_config.num_kv_heads, head_size=model_config.head_dim, dtype=dtype)
+    return tuple(FullAttentionSpec(block_size, **shape) if window is None
+                 else SlidingWindowSpec(block_size, **shape, sliding_window=window) for window in windows)

@@ -34,15 +34,15 @@ def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
     from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config
     from engine.vllm_core.scheduler import VllmScheduler, make_block_hasher
 
-    config, model = engine.config, engine.loaded.config
+    config = engine.config
     num_gpu_blocks = engine.budget.num_gpu_blocks
     vllm_config = build_vllm_config(
         engine.loaded.path, block_size=config.block_size, num_gpu_blocks=num_gpu_blocks,
         max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
         max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
         prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
-    kv_cache_config = build_kv_cache_config(num_gpu_blocks, config.block_size, model.num_kv_heads, model.head_dim,
-                                            engine.loaded.dtype, engine.budget.block_bytes)
+    kv_cache_config = build_kv_cache_config(vllm_config, engine.kv_cache_specs, num_gpu_blocks,
+                                            engine.budget.block_bytes)
     scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
     hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
     return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)

@@ -2,10 +2,13 @@
 `vllm/v1/engine/core.py` `EngineCore.__init__` building its `Scheduler` from a `VllmConfig` and the
 `KVCacheConfig` its workers reported).
 
-No worker runs: the `KVCacheConfig` is made by hand, as `get_kv_cache_configs` would report our
-cache engine (`engine/cache_engine.py`): one full-attention KV-cache group (`FullAttentionSpec` with
-our block size, KV heads, head size and dtype) over exactly our pool's blocks. The `ModelConfig` reads
-the engine's local checkpoint directory (its config.json; no weights, no tokenizer).
+No worker runs: the `KVCacheConfig` is made as `get_kv_cache_configs` would make it from our cache
+engine (`engine/cache_engine.py`): each layer's `FullAttentionSpec` or `SlidingWindowSpec` (our block
+size, KV heads, head size and dtype; the window of a sliding layer) grouped by vLLM's own
+`get_kv_cache_groups`, over exactly our pool's blocks. A hybrid model thus runs on vLLM's
+HybridKVCacheCoordinator (vLLM switches its hybrid manager off on the CPU; `build_vllm_config` says
+why it stays on here). The `ModelConfig` reads the engine's local checkpoint directory (its
+config.json; no weights, no tokenizer).
 
 `vllm_options` set vLLM's `SchedulerConfig` / `CacheConfig` fields by name on top of what the engine
 config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
@@ -43,6 +46,7 @@ OWNED = {
 
 
 GiB = 1 << 30
+CACHE_ENGINE_LAYOUT = "LHBNC"  # vLLM's KVCacheLayout of engine/cache_engine.py's pool: layer, head, block, token, channel
 OFFLOAD_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"  # vLLM's switch from OffloadingConnector to SimpleCPUOffloadConnector
 
 
@@ -114,10 +118,18 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
                       max_num_seqs: int, max_num_batched_tokens: int, enable_prefix_caching: bool,
                       prefix_caching_hash_algo: str, options: dict[str, Any] | None = None):
     """A VllmConfig over the checkpoint directory with our pool (vLLM's EngineArgs.create_engine_config,
-    cut to what the scheduler reads), the options applied on top."""
+    cut to what the scheduler reads), the options applied on top.
+
+    vLLM's hybrid KV-cache manager stays on, as on a GPU: VllmConfig.__post_init__ turns it off on the
+    CPU (`Platform.support_hybrid_kv_cache` is a worker's capability, and there is no vLLM worker
+    here: our cache engine and runner serve one table per group), and an explicit
+    disable_hybrid_kv_cache_manager=False would be refused there. The option is applied after that
+    check: True runs a hybrid model as vLLM does without the manager (every window as full attention,
+    one group); with the CPU tier, vLLM's connector decides, as vLLM does."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     sched_options, cache_options = split_options(options)
+    disable_hybrid = sched_options.pop("disable_hybrid_kv_cache_manager", None)
     model_dir = str(model_dir)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ValueError(f"kv_manager 'vllm' needs a local checkpoint directory with a config.json, got {model_dir!r}")
@@ -142,8 +154,8 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
         saved = os.environ.get(OFFLOAD_ENV)
         os.environ[OFFLOAD_ENV] = "1" if offloading else "0"
         try:
-            return VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
-                              device_config=DeviceConfig("cpu"))
+            vllm_config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
+                                     device_config=DeviceConfig("cpu"))
         finally:
             if saved is None:
                 del os.environ[OFFLOAD_ENV]
@@ -151,23 +163,43 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
                 os.environ[OFFLOAD_ENV] = saved
     except (ValueError, TypeError, AssertionError) as error:
         raise _refused(error) from None
+    if disable_hybrid is None and vllm_config.kv_transfer_config is not None:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        disable_hybrid = not KVConnectorFactory.supports_hma_config(vllm_config.kv_transfer_config)
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = bool(disable_hybrid)
+    return vllm_config
 
 
-def build_kv_cache_config(num_gpu_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                          dtype: torch.dtype, block_bytes: int | None = None):
-    """One full-attention KV-cache group over the whole pool (vLLM's get_kv_cache_config_from_groups
-    for a model whose layers all share one FullAttentionSpec). Its one KVCacheTensor only describes our
-    cache engine's pool (num_gpu_blocks x block_bytes, every layer's K and V of a block together): the
-    CPU tier sizes itself from it; the cache engine holds the tensors. Without block_bytes, one layer's
-    page (FullAttentionSpec.page_size_bytes)."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_bytes: int | None = None):
+    """Our layers' KV-cache groups as vLLM makes them, over exactly our pool (vLLM's
+    get_kv_cache_configs, cut to one worker whose memory is already sized): each layer's spec
+    (engine.v1.kv_cache_interface.kv_cache_specs) as vLLM's FullAttentionSpec or SlidingWindowSpec,
+    named by its layer index, grouped by vLLM's own `kv_cache_planning.get_kv_cache_groups` (one group
+    when the layers are alike; a hybrid model's full and sliding-window groups otherwise, unless
+    disable_hybrid_kv_cache_manager turns its windows into full attention). Its one KVCacheTensor only
+    describes our cache engine's pool (num_gpu_blocks x block_bytes, every layer's K and V of a block
+    together): the CPU tier sizes itself from it; the cache engine holds the tensors. Without
+    block_bytes, every layer's page. The layout is resolved first, as EngineCore does from what its
+    workers support: our cache engine's one, per layer K/V heads outermost (CacheEngine._shape: vLLM's
+    LHBNC)."""
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheTensor, SlidingWindowSpec
 
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
-    block_bytes = block_bytes or spec.page_size_bytes
-    tensor = KVCacheTensor(size=num_gpu_blocks * block_bytes, layers=["model.layers"], layer_stride=0,
+    specs = {}
+    for index, spec in enumerate(layer_specs):
+        shape = dict(block_size=spec.block_size, num_kv_heads=spec.num_kv_heads, head_size=spec.head_size,
+                     dtype=spec.dtype)
+        window = getattr(spec, "sliding_window", None)
+        specs[str(index)] = FullAttentionSpec(**shape) if window is None else SlidingWindowSpec(**shape,
+                                                                                                sliding_window=window)
+    resolve_kv_cache_layout(vllm_config, [[CACHE_ENGINE_LAYOUT]], specs.values())
+    block_bytes = block_bytes or sum(spec.page_size_bytes for spec in specs.values())
+    tensor = KVCacheTensor(size=num_gpu_blocks * block_bytes, layers=list(specs), layer_stride=0,
                            block_stride=block_bytes)
     return KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[tensor],
-                         kv_cache_groups=[KVCacheGroupSpec(["model.layers"], spec)])
+                         kv_cache_groups=get_kv_cache_groups(vllm_config, specs))
 
 
 def build_scheduler(vllm_config, kv_cache_config, block_size: int):

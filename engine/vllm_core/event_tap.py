@@ -17,6 +17,11 @@ emitting what our v1 (engine/v1/) emits for the same operation, in the same orde
 - `KVCacheCoordinator.allocate_new_computed_blocks`: notes how many blocks the request holds once
   its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new (offload.py).
 
+With several KV-cache groups (a hybrid model: full-attention and sliding-window layers) each
+operation emits every group's events, group after group, as engine/v1's KVCacheManager does; a
+sliding-window group's `remove_skipped_blocks` frees through `BlockPool.free_blocks` inside
+`allocate_slots`, so those BlockFreed carry the request's seq id.
+
 Hashes are vLLM's `BlockHash` bytes as our events carry them (`external_block_hash`: the low 64
 bits, which is vLLM's `maybe_convert_block_hash` with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
 
@@ -26,8 +31,7 @@ Features of vLLM 0.33's manager that ours lacks, and why none reaches an event h
   than the block; the scheduler is built with `hash_block_size == block_size`;
 - `move_block_hashes`, `unpin_blocks`, `evict_blocks`, deferred frees, `_free_cow_retained_blocks`:
   KV connectors, HiSparse and copy-on-write only; no connector is configured;
-- `remove_skipped_blocks` and null-padded tables: sliding-window and Mamba groups; ours is one
-  full-attention group;
+- Mamba groups and their null-padded tables: the models here have attention layers only;
 - block zeroing (`new_block_ids_to_zero`): only a worker that needs it asks; the ids are drained
   and unused here;
 - `reset_prefix_cache`: never called by the adapter.
@@ -63,15 +67,17 @@ class VllmEventTap:
         self.manager = scheduler.kv_cache_manager
         self.coordinator = self.manager.coordinator
         self.pool = self.manager.block_pool
-        (self.single,) = self.coordinator.single_type_managers  # one full-attention group
-        self.block_size = self.single.block_size
+        self.managers = self.coordinator.single_type_managers  # one per KV-cache group
+        self.block_size = self.managers[0].block_size
         self._get_block_hash = get_block_hash
         self._key = make_block_hash_with_group_id
         self._request: Any = None  # the Request allocate_slots is working for
         self._start = 0  # where its new slots start (computed tokens plus new hits)
-        self._freeing = -1  # the seq id KVCacheManager.free is freeing (-1: vLLM's CPU tier releasing a pin)
+        # the seq id whose blocks are being freed (KVCacheManager.free, or a window's in allocate_slots;
+        # -1: vLLM's CPU tier releasing a pin)
+        self._freeing = -1
         self.hashed: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # block id -> (parent hash, tokens)
-        self._num_old_blocks: int | None = None  # the request's blocks before allocate_slots' new ones
+        self._num_old_blocks: list[int] | None = None  # per group, the request's blocks before allocate_slots' new ones
         for obj, name in ((self.manager, "allocate_slots"), (self.manager, "free"),
                           (self.coordinator, "allocate_new_computed_blocks"),
                           (self.coordinator, "allocate_new_blocks"), (self.pool, "touch"),
@@ -90,11 +96,13 @@ class VllmEventTap:
             self._request = request
             self._start = request.num_computed_tokens + num_new_computed_tokens
             self._num_old_blocks = None
+            freeing, self._freeing = self._freeing, int(request.request_id)  # a window's blocks let go
             try:
                 return original(request, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
                                 new_computed_blocks=new_computed_blocks, **kwargs)
             finally:
                 self._request = None
+                self._freeing = freeing
         return allocate_slots
 
     def _touch(self, original):
@@ -127,8 +135,8 @@ class VllmEventTap:
         def allocate_new_computed_blocks(request_id, new_computed_blocks, *args, **kwargs):
             # the hits join the table here, then (vLLM's CPU tier) fresh blocks for the tokens a
             # load brings back: those are new blocks, announced with allocate_new_blocks' own
-            self._num_old_blocks = len(self.single.req_to_blocks.get(request_id, ())) + sum(
-                1 for _ in new_computed_blocks[0])
+            self._num_old_blocks = [len(manager.req_to_blocks.get(request_id, ())) + sum(1 for _ in hits)
+                                    for manager, hits in zip(self.managers, new_computed_blocks)]
             return original(request_id, new_computed_blocks, *args, **kwargs)
         return allocate_new_computed_blocks
 
@@ -136,11 +144,13 @@ class VllmEventTap:
         def allocate_new_blocks(request_id, num_tokens, *args, **kwargs):
             num_old_blocks = self._num_old_blocks
             if num_old_blocks is None:
-                num_old_blocks = len(self.single.req_to_blocks.get(request_id, ()))
+                num_old_blocks = [len(manager.req_to_blocks.get(request_id, ())) for manager in self.managers]
             self._num_old_blocks = None
             new_blocks = original(request_id, num_tokens, *args, **kwargs)
             if self.events.active and self._request is not None:
-                self._emit_slots(self._request, num_old_blocks, self._start, num_tokens)
+                for manager, num_old in zip(self.managers, num_old_blocks):
+                    self._emit_slots(self._request, manager.req_to_blocks[request_id], num_old, self._start,
+                                     num_tokens)
             return new_blocks
         return allocate_new_blocks
 
@@ -187,7 +197,7 @@ class VllmEventTap:
 
     def _free(self, original):
         def free(request):
-            had_blocks = request.request_id in self.single.req_to_blocks
+            had_blocks = any(request.request_id in manager.req_to_blocks for manager in self.managers)
             self._freeing = int(request.request_id)
             try:
                 original(request)
@@ -199,11 +209,10 @@ class VllmEventTap:
 
     # ------------------------------------------------------------------ events
 
-    def _emit_slots(self, request: Any, num_old_blocks: int, start: int, end: int) -> None:
-        """Tokens start..end-1 got slots (engine/v1's KVCacheManager._emit_slots, over vLLM's own
-        block table and the request's own tokens)."""
+    def _emit_slots(self, request: Any, blocks: list, num_old_blocks: int, start: int, end: int) -> None:
+        """Tokens start..end-1 got slots in one group's table `blocks` (engine/v1's
+        KVCacheManager._emit_slots, over vLLM's own block table and the request's own tokens)."""
         bs = self.block_size
-        blocks = self.single.req_to_blocks[request.request_id]
         seq_id = int(request.request_id)
         token_ids = request.all_token_ids
         for pos in range(start, min(end, num_old_blocks * bs)):

@@ -5,8 +5,10 @@ decisions.
 Each of our sequences is one vLLM `Request` whose id is the seq id as a string (n > 1 fans out into
 n sequences, as vLLM's `ParentRequest` does). vLLM's `SchedulerOutput` becomes our step plan: per
 request its `num_scheduled_tokens`, the `num_computed_tokens` the runner data carries, and its block
-table kept as vLLM's GPU model runner keeps it (`_update_states`: a new request's `block_ids`, a
-running one's `new_block_ids` appended, a resumed one's replacing the table).
+table per KV-cache group kept as vLLM's GPU model runner keeps it (`_update_states`: a new request's
+`block_ids`, a running one's `new_block_ids` appended, a resumed one's replacing the table). A block
+a sliding window let go keeps its old id there, as in vLLM's runner (vLLM's manager holds the null
+block in its place): the attention never reads it.
 
 vLLM learns the sampled tokens through its own `update_from_output(out, ModelRunnerOutput)`. Our
 engine calls `update_from_output(plan)` before it samples, so the adapter defers vLLM's update to
