@@ -187,9 +187,9 @@ class BlocksSkipped(Event):
     type: ClassVar[str] = "blocks_skipped"
 
     seq_id: int
-    group: int
     logical_indices: tuple[int, ...]
     blocks: tuple[int, ...]
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class SequenceFreed(Event):
