@@ -37,9 +37,16 @@ def groups_of(block_size: int, windows: list[int | None]) -> list[KVCacheGroupSp
                              else SlidingWindowSpec(block_size, sliding_window=w)) for i, w in enumerate(windows)]
 
 
+def groups_header(block_size: int, windows: list[int | None]) -> list[dict]:
+    """The header's "kv_cache_groups" of these groups (as the engine session writes it)."""
+    return kv_cache_groups_header(("full_attention", None, g.layer_names) if w is None
+                                  else ("sliding_window", w, g.layer_names)
+                                  for g, w in zip(groups_of(block_size, windows), windows))
+
+
 def header_of(block_size: int, num_blocks: int, windows: list[int | None], **extra) -> dict:
     """A v1 run's header as the engine session writes it (the groups only where there are)."""
-    groups = kv_cache_groups_header(groups_of(block_size, windows))
+    groups = groups_header(block_size, windows)
     return make_header({"block_size": block_size, "num_gpu_blocks": num_blocks, "num_cpu_blocks": 0,
                         "kv_manager": "v1", "enable_prefix_caching": True,
                         **({"kv_cache_groups": groups} if groups else {})}, **extra)
@@ -102,7 +109,7 @@ def test_a_one_group_run_writes_its_events_as_before():
     """No `group` on disk for group 0; a full-attention run's header names no groups (version 1)."""
     run = Run(4, 10, [None])
     assert "kv_cache_groups" not in run.header and run.header["version"] == 1
-    assert kv_cache_groups_header(groups_of(4, [None])) == []
+    assert groups_header(4, [None]) == []
     assert run.admit(run.add(0, list(range(9))))
     assert all('"group"' not in event.to_json() for event in run.events)
     assert any(isinstance(event, ev.BlockAllocated) for event in run.events)
@@ -296,7 +303,7 @@ class GroupEventDifferential(vllm_groups.Differential):
         super().__init__(block_size, num_blocks, windows, *args, **kwargs)
         self.theirs.pool.enable_kv_cache_events = True
         header = {"block_size": block_size, "num_gpu_blocks": num_blocks, "num_cpu_blocks": 0, "kv_manager": "v1",
-                  "kv_cache_groups": kv_cache_groups_header(groups_of(block_size, windows))}
+                  "kv_cache_groups": groups_header(block_size, windows)}
         self.mapper = V1KVEventMapper(block_size, kv_cache_groups_of(header))
         self.reducer = ReducerState.from_header(header)
         self.ours.bus.subscribe(self.mapper)
@@ -370,29 +377,49 @@ def hybrid_llama(tmp_path_factory):
     return path, load_model(path, "cpu", torch.float32)
 
 
-def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_trace_round_trips(hybrid_llama, tmp_path):
-    """LLMEngine(kv_manager="v1") on a checkpoint with sliding and full layers: two KV-cache groups;
-    after every step a reducer fed only the engine's events holds each group's tables and every
-    block's group; the window lets blocks go mid-request and a shared prompt hits the cache; the
-    run's trace (the session's header, naming the groups) is read back checked and replays to the
-    same state."""
+def check_reducer_matches_vllm_groups(reducer: ReducerState, manager) -> None:
+    """A reducer fed only the event tap's events holds vLLM's own manager's picture: each group's
+    tables (vLLM's req_to_blocks, the null block where its window let a block go), every held
+    block's group, the ref counts and the free queue."""
+    pool = manager.block_pool
+    for group, single in enumerate(manager.coordinator.single_type_managers):
+        tables = {int(r): [("gpu", b.block_id) for b in blocks] for r, blocks in single.req_to_blocks.items() if blocks}
+        assert reducer.tables_of(group) == tables, f"group {group}'s tables differ from vLLM's"
+        for blocks in single.req_to_blocks.values():
+            assert all(reducer.block("gpu", b.block_id).group == group for b in blocks if not b.is_null)
+    assert [b.ref_count for b in reducer.pools["gpu"][1:]] == [b.ref_cnt for b in pool.blocks[1:]]
+    assert reducer.free_queue == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
+
+@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_trace_round_trips(
+        hybrid_llama, tmp_path, kv_manager):
+    """LLMEngine on a checkpoint with sliding and full layers, under engine/v1 and under vLLM's own
+    hybrid manager (the event tap): two KV-cache groups; after every step a reducer fed only the
+    engine's events holds each group's tables and every block's group; the window lets blocks go
+    mid-request and a shared prompt hits the cache in both groups; the run's trace (the session's
+    header, naming the groups) is read back checked and replays to the same state."""
     from blockviz.session.engine_session import trace_header
     from engine import SamplingParams
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
+    if kv_manager == "vllm":
+        pytest.importorskip("vllm", reason="vLLM 0.33 is not installed")
     path, loaded = hybrid_llama
-    engine = LLMEngine(EngineConfig(model=str(path), block_size=4, num_gpu_blocks=48, kv_manager="v1", device="cpu",
-                                    enable_prefix_caching=True), loaded=loaded)
+    engine = LLMEngine(EngineConfig(model=str(path), block_size=4, num_gpu_blocks=48, kv_manager=kv_manager,
+                                    device="cpu", enable_prefix_caching=True), loaded=loaded)
     manager = engine.kv_manager
-    if manager.num_kv_cache_groups == 1:
+    if kv_manager == "v1" and manager.num_kv_cache_groups == 1:
         pytest.skip("the Llama model does not take per-layer metadata yet: one KV-cache group")
     header = make_header(trace_header(engine))
     assert header["version"] == 2 and [g["kind"] for g in header["kv_cache_groups"]] == ["sliding_window", "full_attention"]
+    assert header["kv_cache_groups"][0]["sliding_window"] == 6
     reducer = ReducerState.from_header(header)
     events: list = []
     engine.events.subscribe(events.append)
     engine.events.subscribe(reducer.apply)
+    check = check_reducer_matches_v1 if kv_manager == "v1" else check_reducer_matches_vllm_groups
     opening = "To be, or not to be, that is the question: whether tis nobler"
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine.add_request(opening, params)
@@ -402,27 +429,10 @@ def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_t
         if not engine.has_unfinished_requests() and step > 6:
             break
         engine.step()
-        check_reducer_matches_v1(reducer, manager)
+        check(reducer, manager)
     assert any(isinstance(e, ev.BlocksSkipped) for e in events)
-    assert any(isinstance(e, ev.PrefixCacheHit) and e.group == 1 for e in events)
+    assert {e.group for e in events if isinstance(e, ev.PrefixCacheHit)} == {0, 1}
     out = tmp_path / "hybrid-run.jsonl"
     write_trace(out, header, events)
     trace = read_trace(out)
     assert ReducerState.from_header(trace.header).apply_all(trace.events).freeze() == reducer.freeze()
-
-
-def test_a_model_of_one_window_names_its_group_and_explains_a_cold_cache_as_before():
-    """Every layer one window (Mistral): one group, named in the header since it lets blocks go; the
-    first lookup misses on an empty cache, not on a window tail; a repeat hits."""
-    run = Run(4, 30, [6])
-    assert run.header["version"] == 2 and len(run.header["kv_cache_groups"]) == 1
-    a = run.add(0, list(range(14)))
-    assert run.admit(a)
-    for token in range(6):
-        run.decode(a, token)
-    assert run.admit(run.add(1, list(range(14))))
-    check_reducer_matches_v1(run.reducer, run.manager)
-    explained = explain_requests(run.events, 4, 30, 0, True, "v1", kv_cache_groups=kv_cache_groups_of(run.header))
-    assert explained[0].blocks[0].verdict == "not cached: the cache is empty"
-    assert explained[1].num_hit_tokens == 12 and explained[1].blocks[3].verdict != WINDOW_TAIL
-    _checker_after(run, len(run.events))

@@ -71,20 +71,15 @@ def kv_cache_groups_of(header: dict[str, Any]) -> tuple[KVCacheGroup, ...]:
                  for group in header.get("kv_cache_groups") or ())
 
 
-def kv_cache_groups_header(kv_cache_groups) -> list[dict[str, Any]]:
-    """A run's KV-cache groups (engine/v1's KVCacheGroupSpecs: layer_names, kv_cache_spec) as its
-    header's "kv_cache_groups": per group its kind, its window (sliding_window only) and its
-    layers, as vLLM's KVCacheManager.kv_cache_event_metadata names them; [] for one group of full
-    attention, whose header is as it was before groups (it has no such field). A model whose every
-    layer has one window has one group, named: its windows let blocks go (BlocksSkipped)."""
-    if len(kv_cache_groups) == 1 and getattr(kv_cache_groups[0].kv_cache_spec, "sliding_window", None) is None:
+def kv_cache_groups_header(groups) -> list[dict[str, Any]]:
+    """A run's KV-cache groups, each (kind, window or None, layer names), as its header's
+    "kv_cache_groups": per group its kind (FULL_ATTENTION or SLIDING_WINDOW), its window
+    (sliding_window only) and its layers, as vLLM's KVCacheManager.kv_cache_event_metadata names
+    them; [] for one group of full attention, whose header is as it was before groups (it has no
+    such field). A model whose every layer has one window has one group, named: its windows let
+    blocks go (BlocksSkipped)."""
+    groups = list(groups)
+    if len(groups) == 1 and groups[0][0] == FULL_ATTENTION:
         return []
-    out = []
-    for group in kv_cache_groups:
-        window = getattr(group.kv_cache_spec, "sliding_window", None)
-        entry: dict[str, Any] = {"kind": FULL_ATTENTION if window is None else SLIDING_WINDOW}
-        if window is not None:
-            entry["sliding_window"] = window
-        entry["layer_names"] = [str(name) for name in group.layer_names]
-        out.append(entry)
-    return out
+    return [{"kind": kind, **({"sliding_window": window} if kind == SLIDING_WINDOW else {}),
+             "layer_names": [str(name) for name in layer_names]} for kind, window, layer_names in groups]

@@ -51,12 +51,24 @@ def trace_header(engine: Any) -> dict[str, Any]:
 
 
 def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
-    """A hybrid model's KV-cache groups under engine/v1 (kind, window, layers: design.py
-    kv_cache_groups_header); nothing for one group, so those headers are as they always were."""
-    from blockviz.model.design import kv_cache_groups_header
+    """A hybrid or sliding-window model's KV-cache groups (kind, window, layers:
+    design.kv_cache_groups_header), from engine/v1's groups or vLLM's own manager's
+    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, so those
+    headers are as they always were."""
+    from blockviz.model.design import FULL_ATTENTION, SLIDING_WINDOW, kv_cache_groups_header
 
-    groups = kv_cache_groups_header(getattr(getattr(engine, "kv_manager", None), "kv_cache_groups", None) or [])
-    return {"kv_cache_groups": groups} if groups else {}
+    manager = getattr(engine, "kv_manager", None)
+    if getattr(manager, "kv_cache_groups", None):  # engine/v1
+        groups = [(FULL_ATTENTION if window is None else SLIDING_WINDOW, window, group.layer_names)
+                  for group in manager.kv_cache_groups
+                  for window in [getattr(group.kv_cache_spec, "sliding_window", None)]]
+    elif getattr(manager, "kv_cache_event_metadata", None):  # vLLM's own KVCacheManager
+        groups = [(kind, window, group.layer_names) for (kind, window), group in
+                  zip(manager.kv_cache_event_metadata, manager.kv_cache_config.kv_cache_groups)]
+    else:
+        return {}
+    header = kv_cache_groups_header(groups)
+    return {"kv_cache_groups": header} if header else {}
 
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:
