@@ -280,3 +280,25 @@ def test_lesson11_misses_are_vllms_own(case):
         assert served["vllm"][0] == key_value("11.big_block_hits") == 0
     if case == "shared 40, blocks of 16":
         assert served["vllm"][0] == 32
+
+
+def test_lesson11_window_tail_is_vllms_own():
+    """Lesson 11's window-tail run on vLLM's own hybrid core (kv_manager="vllm": its
+    HybridKVCacheCoordinator over two KV-cache groups): B is served the same 8 tokens, from the same
+    blocks, as engine/v1 serves it, and the key's answer; request A's window frees and C's eviction
+    are the same blocks too."""
+    from blockviz.lessons import lesson11
+
+    def run(mode):
+        with fresh({**lesson11.hybrid_options(), "kv_manager": mode}) as viz:
+            b = lesson11.window_tail(viz)
+            (seq_id,) = viz.state.requests[b]
+            computed = next(e.num_computed_tokens[e.seq_ids.index(seq_id)] for e in events_of(viz, ev.TokensScheduled)
+                            if seq_id in e.seq_ids)
+            moves = [(type(e).__name__, e.block) for e in viz.events
+                     if isinstance(e, (ev.BlockAllocated, ev.BlockFreed, ev.PrefixCacheHit, ev.BlockEvicted))]
+            return computed, moves
+
+    ours, theirs = run("v1"), run("vllm")
+    assert ours == theirs
+    assert ours[0] == key_value("11.window_hit") == 8

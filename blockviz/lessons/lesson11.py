@@ -331,36 +331,36 @@ def check_big_block_hits():
     return same_in_both(lambda kv_manager: hits_of_the_second(kv_manager, 64, SHARED, tails=QUESTIONS)[0].num_hit_tokens)
 
 
-@cache
-def window_tail_run() -> dict[str, Any]:
-    """On engine/v1's KVCacheManager with a full and a sliding-window group (window 4, blocks of
-    4, a 12-block pool) and with one full group alone: request A (16 tokens, then one decode) lets
-    its window blocks go; C (4 tokens) takes the pool's blocks and evicts one of A's window blocks
-    from the cache; B shares A's first 12 tokens. Returns, per layout, B's hit in tokens, A's
-    tables per group, and B's hit blocks per group (the null block is 0)."""
-    from engine.sequence import Sequence
-    from engine.v1 import KVCacheManager
-    from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+A_PROMPT = tuple(range(100, 116))  # request A: 16 tokens, 4 blocks of 4
 
-    prompt = list(range(100, 116))
-    hybrid = [KVCacheGroupSpec(["0"], FullAttentionSpec(4)), KVCacheGroupSpec(["1"], SlidingWindowSpec(4, sliding_window=4))]
-    out: dict[str, Any] = {}
-    for name, groups in (("full + window", hybrid), ("full only", None)):
-        manager = KVCacheManager(4, 12, kv_cache_groups=groups)
-        a = Sequence(0, prompt, 4)
-        assert manager.allocate_slots(a, 16) is not None
-        a.num_computed_tokens = 16
-        a.append_token_id(99)
-        assert manager.allocate_slots(a, 1) is not None
-        a.num_computed_tokens = 17
-        c = Sequence(1, [50, 51, 52, 53], 4)
-        assert manager.allocate_slots(c, 4) is not None
-        b = Sequence(2, prompt[:12] + [77], 4)
-        blocks, num_hit_tokens = manager.get_computed_blocks(b)
-        per_group = blocks if groups else (blocks,)
-        out[name] = {"hit_tokens": num_hit_tokens, "a_tables": manager.get_block_ids_per_group(a),
-                     "b_hit": tuple([block.block_id for block in group] for group in per_group)}
-    return out
+
+def hybrid_options(num_gpu_blocks: int = 12) -> dict:
+    """The tiny hybrid checkpoint on engine/v1: blocks of 4, prefix caching on (v1's default)."""
+    return {"model": hybrid_checkpoint(), "kv_manager": "v1", "block_size": 4, "num_gpu_blocks": num_gpu_blocks}
+
+
+def window_tail(viz) -> str:
+    """On `viz`'s engine: request A (16 tokens, 2 sampled) runs to the end, its window blocks let go
+    while it decodes; then C (8 new tokens) and B (A's first 12 tokens and one more) arrive, and
+    one step admits both: C's blocks come from the pool's free queue, A's freed window blocks
+    among them. Returns B's request id."""
+    from engine.sequence import SamplingParams
+
+    viz.add_request({"prompt_token_ids": list(A_PROMPT)}, SamplingParams(max_tokens=2, ignore_eos=True))
+    viz.run_to_completion()
+    viz.add_request({"prompt_token_ids": list(range(50, 58))}, SamplingParams(max_tokens=1, ignore_eos=True))
+    b = viz.add_request({"prompt_token_ids": list(A_PROMPT[:12]) + [77]}, SamplingParams(max_tokens=1, ignore_eos=True))
+    viz.step()
+    return b
+
+
+@cache
+def window_tail_hits(model: str = "hybrid") -> int:
+    """Tokens B is served from the cache in `window_tail`, on the tiny hybrid checkpoint ("hybrid":
+    a full-attention and a sliding-window group) or on the bundled full-attention model ("full")."""
+    options = hybrid_options() if model == "hybrid" else {**hybrid_options(), "model": "tiny-shakespeare"}
+    with fresh(options) as viz:
+        return viz.insight.explain(window_tail(viz)).num_hit_tokens
 
 
 @exercise("11", "my_window_hit", "a hit must hold in every group: the window group needs the blocks just before the "
@@ -371,20 +371,20 @@ def window_tail_run() -> dict[str, Any]:
                          "has its block.")],
           praise="the hybrid hit is cut to where every group still has what it needs.")
 def check_window_hit():
-    """Tokens B is served from the cache with a full and a sliding-window group."""
-    return window_tail_run()["full + window"]["hit_tokens"]
+    """Tokens B is served from the cache on the tiny hybrid checkpoint (a full and a window group)."""
+    return window_tail_hits("hybrid")
 
 
 # ---------------------------------------------------------------- a tiny hybrid checkpoint, built locally
 
 HYBRID_LAYERS = ("sliding_attention", "full_attention") * 2  # gpt-oss's pattern, on 4 layers
-HYBRID_WINDOW = 8
+HYBRID_WINDOW = 4
 
 
 @cache
 def hybrid_checkpoint() -> str:
     """A tiny random Llama checkpoint with gpt-oss's layer pattern (sliding, full, sliding, full;
-    window 8), written once per process into a temporary directory with the bundled model's
+    window 4), written once per process into a temporary directory with the bundled model's
     tokenizer; returns its path (`LLM(model=path)`). Random weights: its text is noise, its
     KV cache is real."""
     import shutil
