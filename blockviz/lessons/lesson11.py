@@ -384,9 +384,10 @@ HYBRID_WINDOW = 4
 @cache
 def hybrid_checkpoint() -> str:
     """A tiny random Llama checkpoint with gpt-oss's layer pattern (sliding, full, sliding, full;
-    window 4), written once per process into a temporary directory with the bundled model's
-    tokenizer; returns its path (`LLM(model=path)`). Random weights: its text is noise, its
-    KV cache is real."""
+    window 4) and the bundled model's tokenizer, written once per process into a temporary
+    directory removed at exit; returns its path (`LLM(model=path)`). Random weights: its text is
+    noise, its KV cache is real."""
+    import atexit
     import shutil
     import tempfile
     from pathlib import Path
@@ -398,6 +399,7 @@ def hybrid_checkpoint() -> str:
     from engine.model_source import BUNDLED_MODELS_DIR, DEFAULT_MODEL
 
     path = Path(tempfile.mkdtemp(prefix="blockviz-lesson11-"))
+    atexit.register(shutil.rmtree, path, True)  # gone when the kernel exits
     config = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=len(HYBRID_LAYERS),
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          layer_types=list(HYBRID_LAYERS), sliding_window=HYBRID_WINDOW, bos_token_id=0, eos_token_id=0)
