@@ -113,6 +113,12 @@ def assert_groups_ran(llm: LLM, watch: Watch, hybrid: bool) -> None:
         assert all(str(layer) in groups[g].layer_names for layer, g in enumerate(layer_group_ids))
     else:
         assert len(groups) == 1 and layer_group_ids is None
+    cache = engine.cache_engine  # a block holds one page per layer of the largest group, shared across groups
+    assert cache.num_pages == max(len(g.layer_names) for g in groups)
+    assert cache.num_pages < len(cache.layer_pages) if hybrid else cache.layer_pages == list(range(cache.num_pages))
+    assert [cache.layer_pages[int(name)] for g in groups for name in g.layer_names] == [
+        position for g in groups for position in range(len(g.layer_names))]
+    assert engine.budget.block_bytes == cache.block_bytes == cache.pool_bytes("gpu") // cache.num_gpu_blocks
     assert watch.freed_mid_request(), "no window block went back to the pool mid-request"
     assert any(0 in table for table in watch.window_tables), "no window table held the null block"
 
