@@ -208,7 +208,12 @@ def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_b
     Its KVCacheTensors describe our cache engine's pool, one backing allocation in which the l-th
     layer of every group shares a region (CacheEngine's slots); the CPU tier sizes itself from it.
     Without block_bytes, vLLM's bytes per block. A ValueError if vLLM's planner gets another
-    number of blocks from those bytes (our block_bytes is not vLLM's)."""
+    number of blocks from those bytes (our block_bytes is not vLLM's).
+
+    Its prefix_cache_retention_interval stays None, as in a KVCacheConfig built without the
+    planner (a sliding-window group keeps every full block it computed cached, as engine/v1's
+    SlidingWindowManager does), where the planner would copy CacheConfig's (0: only vLLM's
+    semantic checkpoints)."""
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
 
     groups = kv_cache_groups if kv_cache_groups is not None else vllm_kv_cache_groups(vllm_config, layer_specs)
@@ -218,7 +223,7 @@ def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_b
     if config.num_blocks != num_gpu_blocks:
         raise ValueError(f"vLLM's planner makes {config.num_blocks} blocks of {num_gpu_blocks * block_bytes} bytes, "
                          f"the cache engine {num_gpu_blocks} of {block_bytes}")
-    return config
+    return dataclasses.replace(config, prefix_cache_retention_interval=None)
 
 
 def build_scheduler(vllm_config, kv_cache_config, block_size: int):
