@@ -10,6 +10,12 @@ vllm/distributed/kv_events.py): declared like a dataclass, built in C, immutable
 Its `type` names it in a trace; on disk an event is one JSON object, `{"type": ..., "seq_no": ...,
 <fields in declaration order>}`.
 
+KV-cache groups (vLLM's kv_cache_group_id, engine/v1/kv_cache_interface.py): a block belongs to one
+group, and a request has one table per group. The events that place a block in a table, cache it,
+evict it or free it carry its `group` (0 in a run with one group, and then left out on disk), and
+BlocksSkipped says where a sliding-window group put the null block in place of blocks that left
+its window.
+
 Call sites guard emits with `if bus.active:` so that an engine with no subscriber pays one attribute
 check per mutation and builds no event at all.
 """
@@ -34,7 +40,12 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     seq_no: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **msgspec.structs.asdict(self)}
+        """The event as plain values; a `group` of 0 is left out, so a run with one KV-cache group
+        writes its events as before groups existed."""
+        data = {"type": self.type, **msgspec.structs.asdict(self)}
+        if data.get("group") == 0:
+            del data["group"]
+        return data
 
     def to_json(self) -> str:
         """One line of a trace file (tuples become JSON lists)."""
@@ -57,6 +68,7 @@ class BlockAllocated(Event):
     ref_count: int
     block_hash: int | None
     token_ids: tuple[int, ...]
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class PrefixCacheHit(Event):
@@ -73,6 +85,7 @@ class PrefixCacheHit(Event):
     ref_count: int
     block_hash: int
     token_ids: tuple[int, ...]
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class BlockHashed(Event):
@@ -88,6 +101,7 @@ class BlockHashed(Event):
     token_ids: tuple[int, ...]
     num_hashed_tokens: int
     registered: bool
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class SlotAppended(Event):
@@ -161,6 +175,21 @@ class BlockFreed(Event):
     seq_id: int
     ref_count: int
     cached: bool
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
+
+
+class BlocksSkipped(Event):
+    """A sliding-window group of `seq_id` let go of the blocks no later token reads: `blocks`, at
+    `logical_indices` of its table in `group`, now hold the null block (block 0) there (vLLM
+    SingleTypeKVCacheManager.remove_skipped_blocks, at the start of allocate_slots). The BlockFreed
+    events for those blocks follow (the cause before its effects)."""
+
+    type: ClassVar[str] = "blocks_skipped"
+
+    seq_id: int
+    logical_indices: tuple[int, ...]
+    blocks: tuple[int, ...]
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class SequenceFreed(Event):
@@ -179,6 +208,7 @@ class BlockEvicted(Event):
     device: str
     block: int
     block_hash: int
+    group: int = 0  # its KV-cache group (vLLM kv_cache_group_id); 0 in a run with one group
 
 
 class OffloadStored(Event):

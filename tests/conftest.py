@@ -8,9 +8,17 @@ collapsing to one repeated token. Everything is deterministic (fixed torch seed)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton reads TRITON_INTERPRET when it is first imported (its own jit helpers, tl.zeros, are
+    # defined then): set before any test module imports it, directly or through vLLM, so every
+    # kernel test runs the kernels on CPU tensors whatever order the modules are collected in
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from jupyter_fixtures import chromium_browser, jupyter_server, lab_page  # noqa: F401 (browser tests' fixtures)
 
 TINY_GPT2_CONFIG = dict(

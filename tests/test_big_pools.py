@@ -12,8 +12,8 @@ from big_pool_fixtures import (CACHED_BLOCKS, NUM_GPU_BLOCKS, SEQ_BLOCKS, TRACE_
                                used_share_eighths, write_big_pool_trace)
 from blockviz.cli import main
 from blockviz.model.palette import FILL_GLYPHS
-from blockviz.model.pool_zoom import (MAX_BLOCK_CELLS, MAX_ZOOM_CELLS, ZoomCells, block_codes, cell_counts,
-                                      parse_block_range, zoom_cells, zoom_level)
+from blockviz.model.pool_zoom import (MAX_BLOCK_CELLS, MAX_ZOOM_CELLS, ZoomCells, cell_counts, parse_block_range,
+                                      zoom_cells, zoom_level)
 from blockviz.model.svg import MAX_POOL_CELLS, frame_svg
 from blockviz.model.timeline import Timeline
 from blockviz.model.view import STATE_CODES, block_state, snapshot
@@ -44,9 +44,9 @@ def test_zoom_level_keeps_small_pools_one_cell_a_block_and_draws_big_ones_in_at_
 
 def test_each_cells_counts_are_the_reducers_states_of_the_blocks_it_covers(timeline):
     pool = timeline.state.pools["gpu"]
-    cells = zoom_cells(pool)
+    cells = zoom_cells(timeline.state, "gpu")
     assert cells.per_cell == 256 and cells.num_cells == -(-NUM_GPU_BLOCKS // 256)
-    assert block_codes(pool) == "".join(STATE_CODES[block_state(b)] for b in pool)
+    assert timeline.state.block_codes("gpu") == "".join(STATE_CODES[block_state(b)] for b in pool)
     for cell in interesting_cells(cells):
         blocks = cells.blocks_of(cell)
         assert (cells.used[cell], cells.cached[cell], cells.free[cell], cells.null[cell]) == reducer_counts(pool, blocks)

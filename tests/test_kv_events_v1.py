@@ -47,22 +47,10 @@ class EventDifferential(v1_vs_vllm.Differential):
         super().check()
         ours = decoder.decode(encode_batch(self.mapper.take_events())).events  # through vLLM's decoder
         theirs = self.theirs.manager.take_events()
-        where = self._where("KV events")
-        assert [type(e).__name__ for e in ours] == [type(e).__name__ for e in theirs], (where, ours, theirs)
-        for mine, vllms in zip(ours, theirs):
-            assert len(mine.block_hashes) == len(vllms.block_hashes), where
-            for a, b in zip(mine.block_hashes, vllms.block_hashes):
-                self._pair(a, b, where)
-            assert (mine.medium, mine.group_idx) == (vllms.medium, vllms.group_idx) == ("GPU", 0), where
-            if isinstance(mine, kv_events.BlockStored):
-                assert (mine.parent_block_hash is None) == (vllms.parent_block_hash is None), where
-                if mine.parent_block_hash is not None:
-                    self._pair(mine.parent_block_hash, vllms.parent_block_hash, where)
-                for name in SAME_FIELDS:
-                    assert getattr(mine, name) == getattr(vllms, name), (where, name, mine, vllms)
-                self.stored.extend(mine.block_hashes)
-            else:
-                self.num_removed += len(mine.block_hashes)
+        assert_same_kv_events(ours, theirs, self._pair, self._where("KV events"))
+        assert all((e.medium, e.group_idx) == ("GPU", 0) for e in ours)  # one group
+        self.stored.extend(h for e in ours if isinstance(e, kv_events.BlockStored) for h in e.block_hashes)
+        self.num_removed += sum(len(e.block_hashes) for e in ours if isinstance(e, kv_events.BlockRemoved))
 
     def _pair(self, ours, theirs, where: str) -> None:
         """Our hash and vLLM's name the same block content: one to one over the whole sequence."""
@@ -70,18 +58,41 @@ class EventDifferential(v1_vs_vllm.Differential):
         assert self.reverse_pairs.setdefault(theirs, ours) == ours, where
 
 
-@pytest.fixture
-def event_differential(monkeypatch):
-    """run_sequence of tests/test_v1_vs_vllm.py, its Differential checking the KV events too."""
-    made: list[EventDifferential] = []
+def assert_same_kv_events(ours, theirs, pair, where: str) -> None:
+    """Our events (decoded by vLLM's decoder) are vLLM's: the same kinds in order, the same number
+    of hashes each, paired one to one by `pair(ours, theirs, where)`, parents likewise, and every
+    other field (SAME_FIELDS: tokens, tier, group, cache-spec kind and window, ...) equal."""
+    assert [type(e).__name__ for e in ours] == [type(e).__name__ for e in theirs], (where, ours, theirs)
+    for mine, vllms in zip(ours, theirs):
+        assert len(mine.block_hashes) == len(vllms.block_hashes), (where, mine, vllms)
+        for a, b in zip(mine.block_hashes, vllms.block_hashes):
+            pair(a, b, where)
+        assert (mine.medium, mine.group_idx) == (vllms.medium, vllms.group_idx), (where, mine, vllms)
+        if isinstance(mine, kv_events.BlockStored):
+            assert (mine.parent_block_hash is None) == (vllms.parent_block_hash is None), where
+            if mine.parent_block_hash is not None:
+                pair(mine.parent_block_hash, vllms.parent_block_hash, where)
+            for name in SAME_FIELDS:
+                assert getattr(mine, name) == getattr(vllms, name), (where, name, mine, vllms)
 
-    class Recorded(EventDifferential):
+
+def recorded(monkeypatch, module, cls) -> list:
+    """Make `module.Differential` a `cls` that records each instance, for module.run_sequence."""
+    made: list = []
+
+    class Recorded(cls):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(v1_vs_vllm, "Differential", Recorded)
+    monkeypatch.setattr(module, "Differential", Recorded)
     return made
+
+
+@pytest.fixture
+def event_differential(monkeypatch):
+    """run_sequence of tests/test_v1_vs_vllm.py, its Differential checking the KV events too."""
+    return recorded(monkeypatch, v1_vs_vllm, EventDifferential)
 
 
 @pytest.mark.parametrize("chunk", range(3))

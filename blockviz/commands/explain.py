@@ -10,7 +10,7 @@ import json
 import sys
 
 from blockviz.commands.options import add_engine_options
-from blockviz.model.design import kv_manager_of
+from blockviz.model.design import kv_cache_groups_of, kv_manager_of
 from blockviz.errors import UsageError
 
 
@@ -48,13 +48,15 @@ def execute(args) -> int:
     header = session.header
     explanations = explain_requests(events, header["block_size"], header["num_gpu_blocks"],
                                     header["num_cpu_blocks"], header["enable_prefix_caching"],
-                                    kv_manager_of(header), header.get("prefix_caching_hash_algo") or "sha256")
+                                    kv_manager_of(header), header.get("prefix_caching_hash_algo") or "sha256",
+                                    kv_cache_groups_of(header))
     if args.json:
         print(json.dumps([{
             "request_id": x.request_id, "seq_id": x.seq_id, "num_prompt_tokens": x.num_prompt_tokens,
             "num_hit_blocks": x.num_hit_blocks, "num_hit_tokens": x.num_hit_tokens,
             "blocks": [{"index": b.index, "num_tokens": len(b.token_ids), "block_hash": b.block_hash,
-                        "verdict": b.verdict, "block": b.block, "evicted_by": b.evicted_by} for b in x.blocks],
+                        "verdict": b.verdict, "block": b.block, "evicted_by": b.evicted_by,
+                        **({"detail": b.detail} if b.detail else {})} for b in x.blocks],
         } for x in explanations], indent=2))
     else:
         for explanation in explanations:

@@ -77,13 +77,15 @@ def execute(args) -> int:
 
 def _trace_batches(name: str):
     from blockviz.kvevents.mapping import step_batches
+    from blockviz.model.design import kv_cache_groups_of
     from blockviz.model.trace import TraceError, load_trace
 
     try:
         trace = load_trace(name)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    return list(step_batches(trace.events, trace.block_size, trace.header.get("kv_manager")))
+    return list(step_batches(trace.events, trace.block_size, trace.header.get("kv_manager"),
+                             kv_cache_groups_of(trace.header)))
 
 
 def _live_batches(args):

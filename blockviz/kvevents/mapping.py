@@ -1,7 +1,7 @@
 """blockviz's engine events as vLLM KV-cache events: what a vLLM v1 engine would have published.
 
 vLLM publishes the life of its prefix cache only: which hashed blocks enter it and which leave it.
-Two mappers, one per KV cache manager (`mapper_for(kv_manager, block_size)`):
+Two mappers, one per KV cache manager (`mapper_for(kv_manager, block_size, kv_cache_groups)`):
 
 - `V1KVEventMapper` (`--kv-manager v1`, engine/v1/): blockviz's v1 BlockPool does what vLLM v1's
   does, so its events map one to one onto what vLLM's `BlockPool` queues. One `cache_full_blocks`
@@ -37,9 +37,11 @@ Batches: vLLM publishes one EventBatch per engine step, and only when the step p
 Within a step, a BlockStored whose parent is the previous BlockStored's last hash joins it (one
 event, several hashes, their tokens in order), as vLLM stores one request's new full blocks at once.
 blockviz never drops its whole cache, so it never sends AllBlocksCleared. Hashes are blockviz's
-xxh64 ints, masked to their low 64 bits as vLLM's int hashes are. blockviz's model has one
-KV-cache group of full attention, so every event names group 0 and BlockStored its kind, as vLLM's
-KVCacheManager.take_events annotates them. The other newest fields stay unset, as vLLM's own GPU
+xxh64 ints, masked to their low 64 bits as vLLM's int hashes are. Every event names its KV-cache
+group (`group_idx`, the engine event's `group`; 0 in a run with one group) and BlockStored the
+group's kind and window (`kv_cache_spec_kind`, `kv_cache_spec_sliding_window`, from the run
+header's "kv_cache_groups"; full attention without one), as vLLM's KVCacheManager.take_events
+annotates them; a cache_full_blocks call is one group's, so a store never spans two groups. The other newest fields stay unset, as vLLM's own GPU
 pool leaves them: `locality` (blockviz's blocks are the publisher's own), `ownership` (no
 offloading tier), `session_id` (blockviz's requests belong to no API session).
 
@@ -53,17 +55,21 @@ from typing import Iterable, Iterator
 import msgspec
 
 from blockviz.kvevents.protocol import KIND_FULL_ATTENTION, MEDIUM_GPU, BlockRemoved, BlockStored, KVCacheEvent
-from blockviz.model.design import design_of
+from blockviz.model.design import KVCacheGroup, design_of
 from engine.events import BlockEvicted, BlockFreed, BlockHashed, Event, OffloadStored, StepFinished
 
 LOW_64_BITS = (1 << 64) - 1
-GROUP = 0  # blockviz's one KV-cache group
+GROUP = 0  # the one KV-cache group of a model with one kind of layer
 MEDIUM_CPU = "CPU"  # vLLM's kv_events.MEDIUM_CPU: its CPU offloading tier
 
 
-def mapper_for(kv_manager: str | None, block_size: int) -> "KVEventMapper | V1KVEventMapper":
-    """The mapper for a run of `kv_manager` ("v0", None as in an old trace, or "v1")."""
-    return (V1KVEventMapper if design_of({"kv_manager": kv_manager}).free_queue else KVEventMapper)(block_size)
+def mapper_for(kv_manager: str | None, block_size: int, kv_cache_groups: tuple[KVCacheGroup, ...] = ()
+               ) -> "KVEventMapper | V1KVEventMapper":
+    """The mapper for a run of `kv_manager` ("v0", None as in an old trace, or "v1") with these
+    KV-cache groups (design.kv_cache_groups_of of its header; () for one full-attention group)."""
+    if design_of({"kv_manager": kv_manager}).free_queue:
+        return V1KVEventMapper(block_size, kv_cache_groups)
+    return KVEventMapper(block_size)
 
 
 def external_hash(block_hash: int) -> int:
@@ -124,10 +130,12 @@ class V1KVEventMapper:
     sets for a single full-attention group is set, `extra_keys` as one None per block (vLLM's
     `to_event_extra_keys` of blocks with none); `lora_*`, `session_id`, `lookahead_token_ids`,
     `locality` and `ownership` stay None, as vLLM leaves them for a request with no LoRA, no
-    multimodal input, no cache salt and no API session."""
+    multimodal input, no cache salt and no API session. `kv_cache_groups` (the run header's) give
+    each group's kind and window (vLLM KVCacheManager.kv_cache_event_metadata)."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
         self.block_size = block_size
+        self.spec_of = {group: (g.kind, g.sliding_window) for group, g in enumerate(kv_cache_groups)}
         self.pending: list[KVCacheEvent] = []
         self._open: BlockStored | None = None  # the store of the cache_full_blocks call being read
 
@@ -141,7 +149,8 @@ class V1KVEventMapper:
             return
         self._open = None  # any other event ends a cache_full_blocks call
         if isinstance(event, BlockEvicted) and event.device == "gpu":
-            self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_GPU, group_idx=GROUP))
+            self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_GPU,
+                                             group_idx=event.group))
         elif isinstance(event, BlockEvicted):  # vLLM's CPU tier (SimpleCPUOffloadScheduler.take_events)
             self.pending.append(BlockRemoved((external_hash(event.block_hash),), medium=MEDIUM_CPU, group_idx=GROUP,
                                              locality="LOCAL"))
@@ -155,15 +164,18 @@ class V1KVEventMapper:
     def _on_hashed(self, event: BlockHashed) -> None:
         block_hash = external_hash(event.block_hash)
         last = self._open
-        if last is not None and event.parent_hash is not None and external_hash(event.parent_hash) == last.block_hashes[-1]:
+        if (last is not None and event.parent_hash is not None and last.group_idx == event.group
+                and external_hash(event.parent_hash) == last.block_hashes[-1]):
             self._open = msgspec.structs.replace(last, block_hashes=last.block_hashes + (block_hash,),
                                                  token_ids=last.token_ids + tuple(event.token_ids),
                                                  extra_keys=last.extra_keys + (None,))
             self.pending[-1] = self._open
             return
         parent = None if event.parent_hash is None else external_hash(event.parent_hash)
+        kind, window = self.spec_of.get(event.group, (KIND_FULL_ATTENTION, None))
         self._open = BlockStored((block_hash,), parent, tuple(event.token_ids), self.block_size, medium=MEDIUM_GPU,
-                                 extra_keys=(None,), group_idx=GROUP, kv_cache_spec_kind=KIND_FULL_ATTENTION)
+                                 extra_keys=(None,), group_idx=event.group, kv_cache_spec_kind=kind,
+                                 kv_cache_spec_sliding_window=window)
         self.pending.append(self._open)
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -189,11 +201,12 @@ def merge_chained_stores(events: Iterable[KVCacheEvent]) -> list[KVCacheEvent]:
     return out
 
 
-def step_batches(events: Iterable[Event], block_size: int, kv_manager: str | None = "v0") -> Iterator[list[KVCacheEvent]]:
+def step_batches(events: Iterable[Event], block_size: int, kv_manager: str | None = "v0",
+                 kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> Iterator[list[KVCacheEvent]]:
     """A recorded event stream (a trace) as vLLM's batches: one per engine step that stored or
     removed blocks (events after the last step_finished form a last batch); `kv_manager` is the
-    trace's (its header's "kv_manager", absent in v0's)."""
-    mapper = mapper_for(kv_manager, block_size)
+    trace's (its header's "kv_manager", absent in v0's), `kv_cache_groups` its groups."""
+    mapper = mapper_for(kv_manager, block_size, kv_cache_groups)
     for event in events:
         mapper.feed(event)
         if isinstance(event, StepFinished) and mapper.pending:

@@ -92,10 +92,12 @@ def live_batches(spec, *, on_event: Callable | None = None, max_steps: int = 100
     on a fresh engine and yield each step's vLLM events (steps that stored or removed nothing
     yield nothing). `on_event` also receives every engine event (tests compare with the engine's
     own stream)."""
+    from blockviz.model.design import kv_cache_groups_of
     from blockviz.session.engine_session import EngineSession
 
     session = EngineSession(spec)
-    mapper = mapper_for(session.header.get("kv_manager"), session.header["block_size"])
+    mapper = mapper_for(session.header.get("kv_manager"), session.header["block_size"],
+                        kv_cache_groups_of(session.header))
 
     def feed() -> None:
         for event in session.take_events():

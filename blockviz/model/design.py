@@ -11,7 +11,7 @@ each difference is written once, here, beside the vLLM code it mirrors.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +49,37 @@ def kv_manager_of(header: dict[str, Any]) -> str:
 def design_of(header: dict[str, Any]) -> KVDesign:
     """The traits of the design a run's header names (kv_manager_of)."""
     return KV_DESIGNS[kv_manager_of(header)]
+
+
+FULL_ATTENTION, SLIDING_WINDOW = "full_attention", "sliding_window"  # vLLM's KVCacheSpecKind values
+
+
+class KVCacheGroup(NamedTuple):
+    """One KV-cache group of a run, as its header names it (vLLM KVCacheGroupSpec: its layers
+    share one block table per request): its kind, its window (sliding_window only) and its layers."""
+
+    kind: str  # FULL_ATTENTION or SLIDING_WINDOW (vLLM get_kv_cache_spec_kind)
+    sliding_window: int | None
+    layer_names: tuple[str, ...]
+
+
+def kv_cache_groups_of(header: dict[str, Any]) -> tuple[KVCacheGroup, ...]:
+    """The KV-cache groups a run's header names ("kv_cache_groups", as dicts or KVCacheGroups); ()
+    when it names none: one group of full attention, as every run before hybrid models."""
+    return tuple(group if isinstance(group, KVCacheGroup)
+                 else KVCacheGroup(group["kind"], group.get("sliding_window"), tuple(group.get("layer_names", ())))
+                 for group in header.get("kv_cache_groups") or ())
+
+
+def kv_cache_groups_header(groups) -> list[dict[str, Any]]:
+    """A run's KV-cache groups, each (kind, window or None, layer names), as its header's
+    "kv_cache_groups": per group its kind (FULL_ATTENTION or SLIDING_WINDOW), its window
+    (sliding_window only) and its layers, as vLLM's KVCacheManager.kv_cache_event_metadata names
+    them; [] for one group of full attention, whose header is as it was before groups (it has no
+    such field). A model whose every layer has one window has one group, named: its windows let
+    blocks go (BlocksSkipped)."""
+    groups = list(groups)
+    if len(groups) == 1 and groups[0][0] == FULL_ATTENTION:
+        return []
+    return [{"kind": kind, **({"sliding_window": window} if kind == SLIDING_WINDOW else {}),
+             "layer_names": [str(name) for name in layer_names]} for kind, window, layer_names in groups]

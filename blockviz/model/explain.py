@@ -10,7 +10,13 @@ hit length in blocks and tokens, and for the first block that missed, the reason
 - "different parent": the cache holds a block with these tokens, after a different prefix;
 - "different tokens": nothing cached holds these tokens here;
 - "not cached: the cache is empty": no block was cached when the lookup ran (the first request, or
-  every earlier block freed uncached), so there was nothing to compare with.
+  every earlier block freed uncached), so there was nothing to compare with;
+- "window tail freed" (a model with KV-cache groups): every full-attention group holds the block,
+  but a sliding-window group no longer caches one of the blocks just before it that the window of
+  the next token reads (its last cdiv(sliding_window - 1, block_size) blocks), so the hit must end
+  earlier: a prefix hit holds only as far as it holds in every group (vLLM
+  HybridKVCacheCoordinator.find_longest_cache_hit, SlidingWindowManager.find_longest_cache_hit).
+  The detail names the group and the block, and the event that evicted it when one did.
 Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does).
 Pure functions over events: no torch, no textual; `blockviz explain` prints them.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from blockviz.model.design import KV_DESIGNS
+from blockviz.model.design import KV_DESIGNS, SLIDING_WINDOW, KVCacheGroup
 from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash  # as every view shows them
 from engine import events as ev
@@ -32,6 +38,7 @@ HIT = "hit"
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
 NOT_CACHED = "not cached: the cache is empty"
+WINDOW_TAIL = "window tail freed"
 AFTER_A_MISS, CACHING_OFF = "not looked up: after the first miss", "not looked up: prefix caching is off"
 
 
@@ -44,7 +51,8 @@ class BlockVerdict:
     block_hash: int | None
     verdict: str  # HIT or one of the reasons above
     block: int | None = None  # the cached physical block it hit
-    evicted_by: int | None = None  # seq_no of the block_evicted event, for EVICTED
+    evicted_by: int | None = None  # seq_no of the block_evicted event, for EVICTED (and WINDOW_TAIL, when one was)
+    detail: str = ""  # for WINDOW_TAIL: which group lost which block
 
 
 @dataclass(slots=True)
@@ -79,6 +87,8 @@ class Explanation:
         for b in self.blocks:
             digest = f"#{short_hash(b.block_hash)}" if b.block_hash is not None else "(no hash)"
             what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
+            if b.detail:
+                what += f": {b.detail}"
             if b.evicted_by is not None:
                 what += f" (block_evicted, event {event_number(b.evicted_by)})"
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
@@ -91,16 +101,20 @@ class Explanation:
 class Explainer:
     """Explains each request as its events arrive: `feed(event, state)` with the reducer state
     BEFORE the event is applied (the cache as the lookup saw it); `explained` grows in order of
-    arrival, each with `position`, the number of events fed up to its allocation."""
+    arrival, each with `position`, the number of events fed up to its allocation. With KV-cache
+    groups (`kv_cache_groups`, the run header's), a lookup holds only as far as every group's does."""
 
-    def __init__(self, enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
+    def __init__(self, enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256",
+                 kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
         self.caching = enable_prefix_caching
         self.design = KV_DESIGNS[kv_manager]
+        self.kv_cache_groups = tuple(kv_cache_groups)
         self.hashes = _v1_hashes(hash_algo) if self.design.run_hash_algo else _v0_hashes
         self.explained: list[Explanation] = []
         # seq_id -> (request id, the tokens it will look up, recomputed), until its first block is placed
         self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}
-        self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction
+        self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction (full attention)
+        self._window_evicted_at: dict[tuple[int, int], int] = {}  # (block_hash, group) -> the same, in a window group
         self._fed = 0
 
     def rebase(self, shift: int) -> None:
@@ -124,24 +138,39 @@ class Explainer:
             for seq_id in event.seq_ids:
                 if (seq := state.seqs.get(seq_id)) is not None:
                     self._pending[seq_id] = (event.request_id, tuple(seq.token_ids), True)
-        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and (event.logical_index == 0
+                                                                             or self.kv_cache_groups):
+            # a window group's hit may start past its null head: a hybrid run's first placement is the lookup's
             placed = [(seq_id, self._pending.pop(seq_id)) for seq_id in event.seq_ids if seq_id in self._pending]
-            if placed:  # sequences placed together share one lookup (v0's n > 1 before a fork)
+            if placed and self.kv_cache_groups:
+                seq_id, (request_id, tokens, recomputed) = placed[0]
+                explanation = _explain_groups(request_id, tokens, seq_id, state, self._evicted_at,
+                                              self._window_evicted_at, self.caching, self.hashes)
+                explanation.position, explanation.recomputed = self._fed, recomputed
+                self.explained.append(explanation)
+            elif placed:  # sequences placed together share one lookup (v0's n > 1 before a fork)
                 seq_id, (request_id, tokens, recomputed) = placed[0]
                 explanation = _explain(request_id, tokens, seq_id, state, self._evicted_at, self.caching,
                                        self.hashes, collision_guard=self.design.hash_collision_guard)
                 explanation.position, explanation.recomputed = self._fed, recomputed
                 self.explained.append(explanation)
+        elif isinstance(event, ev.BlockEvicted) and self._is_window(event.group):
+            self._window_evicted_at[(event.block_hash, event.group)] = event.seq_no
         elif isinstance(event, ev.BlockEvicted):
             self._evicted_at[event.block_hash] = event.seq_no
+
+    def _is_window(self, group: int) -> bool:
+        return group < len(self.kv_cache_groups) and self.kv_cache_groups[group].kind == SLIDING_WINDOW
 
 
 def explain_requests(events, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                      enable_prefix_caching: bool = True, kv_manager: str = "v0",
-                     hash_algo: str = "sha256") -> list[Explanation]:
+                     hash_algo: str = "sha256", kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> list[Explanation]:
     """An Explanation per request, at its prompt's first allocation, in order of arrival."""
-    state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
-    explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo)
+    state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
+                                      "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,
+                                      "kv_cache_groups": kv_cache_groups})
+    explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo, kv_cache_groups)
     for event in events:
         explainer.feed(event, state)
         state.apply(event)
@@ -215,3 +244,101 @@ def _why_missed(chunk, block_hash: int, cached: int | None, state: ReducerState,
     if any(state.pools["gpu"][number].token_ids == chunk for number in state.hash_map.values()):
         return DIFFERENT_PARENT, None
     return DIFFERENT_TOKENS, None
+
+
+def _explain_groups(request_id: str, tokens: tuple[int, ...], seq_id: int, state: ReducerState,
+                    evicted_at: dict[int, int], window_evicted_at: dict[tuple[int, int], int], caching: bool,
+                    hashes) -> Explanation:
+    """The lookup of a run with KV-cache groups (vLLM v1 get_computed_blocks through
+    HybridKVCacheCoordinator): the hit is the longest prefix of at most num_tokens - 1 tokens that
+    every group accepts (hybrid_hit_blocks). Its first missing block is a window-tail miss when
+    every full-attention group holds it (a model of windows only: every group), and the prompt goes
+    on past it; else the reasons of a single group's lookup, in the full-attention groups."""
+    size = state.block_size
+    chunks = [tuple(tokens[i:i + size]) for i in range(0, len(tokens), size)]
+    block_hashes = hashes(chunks, size)
+    groups = state.kv_cache_groups
+    full = [g for g, group in enumerate(groups) if group.kind != SLIDING_WINDOW]
+    shown = full[0] if full else 0  # the group whose block a hit row names
+    max_blocks = (len(tokens) - 1) // size
+    num_hit = hybrid_hit_blocks(block_hashes, max_blocks, state) if caching else 0
+    explanation = Explanation(request_id, seq_id, len(tokens), size)
+    for index, (chunk, block_hash) in enumerate(zip(chunks, block_hashes)):
+        row = BlockVerdict(index, chunk, block_hash, HIT)
+        if index < num_hit:
+            row.block = state.cached_block(block_hash, shown)
+        elif not caching:
+            row.verdict = CACHING_OFF
+        elif index > num_hit:
+            row.verdict = AFTER_A_MISS
+        elif len(chunk) < size:
+            row.verdict = PARTIAL
+        elif any(state.cached_block(block_hash, g) is None for g in full or range(len(groups))):
+            cached = state.cached_block(block_hash, shown)
+            evictions = evicted_at if full else {h: at for (h, _), at in window_evicted_at.items()}
+            row.verdict, row.evicted_by = _why_missed(chunk, block_hash, cached, state, evictions)
+        elif index >= max_blocks:
+            row.verdict = LAST_BLOCK
+        else:
+            row.verdict = WINDOW_TAIL
+            row.detail, row.evicted_by = _window_tail(block_hashes, index + 1, state, window_evicted_at)
+        explanation.blocks.append(row)
+    return explanation
+
+
+def hybrid_hit_blocks(block_hashes: list[int | None], max_blocks: int, state: ReducerState) -> int:
+    """How many leading blocks a lookup serves in every KV-cache group of `state`, as vLLM's
+    HybridKVCacheCoordinator.find_longest_cache_hit finds them: groups of one spec looked up
+    together, full attention first (its hit from the left bounds the windows'), each window group
+    then keeping the longest prefix that ends in cdiv(sliding_window - 1, block_size) blocks it
+    caches (SlidingWindowManager.find_longest_cache_hit), until no group shortens it."""
+    specs: dict[tuple[str, int | None], list[int]] = {}
+    for g, group in enumerate(state.kv_cache_groups):
+        specs.setdefault((group.kind, group.sliding_window), []).append(g)
+    ordered = sorted(specs.items(), key=lambda item: item[0][0] == SLIDING_WINDOW)
+    length = max_blocks
+    while True:
+        current = length
+        for (kind, window), group_ids in ordered:
+            current = _group_hit_blocks(block_hashes, current, group_ids, window if kind == SLIDING_WINDOW else None,
+                                        state)
+        if current >= length:
+            return length
+        length = current
+
+
+def _group_hit_blocks(block_hashes, max_blocks: int, group_ids: list[int], window: int | None,
+                      state: ReducerState) -> int:
+    def cached(index: int) -> bool:
+        block_hash = block_hashes[index]
+        return block_hash is not None and all(state.cached_block(block_hash, g) is not None for g in group_ids)
+
+    if window is None:  # full attention: from the left, to the first miss
+        return next((i for i in range(max_blocks) if not cached(i)), max_blocks)
+    needed = -(-(window - 1) // state.block_size)
+    run = 0
+    for index in range(max_blocks - 1, -1, -1):
+        if not cached(index):
+            run = 0
+            continue
+        run += 1
+        if run >= needed:
+            return index + run
+    return run
+
+
+def _window_tail(block_hashes, end: int, state: ReducerState, window_evicted_at: dict[tuple[int, int], int]
+                 ) -> tuple[str, int | None]:
+    """Which window group misses which of the blocks a hit ending at block `end` needs (the last
+    one it lacks), and the event that evicted it there, if one did."""
+    for g, group in enumerate(state.kv_cache_groups):
+        if group.kind != SLIDING_WINDOW:
+            continue
+        needed = -(-(group.sliding_window - 1) // state.block_size)
+        for index in range(end - 1, max(end - needed, 0) - 1, -1):
+            block_hash = block_hashes[index]
+            if state.cached_block(block_hash, g) is None:
+                return (f"group {g} (window {group.sliding_window}) no longer caches L{index}; a hit ending after "
+                        f"L{end - 1} needs its last {plural(needed, 'block')} there",
+                        window_evicted_at.get((block_hash, g)))
+    return "", None

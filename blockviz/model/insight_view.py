@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from blockviz.model.explain import EVICTED, Explanation
+from blockviz.model.explain import EVICTED, WINDOW_TAIL, Explanation
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals, memory_truth
 from blockviz.model.narration import describe
 from blockviz.model.narration import plural
@@ -110,7 +110,7 @@ def explain_record(insights: Insights, position: int, *, state: ReducerState | N
     rows = [LookupRow(b.index, short_hash(b.block_hash) if b.block_hash is not None else "",
                       [show_token(vocab.get(t, f"<{t}>")) for t in b.token_ids], b.verdict, b.block,
                       event_reference(events, b.evicted_by)
-                      if b.verdict == EVICTED and b.evicted_by is not None else None)
+                      if b.verdict in (EVICTED, WINDOW_TAIL) and b.evicted_by is not None else None)
             for b in chosen.blocks]
     miss = chosen.first_miss
     return ExplainRecord(requests, chosen.request_id, chosen.seq_id, chosen.num_prompt_tokens, chosen.recomputed,

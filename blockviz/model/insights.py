@@ -8,15 +8,20 @@
   fragmentation (empty slots in each sequence's last block), and what a contiguous reservation of
   prompt + max_tokens slots per sequence would hold for the same sequences (the vLLM paper's
   comparison).
+With KV-cache groups (a hybrid model) a sequence has a table per group: its figures count every
+group's blocks once each (a block belongs to one group), the null block in a window's freed slots
+never; a preemption's freed blocks are counted per group, and blocks a sliding window let go
+mid-request (BlocksSkipped) are no preemption's cost.
 No torch, no textual: the TUI, the widgets and the CLI can all show them.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
-from blockviz.model.design import kv_manager_of
+from blockviz.model.design import KVCacheGroup, kv_cache_groups_of, kv_manager_of
 from blockviz.model.narration import plural
 from blockviz.model.reducer import NULL, USED, ReducerState
 from engine import events as ev
@@ -41,14 +46,16 @@ class Preemption:
     # Where its moves came (events fed up to each): the engine announces a preemption before its
     # swap-out and frees, so a cursor between them has seen only some (old traces: all before).
     swap_positions: tuple[tuple[int, int], ...] = ()  # (position, blocks swapped out)
-    free_positions: tuple[tuple[int, int], ...] = ()  # (position, GPU block freed)
+    free_positions: tuple[tuple[int, int, int], ...] = ()  # (position, GPU block freed, its KV-cache group)
+    blocks_freed_per_group: tuple[tuple[int, int], ...] = ()  # (group, blocks freed there), groups in order
 
     def as_of(self, position: int) -> "Preemption":
         """This preemption as a cursor at `position` sees it: the moves made by then, resumed or not."""
         swapped = [count for at, count in self.swap_positions if at <= position]
-        freed = {block for at, block in self.free_positions if at <= position}
+        freed = {block: group for at, block, group in self.free_positions if at <= position}
         resumed = self.resumed_position is not None and self.resumed_position <= position
         return replace(self, blocks_swapped=swapped[-1] if swapped else 0, blocks_freed=len(freed),
+                       blocks_freed_per_group=tuple(sorted(Counter(freed.values()).items())),
                        resumed_step=self.resumed_step if resumed else None,
                        resumed_position=self.resumed_position if resumed else None)
 
@@ -68,6 +75,7 @@ class Ledger:
         self._window: list = []  # (position, event) since the last step ended: where a preemption's moves are
         self._announced: list[Preemption] = []  # the preemptions announced since the last step ended
         self._waiting: dict[int, Preemption] = {}  # seq_id -> its open preemption
+        self._slid: set[tuple[int, int]] = set()  # (seq_id, block) a sliding window let go, its free to come
 
     def feed(self, event) -> None:
         self._fed += 1
@@ -76,12 +84,20 @@ class Ledger:
             self._resume(event.seq_ids)
         elif isinstance(event, ev.SwappedIn):  # the swap-in is its return: it runs in the step being scheduled
             self._resume(event.seq_ids)
-        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.logical_index == 0:
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)):
             self._resume(event.seq_ids)  # admitted again, to compute its tokens again
         elif isinstance(event, ev.Preempted):
             self._preempted(event)
+        elif isinstance(event, ev.BlocksSkipped):
+            self._slid.update((event.seq_id, block) for block in event.blocks)
+        elif isinstance(event, ev.BlockFreed) and (event.seq_id, event.block) in self._slid:
+            self._slid.discard((event.seq_id, event.block))  # a window's free, never a preemption's move
+            return
         elif isinstance(event, (ev.SwappedOut, ev.BlockFreed)):
             self._moved(event)
+        self._end(event)
+
+    def _end(self, event) -> None:
         self._window.append((self._fed, event))
         if isinstance(event, ev.StepFinished):
             self._running = False
@@ -111,7 +127,7 @@ class Ledger:
             if entry.resumed_position is not None:
                 entry.resumed_position -= shift
             entry.swap_positions = tuple((at - shift, count) for at, count in entry.swap_positions)
-            entry.free_positions = tuple((at - shift, block) for at, block in entry.free_positions)
+            entry.free_positions = tuple((at - shift, block, group) for at, block, group in entry.free_positions)
             kept.append(entry)
         self.entries = kept
         self._window = [(at - shift, event) for at, event in self._window]
@@ -144,6 +160,7 @@ class Ledger:
         """The entry's totals: every move counted so far."""
         moved = entry.as_of(self._fed)
         entry.blocks_swapped, entry.blocks_freed = moved.blocks_swapped, moved.blocks_freed
+        entry.blocks_freed_per_group = moved.blocks_freed_per_group
 
     @staticmethod
     def _count_move(entry: Preemption, event, position: int) -> bool:
@@ -151,7 +168,7 @@ class Ledger:
             entry.swap_positions += ((position, len(event.mapping)),)
             return True
         if isinstance(event, ev.BlockFreed) and event.device == "gpu" and event.seq_id in entry.seq_ids:
-            entry.free_positions += ((position, event.block),)
+            entry.free_positions += ((position, event.block, event.group),)
             return True
         return False
 
@@ -183,16 +200,18 @@ class PoolTruth:
 @dataclass(slots=True)
 class SeqTruth:
     seq_id: int
-    num_tokens: int  # tokens its table holds (a block shared with another sequence counts for both)
-    num_blocks: int
-    empty_in_last_block: int  # internal fragmentation
-    reserved_slots: int  # what a contiguous prompt + max_tokens reservation would hold
+    num_tokens: int  # tokens its tables hold (a block shared with another sequence counts for both)
+    num_blocks: int  # blocks in its tables, every group's, the null block not
+    empty_in_last_block: int  # internal fragmentation (each group's table's last block)
+    reserved_slots: int  # what a contiguous prompt + max_tokens reservation would hold (one per group)
+    blocks_per_group: tuple[int, ...] = ()  # num_blocks by KV-cache group
 
 
 @dataclass(slots=True)
 class MemoryTruth:
     pools: dict[str, PoolTruth]
     seqs: dict[int, SeqTruth]
+    blocks_per_group: dict[int, int] = field(default_factory=dict)  # GPU blocks in use by KV-cache group
 
     @property
     def internal_fragmentation(self) -> int:
@@ -221,13 +240,19 @@ def memory_truth(state: ReducerState, max_tokens: dict[int, int]) -> MemoryTruth
         usable = sum(b.state != NULL for b in blocks)  # vLLM v1's null block is never counted
         pools[device] = PoolTruth(usable, len(used), sum(len(b.token_ids) for b in used), len(used) * size)
     seqs = {}
-    for seq_id, table in state.tables.items():
-        tokens = [len(state.pools[device][number].token_ids) for device, number in table]
+    groups = range(state.num_kv_cache_groups)
+    seq_ids = dict.fromkeys(seq_id for g in groups for seq_id in state.tables_of(g))
+    for seq_id in seq_ids:
+        held = [[len(block.token_ids) for block in (state.pools[device][number] for device, number in table)
+                 if block.state != NULL] for table in state.seq_tables(seq_id)]
         seq = state.seqs.get(seq_id)
         prompt = seq.num_prompt_tokens if seq is not None else 0
-        seqs[seq_id] = SeqTruth(seq_id, sum(tokens), len(table), size - tokens[-1] if tokens else 0,
-                                prompt + max_tokens.get(seq_id, 0))
-    return MemoryTruth(pools, seqs)
+        num_tables = sum(1 for g in groups if seq_id in state.tables_of(g))
+        seqs[seq_id] = SeqTruth(seq_id, sum(map(sum, held)), sum(map(len, held)),
+                                sum(size - tokens[-1] for tokens in held if tokens),
+                                (prompt + max_tokens.get(seq_id, 0)) * num_tables, tuple(map(len, held)))
+    used_groups = Counter(b.group for b in state.pools["gpu"] if b.state == USED)
+    return MemoryTruth(pools, seqs, dict(sorted(used_groups.items())))
 
 
 def max_tokens_of(events) -> dict[int, int]:
@@ -264,11 +289,14 @@ class Insights:
     cursor `position` (events applied) and answer as of then, so time travel shows the past."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
-                 enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256") -> None:
+                 enable_prefix_caching: bool = True, kv_manager: str = "v0", hash_algo: str = "sha256",
+                 kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
         from blockviz.model.explain import Explainer
 
-        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
-        self.explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo)
+        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
+                                                "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,
+                                                "kv_cache_groups": kv_cache_groups})
+        self.explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo, kv_cache_groups)
         self._ledger = Ledger()
         self.max_tokens: dict[int, int] = {}
         self.series: list[MemoryPoint] = []
@@ -281,7 +309,7 @@ class Insights:
         """For a trace header (or a live engine's): pool sizes and whether prefix caching is on."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
                    bool(header.get("enable_prefix_caching", True)), kv_manager_of(header),
-                   header.get("prefix_caching_hash_algo") or "sha256")
+                   header.get("prefix_caching_hash_algo") or "sha256", kv_cache_groups_of(header))
 
     def sync(self, source) -> None:
         """Feed what it has not seen yet of `source`: a Timeline (whose capped front may have been

@@ -45,7 +45,14 @@ def describe(event: ev.Event, vocab: dict[int, str] | None = None) -> str:
     """One line of plain words for an event (the log's line; the narration starts with it).
     `vocab` (token id -> text) words a slot's token."""
     text = _TEXTS.get(type(event))
-    return text(event, vocab or {}) if text is not None else event.type.replace("_", " ")
+    line = text(event, vocab or {}) if text is not None else event.type.replace("_", " ")
+    group = getattr(event, "group", 0)  # a run with KV-cache groups: which table or cache
+    return f"{line} [group {group}]" if group and not isinstance(event, ev.BlocksSkipped) else line
+
+
+def _skipped(e: ev.BlocksSkipped, vocab) -> str:
+    slots = ", ".join(f"L{index}" for index in e.logical_indices)
+    return f"window of seq {e.seq_id} [group {e.group}] lets go of gpu {_ids(e.blocks)}: {slots} now the null block"
 
 
 def _allocated(e: ev.BlockAllocated, vocab) -> str:
@@ -130,6 +137,7 @@ _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.OffloadLoaded: _offload,
     ev.BlockFreed: _freed,
     ev.SequenceFreed: lambda e, vocab: f"seq {e.seq_id}: block table freed",
+    ev.BlocksSkipped: _skipped,
     ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
     ev.RequestAdded: _request,
     ev.StepStarted: lambda e, vocab: f"step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
@@ -227,6 +235,8 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.OffloadStored: lambda e, state: "copies of full blocks kept in vLLM's CPU tier, keyed by their hashes",
     ev.OffloadLoaded: lambda e, state: "blocks the GPU had evicted come back from the CPU tier: hits, not recomputed",
     ev.BlockFreed: _freed_means,
+    ev.BlocksSkipped: lambda e, state: ("no later token's sliding window reads them, so they go back to the pool "
+                                        "mid-request; the table keeps its positions"),
     ev.BlockEvicted: lambda e, state: "the least recently used cached block, its hash forgotten, to make room",
     ev.StepStarted: lambda e, state: ("whole prompts through the model" if e.kind == "prefill"
                                       else "one new token for each sequence"),

@@ -15,6 +15,8 @@ from their order, as the calls emit them:
 - a swap-in and what follows it: the GPU blocks re-hashed, the CPU blocks freed (swap_in);
 - a sequence's frees: its `BlockFreed` events and its `SequenceFreed` (BlockSpaceManager.free,
   KVCacheManager.free);
+- a sliding window letting blocks go: its `BlocksSkipped` and the `BlockFreed` of each block it
+  names (SingleTypeKVCacheManager.remove_skipped_blocks);
 - an allocation for one sequence group: its `PrefixCacheHit` and `BlockAllocated` events and the
   hashes of the blocks it took (BlockSpaceManager.allocate, KVCacheManager.allocate_slots);
 - an eviction and the allocation it served: `BlockEvicted` events, then the allocation, copy or
@@ -42,6 +44,7 @@ KIND_WORDS = {
     "swap-out": "a swap-out and its frees",
     "swap-in": "a swap-in and its frees",
     "free": "a sequence's frees",
+    "window": "a sliding window's frees",
     "allocation": "an allocation and its hits",
     "eviction": "an eviction and the allocation it served",
 }
@@ -87,6 +90,8 @@ def _begin(e: ev.Event, index: int) -> _Open | None:
         return _Open("swap-in", index, e, frozenset(e.seq_ids), {("gpu", g) for _, g in e.mapping}, swapped_in=e)
     if isinstance(e, ev.BlockFreed):
         return _Open("free", index, e, frozenset({e.seq_id}))
+    if isinstance(e, ev.BlocksSkipped):
+        return _Open("window", index, e, frozenset({e.seq_id}), {("gpu", b) for b in e.blocks})
     if isinstance(e, (ev.BlockAllocated, ev.PrefixCacheHit)):
         return _Open("allocation", index, e, frozenset(e.seq_ids), {(e.device, e.block)})
     if isinstance(e, ev.BlockEvicted):
@@ -113,6 +118,8 @@ def _continues(op: _Open, e: ev.Event) -> bool:
                 or (isinstance(e, ev.SequenceFreed) and e.seq_id in op.seq_ids))
     if kind == "swap-in":
         return _swap_in_follower(op, e)
+    if kind == "window":
+        return isinstance(e, ev.BlockFreed) and e.seq_id in op.seq_ids and (e.device, e.block) in op.blocks
     if kind == "allocation":
         if isinstance(e, (ev.BlockAllocated, ev.PrefixCacheHit)) and frozenset(e.seq_ids) == op.seq_ids:
             op.blocks.add((e.device, e.block))
@@ -221,15 +228,19 @@ class Operations:
 def drawn_state_problems(state) -> list[str]:
     """What is wrong with `state` (a ReducerState) as a picture of an engine at rest: a sequence's
     blocks in two pools, a ref count that is not the number of tables holding the block, a freed
-    block in a table. Empty at every operation boundary."""
+    block in a table (every KV-cache group's; the null block in a window's slots is no block). Empty
+    at every operation boundary."""
     from blockviz.model.reducer import FREE, NULL, USED
 
     problems = []
     holders: dict[tuple[str, int], set[int]] = {}
-    for seq_id, table in state.tables.items():
+    tables = [item for group in range(state.num_kv_cache_groups) for item in state.tables_of(group).items()]
+    for seq_id, table in tables:
         if len({device for device, _ in table}) > 1:
             problems.append(f"seq {seq_id}'s table spans both pools: {table}")
         for device, number in table:
+            if state.pools[device][number].state == NULL:
+                continue
             holders.setdefault((device, number), set()).add(seq_id)
             if state.pools[device][number].state != USED:
                 problems.append(f"seq {seq_id}'s table holds {device} {number}, which is {state.pools[device][number].state}")

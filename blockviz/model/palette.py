@@ -10,6 +10,7 @@ agrees on what colour a sequence or a cached block is.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 
 # Distinct, dark-on-light-readable hues for sequences (index = seq_id % len).
@@ -53,6 +54,7 @@ def block_tint(device: str, number: int, shade: int = 0) -> str:
     return BLOCK_TINTS[number % len(BLOCK_TINTS)][shade % 2]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a run's pieces come back every frame (the block tables redraw them)
 def show_token(text: str) -> str:
     """A token's text with spaces, newlines and tabs made visible ('·', '⏎', '⇥'); byte-level BPE
     markers (Ġ, Ċ), control characters and U+FFFD never reach the screen raw."""
@@ -78,6 +80,8 @@ def show_tokens(texts: list[str]) -> list[str]:
     character split by byte-level BPE): the piece that completes the character draws it, the pieces
     before it '◌'. Bytes that never complete a character stay as their bytes."""
     out = [show_token(t) for t in texts]
+    if not any("\\x" in text for text in texts):  # no piece holds a byte of a split character
+        return out
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     waiting: list[tuple[int, str]] = []  # pieces whose last bytes began a character not yet complete
     for index, text in enumerate(texts):

@@ -24,20 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from blockviz.model.reducer import NULL, USED, BlockState
+from blockviz.model.reducer import CACHED_CODE, NULL_CODE, USED_CODE, ReducerState
 
 MAX_BLOCK_CELLS = 4096  # a pool or range of at most this many blocks: one cell per block
 MAX_ZOOM_CELLS = 1024  # a zoomed-out pool: at most this many cells, the whole pool on one screen
-USED_CODE, CACHED_CODE, FREE_CODE, NULL_CODE = "u", "c", "f", "n"  # as view.STATE_CODES
 LEGEND = "bar: share of its blocks in use · ground: slate most of the rest cached, empty free"
-
-
-def block_codes(pool: list[BlockState], start: int = 0, stop: int | None = None) -> str:
-    """One character per block from `start` to `stop` (view.STATE_CODES: u used, c cached-free,
-    f free, n vLLM v1's null block), by view.block_state's rule; one pass, no record per block."""
-    blocks = pool[start:stop] if start or stop is not None else pool
-    return "".join([USED_CODE if b.state == USED else NULL_CODE if b.state == NULL
-                    else CACHED_CODE if b.block_hash is not None else FREE_CODE for b in blocks])
 
 
 def zoom_level(num_blocks: int, max_exact: int = MAX_BLOCK_CELLS, max_cells: int = MAX_ZOOM_CELLS) -> int:
@@ -113,8 +104,8 @@ class ZoomCells:
 
 
 def cell_counts(codes: str, start: int, per_cell: int) -> ZoomCells:
-    """Per cell of `per_cell` blocks, the blocks of each state in `codes` (block_codes of the
-    blocks from `start`): the one aggregation every front end draws."""
+    """Per cell of `per_cell` blocks, the blocks of each state in `codes` (the state codes of the
+    blocks from `start`: ReducerState.block_codes): the one aggregation every front end draws."""
     used, cached, free, null = [], [], [], []
     for first in range(0, len(codes), per_cell):
         last = first + per_cell
@@ -127,13 +118,13 @@ def cell_counts(codes: str, start: int, per_cell: int) -> ZoomCells:
     return ZoomCells(start, start + len(codes), per_cell, used, cached, free, null)
 
 
-def zoom_cells(pool: list[BlockState], start: int = 0, stop: int | None = None,
+def zoom_cells(state: ReducerState, device: str, start: int = 0, stop: int | None = None,
                per_cell: int | None = None) -> ZoomCells:
-    """The cells of `pool` from `start` to `stop` (default: the whole pool), `per_cell` blocks each
-    (default: zoom_level of the range)."""
-    stop = len(pool) if stop is None else stop
+    """The cells of `device`'s pool from `start` to `stop` (default: the whole pool), `per_cell`
+    blocks each (default: zoom_level of the range), from the reducer's state codes."""
+    stop = len(state.pools[device]) if stop is None else stop
     per_cell = per_cell or zoom_level(stop - start)
-    return cell_counts(block_codes(pool, start, stop), start, per_cell)
+    return cell_counts(state.block_codes(device, start, stop), start, per_cell)
 
 
 def check_range(start: int, stop: int, num_blocks: int) -> tuple[int, int]:
@@ -166,7 +157,7 @@ def used_extent(timeline: Any, device: str = "gpu", multiple: int = 8) -> int:
     top = -1
     for end in sorted(set(timeline.step_ends) | {len(timeline)}):
         timeline.seek(end)
-        codes = block_codes(timeline.state.pools[device])
+        codes = timeline.state.block_codes(device)
         top = max(top, max(codes.rfind(USED_CODE), codes.rfind(CACHED_CODE)))
     timeline.seek(position)
     size = len(timeline.state.pools[device])

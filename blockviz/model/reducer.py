@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Callable
 
-from blockviz.model.design import KV_DESIGNS, kv_manager_of
+from blockviz.model.design import KV_DESIGNS, SLIDING_WINDOW, KVCacheGroup, kv_cache_groups_of, kv_manager_of
 from engine import events as ev
 
 FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / free-but-cached
 NULL = "null"  # vLLM v1's block 0: a placeholder, never allocated, freed or counted
+# A block's state code, one character (view.STATE_CODES): the state every view colours it by.
+USED_CODE, CACHED_CODE, FREE_CODE, NULL_CODE = "u", "c", "f", "n"
 
 
 @dataclass(slots=True)
@@ -37,6 +39,7 @@ class BlockState:
     digest: str | None = None
     num_hits: int = 0
     digest_slots: int = 0  # slots the block held when `digest` was taken (it may have grown since)
+    group: int = 0  # the KV-cache group whose table or prefix cache holds it (vLLM kv_cache_group_id)
 
     def clear(self) -> None:
         self.ref_count = 0
@@ -49,6 +52,18 @@ class BlockState:
         self.registered = False
         self.digest = None
         self.digest_slots = 0
+        self.group = 0
+
+
+def state_code(block: BlockState) -> str:
+    """The block's state code: u in use, n vLLM v1's null block (BlockPool.null_block), c free but
+    still hashed (a prefix-cache hit can revive it until it is evicted), f free. The one rule every
+    view colours a block by (view.block_state names it)."""
+    if block.state == USED:
+        return USED_CODE
+    if block.state == NULL:
+        return NULL_CODE
+    return CACHED_CODE if block.block_hash is not None else FREE_CODE
 
 
 @dataclass(slots=True)
@@ -75,9 +90,16 @@ class ReducerState:
     first: a freed block with a hash joins the tail, one without the head; an allocation or a hit
     takes a block out), and a hash may sit on several blocks (`hash_blocks`, in the order they were
     cached), `hash_map` naming the first, as vLLM v1's BlockPool looks them up.
+
+    KV-cache groups (`kv_cache_groups`, a hybrid model's, from its header; () for one group): a
+    sequence has one table per group, `tables` holding group 0's (every view's table in a run with
+    one group) and `group_tables[g]` group g's; a slot a sliding window let go holds the null block
+    (BlocksSkipped); each block knows its group (`BlockState.group`), and a hash is looked up per
+    group (`cached_block`), as vLLM keys its prefix cache by (hash, group).
     """
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0") -> None:
+    def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, kv_manager: str = "v0",
+                 kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
         self.block_size = block_size
         self.kv_manager = kv_manager
         self.design = KV_DESIGNS[kv_manager]
@@ -92,8 +114,18 @@ class ReducerState:
             self.free_queue = list(range(1, num_gpu_blocks))
         if self.design.null_block and num_cpu_blocks:  # vLLM's CPU tier is a BlockPool too: block 0 is null
             self.pools["cpu"][0].state = NULL
+        # Per device a state code (state_code) per block, kept as events change blocks (_recode), so a
+        # view of a pool of any size reads its states and counts without a pass over its blocks.
+        self.codes: dict[str, bytearray] = {device: bytearray(FREE_CODE * len(pool), "ascii")
+                                            for device, pool in self.pools.items()}
+        for device, pool in self.pools.items():
+            if pool and pool[0].state == NULL:
+                self.codes[device][0] = ord(NULL_CODE)
+        self.hashed_gpu_blocks: set[int] = set()  # the GPU blocks holding a hash (the hash chains')
         self.cpu_hash_map: dict[int, int] = {}  # vLLM's CPU tier: block_hash -> the first cpu block holding it
         self.tables: dict[int, list[tuple[str, int]]] = {}
+        self.kv_cache_groups = tuple(kv_cache_groups)
+        self.group_tables: dict[int, dict[int, list[tuple[str, int]]]] = {g: {} for g in range(1, len(kv_cache_groups))}
         self.hash_map: dict[int, int] = {}  # block_hash -> gpu block number
         self.seqs: dict[int, SeqState] = {}
         self.requests: dict[str, tuple[int, ...]] = {}
@@ -113,7 +145,7 @@ class ReducerState:
     def from_header(cls, header: dict) -> "ReducerState":
         """An empty state for a trace or live run with this header (older traces: v0)."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
-                   kv_manager_of(header))
+                   kv_manager_of(header), kv_cache_groups_of(header))
 
     # ------------------------------------------------------------------ queries
 
@@ -128,6 +160,30 @@ class ReducerState:
 
     def table_blocks(self, seq_id: int) -> list[int]:
         return [number for _, number in self.tables[seq_id]]
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        """The header's groups, or as many as the events named (a state made without a header)."""
+        return max(len(self.kv_cache_groups), 1 + max(self.group_tables, default=0))
+
+    def tables_of(self, group: int) -> dict[int, list[tuple[str, int]]]:
+        """seq_id -> its table in KV-cache group `group`."""
+        return self.tables if group == 0 else self.group_tables.setdefault(group, {})
+
+    def seq_tables(self, seq_id: int) -> tuple[list[tuple[str, int]], ...]:
+        """The sequence's table in each group (vLLM KVCacheManager.get_blocks), [] where it has none."""
+        return tuple(self.tables_of(g).get(seq_id, []) for g in range(self.num_kv_cache_groups))
+
+    def is_window_group(self, group: int) -> bool:
+        return group < len(self.kv_cache_groups) and self.kv_cache_groups[group].kind == SLIDING_WINDOW
+
+    def cached_block(self, block_hash: int, group: int = 0) -> int | None:
+        """The block a lookup of `block_hash` in `group` returns now: the first cached for that
+        group (vLLM BlockPool.get_cached_block), or None."""
+        if not self.kv_cache_groups and not self.group_tables:  # one group: the first block cached
+            return self.hash_map.get(block_hash)
+        gpu = self.pools["gpu"]
+        return next((n for n in self.hash_blocks.get(block_hash, ()) if gpu[n].group == group), None)
 
     def kv_utilization(self) -> float:
         """Slots holding tokens over slots allocated, on the GPU."""
@@ -156,6 +212,8 @@ class ReducerState:
         for seq_id in self.requests.pop(request_id, ()):
             self.seqs.pop(seq_id, None)
             self.tables.pop(seq_id, None)
+            for tables in self.group_tables.values():
+                tables.pop(seq_id, None)
             self.num_scheduled_tokens.pop(seq_id, None)
 
     def prefix_hit_rate(self) -> float:
@@ -180,6 +238,22 @@ class ReducerState:
             setattr(state, name, _THAW.get(name, _deepcopy)(value))
         return state
 
+    # ------------------------------------------------------------------ state codes
+
+    def block_codes(self, device: str, start: int = 0, stop: int | None = None) -> str:
+        """One state code (state_code) per block of `device` from `start` to `stop`."""
+        return self.codes[device][start:stop].decode("ascii")
+
+    def _recode(self, device: str, number: int) -> None:
+        """Keep block `number`'s state code, and whether it is a hashed GPU block, after a change."""
+        block = self.pools[device][number]
+        self.codes[device][number] = ord(state_code(block))
+        if device == "gpu":
+            if block.block_hash is None:
+                self.hashed_gpu_blocks.discard(number)
+            else:
+                self.hashed_gpu_blocks.add(number)
+
     # ------------------------------------------------------------------ applying events
 
     def apply(self, event: ev.Event) -> None:
@@ -187,6 +261,9 @@ class ReducerState:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
             handler(self, event)
+            recode = _RECODES[type(event)]
+            if recode is not None:
+                recode(self, event)
         self.counts[event.type] = self.counts.get(event.type, 0) + 1
         self.num_events += 1
         self.last_seq_no = event.seq_no
@@ -197,11 +274,14 @@ class ReducerState:
         events = events if isinstance(events, (list, tuple)) else list(events)
         if not events:
             return self
-        handlers = _HANDLERS
+        handlers, recodes = _HANDLERS, _RECODES
         for event in events:
             handler = handlers.get(type(event))
             if handler is not None:
                 handler(self, event)
+                recode = recodes[type(event)]
+                if recode is not None:
+                    recode(self, event)
         counts = self.counts
         for cls, count in Counter(map(type, events)).items():
             counts[cls.type] = counts.get(cls.type, 0) + count
@@ -209,9 +289,15 @@ class ReducerState:
         self.last_seq_no = events[-1].seq_no
         return self
 
-    def _place(self, seq_id: int, index: int, device: str, number: int) -> None:
-        table = self.tables.setdefault(seq_id, [])
+    def _place(self, seq_id: int, index: int, device: str, number: int, group: int = 0) -> None:
+        """Block `number` at `index` of the sequence's table in `group`; the slots before it that
+        nothing filled hold the null block (a sliding window's prefix hit needs only its last
+        blocks: vLLM add_local_computed_blocks puts the null block in the others)."""
+        table = self.tables_of(group).setdefault(seq_id, [])
         if index == len(table):
+            table.append((device, number))
+        elif index > len(table):
+            table.extend([("gpu", 0)] * (index - len(table)))
             table.append((device, number))
         else:
             table[index] = (device, number)
@@ -228,8 +314,9 @@ class ReducerState:
         block.owners = set(e.seq_ids)
         block.token_ids = e.token_ids
         block.state = USED
+        block.group = e.group
         for seq_id in e.seq_ids:
-            self._place(seq_id, e.logical_index, e.device, e.block)
+            self._place(seq_id, e.logical_index, e.device, e.block, e.group)
         if len(e.token_ids) == self.block_size:  # a full prompt block the cache could have served
             self.num_prompt_blocks_looked_up += 1
 
@@ -240,10 +327,11 @@ class ReducerState:
         block.owners |= set(e.seq_ids)
         block.state = USED
         block.num_hits += 1
+        block.group = e.group
         self.num_prefix_hits += 1
         self.num_prompt_blocks_looked_up += 1
         for seq_id in e.seq_ids:
-            self._place(seq_id, e.logical_index, e.device, e.block)
+            self._place(seq_id, e.logical_index, e.device, e.block, e.group)
             if seq_id in self.seqs:
                 self.seqs[seq_id].num_cached_tokens = (e.logical_index + 1) * self.block_size
 
@@ -340,6 +428,14 @@ class ReducerState:
 
     def _on_seq_freed(self, e: ev.SequenceFreed) -> None:
         self.tables.pop(e.seq_id, None)
+        for tables in self.group_tables.values():
+            tables.pop(e.seq_id, None)
+
+    def _on_skipped(self, e: ev.BlocksSkipped) -> None:
+        """A sliding window let blocks go: their slots hold the null block (the frees follow)."""
+        table = self.tables_of(e.group)[e.seq_id]
+        for index in e.logical_indices:
+            table[index] = ("gpu", 0)
 
     def _on_evicted(self, e: ev.BlockEvicted) -> None:
         block = self.pools[e.device][e.block]
@@ -458,6 +554,7 @@ _HANDLERS = {
     ev.SwappedIn: ReducerState._on_swap_in,
     ev.BlockFreed: ReducerState._on_freed,
     ev.SequenceFreed: ReducerState._on_seq_freed,
+    ev.BlocksSkipped: ReducerState._on_skipped,
     ev.BlockEvicted: ReducerState._on_evicted,
     ev.RequestAdded: ReducerState._on_request,
     ev.StepStarted: ReducerState._on_step,
@@ -470,6 +567,59 @@ _HANDLERS = {
     ev.OffloadStored: ReducerState._on_offload_store,
     ev.OffloadLoaded: ReducerState._on_offload_load,
 }
+
+
+def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
+    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
+    return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
+
+
+# The events that change other blocks than their own `block` (the rest change that one, or none).
+_CHANGES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
+    ev.CopyOnWrite: lambda e: {e.device: frozenset((e.src_block, e.dst_block))},
+    ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
+    ev.SwappedOut: _mapping_blocks,
+    ev.SwappedIn: _mapping_blocks,
+    ev.OffloadStored: lambda e: {"gpu": frozenset(g for g, _ in e.mapping), "cpu": frozenset(c for _, c in e.mapping)},
+    ev.OffloadLoaded: lambda e: {"cpu": frozenset(c for c, _ in e.mapping), "gpu": frozenset(g for _, g in e.mapping)},
+    ev.BlocksSkipped: lambda e: {"gpu": frozenset(e.blocks)},
+}
+
+
+def touched_blocks(event: ev.Event | None) -> dict[str, frozenset[int]]:
+    """The blocks an event changed, per device: the reducer recodes them (_RECODES), the views
+    underline them."""
+    if event is None:
+        return {}
+    changes = _CHANGES.get(type(event))
+    if changes is not None:
+        return changes(event)
+    block = getattr(event, "block", None)
+    return {event.device: frozenset((block,))} if block is not None else {}
+
+
+# Events whose handler changes no block's state or hash (ref counts, tokens, digests only).
+_CODES_KEPT = frozenset({ev.SlotAppended, ev.KVDigest, ev.Forked, ev.OffloadLoaded})
+
+
+def _recode_one(state: ReducerState, event: Any) -> None:
+    state._recode(event.device, event.block)
+
+
+def _recoder(changes: Callable[[Any], dict[str, frozenset[int]]]) -> Callable[[ReducerState, Any], None]:
+    def recode(state: ReducerState, event: Any) -> None:
+        for device, numbers in changes(event).items():
+            for number in numbers:
+                state._recode(device, number)
+    return recode
+
+
+# Per handled event class, what recodes the blocks its handler changed (touched_blocks), or None:
+# ReducerState.apply runs it after the handler. An event class the reducer gains is recoded too.
+_RECODES: dict[type[ev.Event], Callable[[ReducerState, Any], None] | None] = {
+    cls: None if cls in _CODES_KEPT else _recoder(_CHANGES[cls]) if cls in _CHANGES
+    else _recode_one if "block" in cls.__struct_fields__ else None
+    for cls in _HANDLERS}
 
 
 def _deepcopy(value):
@@ -510,7 +660,11 @@ _FREEZE = {
     "tables": lambda tables: tuple((seq_id, tuple(table)) for seq_id, table in tables.items()),
     "seqs": lambda seqs: tuple(map(_SEQS.freeze, seqs.values())),
     "free_queue": tuple,
+    "group_tables": lambda groups: tuple((g, _FREEZE["tables"](tables)) for g, tables in groups.items()),
+    "kv_cache_groups": lambda groups: groups,  # a tuple of NamedTuples
     "design": lambda design: design,  # frozen: shared by every snapshot
+    "codes": lambda codes: tuple((device, bytes(device_codes)) for device, device_codes in codes.items()),
+    "hashed_gpu_blocks": tuple,
     **{name: lambda mapping: tuple(mapping.items()) for name in _DICTS},
 }
 _THAW = {
@@ -518,9 +672,22 @@ _THAW = {
     "tables": lambda tables: {seq_id: list(table) for seq_id, table in tables},
     "seqs": lambda seqs: {seq.seq_id: seq for seq in map(_SEQS.thaw, seqs)},
     "free_queue": list,
+    "group_tables": lambda groups: {g: _THAW["tables"](tables) for g, tables in groups},
+    "kv_cache_groups": lambda groups: groups,
     "design": lambda design: design,
+    "codes": lambda codes: {device: bytearray(device_codes) for device, device_codes in codes},
+    "hashed_gpu_blocks": set,
     **{name: dict for name in _DICTS},
 }
+
+
+def check_state_codes(reducer: ReducerState) -> None:
+    """The state codes and hashed GPU blocks a ReducerState keeps as events arrive equal the ones
+    recomputed from its blocks (state_code of each)."""
+    for device, pool in reducer.pools.items():
+        assert reducer.block_codes(device) == "".join(map(state_code, pool)), f"{device} state codes differ from its blocks'"
+    assert reducer.hashed_gpu_blocks == {b.number for b in reducer.pools["gpu"] if b.block_hash is not None}, (
+        "the hashed GPU blocks differ from the blocks holding a hash")
 
 
 def check_reducer_matches(reducer, manager) -> None:
@@ -551,18 +718,26 @@ def check_reducer_matches(reducer, manager) -> None:
         cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
         assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
         assert reducer.hash_map == {h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()}
+    check_state_codes(reducer)
 
 
 def check_reducer_matches_v1(reducer, manager) -> None:
-    """The same for vLLM v1's KVCacheManager (engine/v1/): block tables, ref counts, owners, the
+    """The same for vLLM v1's KVCacheManager (engine/v1/): each KV-cache group's block tables (the
+    null block where a window let a block go), ref counts, owners and every block's group, the
     null block, free / used / free-but-cached blocks, the free queue's order and the hash map
-    (each hash's first cached block)."""
+    (each hash's first cached block, and per group the block a lookup returns)."""
     from blockviz.model.reducer import CACHED, NULL, USED
+    from engine.v1.kv_cache_utils import external_block_hash
 
     pool = manager.block_pool
-    assert reducer.tables == {
-        seq_id: [("gpu", b.block_id) for b in blocks] for seq_id, blocks in manager.req_to_blocks.items()
-    }, "reducer's block tables differ from the manager's"
+    managers = manager.coordinator.single_type_managers
+    group_of: dict[int, int] = dict(pool.cached_block_group_ids)
+    for group, single in enumerate(managers):
+        assert reducer.tables_of(group) == {
+            seq_id: [("gpu", b.block_id) for b in blocks] for seq_id, blocks in single.req_to_blocks.items()
+        }, f"reducer's block tables differ from the manager's in group {group}"
+        for blocks in single.req_to_blocks.values():
+            group_of.update((b.block_id, group) for b in blocks if not b.is_null)
     view = reducer.pools["gpu"]
     assert view[0].state == NULL, "block 0 is not shown as the null block"
     assert [b.ref_count for b in view[1:]] == [b.ref_cnt for b in pool.blocks[1:]], "ref counts differ"
@@ -572,12 +747,19 @@ def check_reducer_matches_v1(reducer, manager) -> None:
     for block in pool.blocks[1:]:
         shown = view[block.block_id]
         if block.ref_cnt:
-            owners = {s for s, t in manager.req_to_blocks.items() if any(b is block for b in t)}
+            owners = {s for single in managers for s, t in single.req_to_blocks.items() if any(b is block for b in t)}
             assert shown.state == USED and shown.owners == owners, f"block {block.block_id} differs"
         else:
             assert shown.state == (CACHED if block.block_hash is not None else "free"), (
                 f"free block {block.block_id}: reducer {shown.state}")
-    from engine.v1.kv_cache_utils import external_block_hash
-
+        if block.block_id in group_of:
+            assert shown.group == group_of[block.block_id], (
+                f"block {block.block_id}: reducer's group {shown.group}, manager's {group_of[block.block_id]}")
     expected = {external_block_hash(h): next(iter(blocks)) for h, blocks in pool.cached_block_hash_to_block.items()}
     assert reducer.hash_map == expected, "reducer's hash map differs from the manager's"
+    for block_hash in pool.cached_block_hash_to_block:
+        for group in range(len(managers)):
+            found = pool.get_cached_block(block_hash, group)
+            assert reducer.cached_block(external_block_hash(block_hash), group) == (found and found.block_id), (
+                f"a lookup in group {group} differs")
+    check_state_codes(reducer)

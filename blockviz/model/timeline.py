@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 
 from engine import events as ev
-from blockviz.model.design import kv_manager_of
+from blockviz.model.design import kv_cache_groups_of, kv_manager_of
 from blockviz.model.operation import Operation, Operations
 from blockviz.model.reducer import ReducerState
 
@@ -42,7 +42,7 @@ class Timeline:
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int,
                  snapshot_every: int | None = None, kv_manager: str = "v0",
-                 max_events: int | None = None) -> None:
+                 max_events: int | None = None, kv_cache_groups: tuple = ()) -> None:
         self._spaced_by_size = snapshot_every is None  # a given spacing is kept exactly (tests)
         if snapshot_every is None:
             # A snapshot costs about a pool's worth of work and replaying an event far less: one
@@ -62,7 +62,9 @@ class Timeline:
         self.num_cpu_blocks = num_cpu_blocks
         self.snapshot_every = snapshot_every
         self.events: list[ev.Event] = []
-        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
+        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
+                                                "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,
+                                                "kv_cache_groups": kv_cache_groups})
         self.position = 0
         self._snapshots: dict[int, tuple] = {}  # position -> ReducerState.freeze()
         self._snapshot_at: list[int] = []  # the positions of the snapshots, in order
@@ -80,7 +82,7 @@ class Timeline:
                    max_events: int | None = None) -> "Timeline":
         """An empty timeline for a run with this trace header (a live engine's, or a trace's)."""
         return cls(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], snapshot_every,
-                   kv_manager_of(header), max_events)
+                   kv_manager_of(header), max_events, kv_cache_groups_of(header))
 
     @classmethod
     def for_trace(cls, trace, snapshot_every: int | None = None) -> "Timeline":

@@ -2,7 +2,10 @@
 
 Line 1 is a header ({"format": "blockviz-trace", "version": 1, ...} with the model, block size,
 pool sizes, prefix caching and the requests that were run); every following line is one event's
-`Event.to_json()`. A replay feeds these events to the same reducer and views as a live run, so a
+`Event.to_json()`. Version 2 is a run with KV-cache groups (a hybrid or sliding-window model under
+engine/v1): its header names them ("kv_cache_groups"), its block events carry their `group` and a
+window's freed slots are blocks_skipped events (docs/traces.md); a run with one full-attention group
+is written as version 1, as before groups existed, and every version-1 trace still loads. A replay feeds these events to the same reducer and views as a live run, so a
 trace needs no model and no torch (this module imports only `engine.events` and `engine.config`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
@@ -29,14 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import kv_manager_of
+from blockviz.model.design import kv_cache_groups_of, kv_manager_of
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
 
 TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"  # the shipped traces (package data)
 FORMAT_NAME = "blockviz-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this blockviz reads and writes
+GROUPS_FORMAT_VERSION = 2  # a trace whose header has "kv_cache_groups"; one without is written as version 1
 REQUIRED_HEADER_FIELDS = ("block_size", "num_gpu_blocks", "num_cpu_blocks")
 BOM = b"\xef\xbb\xbf"
 
@@ -140,12 +144,14 @@ def make_header(engine_header: dict[str, Any], **run: Any) -> dict[str, Any]:
     """The header line: format name and version, blockviz version, the engine's settings
     (blockviz.session.engine_session.trace_header: model, block_size, num_gpu_blocks,
     num_cpu_blocks, enable_prefix_caching, ...) and the run's settings (prompts, n, max_tokens,
-    seed, ...)."""
+    seed, ...). Version 1, or GROUPS_FORMAT_VERSION when the engine's header names KV-cache groups."""
     from blockviz import __version__
 
-    header: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "blockviz_version": __version__}
+    header: dict[str, Any] = {"format": FORMAT_NAME, "version": 1, "blockviz_version": __version__}
     header.update(engine_header)
     header.update(run)
+    if header.get("kv_cache_groups"):
+        header["version"] = GROUPS_FORMAT_VERSION
     missing = [name for name in REQUIRED_HEADER_FIELDS if name not in header]
     if missing:
         raise ValueError(f"trace header lacks {', '.join(missing)}")
@@ -371,6 +377,24 @@ def _is_arrival(value: Any) -> bool:
             and isinstance(value.get("prompt"), str) and _POSITIVE[0](value.get("n", 1)))
 
 
+def _is_kv_cache_groups(value: Any) -> bool:
+    """design.kv_cache_groups_header's list: one or more {"kind", "sliding_window" (a window's
+    only), "layer_names"}, not one full-attention group alone (a header without the field)."""
+    return (isinstance(value, list) and len(value) >= 1 and all(map(_is_kv_cache_group, value))
+            and (len(value) > 1 or value[0]["kind"] != "full_attention"))
+
+
+def _is_kv_cache_group(value: Any) -> bool:
+    if not isinstance(value, dict) or not set(value) <= {"kind", "sliding_window", "layer_names"}:
+        return False
+    window = value.get("sliding_window")
+    if value.get("kind") == "full_attention":
+        kind_ok = window is None
+    else:
+        kind_ok = value.get("kind") == "sliding_window" and _POSITIVE[0](window)
+    return kind_ok and _is_list_of(value.get("layer_names", []), _TEXT[0])
+
+
 def _is_later_prompt(value: Any) -> bool:
     """scripts/make_traces.py's [step, prompt]."""
     return isinstance(value, list) and len(value) == 2 and _NON_NEGATIVE[0](value[0]) and isinstance(value[1], str)
@@ -404,6 +428,9 @@ HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "arrivals": (lambda value: _is_list_of(value, _is_arrival),
                  'a list of {"step": integer, "prompt": string, "n": integer}'),
     "later_prompts": (lambda value: _is_list_of(value, _is_later_prompt), "a list of [step, prompt] pairs"),
+    "kv_cache_groups": (_is_kv_cache_groups,
+                        'a list of {"kind": "full_attention" or "sliding_window", '
+                        '"sliding_window": integer (a window\'s only), "layer_names": [string, ...]}, not one full_attention group alone'),
 }
 
 
@@ -419,6 +446,11 @@ def check_header_fields(header: dict[str, Any]) -> None:
             shown = repr(value)
             shown = shown if len(shown) <= 40 else shown[:39] + "…"
             raise ValueError(f"header field {key!r} must be {rule[1]}, got {shown}")
+    if "kv_cache_groups" in header and header.get("version", GROUPS_FORMAT_VERSION) < GROUPS_FORMAT_VERSION:
+        raise ValueError(f"header field 'kv_cache_groups' needs format version {GROUPS_FORMAT_VERSION}, "
+                         f"the header says {header['version']}")
+    if "kv_cache_groups" in header and kv_manager_of(header) == "v0":
+        raise ValueError("header field 'kv_cache_groups' is for a v1 run (kv_manager \"v1\"): v0 has one group")
 
 
 def _check_pools(header: dict[str, Any], file_bytes: int | None) -> None:
@@ -524,7 +556,7 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
     try:
         checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
                                vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
-                               kv_manager=kv_manager_of(header))
+                               kv_manager=kv_manager_of(header), kv_cache_groups=kv_cache_groups_of(header))
     except ValueError as exc:
         raise TraceError(f"{name} line 1: {exc}") from None
     for number, line in lines:

@@ -5,7 +5,11 @@ freed that its sequence never held. `TraceChecker.check(event)` raises ValueErro
 thing wrong with an event, given the picture of memory the earlier events built (a ReducerState,
 the same one the views draw), then applies it. The rules are the block manager's own: a block is
 allocated only when free, a ref count moves by one per reference, a sequence appends into its own
-table, a hit names a registered hash, an eviction a free-but-cached block.
+table, a hit names a registered hash, an eviction a free-but-cached block. With KV-cache groups
+(the header's "kv_cache_groups"), every block event names a group the run has, a block stays in
+the group that took it, a sequence places blocks in that group's own table, a hit names the block a
+lookup in its group returns, and only a sliding-window group puts the null block in a table (after
+a prefix hit's skipped head, or BlocksSkipped in the slots of blocks it still held).
 
 A trace may come from anyone, so the checks also keep what it can ask of the reader in proportion
 to the file: every integer is a non-negative 64-bit value (a token id below the vocabulary's
@@ -22,7 +26,7 @@ import math
 
 from engine import events as ev
 from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
-from blockviz.model.design import KV_DESIGNS
+from blockviz.model.design import KV_DESIGNS, KVCacheGroup
 
 MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
 MAX_HASH = (1 << 64) - 1  # block hashes are unsigned 64-bit (xxh64)
@@ -42,13 +46,18 @@ class TraceChecker:
     when absent) is the design whose rules apply (in v1 block 0 is the null block)."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
-                 vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0") -> None:
+                 vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0",
+                 kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
         if kv_manager not in KV_DESIGNS:
             raise ValueError(f"header field 'kv_manager' must be one of {', '.join(map(repr, KV_DESIGNS))}, "
                              f"got {kv_manager!r}")
         if KV_DESIGNS[kv_manager].null_block and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
-        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager})
+        if kv_cache_groups and not KV_DESIGNS[kv_manager].null_block:
+            raise ValueError("header field 'kv_cache_groups' is for a v1 run (kv_manager \"v1\"): v0 has one group")
+        self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
+                                                "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,
+                                                "kv_cache_groups": kv_cache_groups})
         self.last_seq_no: int | None = None
         self.limits = {**dict.fromkeys(TOKEN_FIELDS, vocab_size - 1 if vocab_size else MAX_TOKEN_ID),
                        **dict.fromkeys(HASH_FIELDS, MAX_HASH)}
@@ -68,6 +77,8 @@ class TraceChecker:
                 raise ValueError(f"unknown device {device!r}")
         if not isinstance(event, (ev.BlockHashed, ev.SwappedIn)):
             self.swapped_in.clear()
+        if getattr(event, "group", 0):
+            self._group(event.group)
         rule = _RULES.get(type(event))
         if rule is not None:
             rule(self, event)
@@ -121,25 +132,36 @@ class TraceChecker:
             raise ValueError(f"{what} {number} is the null block, which is never allocated, freed or hashed")
         return pool[number]
 
-    def _table(self, seq_id: int) -> list[tuple[str, int]]:
-        table = self.state.tables.get(seq_id)
+    def _group(self, group: int) -> None:
+        num_groups = self.state.num_kv_cache_groups if self.state.kv_cache_groups else 1
+        if not 0 <= group < num_groups:
+            raise ValueError(f"group {group} is outside the run's {num_groups} KV-cache group(s)")
+
+    def _same_group(self, block, group: int) -> None:
+        """A block in use or cached stays in the group that took it."""
+        if block.state != FREE and block.group != group:
+            raise ValueError(f"{block.device} block {block.number} is in group {block.group}, not group {group}")
+
+    def _table(self, seq_id: int, group: int = 0) -> list[tuple[str, int]]:
+        table = self.state.tables_of(group).get(seq_id)
         if table is None:
-            raise ValueError(f"seq {seq_id} has no block table here")
+            raise ValueError(f"seq {seq_id} has no block table here" + (f" in group {group}" if group else ""))
         return table
 
-    def _logical(self, seq_id: int, index: int) -> tuple[str, int]:
-        table = self._table(seq_id)
+    def _logical(self, seq_id: int, index: int, group: int = 0) -> tuple[str, int]:
+        table = self._table(seq_id, group)
         if not 0 <= index < len(table):
             raise ValueError(f"logical index {index} is outside seq {seq_id}'s table of {len(table)} blocks")
         return table[index]
 
-    def _next_index(self, seq_ids, index: int) -> None:
-        """A block joins the end of each table, and only once the block before it is full."""
+    def _next_index(self, seq_ids, index: int, group: int = 0, skips: bool = False) -> None:
+        """A block joins the end of each table, and only once the block before it is full; with
+        `skips` (a sliding window's prefix hit) it may leave the null block in the slots before it."""
         for seq_id in seq_ids:
-            table = self.state.tables.get(seq_id, ())
-            if index != len(table):
+            table = self.state.tables_of(group).get(seq_id, ())
+            if index != len(table) and not (skips and index > len(table)):
                 raise ValueError(f"logical index {index} for seq {seq_id}, whose table has {len(table)} blocks")
-            if table:
+            if table and index == len(table) and table[-1] != ("gpu", 0):  # a slot a window let go: empty
                 last = self.state.pools[table[-1][0]][table[-1][1]]
                 if len(last.token_ids) != self.state.block_size:
                     raise ValueError(f"seq {seq_id} gets logical block {index} while block {last.number} "
@@ -158,22 +180,24 @@ class TraceChecker:
             raise ValueError(f"{e.device} block {e.block} is allocated while {block.state}")
         if e.ref_count != len(e.seq_ids) or not e.seq_ids:
             raise ValueError(f"ref count {e.ref_count} for {len(e.seq_ids)} sequence(s)")
-        self._next_index(e.seq_ids, e.logical_index)
+        self._next_index(e.seq_ids, e.logical_index, e.group)
         self._fits(e.token_ids, "the block")
 
     def _hit(self, e: ev.PrefixCacheHit) -> None:
         self._known_seqs(e)
         block = self._block(e.device, e.block)
-        if self.state.hash_map.get(e.block_hash) != e.block or block.state == FREE:
-            raise ValueError(f"prefix-cache hit on {e.device} block {e.block}, which does not hold hash {e.block_hash}")
+        if self.state.cached_block(e.block_hash, e.group) != e.block or block.state == FREE:
+            raise ValueError(f"prefix-cache hit on {e.device} block {e.block}, which does not hold hash {e.block_hash}"
+                             + (f" in group {e.group}" if self.state.kv_cache_groups else ""))
         if e.ref_count != block.ref_count + len(e.seq_ids):
             raise ValueError(f"ref count {e.ref_count} after a hit on block {e.block} with ref count {block.ref_count}")
-        self._next_index(e.seq_ids, e.logical_index)
+        self._next_index(e.seq_ids, e.logical_index, e.group, skips=self.state.is_window_group(e.group))
 
     def _hashed(self, e: ev.BlockHashed) -> None:
         block = self._block(e.device, e.block)
         if block.state != USED or len(block.token_ids) != self.state.block_size:
             raise ValueError(f"{e.device} block {e.block} is hashed while not a full block in use")
+        self._same_group(block, e.group)
         if e.parent_hash == e.block_hash:
             raise ValueError(f"hash {e.block_hash} is its own parent")
         # a block is hashed once; right after a swap-in, v0 registers each block's hash again
@@ -184,7 +208,8 @@ class TraceChecker:
         self.swapped_in.discard(e.block)
 
     def _slot(self, e: ev.SlotAppended) -> None:
-        if self._logical(e.seq_id, e.logical_index) != (e.device, e.block):
+        group = self._block(e.device, e.block).group  # a slot in each group's block: the block says which
+        if self._logical(e.seq_id, e.logical_index, group) != (e.device, e.block):
             raise ValueError(f"seq {e.seq_id}'s logical block {e.logical_index} is not {e.device} block {e.block}")
         filled = len(self._block(e.device, e.block).token_ids)
         if e.offset != filled:
@@ -241,6 +266,7 @@ class TraceChecker:
             pass  # vLLM's CPU tier lets go of a block it pinned for a copy (an offload store or load)
         elif block.state != USED or e.seq_id not in block.owners:
             raise ValueError(f"seq {e.seq_id} frees {e.device} block {e.block}, which it does not hold")
+        self._same_group(block, e.group)
         if e.ref_count != block.ref_count - 1:
             raise ValueError(f"ref count {e.ref_count} after freeing block {e.block} with ref count {block.ref_count}")
 
@@ -248,6 +274,18 @@ class TraceChecker:
         block = self._block(e.device, e.block)
         if block.state != CACHED or block.block_hash != e.block_hash:
             raise ValueError(f"eviction of {e.device} block {e.block}, which is not free-but-cached with that hash")
+        self._same_group(block, e.group)
+
+    def _skipped(self, e: ev.BlocksSkipped) -> None:
+        """Only a sliding-window group lets blocks go mid-request, each one its table holds, in use."""
+        self._known_seqs(e)
+        if not self.state.is_window_group(e.group):
+            raise ValueError(f"blocks_skipped in group {e.group}, which is not a sliding-window group")
+        if len(e.logical_indices) != len(e.blocks) or not e.blocks:
+            raise ValueError("blocks_skipped lists differ in length, or are empty")
+        for index, number in zip(e.logical_indices, e.blocks):
+            if self._logical(e.seq_id, index, e.group) != ("gpu", number) or self._block("gpu", number).state != USED:
+                raise ValueError(f"seq {e.seq_id}'s logical block {index} in group {e.group} is not gpu block {number}")
 
     def _offload_store(self, e: ev.OffloadStored) -> None:
         if not len(e.mapping) == len(e.block_hashes) == len(e.parent_hashes) == len(e.token_ids):
@@ -271,13 +309,14 @@ class TraceChecker:
                 raise ValueError(f"offload load into gpu block {gpu_number}, which seq {e.seq_id} does not hold")
 
     def _seq_freed(self, e: ev.SequenceFreed) -> None:
-        for device, number in self._table(e.seq_id):  # the blocks it holds: a look at each, not the pools
+        tables = [t for t in self.state.seq_tables(e.seq_id) if t] or [self._table(e.seq_id)]
+        for device, number in (entry for table in tables for entry in table):  # a look at each, not the pools
             if e.seq_id in self.state.pools[device][number].owners:
                 raise ValueError(f"seq {e.seq_id}'s table is freed while it still holds {device} block {number}")
 
     def _finished(self, e: ev.SequenceFinished) -> None:
         self._known_seqs(e)
-        if e.seq_id in self.state.tables:
+        if any(e.seq_id in self.state.tables_of(g) for g in range(self.state.num_kv_cache_groups)):
             raise ValueError(f"seq {e.seq_id} finishes while it still holds a block table")
 
     def _request(self, e: ev.RequestAdded) -> None:
@@ -321,6 +360,7 @@ _RULES = {
     ev.BlockFreed: TraceChecker._freed,
     ev.SequenceFreed: TraceChecker._seq_freed,
     ev.BlockEvicted: TraceChecker._evicted,
+    ev.BlocksSkipped: TraceChecker._skipped,
     ev.RequestAdded: TraceChecker._request,
     ev.TokenGenerated: TraceChecker._known_seqs,
     ev.SequenceFinished: TraceChecker._finished,

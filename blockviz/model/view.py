@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from blockviz.model.glossary import DEFINITIONS
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
 from blockviz.model.palette import event_number, short_hash, show_tokens
-from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, block_codes, cell_counts, check_range, zoom_level
+from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, cell_counts, check_range, zoom_level
 from blockviz.model.record import Record
-from blockviz.model.reducer import NULL, USED, BlockState, ReducerState
+from blockviz.model.reducer import (CACHED_CODE, FREE_CODE, NULL, NULL_CODE, USED, USED_CODE, BlockState, ReducerState,
+                                    state_code, touched_blocks)
 from engine import events as ev
 
-STATE_CODES = {"used": "u", "cached": "c", "free": "f", "null": "n"}  # one character per block in "state"
+STATE_CODES = {"used": USED_CODE, "cached": CACHED_CODE, "free": FREE_CODE, "null": NULL_CODE}  # "state"'s characters
+CODE_STATES = {code: name for name, code in STATE_CODES.items()}
+USED_BYTE, CACHED_BYTE, FREE_BYTE = (code.encode("ascii") for code in (USED_CODE, CACHED_CODE, FREE_CODE))
 STATE_LABELS = {"used": "used", "cached": "cached-free", "free": "free", "null": "null block"}  # the words for each state
 MAX_TABLES = 32  # sequences shown in the notebook's block tables (those holding blocks first)
 MAX_HASHES = 128  # hashed blocks shown in the notebook's hash chains
@@ -51,12 +54,8 @@ NOTE_OF_IDEA = {"recompute": "swap", "swap-out": "swap", "swap-in": "swap", "pre
 def block_state(block: BlockState) -> str:
     """"used", "cached" (free but still hashed: a prefix-cache hit can revive it until it is
     evicted), "free", or "null" (vLLM v1's block 0, BlockPool.null_block): the one rule every view
-    colours a block by."""
-    if block.state == USED:
-        return "used"
-    if block.state == NULL:
-        return "null"
-    return "cached" if block.block_hash is not None else "free"
+    colours a block by (reducer.state_code, named)."""
+    return CODE_STATES[state_code(block)]
 
 
 class BlockCell(NamedTuple):
@@ -100,21 +99,14 @@ def pool_columns(pool: list[BlockState]) -> dict[str, Any]:
 
 
 def pool_counts(state: ReducerState) -> dict[str, tuple[int, int, int]]:
-    """Per device: (used, cached-free, free) blocks, in one pass over each pool (v1's null block
-    is none of them: vLLM v1 never counts it)."""
-    return {device: _counts(pool) for device, pool in state.pools.items()}
+    """Per device: (used, cached-free, free) blocks, counted in the reducer's state codes (v1's null
+    block is none of them: vLLM v1 never counts it)."""
+    return {device: _counts(state, device) for device in state.pools}
 
 
-def _counts(pool: list[BlockState]) -> tuple[int, int, int]:
-    used = cached = null = 0
-    for block in pool:
-        if block.state == USED:
-            used += 1
-        elif block.block_hash is not None:
-            cached += 1
-        elif block.state == NULL:
-            null += 1
-    return used, cached, len(pool) - used - cached - null
+def _counts(state: ReducerState, device: str) -> tuple[int, int, int]:
+    codes = state.codes[device]
+    return codes.count(USED_BYTE), codes.count(CACHED_BYTE), codes.count(FREE_BYTE)
 
 
 def pool_record(state: ReducerState, device: str, start: int | None = None, stop: int | None = None) -> dict[str, Any]:
@@ -125,19 +117,17 @@ def pool_record(state: ReducerState, device: str, start: int | None = None, stop
     those blocks (index i is block start + i), a bigger one per cell its counts of each state
     (`cells`, pool_zoom.cell_counts) and in `state` the state most of its blocks are in."""
     pool = state.pools[device]
+    counts = _counts(state, device)
     if start is None and stop is None and len(pool) <= MAX_BLOCK_CELLS:
-        counts = _counts(pool)
         return {**pool_columns(pool), "used": counts[0], "cached": counts[1], "free": counts[2],
                 "empty_line": empty_pool_line(state, device, counts)}
     start, stop = check_range(start or 0, len(pool) if stop is None else stop, len(pool))
-    codes = block_codes(pool)
-    counts = (codes.count("u"), codes.count("c"), codes.count("f"))
     per_cell = zoom_level(stop - start)
     record = {"n": len(pool), "start": start, "stop": stop, "per_cell": per_cell, "used": counts[0],
               "cached": counts[1], "free": counts[2], "empty_line": empty_pool_line(state, device, counts)}
     if per_cell == 1:
         return {**pool_columns(pool[start:stop]), **record}
-    cells = cell_counts(codes[start:stop], start, per_cell)
+    cells = cell_counts(state.block_codes(device, start, stop), start, per_cell)
     return {**record, "state": cells.codes(), "cells": cells.to_json()}
 
 
@@ -158,8 +148,9 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> Fre
         return None
     pool = state.pools["gpu"]
     queue = state.free_queue if limit is None else state.free_queue[:limit]
+    # A cached-free GPU block is in the queue (still hashed): the reducer's codes count them.
     return FreeQueue([[number, pool[number].block_hash is not None] for number in queue], len(state.free_queue),
-                     sum(1 for number in state.free_queue if pool[number].block_hash is not None))
+                     state.codes["gpu"].count(CACHED_BYTE))
 
 
 def v1_notes(state: ReducerState, ideas: tuple[str, ...] = ()) -> dict[str, str]:
@@ -183,32 +174,6 @@ def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, in
     if not swapped:
         return f"CPU pool: {len(pool)} blocks, never used"
     return f"CPU pool: {len(pool)} blocks, empty ({swapped} swap-out{'s' if swapped > 1 else ''}, all swapped back in)"
-
-
-def _mapping_blocks(e: ev.SwappedOut | ev.SwappedIn) -> dict[str, frozenset[int]]:
-    src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
-    return {src: frozenset(a for a, _ in e.mapping), dst: frozenset(b for _, b in e.mapping)}
-
-
-_TOUCHES: dict[type[ev.Event], Callable[[Any], dict[str, frozenset[int]]]] = {
-    ev.CopyOnWrite: lambda e: {e.device: frozenset((e.src_block, e.dst_block))},
-    ev.Forked: lambda e: {e.device: frozenset(e.blocks)},
-    ev.SwappedOut: _mapping_blocks,
-    ev.SwappedIn: _mapping_blocks,
-    ev.OffloadStored: lambda e: {"gpu": frozenset(g for g, _ in e.mapping), "cpu": frozenset(c for _, c in e.mapping)},
-    ev.OffloadLoaded: lambda e: {"cpu": frozenset(c for c, _ in e.mapping), "gpu": frozenset(g for _, g in e.mapping)},
-}
-
-
-def touched_blocks(event: ev.Event | None) -> dict[str, frozenset[int]]:
-    """The blocks an event changed, per device (the views underline them)."""
-    if event is None:
-        return {}
-    touches = _TOUCHES.get(type(event))
-    if touches is not None:
-        return touches(event)
-    block = getattr(event, "block", None)
-    return {event.device: frozenset((block,))} if block is not None else {}
 
 
 def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, str] | None = None) -> list[str]:
@@ -352,7 +317,8 @@ def hash_chains(state: ReducerState, limit: int | None = MAX_HASHES, *, current:
     hash and its tokens) in chain order, each after its parent. A chain runs straight down; where
     it branches the children indent: `depth` is the indent and `branch` "├" / "└" marks a branch.
     `hit_now` marks the block the `current` event hit."""
-    hashed = [b for b in state.pools["gpu"] if b.block_hash is not None]
+    pool = state.pools["gpu"]
+    hashed = [pool[number] for number in state.hashed_gpu_blocks]
     known = {b.block_hash for b in hashed}
     children: dict[int | None, list[BlockState]] = {}
     for block in hashed:

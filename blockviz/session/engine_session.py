@@ -46,8 +46,29 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "gpu_memory_utilization": budget.utilization, "max_model_len": engine.max_model_len,
         "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
         "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
-        **_profiled_fields(budget), **_kv_manager_fields(config),
+        **_profiled_fields(budget), **_kv_manager_fields(config), **_kv_cache_group_fields(engine),
     }
+
+
+def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
+    """A hybrid or sliding-window model's KV-cache groups (kind, window, layers:
+    design.kv_cache_groups_header), from engine/v1's groups or vLLM's own manager's
+    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, so those
+    headers are as they always were."""
+    from blockviz.model.design import FULL_ATTENTION, SLIDING_WINDOW, kv_cache_groups_header
+
+    manager = getattr(engine, "kv_manager", None)
+    if getattr(manager, "kv_cache_groups", None):  # engine/v1
+        groups = [(FULL_ATTENTION if window is None else SLIDING_WINDOW, window, group.layer_names)
+                  for group in manager.kv_cache_groups
+                  for window in [getattr(group.kv_cache_spec, "sliding_window", None)]]
+    elif getattr(manager, "kv_cache_event_metadata", None):  # vLLM's own KVCacheManager
+        groups = [(kind, window, group.layer_names) for (kind, window), group in
+                  zip(manager.kv_cache_event_metadata, manager.kv_cache_config.kv_cache_groups)]
+    else:
+        return {}
+    header = kv_cache_groups_header(groups)
+    return {"kv_cache_groups": header} if header else {}
 
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:

@@ -13,8 +13,8 @@ block cached first. Eviction is lazy: a freed cached block keeps its hash, and l
 
 Events: BlockHashed when cache_full_blocks hashes a block (`registered` True when it is the block
 a lookup of that hash now returns), BlockEvicted when get_new_blocks pops a cached block,
-BlockFreed for each reference dropped. The manager emits BlockAllocated / PrefixCacheHit, since it
-knows the request and the block's place in its table.
+BlockFreed for each reference dropped, each naming the block's KV-cache group. The manager emits
+BlockAllocated / PrefixCacheHit, since it knows the request and the block's place in its table.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class BlockPool:
                 self.events.emit(BlockHashed, device=GPU, block=block.block_id,
                                  block_hash=external_block_hash(block_hash), parent_hash=parent,
                                  token_ids=tuple(token_ids[index * block_size : (index + 1) * block_size]),
-                                 num_hashed_tokens=(index + 1) * block_size, registered=first)
+                                 num_hashed_tokens=(index + 1) * block_size, registered=first,
+                                 group=kv_cache_group_id)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop `num_blocks` blocks from the head of the free queue, evicting any that is still
@@ -104,13 +105,13 @@ class BlockPool:
         same = self.cached_block_hash_to_block.get(block_hash)
         if not same or same.pop(block.block_id, None) is None:
             return False
-        del self.cached_block_group_ids[block.block_id]
+        group = self.cached_block_group_ids.pop(block.block_id)
         if not same:
             del self.cached_block_hash_to_block[block_hash]
         block.reset_hash()
         if self.events.active:
             self.events.emit(BlockEvicted, device=GPU, block=block.block_id,
-                             block_hash=external_block_hash(block_hash))
+                             block_hash=external_block_hash(block_hash), group=group)
         return True
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -123,8 +124,10 @@ class BlockPool:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], seq_id: int = -1) -> None:
-        """Drop one reference to each block, given in eviction order (vLLM free_blocks). Blocks
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], seq_id: int = -1, kv_cache_group_id: int = 0
+                    ) -> None:
+        """Drop one reference to each block of group `kv_cache_group_id`, given in eviction order
+        (vLLM free_blocks). Blocks
         reaching 0 go back to the free queue: those without a hash to its head, in the order given,
         those with one to its tail, in the order given.
 
@@ -143,7 +146,8 @@ class BlockPool:
             held = [b for b in blocks if b.ref_cnt > 0]
             for block in (*held, *reversed(fresh), *cached):
                 self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=seq_id,
-                                 ref_count=block.ref_cnt, cached=block.block_hash is not None)
+                                 ref_count=block.ref_cnt, cached=block.block_hash is not None,
+                                 group=kv_cache_group_id)
 
     def get_num_free_blocks(self) -> int:
         """Free blocks, cached ones included, the null block not (vLLM get_num_free_blocks)."""

@@ -13,9 +13,9 @@ The layers' KV-cache groups (engine/v1/kv_cache_interface.py) each keep a table 
 one BlockPool, through a KVCacheCoordinator (engine/v1/kv_cache_coordinator.py). A full-attention
 model has one group, and then the blocks handed in and out are that group's list, as in vLLM
 before hybrid models; with several groups they are a tuple of lists, one per group (vLLM's
-KVCacheBlocks.blocks). Events name a block by (device, number) in every group: a run with several
-groups emits each group's allocations, hits, hashes and frees, the frees of blocks that leave a
-sliding window included, as the existing event kinds.
+KVCacheBlocks.blocks). Block numbers are unique over the groups (one pool); the events that place,
+cache, evict or free a block name its group (`group`, vLLM's kv_cache_group_id), and a sliding
+window's frees follow a BlocksSkipped naming the slots that now hold the null block.
 """
 
 from __future__ import annotations
@@ -189,12 +189,13 @@ class KVCacheManager:
         if any(computed_blocks):
             coordinator.allocate_new_computed_blocks(seq_id, computed_blocks, num_local_computed_tokens)
             if self.events.active:
-                for blocks, hits in zip(coordinator.get_blocks(seq_id), computed_blocks):
-                    self._emit_hits(seq, blocks, len(blocks) - len(hits))
+                for group, (blocks, hits) in enumerate(zip(coordinator.get_blocks(seq_id), computed_blocks)):
+                    self._emit_hits(seq, blocks, len(blocks) - len(hits), group)
         new_blocks = coordinator.allocate_new_blocks(seq_id, num_tokens_need_slot)
         if self.events.active:
-            for blocks, new in zip(coordinator.get_blocks(seq_id), new_blocks):
-                self._emit_slots(seq, blocks, len(blocks) - len(new), num_local_computed_tokens, num_tokens_need_slot)
+            for group, (blocks, new) in enumerate(zip(coordinator.get_blocks(seq_id), new_blocks)):
+                self._emit_slots(seq, blocks, len(blocks) - len(new), num_local_computed_tokens, num_tokens_need_slot,
+                                 group)
         if self.enable_caching:
             num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, seq.get_len())
             coordinator.cache_blocks(seq, num_tokens_to_cache, self.block_hashes)
@@ -244,7 +245,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ events
 
-    def _emit_hits(self, seq: Sequence, blocks: list[KVCacheBlock], first: int) -> None:
+    def _emit_hits(self, seq: Sequence, blocks: list[KVCacheBlock], first: int, group: int = 0) -> None:
         if not self.events.active:
             return
         token_ids = seq.get_token_ids()
@@ -256,10 +257,10 @@ class KVCacheManager:
             self.events.emit(PrefixCacheHit, device=GPU, block=block.block_id, seq_ids=(seq.seq_id,),
                              logical_index=index, ref_count=block.ref_cnt,
                              block_hash=external_block_hash(block.block_hash),
-                             token_ids=tuple(token_ids[index * bs : (index + 1) * bs]))
+                             token_ids=tuple(token_ids[index * bs : (index + 1) * bs]), group=group)
 
     def _emit_slots(self, seq: Sequence, blocks: list[KVCacheBlock], num_old_blocks: int,
-                    start: int, end: int) -> None:
+                    start: int, end: int, group: int = 0) -> None:
         """Tokens start..end-1 got slots: those in blocks the sequence held already are
         SlotAppended, each new block is BlockAllocated with the tokens it holds."""
         bs = self.block_size
@@ -274,4 +275,5 @@ class KVCacheManager:
             block = blocks[index]
             held = tuple(token_ids[max(start, index * bs) : min(end, (index + 1) * bs)])
             self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq.seq_id,),
-                             logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held)
+                             logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held,
+                             group=group)

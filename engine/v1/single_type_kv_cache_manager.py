@@ -19,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
+from engine.events import BlocksSkipped
 from engine.sequence import Sequence as Request
 from engine.v1.block_pool import BlockPool
 from engine.v1.kv_cache_interface import KVCacheSpec, cdiv, sliding_window_of
@@ -110,24 +111,30 @@ class SingleTypeKVCacheManager(ABC):
         pop_blocks_for_free)."""
         blocks = self.req_to_blocks.pop(seq_id, [])
         self.num_cached_block.pop(seq_id, None)
-        self.block_pool.free_blocks(reversed(blocks), seq_id)
+        self.block_pool.free_blocks(reversed(blocks), seq_id, self.kv_cache_group_id)
 
     def remove_skipped_blocks(self, seq_id: int, num_computed_tokens: int) -> None:
         """Free the blocks no token from `num_computed_tokens` on will read, putting the null
         block in their slots; walks back from the last such block and stops at a null one (vLLM
-        remove_skipped_blocks, _remove_blocks_in_range)."""
+        remove_skipped_blocks, _remove_blocks_in_range). Events: BlocksSkipped (the slots now
+        null), then a BlockFreed per block."""
         num_skipped_tokens = self.get_num_skipped_tokens(num_computed_tokens)
         blocks = self.req_to_blocks.get(seq_id)
         if num_skipped_tokens <= 0 or not blocks:
             return
-        freed = []
+        freed, indices = [], []
         for index in range(min(num_skipped_tokens // self.block_size, len(blocks)) - 1, -1, -1):
             if blocks[index].is_null:
                 break
             freed.append(blocks[index])
+            indices.append(index)
             blocks[index] = self._null_block
         if freed:
-            self.block_pool.free_blocks(freed, seq_id)
+            events = self.block_pool.events
+            if events.active:
+                events.emit(BlocksSkipped, seq_id=seq_id, group=self.kv_cache_group_id,
+                            logical_indices=tuple(reversed(indices)), blocks=tuple(b.block_id for b in reversed(freed)))
+            self.block_pool.free_blocks(freed, seq_id, self.kv_cache_group_id)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens the next token does not attend to (vLLM get_num_skipped_tokens)."""

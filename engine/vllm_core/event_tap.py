@@ -18,9 +18,11 @@ emitting what our v1 (engine/v1/) emits for the same operation, in the same orde
   its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new (offload.py).
 
 With several KV-cache groups (a hybrid model: full-attention and sliding-window layers) each
-operation emits every group's events, group after group, as engine/v1's KVCacheManager does; a
-sliding-window group's `remove_skipped_blocks` frees through `BlockPool.free_blocks` inside
-`allocate_slots`, so those BlockFreed carry the request's seq id.
+operation emits every group's events, group after group, each naming its `group` (the group id
+vLLM passes, keys with, or whose manager is at work), as engine/v1's KVCacheManager does; a
+sliding-window group's `remove_skipped_blocks` (`_remove_blocks_in_range`) announces the slots it
+nulls (BlocksSkipped) and frees through `BlockPool.free_blocks` inside `allocate_slots`, so those
+BlockFreed carry the request's seq id.
 
 Hashes are vLLM's `BlockHash` bytes as our events carry them (`external_block_hash`: the low 64
 bits, which is vLLM's `maybe_convert_block_hash` with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
@@ -47,6 +49,7 @@ from engine.events import (
     BlockEvicted,
     BlockFreed,
     BlockHashed,
+    BlocksSkipped,
     EventBus,
     PrefixCacheHit,
     SequenceFreed,
@@ -61,7 +64,7 @@ class VllmEventTap:
     operation emits its blockviz events on `events`. Request ids are our seq ids as strings."""
 
     def __init__(self, scheduler: Any, events: EventBus) -> None:
-        from vllm.v1.core.kv_cache_utils import get_block_hash, make_block_hash_with_group_id
+        from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
 
         self.events = events
         self.manager = scheduler.kv_cache_manager
@@ -70,6 +73,8 @@ class VllmEventTap:
         self.managers = self.coordinator.single_type_managers  # one per KV-cache group
         self.block_size = self.managers[0].block_size
         self._get_block_hash = get_block_hash
+        self._get_group_id = get_group_id
+        self._group = 0  # the group whose manager is freeing (free, _remove_blocks_in_range)
         self._key = make_block_hash_with_group_id
         self._request: Any = None  # the Request allocate_slots is working for
         self._start = 0  # where its new slots start (computed tokens plus new hits)
@@ -84,6 +89,9 @@ class VllmEventTap:
                           (self.pool, "_maybe_evict_cached_block"), (self.pool, "cache_full_blocks"),
                           (self.pool, "free_blocks")):
             setattr(obj, name, getattr(self, "_" + name.lstrip("_"))(getattr(obj, name)))
+        for manager in self.managers:
+            manager.free = self._group_free(manager, manager.free)
+            manager._remove_blocks_in_range = self._remove_blocks_in_range(manager, manager._remove_blocks_in_range)
 
     def external(self, key: bytes) -> int:
         """A pool key (hash and group id) as events carry the hash."""
@@ -112,13 +120,15 @@ class VllmEventTap:
             if not self.events.active or request is None:
                 return
             bs, token_ids, seq_id = self.block_size, request.all_token_ids, int(request.request_id)
-            for index, block in enumerate(blocks):  # a waiting request's hits: its leading blocks
+            for block in blocks:  # a waiting request's hits (a window's: after its skipped head)
                 if block.is_null:
                     continue
+                index = block.block_hash_num_tokens // bs - 1  # its place: the tokens its hash covers
                 self.events.emit(PrefixCacheHit, device=GPU, block=block.block_id, seq_ids=(seq_id,),
                                  logical_index=index, ref_count=block.ref_cnt,
                                  block_hash=self.external(block.block_hash),
-                                 token_ids=tuple(token_ids[index * bs : (index + 1) * bs]))
+                                 token_ids=tuple(token_ids[index * bs : (index + 1) * bs]),
+                                 group=self._get_group_id(block.block_hash))
         return touch
 
     def _maybe_evict_cached_block(self, original, device: str = GPU):
@@ -127,7 +137,8 @@ class VllmEventTap:
             key = block.block_hash
             evicted = original(block)
             if evicted and self.events.active:
-                self.events.emit(BlockEvicted, device=device, block=block.block_id, block_hash=self.external(key))
+                self.events.emit(BlockEvicted, device=device, block=block.block_id, block_hash=self.external(key),
+                                 group=self._get_group_id(key) if device == GPU else 0)
             return evicted
         return maybe_evict_cached_block
 
@@ -150,7 +161,7 @@ class VllmEventTap:
             if self.events.active and self._request is not None:
                 for manager, num_old in zip(self.managers, num_old_blocks):
                     self._emit_slots(self._request, manager.req_to_blocks[request_id], num_old, self._start,
-                                     num_tokens)
+                                     num_tokens, manager.kv_cache_group_id)
             return new_blocks
         return allocate_new_blocks
 
@@ -176,7 +187,8 @@ class VllmEventTap:
                 self.hashed[block.block_id] = (parent, held)
                 self.events.emit(BlockHashed, device=GPU, block=block.block_id,
                                  block_hash=external_block_hash(hashes[index]), parent_hash=parent,
-                                 token_ids=held, num_hashed_tokens=(index + 1) * block_size, registered=registered)
+                                 token_ids=held, num_hashed_tokens=(index + 1) * block_size, registered=registered,
+                                 group=kv_cache_group_id)
         return cache_full_blocks
 
     def _free_blocks(self, original):
@@ -192,8 +204,40 @@ class VllmEventTap:
             cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and caching]
             for block in (*held, *reversed(fresh), *cached):
                 self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=self._freeing,
-                                 ref_count=block.ref_cnt, cached=block.block_hash is not None and caching)
+                                 ref_count=block.ref_cnt, cached=block.block_hash is not None and caching,
+                                 group=self._group)
         return free_blocks
+
+    def _group_free(self, manager, original):
+        """One group's manager freeing a request's table: its frees name that group."""
+        def free(request_id):
+            self._group = manager.kv_cache_group_id
+            try:
+                return original(request_id)
+            finally:
+                self._group = 0
+        return free
+
+    def _remove_blocks_in_range(self, manager, original):
+        """A sliding window letting blocks go: BlocksSkipped for the slots it nulls (walking back
+        from the range's end to a null one, as vLLM does), then its frees, in that group."""
+        def remove_blocks_in_range(request_id, first_block, last_block):
+            blocks = manager.req_to_blocks.get(request_id) or []
+            indices = []
+            for index in range(min(last_block, len(blocks)) - 1, first_block - 1, -1):
+                if blocks[index].is_null:
+                    break
+                indices.append(index)
+            if indices and self.events.active:
+                indices.reverse()
+                self.events.emit(BlocksSkipped, seq_id=int(request_id), logical_indices=tuple(indices),
+                                 blocks=tuple(blocks[i].block_id for i in indices), group=manager.kv_cache_group_id)
+            self._group = manager.kv_cache_group_id
+            try:
+                return original(request_id, first_block, last_block)
+            finally:
+                self._group = 0
+        return remove_blocks_in_range
 
     def _free(self, original):
         def free(request):
@@ -209,7 +253,7 @@ class VllmEventTap:
 
     # ------------------------------------------------------------------ events
 
-    def _emit_slots(self, request: Any, blocks: list, num_old_blocks: int, start: int, end: int) -> None:
+    def _emit_slots(self, request: Any, blocks: list, num_old_blocks: int, start: int, end: int, group: int = 0) -> None:
         """Tokens start..end-1 got slots in one group's table `blocks` (engine/v1's
         KVCacheManager._emit_slots, over vLLM's own block table and the request's own tokens)."""
         bs = self.block_size
@@ -222,4 +266,5 @@ class VllmEventTap:
             block = blocks[index]
             held = tuple(token_ids[max(start, index * bs) : min(end, (index + 1) * bs)])
             self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq_id,),
-                             logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held)
+                             logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held,
+                             group=group)

@@ -24,7 +24,7 @@ __all__ = ["ExplainPanel", "LedgerPanel", "MemoryPanel", "memory_fields", "memor
 
 VERDICT_STYLES = {ex.HIT: "bold green", ex.PARTIAL: "yellow", ex.LAST_BLOCK: "yellow", ex.EVICTED: "bold red",
                   ex.DIFFERENT_PARENT: "bold magenta", ex.DIFFERENT_TOKENS: "bold red",
-                  ex.NOT_CACHED: "yellow"}
+                  ex.NOT_CACHED: "yellow", ex.WINDOW_TAIL: "bold red"}
 
 
 class ExplainPanel(StatePanel):

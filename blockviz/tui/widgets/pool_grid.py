@@ -157,7 +157,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self._count_cells()
 
     def _count_cells(self) -> None:
-        self._cells = (zoom_cells(self.state.pools[self.device], self._start, self._stop, self._per_cell)
+        self._cells = (zoom_cells(self.state, self.device, self._start, self._stop, self._per_cell)
                        if self._per_cell > 1 and self.state is not None else None)
 
     def _position(self, number: int) -> int | None:
