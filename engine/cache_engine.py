@@ -17,10 +17,11 @@ block moves every page, K and V, in one indexing operation.
 A page is one layer's K and V of a block (vLLM's page_size_bytes). With one KV-cache group (every
 full-attention model) every layer has its own page, num_pages = num_layers. With several groups
 (a hybrid model) a block id belongs to one group at a time, so a block holds only its group's
-layers: the i-th layer of every group shares page i, num_pages = the largest group's size, and a block costs that many pages, not
-num_layers (vLLM v1 `kv_cache_planning.get_kv_cache_config_from_groups`: bytes per block = the
-largest group's pages, each group's layer-outer KVCacheTensor aliasing the same allocation from
-byte 0; the GPU model runner's views, `kv_cache_interface.create_kv_cache_views`).
+layers: the i-th layer of every group shares page i, num_pages = the largest group's size, and a
+block costs that many pages, not num_layers (vLLM v1
+`kv_cache_planning.get_kv_cache_config_from_groups`: bytes per block = the largest group's pages,
+each group's layer-outer KVCacheTensor aliasing the same allocation from byte 0; the GPU model
+runner's views, `kv_cache_interface.create_kv_cache_views`).
 """
 
 from __future__ import annotations

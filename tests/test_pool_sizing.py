@@ -251,8 +251,9 @@ def test_a_hybrid_pool_is_sized_by_its_largest_group_and_its_profile(simulate):
     assert hybrid.budget.num_gpu_blocks == budget_bytes // page
     header = make_header(trace_header(hybrid))  # its kv_cache_groups name the three groups
     check_header_fields(header)
-    assert "2 × 1 layer (its group's: 3 KV-cache groups of 3 layers share the pool) × 2 K/V heads" in engine_title(header)
-    assert engine_title(header).endswith(f"= {page:,} B")
+    title = engine_title(header)
+    assert "2 × 1 layer (its group's: 3 KV-cache groups of 3 layers share the pool) × 2 K/V heads" in title
+    assert title.endswith(f"= {page:,} B")
 
     weights = weights_of(hybrid.model)
     simulate(SimulatedDevice(total=64 * MiB, free=62 * MiB, non_torch=2 * MiB, activations=5 * MiB))
@@ -274,7 +275,8 @@ def test_one_group_models_allocate_their_block_bytes(loaded, tiny_gpt2_dir):
         assert "2 × 2 layers × 4 K/V heads" in engine_title(make_header(trace_header(engine)))
     mistral = engine_llm("mistral", 3).engine
     assert len(mistral.kv_cache_groups) == 1 and mistral.cache_engine.num_pages == 3
-    assert mistral.budget.block_bytes == 3 * mistral.kv_cache_specs[0].page_size_bytes == allocated_bytes_per_block(mistral)
+    page = mistral.kv_cache_specs[0].page_size_bytes
+    assert mistral.budget.block_bytes == 3 * page == allocated_bytes_per_block(mistral)
 
 
 @needs_vllm

@@ -20,8 +20,8 @@ config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `VllmConfig._post_init_kv_transfer_config` does with `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, the scheduler gets a
 `SimpleCPUOffloadConnector` whose `SimpleCPUOffloadScheduler` keeps a second caching BlockPool of
 `kv_offloading_size` GiB // block bytes blocks (`_derive_cpu_config`); the `KVCacheConfig` then names one
-backing allocation of our pool's bytes (`gpu_total_bytes` reads it: blocks x the largest group's pages), and our cache engine's CPU pool has the
-same number of blocks (engine/vllm_core/offload.py moves the data).
+backing allocation of our pool's bytes (`gpu_total_bytes` reads it: blocks x the largest group's pages),
+and our cache engine's CPU pool has the same number of blocks (engine/vllm_core/offload.py moves the data).
 """
 
 from __future__ import annotations
