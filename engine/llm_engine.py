@@ -293,16 +293,20 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One engine step (vLLM v0 / nano-vllm LLMEngine.step): schedule, move blocks between
-        and within the pools, run the model over the plan, process the sampled tokens."""
+        and within the pools, run the model over the plan, store the blocks the plan stores, process
+        the sampled tokens."""
         start = time.perf_counter()
         plan = self.scheduler.schedule()
         finished = self._finish_ignored(plan.ignored_seq_groups)
         self._move_blocks(plan)
-        if plan.scheduled:
-            self._start_step(plan)
-            logits = self.model_runner.execute_model(plan)
-            finished += self._process_outputs(plan, logits)
-            self._end_step(plan, start)
+        if not plan.scheduled:
+            self._store_blocks(plan)
+            return self._outputs(plan.scheduled_seq_groups, finished)
+        self._start_step(plan)
+        logits = self.model_runner.execute_model(plan)
+        self._store_blocks(plan)
+        finished += self._process_outputs(plan, logits)
+        self._end_step(plan, start)
         return self._outputs(plan.scheduled_seq_groups, finished)
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
@@ -325,6 +329,13 @@ class LLMEngine:
         if plan.blocks_to_copy:
             cache.copy(plan.blocks_to_copy)
             self._emit_digests("gpu", [dst for _, dst in plan.blocks_to_copy])
+
+    def _store_blocks(self, plan: SchedulerOutput) -> None:
+        """The plan's stores, copied after the forward (vLLM SimpleCPUOffloadWorker.wait_for_save):
+        vLLM's CPU tier may store a block the step itself fills, under the hash it fills it with."""
+        if plan.blocks_to_store:
+            self.cache_engine.swap_out(plan.blocks_to_store)
+            self._emit_digests("cpu", [dst for _, dst in plan.blocks_to_store])
 
     def _start_step(self, plan: SchedulerOutput) -> None:
         """StepStarted, then (v1's token budget) TokensScheduled: each sequence's tokens this step."""

@@ -48,7 +48,8 @@ class ScheduledSequence:
 @dataclass(slots=True)
 class SchedulerOutput:
     """One step's plan (vLLM v1 SchedulerOutput): the sequences scheduled, in order, each with its
-    tokens and block table; the block moves to make before the forward; the requests that can
+    tokens and block table; the block moves to make before the forward (and the stores
+    after it); the requests that can
     never run. `kind` is "prefill", "decode" or "mixed" (v1 batches both in one step).
     `announces_tokens`: the scheduler scheduled token counts per request (v1's token budget), so
     the step announces them as TokensScheduled; v0's whole prompts or one token each do not."""
@@ -59,6 +60,9 @@ class SchedulerOutput:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    # (gpu, cpu) pairs copied after the forward (vLLM's CPU tier stores: SimpleCPUOffloadWorker
+    # issues them in wait_for_save, so a block the step writes is stored with what it wrote)
+    blocks_to_store: list[tuple[int, int]] = field(default_factory=list)
     preempted_seq_ids: list[int] = field(default_factory=list)  # vLLM's preempted_req_ids
     # requests that can never run, with the reason and the sequences finished as ignored just now
     ignored_seq_groups: list[tuple[SequenceGroup, str, list[Sequence]]] = field(default_factory=list)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 
 from blockviz.model.reducer import ReducerState
 from engine import LLM, SamplingParams
@@ -274,13 +275,85 @@ def test_vllm_option_disable_hybrid_kv_cache_manager_runs_one_full_group():
     assert not watch.freed_mid_request()
 
 
+CPU_TIER_PROMPTS = ([SHARED], [OTHER, "Now is the winter of our discontent made glorious summer by this sun of York"],
+                    [SHARED + " than"])
+
+
+def cpu_tier_llm(arch: str) -> LLM:
+    """A hybrid run under vLLM's CPU tier (kv_offloading_size, 64 blocks) in a pool small enough to
+    preempt, so a preempted request's prefix comes back from the tier."""
+    page = engine_llm(arch, 3).engine.kv_cache_specs[0].page_size_bytes
+    return engine_llm(arch, 3, kv_manager="vllm", block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
+                      enable_prefix_caching=True,
+                      vllm_options={"scheduler_reserve_full_isl": False, "kv_offloading_size": 64 * page / (1 << 30)})
+
+
+class CacheCheck:
+    """After every step (under kv_manager="vllm"), each scheduled request's cached K/V at every
+    position its next token's attention reads, read through the step plan's tables per group:
+    full-attention layers all computed positions, sliding ones the last window - 1. `mismatches`
+    compares them with an engine/v1 run of the same tokens (a big pool, no CPU tier) read through
+    its own tables."""
+
+    def __init__(self, llm: LLM, arch: str, window: int) -> None:
+        self.arch, self.window = arch, window
+        self.engine = llm.engine
+        self.layers = {int(name): (g, group.kv_cache_spec.sliding_window if is_window(group.kv_cache_spec) else None)
+                       for g, group in enumerate(self.engine.kv_cache_groups) for name in group.layer_names}
+        self.steps = 0
+        self.seen: list[tuple[int, str, list[int], dict]] = []  # step, request, tokens computed, {(layer, pos): (k, v)}
+
+    def step(self, engine) -> None:
+        self.steps += 1
+        scheduler, bs = engine.scheduler, engine.scheduler.block_size
+        for request_id, table in scheduler.block_ids.items():
+            seq = scheduler.seqs[request_id]
+            n = seq.num_computed_tokens
+            kv = {}
+            for layer, (g, window) in self.layers.items():
+                k, v = engine.cache_engine.gpu_cache[layer]
+                for pos in range(0 if window is None else max(0, n - window + 1), n):
+                    block = table[g][pos // bs]
+                    kv[layer, pos] = (k[block, pos % bs].clone(), v[block, pos % bs].clone())
+            self.seen.append((self.steps, request_id, seq.get_token_ids()[:n], kv))
+
+    def reference(self, tokens: list[int]) -> dict:
+        """(layer, pos) -> K, V after an engine/v1 prefill of `tokens`, read through its tables."""
+        llm, kv = engine_llm(self.arch, self.window), {}
+
+        def read(engine) -> None:
+            if kv or not engine.scheduler.running or engine.scheduler.running[0].num_computed_tokens < len(tokens):
+                return
+            seq = engine.scheduler.running[0]
+            table, bs = engine.kv_manager.get_block_ids_per_group(seq), engine.cache_engine.block_size
+            for layer, (g, _) in self.layers.items():
+                k, v = engine.cache_engine.gpu_cache[layer]
+                for pos in range(len(tokens)):
+                    kv[layer, pos] = (k[table[g][pos // bs], pos % bs], v[table[g][pos // bs], pos % bs])
+
+        llm.generate([{"prompt_token_ids": tokens}], SamplingParams(max_tokens=2, ignore_eos=True), on_step=read)
+        return kv
+
+    def mismatches(self) -> list[str]:
+        """Step, request, layer and position of every cached K/V the attention read that differs
+        from the reference's."""
+        longest: dict[str, list[int]] = {}
+        for _, request_id, tokens, _ in self.seen:
+            if len(tokens) > len(longest.get(request_id, ())):
+                longest[request_id] = tokens
+        references = {request_id: self.reference(tokens) for request_id, tokens in longest.items()}
+        found = []
+        for step, request_id, tokens, kv in self.seen:
+            assert tokens == longest[request_id][:len(tokens)]
+            for (layer, pos), (k, v) in kv.items():
+                ref_k, ref_v = references[request_id][layer, pos]
+                if not (torch.allclose(k, ref_k, atol=1e-4) and torch.allclose(v, ref_v, atol=1e-4)):
+                    found.append(f"step {step} request {request_id} layer {layer} position {pos}")
+        return found
+
+
 @needs_vllm
-@pytest.mark.parametrize("arch", [
-    "qwen2",
-    pytest.param("llama", marks=pytest.mark.xfail(strict=True, reason=(
-        "a known bug from before the shared pages (when every layer had its own page): after vLLM's CPU "
-        "tier loads a preempted request's prefix, the Llama checkpoint's tokens leave transformers'"))),
-])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_vllm_cpu_tier_swaps_hybrid_blocks_page_by_page(arch):
     """Swap under KV-cache groups: vLLM's CPU tier (kv_offloading_size) stores a hybrid run's blocks
     and loads a preempted request's prefix back; the cache engine moves each block's one page (the
@@ -289,15 +362,36 @@ def test_vllm_cpu_tier_swaps_hybrid_blocks_page_by_page(arch):
     from engine.events import OffloadLoaded, OffloadStored
 
     page = engine_llm(arch, 3).engine.kv_cache_specs[0].page_size_bytes
-    llm = engine_llm(arch, 3, kv_manager="vllm", block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
-                     enable_prefix_caching=True,
-                     vllm_options={"scheduler_reserve_full_isl": False, "kv_offloading_size": 64 * page / (1 << 30)})
+    llm = cpu_tier_llm(arch)
     cache = llm.engine.cache_engine
     assert (cache.num_pages, cache.num_cpu_blocks, llm.engine.budget.block_bytes) == (1, 64, page)
     assert cache.pool_bytes("cpu") == 64 * page
     watch = Watch(llm)
-    for prompts in ([SHARED], [OTHER, "Now is the winter of our discontent made glorious summer by this sun of York"],
-                    [SHARED + " than"]):
+    for prompts in CPU_TIER_PROMPTS:
         run(llm, arch, 3, prompts, max_tokens=16, watch=watch)
     kinds = {type(e) for e in watch.events}
     assert {OffloadStored, OffloadLoaded, Preempted} <= kinds, kinds
+
+
+@needs_vllm
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_vllm_cpu_tier_keeps_the_kv_the_attention_reads(arch):
+    """After every step of the CPU-tier run, every K/V the next token's attention reads (through
+    the plan's tables, a window's last positions included) is the one an engine/v1 prefill of the
+    same tokens writes: a store copied before the forward once put a block's stale page in the tier
+    under the hash the step was filling it for (a window's freed block reused in the same
+    schedule()), and the load of that prefix broke Llama's full layer."""
+    from engine.events import OffloadLoaded
+
+    llm = cpu_tier_llm(arch)
+    check, watch = CacheCheck(llm, arch, 3), Watch(llm)
+
+    def on_step(engine) -> None:
+        watch.step(engine)
+        check.step(engine)
+
+    for prompts in CPU_TIER_PROMPTS:
+        llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), on_step=on_step)
+    loaded = {e.seq_id for e in watch.events if isinstance(e, OffloadLoaded)}
+    assert loaded and any(int(request_id) in loaded for _, request_id, _, _ in check.seen)
+    assert check.mismatches() == []

@@ -16,9 +16,12 @@ What vLLM's scheduler side does, each step (eager mode, vLLM's default):
   the next `schedule()` caches the loaded blocks and runs the rest of the request.
 
 What our engine does as the worker (`CpuTier.moves`, `CpuTier.connector_output`): the step plan
-carries vLLM's store pairs as `blocks_to_swap_out` and its load pairs as `blocks_to_swap_in`, so the
-cache engine copies K/V between its pools exactly as v0's swap does, before the step's forward; every
-transfer is reported done in the same step's `update_from_output` (a `KVConnectorOutput` with
+carries vLLM's load pairs as `blocks_to_swap_in`, copied before the step's forward as v0's swap-in
+(`start_load_kv`), and its store pairs as `blocks_to_store`, copied after the forward
+(`wait_for_save`): vLLM may pick a GPU block that a sliding window let go and the same schedule()
+gave to a block the step fills (the runner's table still holds the old id), and registers the CPU
+copy under the hash the block has when the store completes, so the copy must hold what the step
+wrote; every transfer is reported done in the same step's `update_from_output` (a `KVConnectorOutput` with
 `finished_recving` and `SimpleCPUOffloadWorkerMetadata.completed_store_events`), as a worker whose
 copies are synchronous would. The CPU pool's blocks are the cache engine's CPU pool, one to one.
 

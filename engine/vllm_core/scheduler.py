@@ -183,13 +183,13 @@ class VllmScheduler:
         while len(self.vllm.waiting) and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
             ignored.append(self._ignore_head())
         out = self.vllm.schedule()
-        stores, loads = CpuTier.moves(out)  # vLLM's CPU tier: our cache engine copies, as v0's swaps
+        stores, loads = CpuTier.moves(out)  # vLLM's CPU tier: loads before the forward, stores after
         if not out.num_scheduled_tokens:
             self._update_vllm(out)  # nothing runs: vLLM still takes its (empty) output
             if not self.vllm.running and not self._preempted and not loads and len(self.vllm.waiting):
                 ignored.append(self._ignore_head())
             return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=self._preempted,
-                                   ignored_seq_groups=ignored, blocks_to_swap_out=stores, blocks_to_swap_in=loads)
+                                   ignored_seq_groups=ignored, blocks_to_store=stores, blocks_to_swap_in=loads)
         num_computed = self._update_block_tables(out)
         scheduled: list[ScheduledSequence] = []
         for request_id, num_new_tokens in out.num_scheduled_tokens.items():
@@ -205,7 +205,7 @@ class VllmScheduler:
         decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
         kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
         return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=self._preempted,
-                               ignored_seq_groups=ignored, blocks_to_swap_out=stores, blocks_to_swap_in=loads)
+                               ignored_seq_groups=ignored, blocks_to_store=stores, blocks_to_swap_in=loads)
 
     def _update_block_tables(self, out: Any) -> dict[str, int]:
         """Each scheduled request's block table, updated as vLLM's GPU model runner does from the
