@@ -28,7 +28,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from blockviz.model.design import KV_DESIGNS, SLIDING_WINDOW, KVCacheGroup, KVDesign, kv_cache_groups_of
+from blockviz.model.design import (
+    KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, has_random_weights, kv_cache_groups_of,
+)
 from blockviz.model.explain import WINDOW_TAIL, Explainer, Explanation
 from blockviz.model.glossary import terms_in
 from blockviz.model.narration import plural, were
@@ -177,13 +179,17 @@ def _seqs_of(e: ev.Event) -> tuple[int, ...]:
     return ()
 
 
-def opening_card() -> Card:
+def opening_card(random_weights: bool = False) -> Card:
     """The story's first card, before any event: what a KV cache is, why it grows per token, and why
-    vLLM hands it out in fixed-size blocks rather than one reservation per request."""
+    vLLM hands it out in fixed-size blocks rather than one reservation per request. `random_weights`:
+    the run's model is tiny-hybrid (design.has_random_weights), and the card says what that means."""
     what = ("Each token a model reads leaves its K/V (a key and a value vector per layer), read again for "
             "every later token: the KV cache grows one slot per token. Reserving a request's longest length "
             "up front wastes most of it (the PagedAttention paper measured how much); vLLM hands out "
             "fixed-size blocks as a sequence grows, and a block table maps each sequence's blocks into the pool.")
+    if random_weights:
+        what += (f" This run's model ({TINY_HYBRID}) has random weights: the text it writes is noise, the memory "
+                 "it takes is real.")
     why = "a block is taken only when a token needs it, and can be shared (its ref count): more requests fit"
     return Card("kv-cache", "What the cells are: a KV cache in blocks", what, why,
                 "the PagedAttention paper (Kwon et al., SOSP 2023); vLLM's BlockSpaceManager / KVCacheManager",
@@ -434,7 +440,7 @@ class Guide:
         the run's (a trace's or a session's); with KV-cache groups the guide also finds the lookups a
         window group cut short, with a reducer and an explainer of its own."""
         self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
-        self.cards: list[Card] = [opening_card()] if opening else []
+        self.cards: list[Card] = [opening_card(has_random_weights(header or {}))] if opening else []
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()

@@ -23,7 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
-TINY_HYBRID = "tiny-hybrid"
+from blockviz.model.design import TINY_HYBRID  # noqa: F401 (the name, as the views know it)
+
 SLIDING_WINDOW = 8  # tokens a sliding layer attends to, its own included
 LAYER_TYPES = ("sliding_attention", "full_attention", "sliding_attention", "full_attention")
 # transformers' LlamaConfig fields (a checkpoint engine/models/llama.py loads); small enough to
