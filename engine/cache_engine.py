@@ -7,13 +7,21 @@ request_memory, `vllm/utils/mem_utils.py` memory_profiling, `vllm/v1/core/kv_cac
 _check_enough_kv_cache_memory): check that the memory the utilization asks for is free, profile
 the largest step, then (total * utilization - peak - non_torch) // block_bytes.
 
-Layout: all layers share one tensor per pool shaped (num_layers, 2, num_kv_heads, num_blocks,
-block_size, head_dim); `gpu_cache[layer]` is the (K, V) pair of views the model writes into,
-each shaped (num_blocks, block_size, num_kv_heads, head_dim) like vLLM's and nano-vllm's caches.
-Storing heads outermost makes a block-table gather yield contiguous (keys, head_dim) rows per
-head, which SDPA reads faster on CPU than the block-major order (see engine/attention.py
-`head_major`). Moving a block moves it for every layer, K and V, in one
-indexing operation.
+Layout: one tensor per pool shaped (num_pages, 2, num_kv_heads, num_blocks, block_size,
+head_dim); `gpu_cache[layer]` is the (K, V) pair of views the model writes into, each shaped
+(num_blocks, block_size, num_kv_heads, head_dim) like vLLM's and nano-vllm's caches. Storing heads
+outermost makes a block-table gather yield contiguous (keys, head_dim) rows per head, which SDPA
+reads faster on CPU than the block-major order (see engine/attention.py `head_major`). Moving a
+block moves every page, K and V, in one indexing operation.
+
+A page is one layer's K and V of a block (vLLM's page_size_bytes). With one KV-cache group (every
+full-attention model) every layer has its own page, num_pages = num_layers. With several groups
+(a hybrid model) a block id belongs to one group at a time, so a block holds only its group's
+layers: the i-th layer of every group shares page i, num_pages = the largest group's size, and a
+block costs that many pages, not num_layers (vLLM v1
+`kv_cache_planning.get_kv_cache_config_from_groups`: bytes per block = the largest group's pages,
+each group's layer-outer KVCacheTensor aliasing the same allocation from byte 0; the GPU model
+runner's views, `kv_cache_interface.create_kv_cache_views`).
 """
 
 from __future__ import annotations
@@ -59,7 +67,10 @@ class CacheEngine:
         num_cpu_blocks: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        kv_cache_groups: Sequence | None = None,
     ):
+        """kv_cache_groups: the block manager's KVCacheGroupSpecs (layer names are layer indices);
+        None or one group gives every layer its own page (`kv_cache_layer_pages`)."""
         for name, value in dict(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                 block_size=block_size, num_gpu_blocks=num_gpu_blocks).items():
             if value < 1:
@@ -74,17 +85,22 @@ class CacheEngine:
         self.num_cpu_blocks = num_cpu_blocks
         self.device = torch.device(device)
         self.dtype = dtype
+        self.layer_pages = kv_cache_layer_pages(num_layers, kv_cache_groups)  # layer -> its page in a block
+        self.num_pages = max(self.layer_pages) + 1
         pin = self.device.type == "cuda"
-        # (num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim): head-major storage
+        # (num_pages, 2, num_kv_heads, num_blocks, block_size, head_dim): head-major storage
         self._gpu_kv = torch.zeros(self._shape(num_gpu_blocks), dtype=dtype, device=self.device)
         self._cpu_kv = torch.zeros(self._shape(num_cpu_blocks), dtype=dtype, device="cpu", pin_memory=pin)
         self._head_views: dict[str, tuple] = {}  # kv_digests' numpy views of a CPU pool, made once
-        # per layer (K, V), each a (num_blocks, block_size, num_kv_heads, head_dim) view
-        self.gpu_cache: list[KVCache] = [(kv[0].permute(1, 2, 0, 3), kv[1].permute(1, 2, 0, 3)) for kv in self._gpu_kv]
-        self.cpu_cache: list[KVCache] = [(kv[0].permute(1, 2, 0, 3), kv[1].permute(1, 2, 0, 3)) for kv in self._cpu_kv]
+        # per layer (K, V), each a (num_blocks, block_size, num_kv_heads, head_dim) view of its page
+        self.gpu_cache: list[KVCache] = self._layer_views(self._gpu_kv)
+        self.cpu_cache: list[KVCache] = self._layer_views(self._cpu_kv)
 
     def _shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (self.num_layers, 2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
+        return (self.num_pages, 2, self.num_kv_heads, num_blocks, self.block_size, self.head_dim)
+
+    def _layer_views(self, pool: torch.Tensor) -> list[KVCache]:
+        return [(pool[page, 0].permute(1, 2, 0, 3), pool[page, 1].permute(1, 2, 0, 3)) for page in self.layer_pages]
 
     @torch.inference_mode()
     def swap_in(self, pairs: BlockPairs) -> None:
@@ -110,7 +126,7 @@ class CacheEngine:
         self._check(dst_pool, dst_blocks)
         src = torch.tensor(src_blocks, dtype=torch.int64, device=src_pool.device)
         dst = torch.tensor(dst_blocks, dtype=torch.int64, device=dst_pool.device)
-        # (num_layers, 2, num_kv_heads, num_pairs, block_size, head_dim)
+        # (num_pages, 2, num_kv_heads, num_pairs, block_size, head_dim)
         blocks = src_pool.index_select(3, src).to(dst_pool.device)
         dst_pool.index_copy_(3, dst, blocks)
 
@@ -123,19 +139,20 @@ class CacheEngine:
 
     @torch.inference_mode()
     def block_fingerprint(self, device: Literal["gpu", "cpu"], block: int) -> str:
-        """8 hex chars digesting a block's K and V over all layers (xxh32 of its bytes).
+        """8 hex chars digesting a block's K and V over all its pages (xxh32 of its bytes).
 
         Equal fingerprints after copy-on-write or a swap show the destination got the source's data.
         """
         pool = self._pool(device)
         self._check(pool, [block])
-        data = pool[:, :, :, block].contiguous().cpu()  # (num_layers, 2, num_kv_heads, block_size, head_dim)
+        data = pool[:, :, :, block].contiguous().cpu()  # (num_pages, 2, num_kv_heads, block_size, head_dim)
         return xxhash.xxh32_hexdigest(data.view(torch.uint8).numpy().tobytes())
 
     @torch.inference_mode()
     def kv_digests(self, device: Literal["gpu", "cpu"], blocks: Sequence[int]) -> list[str]:
-        """8 hex chars per block digesting the K and V of its first layer's first head (low 32 bits
-        of xxh3_64 over K's bytes then V's).
+        """8 hex chars per block digesting the K and V of its first page's first head (low 32 bits
+        of xxh3_64 over K's bytes then V's): the first layer's, or with several KV-cache groups the
+        first layer of the group that holds the block.
 
         What the engine emits for the blocks it wrote (every step, or once per batch a live UI's
         free run sends), copied or swapped: one head of one layer is real K/V data that changes
@@ -182,14 +199,50 @@ class CacheEngine:
 
     @property
     def block_bytes(self) -> int:
-        """2 x layers x K/V heads x head_dim x block_size x dtype bytes: the K/V heads, not the
-        query heads (grouped-query attention caches fewer)."""
-        return self.get_cache_block_size(self.block_size, self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        """2 x pages x K/V heads x head_dim x block_size x dtype bytes: the K/V heads, not the
+        query heads (grouped-query attention caches fewer); the pages are every layer's, or with
+        several KV-cache groups the largest group's layers (vLLM `_get_kv_cache_bytes_per_block`)."""
+        return self.get_cache_block_size(self.block_size, self.num_pages, self.num_kv_heads, self.head_dim, self.dtype)
 
     def pool_bytes(self, device: Literal["gpu", "cpu"]) -> int:
         """Bytes of the K/V tensors this pool allocated (num_blocks x block_bytes)."""
         pool = self._pool(device)
         return pool.numel() * pool.element_size()
+
+
+def kv_cache_layer_pages(num_layers: int, kv_cache_groups: Sequence | None = None) -> list[int]:
+    """Each layer's page in a block: its position in its KV-cache group's layer names (vLLM
+    `get_kv_cache_config_from_groups`: every group's KVCacheTensor starts at byte 0 and puts its
+    layer l at l x layer_stride, so the l-th layers of all groups share one region). None or one
+    group: layer i in page i. The groups' layer names are layer indices."""
+    if not kv_cache_groups or len(kv_cache_groups) == 1:
+        return list(range(num_layers))
+    pages: dict[int, int] = {}
+    for group in kv_cache_groups:
+        for position, name in enumerate(group.layer_names):
+            pages[int(name)] = position
+    if sorted(pages) != list(range(num_layers)):
+        raise ValueError(f"the KV-cache groups name layers {sorted(pages)}, the model has {num_layers}")
+    return [pages[layer] for layer in range(num_layers)]
+
+
+def blocks_per_request(kv_cache_groups: Sequence | None, block_size: int, max_model_len: int,
+                       max_num_batched_tokens: int) -> int:
+    """The blocks one request of max_model_len tokens takes from the pool, over every KV-cache
+    group: a full-attention group's cdiv(max_model_len, block_size), a sliding-window group's
+    admission cap (vLLM `_max_memory_usage_bytes_from_groups`, each spec's max_memory_usage_bytes)."""
+    from engine.v1.kv_cache_interface import cdiv, max_admission_blocks_per_request
+
+    if not kv_cache_groups:
+        return cdiv(max_model_len, block_size)
+    total = 0
+    for group in kv_cache_groups:
+        spec = group.kv_cache_spec
+        # vLLM's FullAttentionSpec may record the window of sliding layers it runs as full attention
+        cap = (None if type(spec).__name__ == "FullAttentionSpec"
+               else max_admission_blocks_per_request(spec, max_num_batched_tokens, max_model_len))
+        total += cdiv(max_model_len, block_size) if cap is None else cap
+    return total
 
 
 
@@ -236,6 +289,7 @@ def determine_num_blocks(
     num_cpu_blocks: int | None = None,
     max_num_seqs: int = 1,
     attention_backend: str | None = None,
+    kv_cache_groups: Sequence | None = None,
 ) -> BlockBudget:
     """Size the device and swap pools (vLLM v1 `Worker.determine_available_memory`, v0's
     `determine_num_available_blocks`).
@@ -247,14 +301,15 @@ def determine_num_blocks(
     The swap pool: num_cpu_blocks if given, else swap_space_bytes // block_bytes.
     `config` needs num_layers, num_kv_heads, head_dim and max_model_len (any engine model config);
     max_num_seqs and attention_backend (None: the device's default) shape the profile run as they
-    shape the steps served.
+    shape the steps served. kv_cache_groups (the block manager's; None: one group) decide what a
+    block holds: every layer's page, or with several groups the largest group's pages
+    (CacheEngine.block_bytes; vLLM `get_kv_cache_config_from_groups`: available // bytes per block).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     device = torch.device(device)
-    block_bytes = CacheEngine.get_cache_block_size(
-        block_size, config.num_layers, config.num_kv_heads, config.head_dim, dtype
-    )
+    num_pages = max(kv_cache_layer_pages(config.num_layers, kv_cache_groups)) + 1
+    block_bytes = CacheEngine.get_cache_block_size(block_size, num_pages, config.num_kv_heads, config.head_dim, dtype)
     cpu_blocks = num_cpu_blocks if num_cpu_blocks is not None else swap_space_bytes // block_bytes
     if num_gpu_blocks is not None:
         budget = BlockBudget(num_gpu_blocks, cpu_blocks, block_bytes, "explicit")
@@ -263,7 +318,7 @@ def determine_num_blocks(
                              total_bytes=kv_cache_memory_bytes)
     elif (memory := mem_utils.device_memory(device)) is not None:
         budget = profile_device(memory, model, config, block_size, block_bytes, device, dtype, gpu_memory_utilization,
-                                max_num_batched_tokens, max_num_seqs, attention_backend, cpu_blocks)
+                                max_num_batched_tokens, max_num_seqs, attention_backend, cpu_blocks, kv_cache_groups)
     else:
         budget = BlockBudget(DEFAULT_CPU_KV_CACHE_BYTES // block_bytes, cpu_blocks, block_bytes, "default-cpu",
                              total_bytes=DEFAULT_CPU_KV_CACHE_BYTES)
@@ -278,7 +333,8 @@ def determine_num_blocks(
 
 def profile_device(memory: mem_utils.MemoryQuery, model, config, block_size: int, block_bytes: int,
                    device: torch.device, dtype: torch.dtype, utilization: float, max_num_batched_tokens: int,
-                   max_num_seqs: int, attention_backend: str | None, num_cpu_blocks: int) -> BlockBudget:
+                   max_num_seqs: int, attention_backend: str | None, num_cpu_blocks: int,
+                   kv_cache_groups: Sequence | None = None) -> BlockBudget:
     """The device pool from the memory the utilization asks for, less what the engine needs
     besides its KV cache (vLLM v1 `determine_available_memory` over `memory_profiling`).
 
@@ -288,14 +344,14 @@ def profile_device(memory: mem_utils.MemoryQuery, model, config, block_size: int
     weights plus the most the profile run's tensors added; memory outside torch is the drop in
     free bytes that torch's own allocations do not explain (cuBLAS / cuDNN handles and
     workspaces, Triton's modules). What is left, requested - peak - non_torch, holds the blocks,
-    if it holds one request of max_model_len (`check_enough_kv_cache_memory`)."""
+    if it holds one request of max_model_len in every KV-cache group (`check_enough_kv_cache_memory`)."""
     before = memory(device)
     weights = weights_bytes(model)
     free = before.free_bytes + weights
     requested = request_memory(free, before.total_bytes, utilization, device)
     try:
         profile_run(model, config, block_size, device, dtype, max_num_batched_tokens, max_num_seqs,
-                    attention_backend)
+                    attention_backend, kv_cache_groups)
     except torch.cuda.OutOfMemoryError:
         raise ValueError(
             f"the profile run ({max_num_batched_tokens} tokens, {max_num_seqs} sequences in a step) ran out of "
@@ -308,6 +364,7 @@ def profile_device(memory: mem_utils.MemoryQuery, model, config, block_size: int
     available = requested - peak - non_torch
     check_enough_kv_cache_memory(
         available, config.max_model_len, block_size, block_bytes,
+        blocks_per_request(kv_cache_groups, block_size, config.max_model_len, max_num_batched_tokens),
         f"{mem_utils.format_gib(requested)} ({utilization:g} × {mem_utils.format_gib(before.total_bytes)}) − "
         f"{mem_utils.format_gib(peak)} torch peak − {mem_utils.format_gib(non_torch)} outside torch",
     )
@@ -333,11 +390,10 @@ def request_memory(free_bytes: int, total_bytes: int, utilization: float, device
 
 
 def check_enough_kv_cache_memory(available_bytes: int, max_model_len: int, block_size: int, block_bytes: int,
-                                 budget: str) -> None:
-    """ValueError (one line) unless `available_bytes` hold the blocks of one request of
-    max_model_len tokens (vLLM v1 `_check_enough_kv_cache_memory`); `budget` says how the
-    available bytes were reached."""
-    needed_blocks = -(-max_model_len // block_size)
+                                 needed_blocks: int, budget: str) -> None:
+    """ValueError (one line) unless `available_bytes` hold the `needed_blocks` of one request of
+    max_model_len tokens (`blocks_per_request`; vLLM v1 `_check_enough_kv_cache_memory`); `budget`
+    says how the available bytes were reached."""
     needed = needed_blocks * block_bytes
     if available_bytes >= needed:
         return
@@ -358,11 +414,13 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 @torch.inference_mode()
 def profile_run(model, config, block_size: int, device: torch.device, dtype: torch.dtype,
-                max_num_batched_tokens: int, max_num_seqs: int, attention_backend: str | None) -> None:
+                max_num_batched_tokens: int, max_num_seqs: int, attention_backend: str | None,
+                kv_cache_groups: Sequence | None = None) -> None:
     """The largest steps the scheduler can form, through the attention path serving takes
     (vLLM v1 `GPUModelRunner.profile_run`: a dummy run of max_num_tokens, then the sampler's rows).
 
-    A K/V cache of one max_model_len sequence's blocks, which every profiled sequence shares, and
+    A K/V cache of one max_model_len sequence's blocks (laid out as the served cache: one page per
+    layer of the largest KV-cache group), which every profiled sequence and layer shares, and
     three steps on it with the serving backend: prefills from scratch of max_num_batched_tokens
     tokens in sequences of max_model_len (at most max_num_seqs of them: SDPA's fused kernels and
     their workspace at the longest attention); one prefill over cached blocks (a prefix hit or a
@@ -374,7 +432,7 @@ def profile_run(model, config, block_size: int, device: torch.device, dtype: tor
     max_len = config.max_model_len
     num_blocks = -(-max_len // block_size)
     cache = CacheEngine(config.num_layers, config.num_kv_heads, config.head_dim, block_size, num_blocks, 0,
-                        device, dtype)
+                        device, dtype, kv_cache_groups)
     num_tokens = min(max_num_batched_tokens, max_num_seqs * max_len)
     prefill_lens = [max_len] * (num_tokens // max_len) + ([num_tokens % max_len] if num_tokens % max_len else [])
     steps = [(prefill_lens, prefill_lens), ([1] * max_num_seqs, [max_len] * max_num_seqs)]

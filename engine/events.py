@@ -323,7 +323,8 @@ class SequenceFinished(Event):
 
 
 class KVDigest(Event):
-    """A short digest of a block's real K/V contents (its first layer's first head, K then V) after
+    """A short digest of a block's real K/V contents (its first page's first head, K then V: the
+    first layer's, or the first layer of the KV-cache group holding the block) after
     the engine wrote or moved it: CacheEngine.kv_digests. Written blocks are hashed at the end of
     each step, or, when the engine holds digests back (LLMEngine.kv_digests_per_step False, as a
     live UI's free run at full speed does), once when emit_kv_digests() is called."""

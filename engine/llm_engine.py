@@ -66,23 +66,28 @@ class LLMEngine:
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
         cpu_tier = offloading_bytes(config.vllm_options)  # vLLM's CPU tier (kv_offloading_size) is the CPU pool
+        self.vllm_config = None  # kv_manager "vllm": vLLM's VllmConfig, built before the pool is sized
+        # the layers' KV-cache groups, one block table per request each, known before the pool is sized
+        # (vLLM EngineCore._initialize_kv_caches: the groups, then the blocks); their layer names are
+        # layer indices; None for v0 and a model that reads one metadata (one group of every layer)
+        groups = self._get_kv_cache_groups(max_batched)
         self.budget: BlockBudget = determine_num_blocks(
             self.model, model_config, config.block_size, self.device, self.loaded.dtype, max_batched,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
             swap_space_bytes=cpu_tier or config.swap_space_bytes,
             num_cpu_blocks=None if cpu_tier else 0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,
-            max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend,
+            max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend, kv_cache_groups=groups,
         )
+        # a block holds every layer's page, or with several groups one page per layer of the largest group
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,
-            self.budget.num_gpu_blocks, self.budget.num_cpu_blocks, self.device, self.loaded.dtype,
+            self.budget.num_gpu_blocks, self.budget.num_cpu_blocks, self.device, self.loaded.dtype, groups,
         )
         scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
                                            config.preemption_mode)
-        self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config)
-        # the layers' KV-cache groups, one block table per request each (v0 keeps one table for all layers);
-        # their layer names are layer indices
+        self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config, groups)
+        # the groups as the block manager holds them (v1's default group of every layer for None)
         self.kv_cache_groups = (self.kv_manager.kv_cache_groups if config.kv_manager == "v1"
                                 else self.scheduler.vllm.kv_cache_config.kv_cache_groups if config.kv_manager == "vllm"
                                 else None)
@@ -101,7 +106,24 @@ class LLMEngine:
         self._kv_digests_per_step = True
         self._written: dict[int, None] = {}  # device blocks written since their last digest
 
-    def _make_scheduler(self, scheduler_config: SchedulerConfig):
+    def _get_kv_cache_groups(self, max_num_batched_tokens: int) -> list | None:
+        """The KV-cache groups of this engine's design: engine/v1's `get_kv_cache_groups` for a
+        model that reads a metadata per layer (None otherwise, and for v0); under "vllm", vLLM's
+        own grouping over its VllmConfig (built here, its num_gpu_blocks set once the pool is
+        sized, as vLLM's EngineCore sets it)."""
+        config = self.config
+        if config.kv_manager == "vllm":
+            from engine.vllm_core import build_vllm_kv_cache_groups
+
+            self.vllm_config, groups = build_vllm_kv_cache_groups(self, max_num_batched_tokens)
+            return groups
+        if config.kv_manager == "v1" and getattr(self.model, "takes_layer_metadata", False):
+            from engine.v1.kv_cache_interface import get_kv_cache_groups
+
+            return get_kv_cache_groups(self.kv_cache_specs)
+        return None
+
+    def _make_scheduler(self, scheduler_config: SchedulerConfig, groups: list | None):
         """The block manager and scheduler of the design `config.kv_manager` names: vLLM v0's
         BlockSpaceManager and Scheduler, or vLLM v1's KVCacheManager and Scheduler (engine/v1/).
         Both schedulers take add_seq_group / schedule / update_from_output / free_seq /
@@ -115,15 +137,12 @@ class LLMEngine:
         if config.kv_manager == "vllm":
             from engine.vllm_core import make_vllm_scheduler
 
-            scheduler = make_vllm_scheduler(self, scheduler_config.max_num_batched_tokens)
+            scheduler = make_vllm_scheduler(self, self.vllm_config, groups)
             return scheduler.kv_cache_manager, scheduler
         if config.kv_manager == "v1":
-            from engine.v1.kv_cache_interface import get_kv_cache_groups
             from engine.v1.kv_cache_manager import KVCacheManager
             from engine.v1.scheduler import Scheduler as V1Scheduler
 
-            # one block table per KV-cache group when the model reads a metadata per layer
-            groups = get_kv_cache_groups(self.kv_cache_specs) if getattr(self.model, "takes_layer_metadata", False) else None
             manager = KVCacheManager(config.block_size, self.budget.num_gpu_blocks, self.max_model_len,
                                      enable_caching=bool(config.enable_prefix_caching),
                                      hash_algo=config.prefix_caching_hash_algo, events=self.events,

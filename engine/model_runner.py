@@ -12,8 +12,10 @@ On CUDA a decode step replays a CUDA graph (engine/cuda_graphs.py, nano-vllm's `
 reach the device in one copy, its sampled ids come back in one (`sample`).
 KV-cache groups (engine/v1/kv_cache_interface.py): each group's table in the plan drives its own
 metadata, and each layer gets its group's (vLLM v1 GPUModelRunner: one AttentionMetadata per
-group, applied to the group's layers). Every layer keeps its own K/V cache, indexed by the
-pool's one block id space, so a group's layers write into the blocks of the group's table.
+group, applied to the group's layers). A layer's K/V cache is its page of every block
+(engine/cache_engine.py: the i-th layers of all groups share page i), indexed by the pool's one
+block id space: a group's layers write only into the blocks of the group's table, which no other
+group holds.
 A model with one group (every full-attention model) gets one metadata, as before.
 """
 

@@ -151,6 +151,93 @@ def test_cache_block_size_formula():
     assert engine.cpu_cache[0][0].shape[0] == 0
 
 
+# --- KV-cache groups: a block holds one page per layer of its own group ---------------------------
+
+HYBRID_SPECS = ("w", "f", "w", "w", "f", "w")  # 2 full : 4 sliding -> (f1, f4), (w0, w3), (w2, w5)
+
+
+def hybrid_groups(block_size: int = BLOCK_SIZE):
+    from engine.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+
+    shape = dict(num_kv_heads=NUM_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+    return get_kv_cache_groups([FullAttentionSpec(block_size, **shape) if kind == "f" else
+                                SlidingWindowSpec(block_size, **shape, sliding_window=3) for kind in HYBRID_SPECS])
+
+
+@pytest.fixture
+def hybrid_cache() -> CacheEngine:
+    """Six layers in three groups of two: a block holds two pages, random in every block."""
+    engine = CacheEngine(len(HYBRID_SPECS), NUM_HEADS, HEAD_DIM, BLOCK_SIZE, num_gpu_blocks=8, num_cpu_blocks=5,
+                         device=DEVICE, dtype=torch.float32, kv_cache_groups=hybrid_groups())
+    gen = torch.Generator().manual_seed(2)
+    for pool in (engine._gpu_kv, engine._cpu_kv):
+        pool.copy_(torch.randn(pool.shape, generator=gen))
+    return engine
+
+
+def test_a_hybrid_block_holds_one_page_per_layer_of_the_largest_group(hybrid_cache):
+    groups = hybrid_groups()
+    assert [g.layer_names for g in groups] == [["0", "3"], ["2", "5"], ["1", "4"]]
+    assert hybrid_cache.layer_pages == [0, 0, 0, 1, 1, 1]  # each layer's position in its group
+    assert hybrid_cache.num_pages == 2
+    page = 2 * BLOCK_SIZE * NUM_HEADS * HEAD_DIM * 4
+    assert hybrid_cache.block_bytes == 2 * page  # not six pages
+    for device, num_blocks in (("gpu", 8), ("cpu", 5)):
+        assert hybrid_cache.pool_bytes(device) == num_blocks * hybrid_cache.block_bytes
+    k0, k1, k3 = (hybrid_cache.gpu_cache[layer][0] for layer in (0, 1, 3))
+    assert k0.shape == (8, BLOCK_SIZE, NUM_HEADS, HEAD_DIM)
+    assert k0.data_ptr() == k1.data_ptr() != k3.data_ptr()  # layers 0 and 1 (two groups) share page 0
+    k1[5].fill_(3.0)  # a full-attention layer writes block 5: layer 0 reads it through the same page
+    assert torch.all(hybrid_cache.gpu_cache[0][0][5] == 3.0)
+    assert not torch.any(hybrid_cache.gpu_cache[3][0][5] == 3.0)
+
+
+def test_one_group_keeps_a_page_per_layer():
+    """A one-group run is the layout as it was: one page per layer, in layer order."""
+    from engine.v1.kv_cache_interface import FullAttentionSpec, get_kv_cache_groups
+
+    groups = get_kv_cache_groups([FullAttentionSpec(BLOCK_SIZE)] * NUM_LAYERS)
+    plain = CacheEngine(NUM_LAYERS, NUM_HEADS, HEAD_DIM, BLOCK_SIZE, 4, 2, "cpu", torch.float32)
+    grouped = CacheEngine(NUM_LAYERS, NUM_HEADS, HEAD_DIM, BLOCK_SIZE, 4, 2, "cpu", torch.float32, groups)
+    for cache in (plain, grouped):
+        assert cache.layer_pages == list(range(NUM_LAYERS)) and cache._gpu_kv.shape[0] == NUM_LAYERS
+        assert cache.block_bytes == CacheEngine.get_cache_block_size(BLOCK_SIZE, NUM_LAYERS, NUM_HEADS, HEAD_DIM,
+                                                                     torch.float32)
+        assert len({k.data_ptr() for k, _ in cache.gpu_cache}) == NUM_LAYERS
+
+
+def test_groups_that_miss_a_layer_are_refused():
+    from engine.v1.kv_cache_interface import KVCacheGroupSpec
+
+    groups = [KVCacheGroupSpec(["0"], None), KVCacheGroupSpec(["2"], None)]
+    with pytest.raises(ValueError, match=r"name layers \[0, 2\], the model has 3"):
+        CacheEngine(3, NUM_HEADS, HEAD_DIM, BLOCK_SIZE, 4, 0, "cpu", torch.float32, groups)
+
+
+def test_swap_copy_and_digests_move_every_page_of_a_hybrid_block(hybrid_cache):
+    """Swap-out, copy-on-write and swap-in move a block's two pages (whichever group holds it), and
+    the K/V digest follows its first page, the first layer of the group that holds it."""
+    def pages(pool, index):  # (num_pages, 2, heads, block_size, head_dim)
+        return pool[:, :, :, index].clone().cpu()
+
+    gpu3, digest3 = pages(hybrid_cache._gpu_kv, 3), hybrid_cache.kv_digests("gpu", [3])
+    hybrid_cache.swap_out([(3, 4)])
+    assert torch.equal(pages(hybrid_cache._cpu_kv, 4), gpu3)
+    assert hybrid_cache.kv_digests("cpu", [4]) == digest3
+    assert hybrid_cache.block_fingerprint("cpu", 4) == hybrid_cache.block_fingerprint("gpu", 3)
+    hybrid_cache.gpu_cache[3][1][3].zero_()  # another group's layer takes block 3 (page 1, V)
+    assert hybrid_cache.block_fingerprint("gpu", 3) != hybrid_cache.block_fingerprint("cpu", 4)
+    hybrid_cache.swap_in([(4, 6)])
+    assert torch.equal(pages(hybrid_cache._gpu_kv, 6), gpu3)
+    hybrid_cache.copy([(6, 7)])
+    assert torch.equal(pages(hybrid_cache._gpu_kv, 7), gpu3)
+    assert hybrid_cache.kv_digests("gpu", [6, 7]) == digest3 * 2
+    # the digest reads page 0 of layer 2's group as of layer 0's: both are that page
+    before = hybrid_cache.kv_digests("gpu", [7])
+    hybrid_cache.gpu_cache[2][0][7, 0, 0, 0] += 1.0
+    assert hybrid_cache.kv_digests("gpu", [7]) != before
+
+
 CONFIG = GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 BLOCK_BYTES = 16 * 2 * 2 * 4 * 8 * 4
 

@@ -113,6 +113,12 @@ def assert_groups_ran(llm: LLM, watch: Watch, hybrid: bool) -> None:
         assert all(str(layer) in groups[g].layer_names for layer, g in enumerate(layer_group_ids))
     else:
         assert len(groups) == 1 and layer_group_ids is None
+    cache = engine.cache_engine  # a block holds one page per layer of the largest group, shared across groups
+    assert cache.num_pages == max(len(g.layer_names) for g in groups)
+    assert cache.num_pages < len(cache.layer_pages) if hybrid else cache.layer_pages == list(range(cache.num_pages))
+    assert [cache.layer_pages[int(name)] for g in groups for name in g.layer_names] == [
+        position for g in groups for position in range(len(g.layer_names))]
+    assert engine.budget.block_bytes == cache.block_bytes == cache.pool_bytes("gpu") // cache.num_gpu_blocks
     assert watch.freed_mid_request(), "no window block went back to the pool mid-request"
     assert any(0 in table for table in watch.window_tables), "no window table held the null block"
 
@@ -266,3 +272,32 @@ def test_vllm_option_disable_hybrid_kv_cache_manager_runs_one_full_group():
     watch = Watch(llm)
     run(llm, "qwen2", 3, PROMPTS, watch=watch)
     assert not watch.freed_mid_request()
+
+
+@needs_vllm
+@pytest.mark.parametrize("arch", [
+    "qwen2",
+    pytest.param("llama", marks=pytest.mark.xfail(strict=True, reason=(
+        "a known bug from before the shared pages (when every layer had its own page): after vLLM's CPU "
+        "tier loads a preempted request's prefix, the Llama checkpoint's tokens leave transformers'"))),
+])
+def test_vllm_cpu_tier_swaps_hybrid_blocks_page_by_page(arch):
+    """Swap under KV-cache groups: vLLM's CPU tier (kv_offloading_size) stores a hybrid run's blocks
+    and loads a preempted request's prefix back; the cache engine moves each block's one page (the
+    layers of three groups share it), its CPU pool sized in those blocks, and the tokens stay
+    transformers'."""
+    from engine.events import OffloadLoaded, OffloadStored
+
+    page = engine_llm(arch, 3).engine.kv_cache_specs[0].page_size_bytes
+    llm = engine_llm(arch, 3, kv_manager="vllm", block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
+                     enable_prefix_caching=True,
+                     vllm_options={"scheduler_reserve_full_isl": False, "kv_offloading_size": 64 * page / (1 << 30)})
+    cache = llm.engine.cache_engine
+    assert (cache.num_pages, cache.num_cpu_blocks, llm.engine.budget.block_bytes) == (1, 64, page)
+    assert cache.pool_bytes("cpu") == 64 * page
+    watch = Watch(llm)
+    for prompts in ([SHARED], [OTHER, "Now is the winter of our discontent made glorious summer by this sun of York"],
+                    [SHARED + " than"]):
+        run(llm, arch, 3, prompts, max_tokens=16, watch=watch)
+    kinds = {type(e) for e in watch.events}
+    assert {OffloadStored, OffloadLoaded, Preempted} <= kinds, kinds

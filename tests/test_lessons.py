@@ -97,12 +97,13 @@ def execute(notebook, cwd: Path = LESSONS_DIR) -> float:
 # ---------------------------------------------------------------- the stored notebooks
 
 
-def test_ten_lessons_and_their_index():
-    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 11)] == list(LESSON_NUMBERS)
+def test_eleven_lessons_and_their_index():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 12)] == list(LESSON_NUMBERS)
     index = (LESSONS_DIR / "README.md").read_text()
     for path in LESSONS:
         assert f"({path.name})" in index, f"lessons/README.md does not list {path.name}"
-    assert "Ten short notebooks" in index
+        assert f"`{path.stem}`" in (ROOT / "README.md").read_text(), f"README.md does not list {path.name}"
+    assert "Eleven short notebooks" in index
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
@@ -321,3 +322,95 @@ def test_lessons_show_moments_where_their_text_discusses_a_state():
         assert any(re.match(r"\w+(\[\"v1\"\])?\.(snapshot\(\)|show\(at=)", line) for line in last_lines), path.name
     lesson09 = "\n".join(cell.source for cell in read(LESSONS_DIR / "09_asking_the_engine.ipynb").cells)
     assert "viz.show(at=at)" in lesson09 and "viz.seek(" not in lesson09.split("## 2.")[0].replace("`viz.seek(at)`", "")
+
+
+# ---------------------------------------------------------------- lesson 11's published figures
+
+
+def test_lesson11_figures_are_vllms_page_sizes_and_our_engines():
+    """Every published model's bytes per block, in bfloat16 and fp8, as vLLM 0.33's own spec classes
+    size the pages (built here from the config.json fields, as vLLM's attention layers build them),
+    as the lesson's formula gives them, and as our engine sizes a block (CacheEngine, and the
+    geometry line the views print, trace.kv_geometry)."""
+    torch = pytest.importorskip("torch")
+    interface = pytest.importorskip("vllm.v1.kv_cache_interface")
+    from blockviz.lessons import lesson11
+    from blockviz.model.trace import kv_geometry
+
+    def vllm_page(fields, block_size, dtype, quant):
+        common = dict(block_size=block_size, dtype=dtype, kv_quant_mode=interface.get_kv_quant_mode(quant))
+        if "kv_lora_rank" in fields:  # vLLM's MLA layer: one latent "head" of kv_lora_rank + qk_rope_head_dim
+            spec = interface.MLAAttentionSpec(num_kv_heads=1, head_size=fields["kv_lora_rank"] + fields["qk_rope_head_dim"],
+                                              cache_dtype_str=quant, **common)
+            return fields["num_hidden_layers"] * spec.page_size_bytes
+        if fields["model_type"] == "gpt2":
+            layers, heads, head_size = fields["n_layer"], fields["n_head"], fields["n_embd"] // fields["n_head"]
+            return layers * interface.FullAttentionSpec(num_kv_heads=heads, head_size=head_size, **common).page_size_bytes
+        heads = 1 if fields.get("multi_query") else fields["num_key_value_heads"]
+        head_size = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
+        kinds = fields.get("layer_types") or ["full_attention"] * fields["num_hidden_layers"]
+        return sum((interface.FullAttentionSpec(num_kv_heads=heads, head_size=head_size, **common) if kind == "full_attention"
+                    else interface.SlidingWindowSpec(num_kv_heads=heads, head_size=head_size, sliding_window=fields["sliding_window"],
+                                                     **common)).page_size_bytes for kind in kinds)
+
+    seen = set()
+    for name, published in lesson11.PUBLISHED.items():
+        shape = lesson11.kv_shape(published.fields)
+        for kv_dtype, dtype, quant in (("bfloat16", torch.bfloat16, "auto"), ("fp8", torch.uint8, "fp8")):
+            for block_size in (1, 16):
+                theirs = vllm_page(published.fields, block_size, dtype, quant)
+                ours = lesson11.bytes_per_block(shape, block_size, lesson11.KV_DTYPE_BYTES[kv_dtype])
+                assert ours == theirs == lesson11.vllm_block_bytes(shape, block_size, kv_dtype), (name, kv_dtype)
+                assert lesson11.engine_block_bytes(shape, block_size, kv_dtype) in (None, ours), (name, kv_dtype)
+                seen.add((published.attention, lesson11.engine_block_bytes(shape, block_size, kv_dtype) is None))
+        if shape.kv_factor == 2:
+            header = {"num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_size,
+                      "block_size": 16, "dtype": "bfloat16", "block_bytes": lesson11.bytes_per_block(shape, 16, 2)}
+            factors, total = kv_geometry(header).split(" = ")
+            product = 1
+            for factor in re.findall(r"\d+", factors):
+                product *= int(factor)
+            assert product == int(total.removesuffix(" B").replace(",", "")) == header["block_bytes"], name
+    assert seen == {("MHA", False), ("GQA", False), ("MQA", False), ("MLA", True), ("hybrid", False)}
+
+
+def test_lesson11_states_the_published_values_it_uses():
+    """Each model id is named with its config.json, and every "`field` value" the lesson's text
+    gives for a published model is that model's published value."""
+    from blockviz.lessons import lesson11
+
+    cells = read(LESSONS_DIR / "11_what_a_token_costs.ipynb").cells
+    text = "\n".join(cell.source for cell in cells)
+    assert "lesson.PUBLISHED" in text and "config.json" in text and "Hugging Face Hub" in text
+    module = (ROOT / "blockviz" / "lessons" / "lesson11.py").read_text()
+    checked = 0
+    for name, published in lesson11.PUBLISHED.items():
+        assert f'Published("{published.model_id}"' in module and "/config.json" in text
+        for cell in cells:
+            if cell.cell_type != "markdown" or not cell.source.startswith(f"## Exercise") or name not in cell.source:
+                continue
+            for field, value in re.findall(r"`(\w+)` (\d+|true|false)\b", cell.source):
+                if field in published.fields:
+                    assert str(published.fields[field]).lower() == value.lower(), (name, field, value)
+                    checked += 1
+    assert checked >= 12
+
+
+def test_lesson11_window_blocks_are_vllms_admission_cap():
+    """The most blocks a request held in the window group on engine/v1 is the lesson's
+    cdiv(window - 1, block_size) + 1, within vLLM's SlidingWindowSpec.max_admission_blocks_per_request
+    for one token in flight, for windows smaller and larger than a block, on and off block
+    boundaries; for gpt-oss (window 128, blocks of 16) both are the key's 9."""
+    torch = pytest.importorskip("torch")
+    interface = pytest.importorskip("vllm.v1.kv_cache_interface")
+    from blockviz.lessons import lesson11
+
+    for window, block_size in ((128, 16), (5, 4), (8, 4), (3, 4), (1, 4), (20, 8)):
+        spec = interface.SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16,
+                                           sliding_window=window)
+        cap = spec.max_admission_blocks_per_request(max_in_flight_tokens=1, max_model_len=1000)
+        assert lesson11.window_blocks_held(window, block_size, 200) == lesson11.window_blocks(window, block_size, 200)
+        assert lesson11.window_blocks_held(window, block_size, 200) <= cap, (window, block_size)
+    assert lesson11.check_window_blocks.truth() == 9 == interface.SlidingWindowSpec(
+        block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16, sliding_window=128,
+    ).max_admission_blocks_per_request(max_in_flight_tokens=1, max_model_len=1000)

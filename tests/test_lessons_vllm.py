@@ -251,3 +251,54 @@ def test_whole_prompt_admission_and_no_watermark_on_vllm():
     assert theirs["first_step"] > theirs["hamlet_done"] and theirs["preemptions"] == 0
     # while the first-chunk check of this repository's v1 admits it beside Hamlet, and thrashes
     assert ours["first_step"] < ours["hamlet_done"] and ours["preemptions"] >= 1
+
+
+# ---------------------------------------------------------------- lesson 11: why a hit rate is 0
+
+
+@pytest.mark.parametrize("case", ["15 tokens", "16 tokens", "17 tokens", "shared 40, blocks of 16",
+                                  "shared 40, blocks of 64"])
+def test_lesson11_misses_are_vllms_own(case):
+    """Lesson 11's one-block floor and big-block runs on vLLM's own core: the second request gets
+    the prefix-cache hits (PrefixCacheHit events, as vLLM's KVCacheManager decided them) that
+    kv_manager="v1" gives, that the explainer's lookup counts, and that the key answers."""
+    from blockviz.lessons import lesson11
+
+    args = {"15 tokens": (16, lesson11.SHORT), "16 tokens": (16, 16), "17 tokens": (16, 17),
+            "shared 40, blocks of 16": (16, lesson11.SHARED, None, lesson11.QUESTIONS),
+            "shared 40, blocks of 64": (64, lesson11.SHARED, None, lesson11.QUESTIONS)}[case]
+    served = {}
+    for mode in MODES:
+        lookup, events = lesson11.hits_of_the_second(mode, *args)
+        hits = [e for e in events if isinstance(e, ev.PrefixCacheHit) and lookup.seq_id in e.seq_ids]
+        assert len(hits) * args[0] == lookup.num_hit_tokens, mode
+        served[mode] = (lookup.num_hit_tokens, lookup.first_miss.verdict)
+    assert served["v1"] == served["vllm"]
+    if case == "15 tokens":
+        assert served["vllm"][0] == key_value("11.floor_hits") == 0
+    if case == "shared 40, blocks of 64":
+        assert served["vllm"][0] == key_value("11.big_block_hits") == 0
+    if case == "shared 40, blocks of 16":
+        assert served["vllm"][0] == 32
+
+
+def test_lesson11_window_tail_is_vllms_own():
+    """Lesson 11's window-tail run on vLLM's own hybrid core (kv_manager="vllm": its
+    HybridKVCacheCoordinator over two KV-cache groups): B is served the same 8 tokens, from the same
+    blocks, as engine/v1 serves it, and the key's answer; request A's window frees and C's eviction
+    are the same blocks too."""
+    from blockviz.lessons import lesson11
+
+    def run(mode):
+        with fresh({**lesson11.hybrid_options(), "kv_manager": mode}) as viz:
+            b = lesson11.window_tail(viz)
+            (seq_id,) = viz.state.requests[b]
+            computed = next(e.num_computed_tokens[e.seq_ids.index(seq_id)] for e in events_of(viz, ev.TokensScheduled)
+                            if seq_id in e.seq_ids)
+            moves = [(type(e).__name__, e.block) for e in viz.events
+                     if isinstance(e, (ev.BlockAllocated, ev.BlockFreed, ev.PrefixCacheHit, ev.BlockEvicted))]
+            return computed, moves
+
+    ours, theirs = run("v1"), run("vllm")
+    assert ours == theirs
+    assert ours[0] == key_value("11.window_hit") == 8

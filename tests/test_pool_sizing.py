@@ -9,6 +9,7 @@ trace header and the title the TUI draws. The `cuda` tests run the same on a rea
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.mem_utils import MemorySnapshot
 from engine.model_loader import load_model
+from test_sliding_window import checkpoint_root, engine_llm  # noqa: F401 (checkpoint_root: a module fixture)
 
 MiB = 1 << 20
 UTILIZATION = EngineConfig().gpu_memory_utilization
@@ -224,3 +226,93 @@ def test_an_engine_with_no_pool_size_builds_and_generates_on_cuda(tiny_gpt2_fact
     del llm, outputs
     gc.collect()
     torch.cuda.empty_cache()  # the next tests get the device back
+
+
+# ---------------------------------------------------------------- a hybrid geometry (KV-cache groups)
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def allocated_bytes_per_block(engine) -> int:
+    """What the cache engine really allocated per device block: its tensors' bytes / blocks."""
+    cache = engine.cache_engine
+    return cache._gpu_kv.numel() * cache._gpu_kv.element_size() // cache.num_gpu_blocks
+
+
+def test_a_hybrid_pool_is_sized_by_its_largest_group_and_its_profile(simulate):
+    """A hybrid checkpoint (three layers in three groups of one under engine/v1): a block holds one
+    page, not three, so the same memory holds three times the blocks; block_bytes is what the cache
+    engine allocated per block, and the header's geometry says so."""
+    budget_bytes = 96 * 1024 * 10 + 5
+    hybrid = engine_llm("qwen2", 3, num_gpu_blocks=None, kv_cache_memory_bytes=budget_bytes).engine
+    page = hybrid.kv_cache_specs[0].page_size_bytes
+    assert len(hybrid.kv_cache_groups) == 3 and hybrid.cache_engine.num_pages == 1
+    assert hybrid.budget.block_bytes == page == allocated_bytes_per_block(hybrid)
+    assert hybrid.budget.num_gpu_blocks == budget_bytes // page
+    header = make_header(trace_header(hybrid))  # its kv_cache_groups name the three groups
+    check_header_fields(header)
+    title = engine_title(header)
+    assert "2 × 1 layer (its group's: 3 KV-cache groups of 3 layers share the pool) × 2 K/V heads" in title
+    assert title.endswith(f"= {page:,} B")
+
+    weights = weights_of(hybrid.model)
+    simulate(SimulatedDevice(total=64 * MiB, free=62 * MiB, non_torch=2 * MiB, activations=5 * MiB))
+    profiled = engine_llm("qwen2", 3, num_gpu_blocks=None).engine
+    requested = math.ceil(64 * MiB * UTILIZATION)
+    assert profiled.budget.source == "profiled" and profiled.budget.block_bytes == page
+    assert profiled.budget.num_gpu_blocks == (requested - weights - 5 * MiB - 2 * MiB) // page
+    assert allocated_bytes_per_block(profiled) == page
+
+
+def test_one_group_models_allocate_their_block_bytes(loaded, tiny_gpt2_dir):
+    """GPT-2 under v0, v1 and a Mistral-like one-window model: every layer's page in a block, and
+    block_bytes is exactly what was allocated per block."""
+    for kv_manager in ("v0", "v1"):
+        engine = LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", num_gpu_blocks=12,
+                                        kv_manager=kv_manager), loaded=loaded)
+        assert engine.cache_engine.num_pages == loaded.config.num_layers
+        assert engine.budget.block_bytes == block_bytes_of(loaded) == allocated_bytes_per_block(engine)
+        assert "2 × 2 layers × 4 K/V heads" in engine_title(make_header(trace_header(engine)))
+    mistral = engine_llm("mistral", 3).engine
+    assert len(mistral.kv_cache_groups) == 1 and mistral.cache_engine.num_pages == 3
+    page = mistral.kv_cache_specs[0].page_size_bytes
+    assert mistral.budget.block_bytes == 3 * page == allocated_bytes_per_block(mistral)
+
+
+@needs_vllm
+@pytest.mark.parametrize("kinds", ["wfwwfw", "fwwfwww", "wfw"])
+def test_vllm_plans_the_same_blocks_and_sharing_for_the_same_memory(kinds):
+    """vLLM 0.33's own planner (kv_cache_planning.get_kv_cache_config_from_groups) over the groups
+    vLLM makes of the same layer specs and the same memory: as many blocks as our sizing, one
+    backing allocation of our pool's bytes, and each group's KVCacheTensor puts its l-th layer at
+    page l, the cache engine's page of that layer. Group sizes 2/2/2, 3/4 and 1/1/1."""
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+
+    from engine.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
+    from engine.vllm_core.config import vllm_kv_cache_groups
+    vllm_config = engine_llm("qwen2", 3, kv_manager="vllm").engine.vllm_config  # its layout: our cache engine's
+    shape = dict(num_kv_heads=2, head_size=16, dtype=torch.float32)
+    specs = [FullAttentionSpec(4, **shape) if kind == "f" else SlidingWindowSpec(4, **shape, sliding_window=3)
+             for kind in kinds]
+    ours, theirs = get_kv_cache_groups(specs), vllm_kv_cache_groups(vllm_config, specs)
+    assert [g.layer_names for g in ours] == [g.layer_names for g in theirs]
+    memory = 1000 * specs[0].page_size_bytes + 123
+
+    class ModelConfig:
+        num_layers, num_kv_heads, head_dim, max_model_len = len(kinds), 2, 16, 64
+
+    budget = determine_num_blocks(None, ModelConfig, 4, "cpu", torch.float32, 64, kv_cache_memory_bytes=memory,
+                                  kv_cache_groups=ours)
+    cache = CacheEngine(len(kinds), 2, 16, 4, budget.num_gpu_blocks, 0, "cpu", torch.float32, ours)
+    planned = get_kv_cache_config_from_groups(vllm_config, theirs, memory)
+    assert planned.num_blocks == budget.num_gpu_blocks == cache.num_gpu_blocks
+    assert budget.block_bytes == cache.block_bytes == max(len(g.layer_names) for g in ours) * specs[0].page_size_bytes
+    assert {t.size for t in planned.kv_cache_tensors} == {cache.pool_bytes("gpu")}
+    for tensor in planned.kv_cache_tensors:  # every group's tensor from byte 0, layer l at l x layer_stride
+        assert tensor.offset == 0 and tensor.layer_stride == cache.pool_bytes("gpu") // cache.num_pages
+        assert [cache.layer_pages[int(name)] for name in tensor.layers] == list(range(len(tensor.layers)))
+        for position, name in enumerate(tensor.layers):  # the same bytes: the view's offset in the allocation
+            k = cache.gpu_cache[int(name)][0]
+            assert (k.data_ptr() - cache._gpu_kv.data_ptr()) == position * tensor.layer_stride
+    if len(ours) > 1:
+        assert cache.num_pages < len(kinds)

@@ -47,6 +47,13 @@ KEY: dict[str, str] = {
     "10.served": "my_served = 20  # 5 blocks of the victim's chain were still cached",
     "10.aligned_hits": "my_aligned_hits = 2  # at most num_tokens - 1 = 11 tokens, in whole blocks",
     "10.chunk_steps": "my_chunk_steps = 3  # 8 + 8 + 4 tokens",
+    "11.mqa_bytes": "my_mqa_bytes = 8_192  # 32 layers x 2 x 1 K/V head x 64 x 2 bytes",
+    "11.mla_block": "my_mla_block = 1_124_352  # 16 x 61 layers x (512 + 64) x 2 bytes, one latent, no V",
+    "11.fp8_tokens": "my_fp8_tokens = 16_384  # 2**30 // (32 x 2 x 8 x 128 x 1 byte)",
+    "11.window_blocks": "my_window_blocks = 9  # cdiv(128 - 1, 16) + 1: the window straddles a block boundary",
+    "11.floor_hits": "my_floor_hits = 0  # 15 tokens never fill a 16-token block: nothing is cached",
+    "11.big_block_hits": "my_big_block_hits = 0  # the first 64-token block holds the questions too: different tokens",
+    "11.window_hit": "my_window_hit = 8  # the window group lost the block a 12-token hit ends on",
 }
 
 

@@ -120,16 +120,23 @@ def kv_geometry(header: dict[str, Any]) -> str:
     """What one block of the K/V cache holds, in bytes, from a run's header: 2 (K and V) x layers x
     K/V heads x head_dim x block_size x the dtype's bytes (vLLM's CacheEngine.get_cache_block_size),
     with the query heads beside the K/V heads when fewer K/V heads serve them (grouped-query
-    attention). "" for a header without the model's geometry (older traces)."""
+    attention). With several KV-cache groups (the header's "kv_cache_groups") a block holds only
+    its group's layers, one page per layer of the largest group (engine/cache_engine.py slots; vLLM
+    get_kv_cache_config_from_groups). "" for a header without the model's geometry (older traces)."""
     try:
         layers, kv_heads, head_dim = header["num_layers"], header["num_kv_heads"], header["head_dim"]
         block_size, block_bytes = header["block_size"], header["block_bytes"]
         dtype_bytes = DTYPE_BYTES[header["dtype"]]
+        groups = [len(group["layer_names"]) for group in header.get("kv_cache_groups") or ()]
     except (KeyError, TypeError):
         return ""
     heads = header.get("num_heads")
     shared = f" (shared by {heads} query heads)" if heads and heads != kv_heads else ""
-    return (f"2 × {layers} layers × {kv_heads} K/V heads{shared} × {head_dim} dims × {block_size} slots"
+    layer_text = f"{layers} layers"
+    if len(groups) > 1:
+        layer_text = (f"{max(groups)} layer{'s' if max(groups) > 1 else ''} (its group's: "
+                      f"{len(groups)} KV-cache groups of {layers} layers share the pool)")
+    return (f"2 × {layer_text} × {kv_heads} K/V heads{shared} × {head_dim} dims × {block_size} slots"
             f" × {dtype_bytes} B = {block_bytes:,} B")
 
 

@@ -23,26 +23,38 @@ def vllm_version() -> str:
         raise ValueError(VLLM_INSTALL) from None
 
 
-def make_vllm_scheduler(engine: Any, max_num_batched_tokens: int):
-    """vLLM's Scheduler for `engine` (an LLMEngine being built: its config, budget, loaded model
-    and event bus), wrapped in our scheduler interface. max_num_seqs is capped at the token budget,
-    as vLLM requires (SchedulerConfig.verify_max_model_len): a step gives each running request a token."""
+def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
+    """vLLM's VllmConfig for `engine` (an LLMEngine being built: its config, loaded model and layer
+    specs) and the KV-cache groups vLLM makes of its layers, before the pool is sized (vLLM
+    EngineCore._initialize_kv_caches: the specs and groups first, then the blocks; the config's
+    num_gpu_blocks is set by make_vllm_scheduler). max_num_seqs is capped at the token budget, as
+    vLLM requires (SchedulerConfig.verify_max_model_len): a step gives each running request a token."""
     try:
         import vllm  # noqa: F401
     except ImportError as error:
         raise ValueError(f"{VLLM_INSTALL} ({error})") from None
-    from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config
+    from engine.vllm_core.config import build_vllm_config, vllm_kv_cache_groups
+
+    config = engine.config
+    vllm_config = build_vllm_config(
+        engine.loaded.path, block_size=config.block_size, num_gpu_blocks=None,
+        max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
+        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
+        prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
+    return vllm_config, vllm_kv_cache_groups(vllm_config, engine.kv_cache_specs)
+
+
+def make_vllm_scheduler(engine: Any, vllm_config: Any, kv_cache_groups: list):
+    """vLLM's Scheduler for `engine` over its sized pool (engine.budget), wrapped in our scheduler
+    interface: the KVCacheConfig vLLM's planner makes of the groups and the pool's bytes."""
+    from engine.vllm_core.config import build_kv_cache_config, build_scheduler
     from engine.vllm_core.scheduler import VllmScheduler, make_block_hasher
 
     config = engine.config
     num_gpu_blocks = engine.budget.num_gpu_blocks
-    vllm_config = build_vllm_config(
-        engine.loaded.path, block_size=config.block_size, num_gpu_blocks=num_gpu_blocks,
-        max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
-        prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
+    vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
     kv_cache_config = build_kv_cache_config(vllm_config, engine.kv_cache_specs, num_gpu_blocks,
-                                            engine.budget.block_bytes)
+                                            engine.budget.block_bytes, kv_cache_groups)
     scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
     hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
     return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)

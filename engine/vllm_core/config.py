@@ -20,8 +20,8 @@ config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `VllmConfig._post_init_kv_transfer_config` does with `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, the scheduler gets a
 `SimpleCPUOffloadConnector` whose `SimpleCPUOffloadScheduler` keeps a second caching BlockPool of
 `kv_offloading_size` GiB // block bytes blocks (`_derive_cpu_config`); the `KVCacheConfig` then names one
-backing tensor of our pool's bytes (`gpu_total_bytes` reads it), and our cache engine's CPU pool has the
-same number of blocks (engine/vllm_core/offload.py moves the data).
+backing allocation of our pool's bytes (`gpu_total_bytes` reads it: blocks x the largest group's pages),
+and our cache engine's CPU pool has the same number of blocks (engine/vllm_core/offload.py moves the data).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def check_options(options: dict[str, Any] | None) -> None:
                 raise _refused(error) from None
 
 
-def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int, max_model_len: int,
+def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks: int | None, max_model_len: int,
                       max_num_seqs: int, max_num_batched_tokens: int, enable_prefix_caching: bool,
                       prefix_caching_hash_algo: str, options: dict[str, Any] | None = None):
     """A VllmConfig over the checkpoint directory with our pool (vLLM's EngineArgs.create_engine_config,
@@ -171,21 +171,13 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
     return vllm_config
 
 
-def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_bytes: int | None = None):
-    """Our layers' KV-cache groups as vLLM makes them, over exactly our pool (vLLM's
-    get_kv_cache_configs, cut to one worker whose memory is already sized): each layer's spec
-    (engine.v1.kv_cache_interface.kv_cache_specs) as vLLM's FullAttentionSpec or SlidingWindowSpec,
-    named by its layer index, grouped by vLLM's own `kv_cache_planning.get_kv_cache_groups` (one group
-    when the layers are alike; a hybrid model's full and sliding-window groups otherwise, unless
-    disable_hybrid_kv_cache_manager turns its windows into full attention). Its one KVCacheTensor only
-    describes our cache engine's pool (num_gpu_blocks x block_bytes, every layer's K and V of a block
-    together): the CPU tier sizes itself from it; the cache engine holds the tensors. Without
-    block_bytes, every layer's page. The layout is resolved first, as EngineCore does from what its
-    workers support: our cache engine's one, per layer K/V heads outermost (CacheEngine._shape: vLLM's
-    LHBNC)."""
+def vllm_layer_specs(vllm_config, layer_specs) -> dict:
+    """Each layer's spec (engine.v1.kv_cache_interface.kv_cache_specs) as vLLM's FullAttentionSpec
+    or SlidingWindowSpec, named by its layer index (vLLM GPUModelRunner.get_kv_cache_spec). The
+    layout is resolved first, as EngineCore does from what its workers support: our cache engine's
+    one, per slot K/V heads outermost (CacheEngine._shape: vLLM's LHBNC)."""
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheTensor, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
     specs = {}
     for index, spec in enumerate(layer_specs):
@@ -195,11 +187,43 @@ def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_b
         specs[str(index)] = FullAttentionSpec(**shape) if window is None else SlidingWindowSpec(**shape,
                                                                                                 sliding_window=window)
     resolve_kv_cache_layout(vllm_config, [[CACHE_ENGINE_LAYOUT]], specs.values())
-    block_bytes = block_bytes or sum(spec.page_size_bytes for spec in specs.values())
-    tensor = KVCacheTensor(size=num_gpu_blocks * block_bytes, layers=list(specs), layer_stride=0,
-                           block_stride=block_bytes)
-    return KVCacheConfig(num_blocks=num_gpu_blocks, kv_cache_tensors=[tensor],
-                         kv_cache_groups=get_kv_cache_groups(vllm_config, specs))
+    return specs
+
+
+def vllm_kv_cache_groups(vllm_config, layer_specs) -> list:
+    """Our layers' KV-cache groups as vLLM makes them: its own `kv_cache_planning.get_kv_cache_groups`
+    over `vllm_layer_specs` (one group when the layers are alike; a hybrid model's full and
+    sliding-window groups otherwise, unless disable_hybrid_kv_cache_manager turns its windows into
+    full attention)."""
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
+
+    return get_kv_cache_groups(vllm_config, vllm_layer_specs(vllm_config, layer_specs))
+
+
+def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_bytes: int | None = None,
+                          kv_cache_groups: list | None = None):
+    """The KVCacheConfig of our pool as vLLM's planner makes it (vLLM get_kv_cache_configs, cut to
+    one worker whose memory is already sized): `kv_cache_planning.get_kv_cache_config_from_groups`
+    over the groups (vllm_kv_cache_groups unless given) and num_gpu_blocks x block_bytes of memory.
+    Its KVCacheTensors describe our cache engine's pool, one backing allocation in which the l-th
+    layer of every group shares a region (CacheEngine's slots); the CPU tier sizes itself from it.
+    Without block_bytes, vLLM's bytes per block. A ValueError if vLLM's planner gets another
+    number of blocks from those bytes (our block_bytes is not vLLM's).
+
+    Its prefix_cache_retention_interval stays None, as in a KVCacheConfig built without the
+    planner (a sliding-window group keeps every full block it computed cached, as engine/v1's
+    SlidingWindowManager does), where the planner would copy CacheConfig's (0: only vLLM's
+    semantic checkpoints)."""
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+
+    groups = kv_cache_groups if kv_cache_groups is not None else vllm_kv_cache_groups(vllm_config, layer_specs)
+    if block_bytes is None:  # one page per layer of the largest group
+        block_bytes = max(len(group.layer_names) * group.kv_cache_spec.page_size_bytes for group in groups)
+    config = get_kv_cache_config_from_groups(vllm_config, groups, num_gpu_blocks * block_bytes)
+    if config.num_blocks != num_gpu_blocks:
+        raise ValueError(f"vLLM's planner makes {config.num_blocks} blocks of {num_gpu_blocks * block_bytes} bytes, "
+                         f"the cache engine {num_gpu_blocks} of {block_bytes}")
+    return dataclasses.replace(config, prefix_cache_retention_interval=None)
 
 
 def build_scheduler(vllm_config, kv_cache_config, block_size: int):
