@@ -162,6 +162,8 @@ def test_the_hybrid_story_run_live_shows_every_moment_and_equals_the_shipped_tra
     assert all(index is not None for index in found.values()), found
     shipped = load_trace("hybrid")
     assert [_comparable(e) for e in events] == [_comparable(e) for e in shipped.events]
+    engine_fields = set(header) - {"model"}  # the engine's header: a live run's model is the built directory
+    assert {k: header[k] for k in engine_fields} == {k: shipped.header[k] for k in engine_fields}
     assert header["kv_cache_groups"] == shipped.header["kv_cache_groups"]
 
 
