@@ -4,6 +4,9 @@
     python scripts/make_traces.py --only swap     # one
     python scripts/make_traces.py --model DIR     # another checkpoint (for trying things out)
 
+"hybrid" plays `blockviz run --model tiny-hybrid`'s story on that model (blockviz/session/tiny_hybrid.py:
+random weights built on first use; the header names it "tiny-hybrid"), unless --model names another.
+
 Each scenario goes through the same code as `blockviz record` (blockviz.commands.record.record_trace)
 and checks that the moment it exists to show really happened (a copy-on-write, a prefix-cache hit,
 a swap...); otherwise it stops with an error naming the scenario. Runs are greedy and seeded, on
@@ -33,26 +36,26 @@ class Scenario:
     name: str
     description: str
     spec: dict[str, Any]
-    expect: Callable[[Counter, list], bool]
+    expect: Callable[[Counter, list, dict], bool]  # (event counts by type, events, header)
     expect_text: str
     later_prompts: dict[int, str] = field(default_factory=dict)  # steps done -> prompt to add then
     story: str | None = None  # a named scenario (blockviz/session/scenario.py) played instead of `spec`
 
 
-def _kinds(*kinds: str) -> Callable[[Counter, list], bool]:
-    return lambda counts, events: all(counts[k] for k in kinds)
+def _kinds(*kinds: str) -> Callable[[Counter, list, dict], bool]:
+    return lambda counts, events, header: all(counts[k] for k in kinds)
 
 
-def _recompute(counts: Counter, events: list) -> bool:
+def _recompute(counts: Counter, events: list, header: dict) -> bool:
     return any(e.type == "preempted" and e.mode == "recompute" for e in events)
 
 
-def _swap(counts: Counter, events: list) -> bool:
+def _swap(counts: Counter, events: list, header: dict) -> bool:
     return counts["swap_out"] > 0 and counts["swap_in"] > 0 and any(
         e.type == "preempted" and e.mode == "swap" for e in events)
 
 
-def _eviction(counts: Counter, events: list) -> bool:
+def _eviction(counts: Counter, events: list, header: dict) -> bool:
     """Cached blocks evicted, and a later request with the first one's opening hits the blocks
     still cached, then misses on one the eviction took (the explainer's "evicted")."""
     from blockviz.model.explain import EVICTED, explain_requests
@@ -61,11 +64,24 @@ def _eviction(counts: Counter, events: list) -> bool:
     return counts["block_evicted"] > 0 and last.num_hit_blocks > 0 and last.first_miss.verdict == EVICTED
 
 
-def _v1_story(counts: Counter, events: list) -> bool:
+def _v1_story(counts: Counter, events: list, header: dict) -> bool:
     """vLLM v1's story: a chunked prefill, hits for n=2's second request, a recompute preemption, an eviction."""
     chunked = any(e.type == "tokens_scheduled" and any(c + n < t for c, n, t in
                   zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)) for e in events)
     return chunked and all(counts[k] for k in ("prefix_cache_hit", "preempted", "block_evicted"))
+
+
+def _hybrid_story(counts: Counter, events: list, header: dict) -> bool:
+    """The hybrid story: a window group lets blocks go mid-request, and a later lookup is cut
+    short by the window group while the full-attention group holds the prefix ("window tail freed")."""
+    from blockviz.model.explain import WINDOW_TAIL, explain_requests
+    from blockviz.model.design import kv_cache_groups_of
+
+    explained = explain_requests(events, header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                                 header["enable_prefix_caching"], header["kv_manager"],
+                                 kv_cache_groups=kv_cache_groups_of(header))
+    return counts["blocks_skipped"] > 0 and any(
+        e.num_hit_blocks > 0 and e.first_miss is not None and e.first_miss.verdict == WINDOW_TAIL for e in explained)
 
 
 ROMEO = "ROMEO: But soft, what light through yonder window breaks?"
@@ -118,12 +134,24 @@ SCENARIOS = [
                     "blocks; the pool runs out, a request is preempted by recompute and revived from its cached "
                     "blocks; blocks taken from the free queue's head evict their hashes",
         {}, _v1_story, "a chunked prefill, n=2 hits, a recompute preemption and an eviction", story="story-v1"),
+    Scenario(
+        "hybrid", "a hybrid model (`blockviz run --model tiny-hybrid`'s story; random weights: the text is noise, "
+                  "the memory real): sliding-window and full-attention layers keep a block table each over one "
+                  "pool; the window slides and its blocks return to the pool mid-request; ROMEO's opening hits "
+                  "in both groups; once the window group's freed blocks are evicted, ROMEO's line again hits "
+                  "less than the full-attention group holds (the window tail freed)",
+        {}, _hybrid_story, "a window sliding mid-request and a hit cut short by the window group",
+        story="story-hybrid"),
 ]
 
 
 def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Path:
     from blockviz.model.trace import read_trace
 
+    from blockviz.session.scenario import scenario as named_scenario
+
+    story_model = named_scenario(scenario.story)[1].get("model") if scenario.story is not None else None
+    model = model or story_model or "tiny-shakespeare"
     if scenario.story is not None:
         spec = EngineSpec.for_scenario(scenario.story, model=model, device=device, seed=0)
     else:
@@ -136,12 +164,14 @@ def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Pa
             session.add_request(prompt)
 
     extra = {"scenario": scenario.name, "description": scenario.description}
+    if model == story_model:  # a name resolved to a directory built on this machine: the header keeps the name
+        extra["model"] = model
     if scenario.later_prompts:
         extra["later_prompts"] = [[step, prompt] for step, prompt in sorted(scenario.later_prompts.items())]
     recording = record_trace(spec, out, between_steps=between_steps, extra_header=extra)
     events = read_trace(out).events
     counts = Counter(e.type for e in events)
-    if not scenario.expect(counts, events):
+    if not scenario.expect(counts, events, recording.header):
         raise SystemExit(f"make_traces: scenario {scenario.name!r} did not produce {scenario.expect_text} "
                          f"(events: {dict(counts)}); adjust its prompts or pool sizes")
     size = out.stat().st_size
@@ -152,7 +182,7 @@ def make_trace(scenario: Scenario, model: str, out_dir: Path, device: str) -> Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-shakespeare", help="checkpoint (default: the bundled one)")
+    parser.add_argument("--model", help="checkpoint (default: the bundled one; a story's own, as hybrid's)")
     parser.add_argument("--device", default="cpu", help="cpu (default; reproducible) or cuda")
     parser.add_argument("--out-dir", type=Path, default=TRACES_DIR)
     parser.add_argument("--only", action="append", choices=[s.name for s in SCENARIOS])

@@ -1,6 +1,6 @@
 """The default story, recorded once per test session through the same code as `blockviz record`
 (the story's arrivals and settings, on the bundled model `blockviz run` plays it on, on the CPU):
-what the story tests replay."""
+what the story tests replay; and `run_live`, a story as `blockviz run ARGS` plays it, with no UI."""
 
 from __future__ import annotations
 
@@ -17,3 +17,20 @@ def story_trace_path(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("story") / "story.jsonl"
     record_trace(EngineSpec.for_scenario("story", device="cpu"), out)
     return out
+
+
+def run_live(args: list[str]):
+    """The spec `blockviz run ARGS` checks (blockviz/commands/run.py), run to completion in an
+    engine session with no UI: (the session's header, every event)."""
+    from blockviz.cli import build_parser
+    from blockviz.commands.run import check
+    from blockviz.session.engine_session import EngineSession
+
+    session = EngineSession(check(build_parser().parse_args(["run", *args]), device=False))
+    events: list = []
+    try:
+        session.start()
+        session.run_to_completion(1000, on_events=events.extend)
+    finally:
+        session.close()
+    return session.header, events

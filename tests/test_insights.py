@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from blockviz.model.design import kv_cache_groups_of
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth, preemption_ledger
 from blockviz.model.trace import load_trace, shipped_traces
@@ -49,11 +50,14 @@ def test_memory_figures_agree_with_the_reducer_at_every_step(name):
         usable = trace.num_gpu_blocks - (trace.header.get("kv_manager") == "v1")  # v1's null block never counts
         assert gpu.num_blocks == usable and gpu.block_utilization == state.num_used("gpu") / usable
         assert gpu.token_utilization == pytest.approx(state.kv_utilization())
-        for seq_id, table in state.tables.items():
+        for seq_id in state.tables:
             seq = truth.seqs[seq_id]
-            last = state.pools[table[-1][0]][table[-1][1]]
-            assert seq.empty_in_last_block == trace.block_size - len(last.token_ids)
-            assert seq.reserved_slots == state.seqs[seq_id].num_prompt_tokens + max_tokens[seq_id]
+            # a hybrid run's sequence has a table per KV-cache group: each last block's empty slots count
+            tables = [state.tables_of(g)[seq_id] for g in range(state.num_kv_cache_groups)
+                      if seq_id in state.tables_of(g)]
+            lasts = [state.pools[table[-1][0]][table[-1][1]] for table in tables if table]
+            assert seq.empty_in_last_block == sum(trace.block_size - len(last.token_ids) for last in lasts)
+            assert seq.reserved_slots == (state.seqs[seq_id].num_prompt_tokens + max_tokens[seq_id]) * len(tables)
         # every block but a sequence's last is full, so paged waste is at most one block a sequence
         assert gpu.slots_allocated - gpu.slots_used <= truth.internal_fragmentation
         assert truth.reservation_waste() >= 0
@@ -78,7 +82,7 @@ def test_insights_fed_in_pieces_answer_as_of_any_cursor(name):
         upto = events[:position]
         batch = explain_requests(upto, h["block_size"], h["num_gpu_blocks"], h["num_cpu_blocks"],
                                  h["enable_prefix_caching"], h.get("kv_manager") or "v0",
-                                 h.get("prefix_caching_hash_algo") or "sha256")
+                                 h.get("prefix_caching_hash_algo") or "sha256", kv_cache_groups_of(h))
         assert [x.lines() for x in insights.explanations(position)] == [x.lines() for x in batch]
         got = [(p.seq_no, p.blocks_freed, p.blocks_swapped, p.tokens_lost, p.resumed_step)
                for p in insights.ledger(position)]

@@ -17,7 +17,9 @@ EXPECTED = {
     "recompute": {"preempted"},
     "eviction": {"block_evicted", "prefix_cache_hit", "block_hashed"},
     "v1-story": {"tokens_scheduled", "prefix_cache_hit", "preempted", "block_evicted"},  # tests/test_v1_story.py
+    "hybrid": {"blocks_skipped", "block_freed", "prefix_cache_hit", "block_evicted"},  # tests/test_hybrid_story.py
 }
+MODELS = {"hybrid": "tiny-hybrid"}  # the story's own model (blockviz/session/tiny_hybrid.py); else the bundled one
 
 
 def test_every_scenario_is_shipped():
@@ -28,7 +30,7 @@ def test_every_scenario_is_shipped():
 def test_shipped_trace_replays_to_the_end(name):
     trace = read_trace(resolve_trace_path(name))
     header = trace.header
-    assert header["format"] == "blockviz-trace" and header["model"] == "tiny-shakespeare"
+    assert header["format"] == "blockviz-trace" and header["model"] == MODELS.get(name, "tiny-shakespeare")
     assert header["scenario"] == name and (header["prompts"] or header.get("arrivals"))
     assert EXPECTED[name] <= {e.type for e in trace.events}
     if name == "recompute":

@@ -66,17 +66,10 @@ def test_run_with_kv_manager_v1_plays_the_v1_story():
 
 def test_the_v1_story_run_live_shows_every_moment():
     """The story as `blockviz run --kv-manager v1` plays it, on the bundled model."""
-    from blockviz.session.engine_session import EngineSession
+    from story_fixtures import run_live
 
-    spec = check(build_parser().parse_args(["run", "--kv-manager", "v1", "--device", "cpu"]), device=False)
-    session = EngineSession(spec)
-    events: list[ev.Event] = []
-    try:
-        session.start()
-        session.run_to_completion(1000, on_events=events.extend)
-    finally:
-        session.close()
-    found = moments(session.header, events)
+    header, events = run_live(["--kv-manager", "v1", "--device", "cpu"])
+    found = moments(header, events)
     assert all(index is not None for index in found.values()), found
 
 

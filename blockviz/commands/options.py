@@ -15,6 +15,7 @@ import math
 
 from blockviz.errors import UsageError
 from blockviz.session.spec import DEFAULT_PROMPTS, ENGINE_CONFIG_OPTIONS
+from blockviz.session.tiny_hybrid import TINY_HYBRID
 from engine.model_source import DEFAULT_MODEL  # the bundled checkpoint
 
 
@@ -76,8 +77,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
 
     d = {**engine_option_defaults(), **overrides}
     parser.add_argument("--model", default=d["model"],
-                        help=f"bundled '{DEFAULT_MODEL}' (default, offline), 'smollm2' (SmolLM2-135M-Instruct, "
-                             "offline once installed), a local GPT-2 / Llama / Qwen2 / Qwen3 checkpoint directory or "
+                        help=f"bundled '{DEFAULT_MODEL}' (default, offline), '{TINY_HYBRID}' (a tiny Llama with "
+                             "sliding-window and full-attention layers and random weights: its text is noise, its "
+                             "memory real; built offline on first use; `run` plays its story under v1), 'smollm2' "
+                             "(SmolLM2-135M-Instruct, offline once installed), a local GPT-2 / Llama / Qwen2 / Qwen3 "
+                             "checkpoint directory or "
                              ".gguf file, or a Hugging Face name such as gpt2 (from its cache)")
     parser.add_argument("--raw-prompt", action="store_true", default=d["raw_prompt"],
                         help="give an instruct model the prompt as it is, not inside its chat template")
@@ -111,6 +115,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                              f"{mode or 'recompute a lone sequence, swap a group, as vLLM'}; v1: recompute)")
     if "kv_manager" not in skip:
         parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
+                            action=_GivenChoice,
                             help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
                                  "copy-on-write), v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
                                  "recompute only) or vllm (vLLM's own Scheduler and KVCacheManager: pip install -e "

@@ -41,6 +41,17 @@ KV_DESIGNS: dict[str, KVDesign] = {
 KV_DESIGNS["vllm"] = replace(KV_DESIGNS["v1"], name="vllm")
 
 
+# The model blockviz/session/tiny_hybrid.py builds: random weights, so its text is noise and its memory real.
+TINY_HYBRID = "tiny-hybrid"
+
+
+def has_random_weights(header: dict[str, Any]) -> bool:
+    """Whether a run's model is tiny-hybrid: by name (a shipped trace's header) or as the directory it
+    was built in (`tiny-hybrid-vN`, a live run's)."""
+    name = str(header.get("model") or "").rstrip("/").rsplit("/", 1)[-1]
+    return name == TINY_HYBRID or name.startswith(f"{TINY_HYBRID}-v")
+
+
 def kv_manager_of(header: dict[str, Any]) -> str:
     """The design a run's header names ("v0" when it names none: traces from before v1)."""
     return header.get("kv_manager") or "v0"

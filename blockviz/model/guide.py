@@ -10,6 +10,13 @@ and the allocation it served): its card's `position` is the cursor at that opera
 pools show the whole move, in a state the engine can be in, when playback stops there. One
 operation that shows two ideas first (an eviction, then the swap-in it made room for) makes one card.
 
+A run with KV-cache groups (a hybrid model: sliding-window and full-attention layers, the header's
+"kv_cache_groups") has two ideas of its own: the window slides (a sliding-window group lets blocks
+go while its request runs: vLLM's remove_skipped_blocks) and a prefix hit cut short by a window
+group (the explainer's "window tail freed": vLLM's HybridKVCacheCoordinator.find_longest_cache_hit).
+The second needs the cache as the lookup saw it: given the run's header, the guide keeps its own
+reducer and explainer (blockviz/model/explain.py) for such a run.
+
 `Guide.scan(events)` reads a growing event list (a live timeline's) once; an operation that may
 still grow is open until an event that is not part of it arrives (`settle()` closes it at a
 trace's end). Dispatch is by the event's record class. No textual import: the TUI and the notebook
@@ -19,9 +26,12 @@ draw the same cards.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from blockviz.model.design import KV_DESIGNS, KVDesign
+from blockviz.model.design import (
+    KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, has_random_weights, kv_cache_groups_of,
+)
+from blockviz.model.explain import WINDOW_TAIL, Explainer, Explanation
 from blockviz.model.glossary import terms_in
 from blockviz.model.narration import plural, were
 from blockviz.model.operation import Operations
@@ -29,13 +39,15 @@ from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
 IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
-         "chunked-prefill")
+         "chunked-prefill", "window-slides", "window-tail")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
-    ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted})
+    ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted,
+    ev.BlocksSkipped})
 
 # The upstream function that does each idea (vLLM v0: vllm/core/block_manager_v1.py and
-# vllm/core/scheduler.py; v1: vllm/v1/core/kv_cache_manager.py, block_pool.py, sched/scheduler.py).
+# vllm/core/scheduler.py; v1: vllm/v1/core/kv_cache_manager.py, block_pool.py, sched/scheduler.py,
+# and for KV-cache groups single_type_kv_cache_manager.py and kv_cache_coordinator.py).
 FUNCTIONS = {
     "v0": {
         "forking": "BlockSpaceManager.fork",
@@ -53,6 +65,10 @@ FUNCTIONS = {
         "eviction": "BlockPool.get_new_blocks → BlockPool._maybe_evict_cached_block",
         "never-runs": "Scheduler.schedule (the request cannot fit the pool)",
         "chunked-prefill": "Scheduler.schedule (num_new_tokens capped by the token budget) → KVCacheManager.allocate_slots",
+        "window-slides": "KVCacheManager.allocate_slots → SingleTypeKVCacheManager.remove_skipped_blocks "
+                         "(SlidingWindowManager.get_num_skipped_tokens; vllm/v1/core/single_type_kv_cache_manager.py)",
+        "window-tail": "KVCacheManager.get_computed_blocks → HybridKVCacheCoordinator.find_longest_cache_hit "
+                       "(vllm/v1/core/kv_cache_coordinator.py) → SlidingWindowManager.find_longest_cache_hit",
     },
 }
 
@@ -100,6 +116,8 @@ def _starts(e: ev.Event) -> str | None:
         return "eviction"
     if isinstance(e, ev.SequenceFinished) and e.reason == "ignored":
         return "never-runs"
+    if isinstance(e, ev.BlocksSkipped) and e.blocks:
+        return "window-slides"
     if isinstance(e, ev.TokensScheduled) and any(
             done + new < total for done, new, total in zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
         return "chunked-prefill"
@@ -115,6 +133,10 @@ class _Context:
 
     design: KVDesign
     siblings: dict[int, tuple[int, ...]]  # seq_id -> every seq_id of its request (RequestAdded)
+    groups: tuple[KVCacheGroup, ...] = ()  # the run's KV-cache groups (its header's), () for one group
+    # a lookup cut short by a window group: its first placement event -> (its Explanation, how
+    # many leading prompt blocks every full-attention group held then)
+    window_tails: dict[int, tuple[Explanation, int]] = field(default_factory=dict)
 
 
 def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str, ctx: _Context) -> Card:
@@ -124,7 +146,7 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
     said = []
     for idea, _, events in ideas:
         title, what, why, blocks = _WORDS[idea](events[0], events, ctx)
-        function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"][idea]
+        function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"].get(idea) or FUNCTIONS["v1"][idea]
         said.append((title, what, why, function, blocks))
     idea, start, events = ideas[0]
     if len(said) == 1:
@@ -149,18 +171,25 @@ def _seqs_of(e: ev.Event) -> tuple[int, ...]:
         return (e.child_seq_id, e.parent_seq_id)
     if isinstance(e, (ev.CopyOnWrite, ev.SequenceFinished)):
         return (e.seq_id,)
-    if isinstance(e, (ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.TokensScheduled)):
+    if isinstance(e, (ev.PrefixCacheHit, ev.BlockAllocated, ev.Preempted, ev.SwappedOut, ev.SwappedIn,
+                      ev.TokensScheduled)):
         return tuple(e.seq_ids)
+    if isinstance(e, ev.BlocksSkipped):
+        return (e.seq_id,)
     return ()
 
 
-def opening_card() -> Card:
+def opening_card(random_weights: bool = False) -> Card:
     """The story's first card, before any event: what a KV cache is, why it grows per token, and why
-    vLLM hands it out in fixed-size blocks rather than one reservation per request."""
+    vLLM hands it out in fixed-size blocks rather than one reservation per request. `random_weights`:
+    the run's model is tiny-hybrid (design.has_random_weights), and the card says what that means."""
     what = ("Each token a model reads leaves its K/V (a key and a value vector per layer), read again for "
             "every later token: the KV cache grows one slot per token. Reserving a request's longest length "
             "up front wastes most of it (the PagedAttention paper measured how much); vLLM hands out "
             "fixed-size blocks as a sequence grows, and a block table maps each sequence's blocks into the pool.")
+    if random_weights:
+        what += (f" This run's model ({TINY_HYBRID}) has random weights: the text it writes is noise, the memory "
+                 "it takes is real.")
     why = "a block is taken only when a token needs it, and can be shared (its ref count): more requests fit"
     return Card("kv-cache", "What the cells are: a KV cache in blocks", what, why,
                 "the PagedAttention paper (Kwon et al., SOSP 2023); vLLM's BlockSpaceManager / KVCacheManager",
@@ -198,12 +227,39 @@ def _hit_words(e: ev.PrefixCacheHit, events, ctx):
                 f"so {plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
                 "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
                 [(e.device, b) for b in blocks])
+    if len(ctx.groups) > 1 or len({h.group for h in hits}) > 1:  # KV-cache groups: the hit holds in every group
+        return _group_hit_words(e, hits, ctx)
     return ("Prefix-cache hit",
             f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
             f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
             f"{plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
             "a full block's hash chains its tokens and every token before them: an equal hash means equal K/V",
             [(e.device, b) for b in blocks])
+
+
+def _group_hit_words(e: ev.PrefixCacheHit, hits: list[ev.PrefixCacheHit], ctx):
+    """A prefix hit in a run with KV-cache groups: as long in every group (vLLM
+    HybridKVCacheCoordinator.find_longest_cache_hit), a sliding-window group's only the blocks the
+    window still reads, the null block before them."""
+    by_group: dict[int, list[ev.PrefixCacheHit]] = {}
+    for h in hits:
+        by_group.setdefault(h.group, []).append(h)
+    num_blocks = max(h.logical_index for h in hits) + 1
+    tokens = num_blocks * len(e.token_ids)
+    parts = []
+    for g, group_hits in sorted(by_group.items()):
+        kind = ""
+        if g < len(ctx.groups):
+            kind = " (sliding window)" if ctx.groups[g].kind == SLIDING_WINDOW else " (full attention)"
+        parts.append(f"group {g}{kind}: {e.device} {_numbers(h.block for h in group_hits)}")
+    return ("Prefix-cache hit in every group",
+            f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: its first "
+            f"{plural(num_blocks, 'block')} ({plural(tokens, 'token')}) hit in every KV-cache group, found by their "
+            f"hash ({'; '.join(parts)}), so they are not computed again",
+            "a hit must hold in every group: full attention needs every block of the prefix, a sliding-window group "
+            "only the last ones its window reads (the null block stands before them); a block it let go but the "
+            "pool has not evicted still counts",
+            [(e.device, h.block) for h in hits])
 
 
 def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
@@ -283,6 +339,46 @@ def _chunk_words(e: ev.TokensScheduled, events, ctx):
             "running beside it", [])
 
 
+def _window_words(e: ev.BlocksSkipped, events, ctx):
+    """A sliding-window group's first blocks let go mid-request (vLLM remove_skipped_blocks)."""
+    freed = [x for x in events if isinstance(x, ev.BlockFreed) and x.block in e.blocks and x.group == e.group]
+    window = ctx.groups[e.group].sliding_window if e.group < len(ctx.groups) else None
+    layers = f"its sliding-window layers (group {e.group}" + (f", a window of {window} tokens)" if window else ")")
+    n = len(e.blocks)
+    cached = sum(x.cached for x in freed)
+    back = "back in the free queue" + (", still cached (a later prompt with these tokens can hit them until "
+                                       "they are evicted)" if cached else "")
+    slots = ", ".join(f"L{i}" for i in e.logical_indices)
+    return ("The window slides: blocks go back mid-request",
+            f"seq {e.seq_id} is still running, but {layers} will never read {slots} again: "
+            f"{plural(n, 'block')} ({_numbers(e.blocks)}) left that table, the null block (block 0) took "
+            f"{'its slot' if n == 1 else 'their slots'}, and {'it is' if n == 1 else 'they are'} {back}"
+            + ("; the full-attention group keeps every block of the request"
+               if any(group.kind != SLIDING_WINDOW for group in ctx.groups) else ""),
+            "a sliding layer reads only the last window of tokens, so a block wholly before it is dead weight: "
+            "vLLM frees it at the start of the next allocate_slots, and a long request holds about "
+            "window / block_size blocks in that group instead of its whole length",
+            [("gpu", b) for b in e.blocks])
+
+
+def _window_tail_words(e, events, ctx):
+    """A prefix hit cut short by a window group (the explainer's "window tail freed")."""
+    explanation, held = ctx.window_tails[e.seq_no]
+    miss = explanation.first_miss
+    hits = [h for h in events if isinstance(h, ev.PrefixCacheHit) and explanation.seq_id in h.seq_ids]
+    hit_blocks = explanation.num_hit_blocks
+    hit = (f"the hit is {plural(hit_blocks, 'block')} ({plural(explanation.num_hit_tokens, 'token')})" if hit_blocks
+           else "there is no hit at all")
+    return ("A prefix hit cut short by the window group" if hit_blocks else "A prefix hit lost to the window group",
+            f"seq {explanation.seq_id}'s prompt starts as an earlier one did, and the full-attention group still "
+            f"holds {plural(held, 'block')} of it, but {hit}: {miss.detail}. The tokens from L{miss.index} on are "
+            "computed again, in every group",
+            "a prefix hit must hold in every group: a sliding-window group needs, cached, the blocks the window of "
+            "the next token reads (the blocks it let go and the pool then evicted are gone), so the hit ends "
+            "where that group still has them",
+            list(dict.fromkeys((h.device, h.block) for h in hits)))
+
+
 def _never_words(e: ev.SequenceFinished, events, ctx):
     return ("A request that can never run",
             f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
@@ -293,22 +389,65 @@ def _never_words(e: ev.SequenceFinished, events, ctx):
 _WORDS = {
     "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
     "recompute": _preempt_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
-    "never-runs": _never_words, "chunked-prefill": _chunk_words,
+    "never-runs": _never_words, "chunked-prefill": _chunk_words, "window-slides": _window_words,
+    "window-tail": _window_tail_words,
 }
+
+
+class _Lookups:
+    """The prefix lookups of a run with a sliding-window group, as the explainer sees them (the cache
+    as each lookup saw it): which one a window group cut short."""
+
+    def __init__(self, header: dict) -> None:
+        from blockviz.model.design import kv_manager_of
+        from blockviz.model.reducer import ReducerState
+
+        self.state = ReducerState.from_header(header)
+        self.explainer = Explainer(bool(header.get("enable_prefix_caching", True)), kv_manager_of(header),
+                                   header.get("prefix_caching_hash_algo") or "sha256", self.state.kv_cache_groups)
+
+    def feed(self, e: ev.Event) -> tuple[Explanation, int] | None:
+        """Apply `e`; when it is the first placement of a lookup whose first miss is "window tail
+        freed", that Explanation and how many leading blocks every
+        full-attention group held then."""
+        before = len(self.explainer.explained)
+        self.explainer.feed(e, self.state)
+        found = None
+        if len(self.explainer.explained) > before:
+            explanation = self.explainer.explained[-1]
+            miss = explanation.first_miss
+            if miss is not None and miss.verdict == WINDOW_TAIL:
+                found = (explanation, self._held(explanation))
+        self.state.apply(e)
+        return found
+
+    def _held(self, explanation: Explanation) -> int:
+        """How many leading blocks of the lookup every full-attention group caches now."""
+        full = [g for g, group in enumerate(self.state.kv_cache_groups) if group.kind != SLIDING_WINDOW]
+        held = 0
+        for row in explanation.blocks:
+            if row.block_hash is None or any(self.state.cached_block(row.block_hash, g) is None for g in full):
+                break
+            held += 1
+        return held
 
 
 class Guide:
     """The cards of an event stream, one per operation that shows an idea first, read as events arrive."""
 
-    def __init__(self, kv_manager: str = "v0", opening: bool = False) -> None:
-        """`opening`: the guide starts with opening_card() at position 0 (a guided story)."""
+    def __init__(self, kv_manager: str = "v0", opening: bool = False, header: dict | None = None) -> None:
+        """`opening`: the guide starts with opening_card() at position 0 (a guided story). `header`:
+        the run's (a trace's or a session's); with KV-cache groups the guide also finds the lookups a
+        window group cut short, with a reducer and an explainer of its own."""
         self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
-        self.cards: list[Card] = [opening_card()] if opening else []
+        self.cards: list[Card] = [opening_card(has_random_weights(header or {}))] if opening else []
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()
-        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {})
-        self._pending: list[tuple[int, ev.Event]] = []  # the open operation's events (index, event)
+        groups = kv_cache_groups_of(header or {})
+        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {}, groups)
+        self._lookups = _Lookups(header) if any(g.kind == SLIDING_WINDOW for g in groups) else None
+        self._pending: list[tuple[int, ev.Event, str | None]] = []  # the open operation's (index, event, idea)
         self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
         self.settled = False  # the stream has ended: every card is known
@@ -323,14 +462,18 @@ class Guide:
         if offset > self._scanned:  # dropped before it was read to its end
             self._close()
             self._operations.skip_to(offset)
+            self._lookups = None  # its cache is no longer known: no window-tail cards after a drop
         for index in range(max(self._scanned, offset), offset + len(events)):
             e = events[index - offset]
             if self._operations.add(e):
                 self._close()
-            self._pending.append((index, e))
             if isinstance(e, ev.RequestAdded):
                 self._ctx.siblings.update(dict.fromkeys(e.seq_ids, e.seq_ids))
             idea = _starts(e)
+            if self._lookups is not None and (tail := self._lookups.feed(e)) is not None:
+                self._ctx.window_tails[e.seq_no] = tail
+                idea = "window-tail" if "window-tail" not in self._seen else idea
+            self._pending.append((index, e, idea))
             if idea is not None and idea not in self._seen:
                 self._new_idea = True
         self._scanned = max(self._scanned, offset + len(events))
@@ -348,11 +491,10 @@ class Guide:
             return
         self._new_idea = False
         ideas = []
-        for k, (index, e) in enumerate(pending):
-            idea = _starts(e)
+        for k, (index, e, idea) in enumerate(pending):
             if idea is not None and idea not in self._seen:
                 self._seen.add(idea)
-                ideas.append((idea, index, [event for _, event in pending[k:]]))
+                ideas.append((idea, index, [event for _, event, _ in pending[k:]]))
         card = _card(ideas, pending[-1][0] + 1, self.kv_manager, self._ctx)
         self.cards.append(card)
         self._positions.append(card.position)

@@ -42,7 +42,7 @@ class Viewer:
         elif default_breaks:
             player.default_breaks()
         if cards or guided:
-            player.guide = Guide(kv_manager_of(header), opening=guided)
+            player.guide = Guide(kv_manager_of(header), opening=guided, header=header)
             player.guided = guided
         return cls(header, timeline, player, Insights.for_header(header))
 

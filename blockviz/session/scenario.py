@@ -18,6 +18,20 @@ minute it shows every idea on the bundled model, on a pool small enough to see w
 - HAMLET and KING RICHARD arrive: the pool runs out, the last running request is preempted by
   recompute (its blocks freed: hashed ones to the free queue's tail), and when it is admitted again
   its cached blocks serve it (hits); blocks taken from the queue's head evict their hashes.
+`HYBRID_SCENARIO` ("story-hybrid") is what `blockviz run --model tiny-hybrid` plays: the same pool and
+sampling under vLLM v1's manager, on blockviz/session/tiny_hybrid.py's checkpoint (random weights:
+its text is noise, its memory real), whose sliding-window layers and full-attention layers keep
+one block table each (vLLM's KV-cache groups) over one pool:
+- ROMEO's long line arrives alone; one step after its prefill the window slides: the blocks its
+  sliding layers will never read again return to the pool mid-request (BlocksSkipped, then
+  BlockFreed), still cached, while the full-attention group keeps every block.
+- JULIET's line arrives; then ROMEO's opening again with another ending: its lookup hits four
+  blocks in both groups (the window group's from the cached blocks it had let go).
+- ROMEO's line arrives a third time, once taking blocks from the free queue has evicted some of
+  the window group's freed blocks: the full-attention group still holds every full block of the
+  prompt, but a hit must end where the window group holds the blocks just before it, so it is cut
+  short ("window tail freed", vLLM's HybridKVCacheCoordinator.find_longest_cache_hit). Then the pool
+  runs out and that request is preempted by recompute.
 `blockviz run` plays it guided: it stops at each of these ideas the first time (blockviz/model/guide.py).
 No torch, no textual.
 """
@@ -25,6 +39,8 @@ No torch, no textual.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from blockviz.session.tiny_hybrid import TINY_HYBRID
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +83,29 @@ DEFAULT_V1_SCENARIO_OPTIONS = {
 }
 
 
+HYBRID_SCENARIO: tuple[Arrival, ...] = (
+    DEFAULT_V1_SCENARIO[0],
+    Arrival(2, "JULIET: O Romeo, Romeo, wherefore art thou Romeo?"),
+    Arrival(4, "ROMEO: But soft, what light through yonder window breaks? It is my lady, O, it is my love!"),
+    Arrival(12, DEFAULT_V1_SCENARIO[0].prompt),
+)
+# v1's story settings (the command line's defaults) with no token budget, on the tiny hybrid model
+# (blockviz/session/tiny_hybrid.py, built on first use).
+HYBRID_SCENARIO_OPTIONS = {
+    **{k: v for k, v in DEFAULT_V1_SCENARIO_OPTIONS.items() if k != "max_num_batched_tokens"}, "model": TINY_HYBRID,
+}
+
+
 # The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
 # the engine and sampling settings they were written for.
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
+SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
 
 
 def is_story(header: dict) -> bool:
     """Whether a run's header records one of the stories (its arrivals are a scenario's: `blockviz
-    run`'s v0 story or v1's): replays and notebooks of it are guided by default."""
+    run`'s v0 story, v1's or the hybrid one): replays and notebooks of it are guided by default."""
     arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
     return any(arrivals == [a.prompt for a in story] for story, _ in SCENARIOS.values())
 

@@ -8,12 +8,14 @@ import here.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
 from blockviz.model.design import KV_DESIGNS
 from blockviz.session.scenario import Arrival, scenario
+from blockviz.session.tiny_hybrid import TINY_HYBRID, resolve
 from engine.config import EngineConfig
 
 DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
@@ -45,8 +47,11 @@ class EngineSpec:
 
     @classmethod
     def of(cls, **options: Any) -> "EngineSpec":
-        """A spec from keyword options: EngineConfig's by their names, the rest the spec's own."""
+        """A spec from keyword options: EngineConfig's by their names, the rest the spec's own.
+        The model "tiny-hybrid" is its checkpoint directory (tiny_hybrid.resolve: built on first use)."""
         names = EngineConfig.option_names()
+        if "model" in options:
+            options = {**options, "model": resolve(options["model"], options.get("kv_manager"))}
         config = EngineConfig(**{k: v for k, v in options.items() if k in names})
         return cls(config, **{k: v for k, v in options.items() if k not in names})
 
@@ -79,6 +84,7 @@ class EngineSpec:
         if not _swaps(options["kv_manager"]) and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
+            options["model"] = resolve(options["model"], options["kv_manager"])  # "tiny-hybrid": built on first use
             config = EngineConfig(**options)
         except ValueError as exc:
             raise UsageError(one_line(exc)) from None
@@ -90,8 +96,15 @@ class EngineSpec:
         """`blockviz run`'s spec: `from_args`, playing the story when no --prompt is given (the
         story of the KV cache manager --kv-manager names, vLLM v1's on its own per-step token
         budget, as `for_scenario` picks it); the story's engine settings are the options' defaults
-        (scenario.DEFAULT_SCENARIO_OPTIONS)."""
-        arrivals, settings = scenario(_story_of("story", args.kv_manager))
+        (scenario.DEFAULT_SCENARIO_OPTIONS). On --model tiny-hybrid it plays the hybrid story
+        ("story-hybrid"), under vLLM v1's manager unless --kv-manager names another (v0 cannot
+        run it: check_all says so in one line)."""
+        name = "story"
+        if args.model == TINY_HYBRID:
+            name = "story-hybrid"
+            if not getattr(args, "kv_manager_given", False):
+                args = argparse.Namespace(**{**vars(args), "kv_manager": scenario(name)[1]["kv_manager"]})
+        arrivals, settings = scenario(_story_of(name, args.kv_manager))
         spec = cls.from_args(args, default_arrivals=arrivals)
         if spec.arrivals and "max_num_batched_tokens" in settings:
             spec.config = replace(spec.config, max_num_batched_tokens=settings["max_num_batched_tokens"])
