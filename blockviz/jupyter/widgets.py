@@ -94,7 +94,7 @@ class PoolView(_View):
     _kind = traitlets.Unicode("pool").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
     renderer = traitlets.Enum(("canvas", "cells"), "canvas").tag(sync=True)
-    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes")
+    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes", "kv_cache_groups")
 
 
 class BlockTableView(_View):
