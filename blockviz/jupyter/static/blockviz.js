@@ -65,8 +65,8 @@ function superscript(n) {
 
 // A KV-cache group's badge (a hybrid run's): its number on its colour (palette.GROUP_COLOURS).
 function groupColour(palette, group) {
-  const colours = (palette && palette.groups) || ["#e8e8e8"];
-  return colours[group % colours.length];
+  const colours = (palette && palette.groups) || [];
+  return colours.length ? colours[group % colours.length] : "transparent";
 }
 
 function groupBadge(palette, group) {
@@ -276,8 +276,10 @@ function renderPool(model, el) {
 function renderTables(model, el) {
   const body = h("div", { class: "bv-tables" });
   el.append(h("div", { class: "bv-title", text: "Block tables (logical → physical)" }), body);
+  let colouredWith = null;
   return (frame) => {
     const palette = model.get("palette");
+    if (palette !== colouredWith) setBlockColours(el, (colouredWith = palette));  // a null slot's colours
     const blockSize = frame.block_size || 1;
     const lblocks = (blocks, skipped) => blocks.map(([device, number, ref, texts], index) => {
         if (skipped.includes(index)) {  // a slot a sliding window let go: the null block
