@@ -54,7 +54,7 @@ FILL_GROUND = BLOCK_COLOURS["bar"]["used"]  # the ground a fill glyph is drawn o
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 LEGEND = "█ fill · ² refs · c cached"
 LEGEND_BIG = "█ fill · ×2 refs · c cached"
-GROUP_LEGEND = " · ₀₁ group"  # after the legend in a run with several KV-cache groups
+GROUP_LEGEND = " · ₀₁ grp"  # after the legend in a run with several KV-cache groups (KV-cache group; fits 80x24)
 NULL_MARK = "∅"
 ZOOM_GROUNDS = {"free": FILL_GROUND, "cached": BLOCK_COLOURS["cached"], "null": BLOCK_COLOURS["null"]}
 ZOOM_LEGEND = "▁…█ share used · slate cached · z in · Z out"
