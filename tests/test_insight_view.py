@@ -103,7 +103,7 @@ def test_a_record_serialises_to_the_json_the_page_draws():
     explain = explain_record(insights, end, request_id="1", events=trace.events).to_json()
     assert set(explain) >= {"requests", "request", "seq", "num_prompt_tokens", "recomputed", "block_size", "blocks",
                             "hit_blocks", "hit_tokens", "first_miss", "caching"}
-    assert set(explain["blocks"][0]) == {"index", "hash", "tokens", "verdict", "block", "evicted_by"}
+    assert set(explain["blocks"][0]) == {"index", "hash", "tokens", "verdict", "block", "evicted_by", "detail"}
     assert explain_record(insights, 0).to_json() == {"requests": [], "request": None}
     ledger = ledger_record(insights, end).to_json()
     assert ledger["count"] == len(ledger["rows"]) == 5 and isinstance(ledger["rows"][0]["seqs"], list)

@@ -22,7 +22,7 @@ from blockviz.model.reducer import ReducerState
 
 # The parts of a Visualizer frame a moment keeps: the picture, without the log or the insights.
 MOMENT_PARTS = ("block_size", "pools", "touched", "selected", "tables", "hashes", "hash_summary", "inspector",
-                "step", "step_kind", "num_preemptions", "num_tokens_generated", "cursor")
+                "step", "step_kind", "num_preemptions", "num_tokens_generated", "cursor", "kv_cache_groups")
 
 
 class Moment:

@@ -19,7 +19,7 @@ import traitlets
 
 from blockviz.model.player import SPEEDS
 from blockviz.model.narration import FILTERS
-from blockviz.model.palette import BLOCK_COLOURS, CPU_TINTS, SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.palette import BLOCK_COLOURS, CPU_TINTS, GROUP_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD
 from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -32,6 +32,7 @@ PALETTE = {  # the page's colours: palette.py's (pool_canvas.js paints blocks in
     "seq": list(SEQ_COLOURS),
     "blocks": BLOCK_COLOURS,
     "cpu": list(CPU_TINTS),
+    "groups": list(GROUP_COLOURS),  # KV-cache groups' badges (a hybrid run's)
 }
 # Projector mode (the TUI's `--projector`): fewer, stronger sequence colours.
 PROJECTOR_PALETTE = {**PALETTE, "seq": list(SEQ_COLOURS_BOLD)}
@@ -94,7 +95,7 @@ class PoolView(_View):
     _kind = traitlets.Unicode("pool").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
     renderer = traitlets.Enum(("canvas", "cells"), "canvas").tag(sync=True)
-    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes")
+    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes", "kv_cache_groups")
 
 
 class BlockTableView(_View):

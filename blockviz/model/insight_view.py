@@ -27,6 +27,7 @@ from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash, show_token
 from blockviz.model.record import Record
 from blockviz.model.reducer import ReducerState
+from blockviz.model.view import group_label, has_groups
 
 MAX_LEDGER_ROWS = 200  # preemptions listed (the newest; the totals count them all)
 MAX_MEMORY_SEQS = 32  # sequences in the memory table
@@ -50,7 +51,8 @@ class EventReference(Record):
 @dataclass(slots=True)
 class LookupRow(Record):
     """One logical block of a lookup: its short hash ("" for a partial block), tokens as text, the
-    verdict (blockviz.model.explain), the physical block it hit, the event that evicted its twin."""
+    verdict (blockviz.model.explain), the physical block it hit, the event that evicted its twin,
+    and for a "window tail freed" miss `detail`: which KV-cache group lost which block."""
 
     index: int
     hash: str
@@ -58,6 +60,7 @@ class LookupRow(Record):
     verdict: str
     block: int | None
     evicted_by: EventReference | None = None
+    detail: str = ""
 
 
 @dataclass(slots=True)
@@ -110,7 +113,7 @@ def explain_record(insights: Insights, position: int, *, state: ReducerState | N
     rows = [LookupRow(b.index, short_hash(b.block_hash) if b.block_hash is not None else "",
                       [show_token(vocab.get(t, f"<{t}>")) for t in b.token_ids], b.verdict, b.block,
                       event_reference(events, b.evicted_by)
-                      if b.verdict in (EVICTED, WINDOW_TAIL) and b.evicted_by is not None else None)
+                      if b.verdict in (EVICTED, WINDOW_TAIL) and b.evicted_by is not None else None, b.detail)
             for b in chosen.blocks]
     miss = chosen.first_miss
     return ExplainRecord(requests, chosen.request_id, chosen.seq_id, chosen.num_prompt_tokens, chosen.recomputed,
@@ -211,6 +214,18 @@ class SeqMemory(Record):
 
 
 @dataclass(slots=True)
+class GroupMemory(Record):
+    """One KV-cache group's share of memory (a run with several): its label (view.group_label),
+    the GPU blocks in use holding its K/V, and the table slots holding the null block (blocks a
+    sliding window gave back to the pool while their requests ran)."""
+
+    group: int
+    label: str
+    used_blocks: int
+    null_slots: int
+
+
+@dataclass(slots=True)
 class MemoryRecord(Record):
     """Memory truth at the cursor: per pool, per sequence (the first MAX_MEMORY_SEQS by id), the
     totals, and `series`: [step, position, block utilization, token utilization] at each step end
@@ -226,6 +241,7 @@ class MemoryRecord(Record):
     reservation_waste: float
     paged_waste: float
     series: list[list]
+    groups: list[GroupMemory] = field(default_factory=list)
 
 
 def memory_record(insights: Insights, state: ReducerState, position: int,
@@ -239,7 +255,17 @@ def memory_record(insights: Insights, state: ReducerState, position: int,
             for s in sorted(truth.seqs.values(), key=lambda s: s.seq_id)[:MAX_MEMORY_SEQS]]
     return MemoryRecord(state.block_size, pools, seqs, len(truth.seqs), truth.internal_fragmentation,
                         truth.reserved_slots, sum(s.num_tokens for s in truth.seqs.values()),
-                        truth.reservation_waste(), truth.paged_waste(), sparkline_points(insights, position))
+                        truth.reservation_waste(), truth.paged_waste(), sparkline_points(insights, position),
+                        group_memory(state, truth))
+
+
+def group_memory(state: ReducerState, truth: MemoryTruth) -> list[GroupMemory]:
+    """Each KV-cache group's blocks in use and null slots (GroupMemory); [] for one group."""
+    if not has_groups(state):
+        return []
+    return [GroupMemory(g, group_label(state, g), truth.blocks_per_group.get(g, 0),
+                        sum(table.count(("gpu", 0)) for table in state.tables_of(g).values()))
+            for g in range(state.num_kv_cache_groups)]
 
 
 def sparkline_points(insights: Insights, position: int, limit: int = MAX_SPARK_POINTS) -> list[list]:

@@ -38,6 +38,12 @@ BLOCK_TINTS = (
     ("#5c2f4e", "#733b62"), ("#2f5458", "#3b6a6e"), ("#503a2a", "#664a36"), ("#3f3f5c", "#4f4f73"),
 )
 CPU_TINTS = ("#454545", "#575757")
+# A run with several KV-cache groups (a hybrid model's: vLLM kv_cache_group_id) marks each used or
+# cached block with its group: the group's number as a subscript on a notch (TUI) or strip
+# (notebook, SVG) of the group's colour, beside the state colours, which stay as they are. Light
+# hues, black text on them: legible on a terminal and a projector. A one-group run has no mark.
+GROUP_COLOURS = ("#e8e8e8", "#7fc8ff", "#ffb347", "#d9a0ff", "#a8e6a1", "#ff9eb8")
+_SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 FILL_GLYPHS = " ▁▂▃▄▅▆▇█"
 
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍", "Ġ": "·", "Ċ": "⏎", "▁": "·"}
@@ -46,6 +52,16 @@ _VISIBLE = {" ": "·", "\n": "⏎", "\t": "⇥", "\r": "␍", "Ġ": "·", "Ċ": 
 def seq_colour(seq_id: int, projector: bool = False) -> str:
     colours = SEQ_COLOURS_BOLD if projector else SEQ_COLOURS
     return colours[seq_id % len(colours)]
+
+
+def group_colour(group: int) -> str:
+    """The colour of KV-cache group `group`'s mark (GROUP_COLOURS)."""
+    return GROUP_COLOURS[group % len(GROUP_COLOURS)]
+
+
+def group_mark(group: int) -> str:
+    """KV-cache group `group`'s mark: its number as subscript digits ("₁")."""
+    return str(group).translate(_SUBSCRIPTS)
 
 
 def block_tint(device: str, number: int, shade: int = 0) -> str:

@@ -7,7 +7,10 @@ strip, free dashed, cached slate, last touched and selected outlined), the block
 chains, in palette.py's sequence colours (the projector's with `projector=True`). Every block is a
 `<g class="block">` carrying data-device / data-block / data-state / data-ref / data-fill, every pool
 a `<g class="pool">` with its data-states / data-refs, so a test can read the picture back and
-compare it with the reducer state. Pure: a string out, no file, no UI import.
+compare it with the reducer state. In a run with several KV-cache groups (a hybrid model's) a used
+or cached block carries a badge in its group's colour with the group's number (data-group), each
+sequence draws one table per group under the group's label (a window's freed slots as the null
+block: data-null), and the legend names the groups. Pure: a string out, no file, no UI import.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD
+from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD, group_colour
 from blockviz.model.pool_zoom import LEGEND as ZOOM_LEGEND, ZoomCells, cell_counts, cell_label, zoom_level
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
@@ -170,6 +173,17 @@ def _draw_legend(canvas: _Canvas, frame: dict[str, Any]) -> None:
     canvas.text(x, canvas.y, canvas.fit(key, max(canvas.char, canvas.width - PAD - x)), fill=canvas.dim)
     canvas.parts.append("</g>")
     canvas.y += canvas.line * 1.4
+    groups = frame.get("kv_cache_groups") or []
+    if groups:  # a run with several KV-cache groups: each group's badge colour and label
+        x = PAD
+        canvas.parts.append('<g class="legend groups">')
+        for group in groups:
+            canvas.parts.append(f'<rect class="swatch" data-group="{group["group"]}" x="{x:.1f}" y="{canvas.y:.1f}" '
+                                f'width="{size}" height="{size}" rx="2" fill="{group["colour"]}" stroke="{LOOK["border"]}"/>')
+            canvas.text(x + size + 4, canvas.y, group["label"], fill=canvas.dim)
+            x += size + 4 + (len(group["label"]) + 3) * canvas.char
+        canvas.parts.append("</g>")
+        canvas.y += canvas.line * 1.4
 
 
 # ------------------------------------------------------------------------------------ pools
@@ -296,9 +310,11 @@ def _cell(canvas: _Canvas, device: str, i: int, number: int, pool: dict[str, Any
     code = pool["state"][i]
     name = CODE_NAMES.get(code, code)
     ref, fill, owner, owner2 = pool["ref"][i], pool["fill"][i], pool["owner"][i], pool["owner2"][i]
+    group = pool["group"][i] if "group" in pool else -1
     look = name if name in LOOK["text"] else "free"
     out = [f'<g class="block" data-device="{device}" data-block="{number}" data-state={attr(name)} data-ref="{ref}" '
-           f'data-fill="{fill}" data-owner="{owner}" data-owner2="{owner2}">',
+           f'data-fill="{fill}" data-owner="{owner}" data-owner2="{owner2}"'
+           + (f' data-group="{group}"' if "group" in pool else "") + ">",
            f"<title>{text_of(_block_title(device, number, name, ref, fill, block_size, owner, owner2))}</title>"]
     background = (canvas.colour(owner) if name == "used" and owner >= 0 else LOOK["cached"] if name == "cached"
                   else LOOK["null"] if name == "null" else LOOK["other"] if name not in LOOK["text"] else "none")
@@ -320,6 +336,13 @@ def _cell(canvas: _Canvas, device: str, i: int, number: int, pool: dict[str, Any
     if sup:
         out.append(f'<text x="{x + cw - 4:.1f}" y="{y + 2:.1f}" fill="{LOOK["text"][look]}" font-size="{size:.1f}" '
                    f'font-weight="bold" text-anchor="end" dominant-baseline="hanging">{sup}</text>')
+    if group >= 0:  # its KV-cache group's badge, bottom right, above the fill bar
+        side = round(canvas.font)
+        bx, by = x + cw - 2 - side, y + ch - 2 - BAR - side
+        out.append(f'<rect class="group" x="{bx:.1f}" y="{by:.1f}" width="{side}" height="{side}" rx="2" '
+                   f'fill="{group_colour(group)}"/><text x="{bx + side / 2:.1f}" y="{by + 1:.1f}" fill="#000000" '
+                   f'font-size="{size * 0.8:.1f}" font-weight="bold" text-anchor="middle" '
+                   f'dominant-baseline="hanging">{group}</text>')
     if mark is not None:
         colour, width = mark
         inset = width / 2
@@ -359,7 +382,18 @@ def _draw_tables(canvas: _Canvas, frame: dict[str, Any]) -> None:
         label = f" req {row['request']} · {row['status']}" + (f" ({row['finish']})" if row.get("finish") else "")
         canvas.text(PAD + chip_w, canvas.y + 1, label, fill=canvas.dim)
         canvas.y += canvas.line + 2
-        _draw_lblocks(canvas, row, block_size)
+        tables = [(0, row.get("label", ""), row["blocks"], row.get("skipped", [])),
+                  *((g["group"], g["label"], g["blocks"], g["skipped"]) for g in row.get("groups", []))]
+        for group, label, blocks, skipped in tables:
+            if label:  # one table per KV-cache group
+                canvas.parts.append(f'<g class="group-table" data-group="{group}">')
+                canvas.parts.append(f'<rect x="{PAD}" y="{canvas.y:.1f}" width="{canvas.font:.1f}" height="{canvas.font:.1f}" '
+                                    f'rx="2" fill="{group_colour(group)}"/>')
+                canvas.text(PAD + canvas.font + 4, canvas.y, label, fill=canvas.dim, cls="group-label")
+                canvas.y += canvas.line
+            _draw_lblocks(canvas, {"blocks": blocks, "skipped": skipped}, block_size)
+            if label:
+                canvas.parts.append("</g>")
         canvas.parts.append("</g>")
     if len(rows) > MAX_TABLE_ROWS:
         canvas.text(PAD, canvas.y, f"… {len(rows) - MAX_TABLE_ROWS} more sequences", fill=canvas.dim)
@@ -373,8 +407,10 @@ def _draw_lblocks(canvas: _Canvas, row: dict[str, Any], block_size: int) -> None
         canvas.y += canvas.line * 1.3
         return
     x, box_h = PAD, 2 * canvas.line + 4
+    skipped = set(row.get("skipped", ()))
     for index, (device, number, ref, texts) in enumerate(row["blocks"][:MAX_TABLE_BLOCKS]):
-        head = f"L{index} → {device} {number}" + (f" ×{ref}" if ref > 1 else "")
+        null = index in skipped  # a slot a sliding window let go: the null block
+        head = f"L{index} → ∅ null block" if null else f"L{index} → {device} {number}" + (f" ×{ref}" if ref > 1 else "")
         slots = [canvas.fit(str(texts[s]), MAX_SLOT_CHARS * canvas.char) if s < len(texts) else "·"
                  for s in range(min(block_size, MAX_SLOTS))]
         if block_size > MAX_SLOTS:
@@ -385,9 +421,10 @@ def _draw_lblocks(canvas: _Canvas, row: dict[str, Any], block_size: int) -> None
             x, canvas.y = PAD, canvas.y + box_h + 4
         dash = ' stroke-dasharray="2 2"' if device == "cpu" else ""
         canvas.parts.append(f'<g class="lblock" data-device="{device}" data-block="{number}" data-ref="{ref}" '
-                            f'data-logical="{index}"><rect x="{x:.1f}" y="{canvas.y:.1f}" width="{box_w:.1f}" '
-                            f'height="{box_h}" rx="3" fill="none" stroke="#888888"{dash}/>')
-        canvas.text(x + 4, canvas.y + 2, head, fill=canvas.dim, size=canvas.font * 0.92)
+                            f'data-logical="{index}"' + (' data-null="true"' if null else "")
+                            + f'><rect x="{x:.1f}" y="{canvas.y:.1f}" width="{box_w:.1f}" '
+                            f'height="{box_h}" rx="3" fill="{LOOK["null"] if null else "none"}" stroke="#888888"{dash}/>')
+        canvas.text(x + 4, canvas.y + 2, head, fill=LOOK["text"]["null"] if null else canvas.dim, size=canvas.font * 0.92)
         sx = x + 4
         for s, (piece, w) in enumerate(zip(slots, widths)):
             filled = s < len(texts)

@@ -15,12 +15,13 @@ kernel. No textual, no ipywidgets.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from blockviz.model.design import SLIDING_WINDOW
 from blockviz.model.glossary import DEFINITIONS
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
-from blockviz.model.palette import event_number, short_hash, show_tokens
+from blockviz.model.palette import event_number, group_colour, group_mark, short_hash, show_tokens
 from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, cell_counts, check_range, zoom_level
 from blockviz.model.record import Record
 from blockviz.model.reducer import (CACHED_CODE, FREE_CODE, NULL, NULL_CODE, USED, USED_CODE, BlockState, ReducerState,
@@ -36,6 +37,7 @@ MAX_HASHES = 128  # hashed blocks shown in the notebook's hash chains
 MAX_LOG_ROWS = 200  # events shown in the notebook's log, ending at the cursor
 MAX_LOG_SCAN = 20_000  # events looked at, going back from the cursor, to fill a filtered log
 FREE_QUEUE_SHOWN = 12  # blocks of vLLM v1's free queue the views list, head first
+WINDOW_SLOT_NOTE = "∅ null block: the window slid past, the block went back to the pool"  # a freed window slot
 NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point at for a block it skips "
                    "(sliding-window layers); never allocated, freed, cached or counted as free")
 # What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
@@ -120,15 +122,60 @@ def pool_record(state: ReducerState, device: str, start: int | None = None, stop
     counts = _counts(state, device)
     if start is None and stop is None and len(pool) <= MAX_BLOCK_CELLS:
         return {**pool_columns(pool), "used": counts[0], "cached": counts[1], "free": counts[2],
-                "empty_line": empty_pool_line(state, device, counts)}
+                "empty_line": empty_pool_line(state, device, counts), **_group_column(state, pool)}
     start, stop = check_range(start or 0, len(pool) if stop is None else stop, len(pool))
     per_cell = zoom_level(stop - start)
     record = {"n": len(pool), "start": start, "stop": stop, "per_cell": per_cell, "used": counts[0],
               "cached": counts[1], "free": counts[2], "empty_line": empty_pool_line(state, device, counts)}
     if per_cell == 1:
-        return {**pool_columns(pool[start:stop]), **record}
+        return {**pool_columns(pool[start:stop]), **record, **_group_column(state, pool[start:stop])}
     cells = cell_counts(state.block_codes(device, start, stop), start, per_cell)
     return {**record, "state": cells.codes(), "cells": cells.to_json()}
+
+
+def has_groups(state: ReducerState) -> bool:
+    """Whether the run has several KV-cache groups (a hybrid model's): only then do the views name
+    and mark groups, so a one-group run looks as it always did."""
+    return state.num_kv_cache_groups > 1
+
+
+def block_group(block: BlockState) -> int:
+    """The KV-cache group a block is marked with: its group while used or cached-free (a table or
+    the prefix cache of that group holds it), -1 when free or the null block (no group's)."""
+    return block.group if state_code(block) in (USED_CODE, CACHED_CODE) else -1
+
+
+def _group_column(state: ReducerState, blocks: list[BlockState]) -> dict[str, Any]:
+    """`group`: per block its block_group, in a run with several KV-cache groups; nothing else."""
+    return {"group": [block_group(block) for block in blocks]} if has_groups(state) else {}
+
+
+@dataclass(slots=True)
+class KVCacheGroupInfo(Record):
+    """One KV-cache group as the views name it: its number, label ("group 1 · sliding window 4"),
+    mark (palette.group_mark) and colour (palette.group_colour)."""
+
+    group: int
+    label: str
+    mark: str
+    colour: str
+
+
+def group_label(state: ReducerState, group: int) -> str:
+    """"group 1 · sliding window 4" or "group 0 · full attention" (vLLM KVCacheGroupSpec's kind
+    and window, from the run's header)."""
+    groups = state.kv_cache_groups
+    if group < len(groups) and groups[group].kind == SLIDING_WINDOW:
+        return f"group {group} · sliding window {groups[group].sliding_window}"
+    return f"group {group} · full attention"
+
+
+def kv_cache_groups(state: ReducerState) -> list[KVCacheGroupInfo]:
+    """The run's KV-cache groups (KVCacheGroupInfo), [] for a run with one group."""
+    if not has_groups(state):
+        return []
+    return [KVCacheGroupInfo(g, group_label(state, g), group_mark(g), group_colour(g))
+            for g in range(state.num_kv_cache_groups)]
 
 
 @dataclass(slots=True)
@@ -221,9 +268,25 @@ class Progress(Record):
 
 
 @dataclass(slots=True)
+class GroupTable(Record):
+    """A sequence's block table in one more KV-cache group (vLLM KVCacheManager.get_blocks per
+    group): the group, its label (group_label), `blocks` as TableRow's, and `skipped`: the logical
+    blocks whose slot holds the null block (a sliding window let the block go: vLLM
+    SlidingWindowManager.remove_skipped_blocks)."""
+
+    group: int
+    label: str
+    blocks: list[list]
+    skipped: list[int]
+
+
+@dataclass(slots=True)
 class TableRow(Record):
     """One sequence's block table: per logical block [device, block, ref count, the token text in
-    each slot]; `progress` in a design with chunked prefill (v1) while the sequence runs."""
+    each slot]; `progress` in a design with chunked prefill (v1) while the sequence runs. In a run
+    with several KV-cache groups `blocks` is group 0's table, `label` names group 0 (group_label),
+    `groups` holds the other groups' tables (GroupTable); `skipped` the logical blocks of group 0
+    that hold the null block."""
 
     seq: int
     request: str
@@ -232,6 +295,9 @@ class TableRow(Record):
     num_tokens: int
     blocks: list[list]
     progress: Progress | None = None
+    label: str = ""
+    skipped: list[int] = field(default_factory=list)
+    groups: list[GroupTable] = field(default_factory=list)
 
 
 def tables(state: ReducerState, limit: int | None = MAX_TABLES,
@@ -243,16 +309,34 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
     if limit is not None:
         seq_ids = sorted(seq_ids, key=lambda s: (s not in state.tables, s))[:limit]
     rows = []
+    groups = has_groups(state)
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
-        blocks = []
-        for index, (device, number) in enumerate(state.tables.get(seq_id, ())):
-            block = state.pools[device][number]
-            blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
-        rows.append(TableRow(seq_id, seq.request_id if seq else "?", seq.status if seq else "?",
-                             (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
-                             progress(state, seq_id) if state.design.chunked_prefill else None))
+        blocks, skipped = _group_blocks(state, seq_id, state.tables.get(seq_id, ()), vocab)
+        row = TableRow(seq_id, seq.request_id if seq else "?", seq.status if seq else "?",
+                       (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
+                       progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped)
+        if groups:
+            row.label = group_label(state, 0)
+            row.groups = [GroupTable(g, group_label(state, g),
+                                     *_group_blocks(state, seq_id, state.tables_of(g).get(seq_id, ()), vocab))
+                          for g in range(1, state.num_kv_cache_groups)]
+        rows.append(row)
     return rows
+
+
+def _group_blocks(state: ReducerState, seq_id: int, table, vocab: dict[int, str] | None) -> tuple[list[list], list[int]]:
+    """One table's blocks ([device, block, ref count, slot texts]) and the logical blocks holding
+    vLLM v1's null block (a slot a sliding window let go: no texts)."""
+    blocks, skipped = [], []
+    for index, (device, number) in enumerate(table):
+        block = state.pools[device][number]
+        if block.state == NULL:
+            skipped.append(index)
+            blocks.append([device, number, 0, []])
+            continue
+        blocks.append([device, number, block.ref_count, _slot_texts(state, seq_id, index, block, vocab)])
+    return blocks, skipped
 
 
 def progress(state: ReducerState, seq_id: int) -> Progress | None:
@@ -381,6 +465,8 @@ class BlockInfo(Record):
     bytes: str
     note: str | None = None
     queue: str | None = None
+    group: str | None = None  # the KV-cache group holding it (group_label), in a run with several
+    kv_cache_group_id: int | None = None  # that group's number (vLLM kv_cache_group_id)
 
 
 def inspect_block(state: ReducerState, device: str, number: int,
@@ -403,6 +489,8 @@ def inspect_block(state: ReducerState, device: str, number: int,
         block.registered, block.num_hits,
         show_tokens(block_token_texts(state, block, vocab)) if filled else [],
         block.digest or "", block.digest_slots, block.digest_slots == filled, same, geometry)
+    if has_groups(state) and block_group(block) >= 0:
+        info.group, info.kv_cache_group_id = group_label(state, block.group), block.group
     if block.state == NULL:  # vLLM v1's null block
         info.note = NULL_BLOCK_NOTE
     elif device == "gpu" and state.design.free_queue and number in state.free_queue:
@@ -449,6 +537,7 @@ def snapshot(state: ReducerState, *, current: ev.Event | None = None,
         "kv_manager": state.kv_manager,
         "free_queue": queue.to_json() if (queue := free_queue(state)) is not None else None,
         "notes": v1_notes(state),
+        **({"kv_cache_groups": [g.to_json() for g in kv_cache_groups(state)]} if has_groups(state) else {}),
     }
 
 

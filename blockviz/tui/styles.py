@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.style import Style
 from rich.text import Text
 
-from blockviz.model.palette import BLOCK_COLOURS, seq_colour, show_token
+from blockviz.model.palette import BLOCK_COLOURS, group_colour, seq_colour, show_token
 
 _TEXT = BLOCK_COLOURS["text"]
 FREE_STYLE = Style(color=_TEXT["free"])
@@ -19,6 +19,11 @@ QUEUE_HEAD_STYLE = Style(color=BLOCK_COLOURS["head"], bold=True)  # v1: the free
 
 def seq_style(seq_id: int, projector: bool = False) -> Style:
     return Style(color=_TEXT["used"], bgcolor=seq_colour(seq_id, projector), bold=projector)
+
+
+def group_style(group: int) -> Style:
+    """A KV-cache group's mark: black on the group's colour (palette.group_colour)."""
+    return Style(color="#000000", bgcolor=group_colour(group), bold=True)
 
 
 def tokens_text(texts: list[str], style_a: Style | str = "", style_b: Style | str = "") -> Text:

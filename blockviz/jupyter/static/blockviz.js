@@ -63,6 +63,17 @@ function superscript(n) {
   return String(n).split("").map((d) => SUPERSCRIPT[Number(d)]).join("");
 }
 
+// A KV-cache group's badge (a hybrid run's): its number on its colour (palette.GROUP_COLOURS).
+function groupColour(palette, group) {
+  const colours = (palette && palette.groups) || [];
+  return colours.length ? colours[group % colours.length] : "transparent";
+}
+
+function groupBadge(palette, group) {
+  return h("span", { class: "bv-group-badge", "data-group": group, text: String(group),
+    style: { background: groupColour(palette, group) } });
+}
+
 function seqChip(palette, seqId) {
   return h("span", { class: "bv-chip", style: { background: seqColour(palette, seqId) }, text: `seq ${seqId}` });
 }
@@ -143,10 +154,13 @@ function renderPool(model, el) {
   let legendPalette = null;
 
   let legendV1 = false;
-  function drawLegend(palette, v1) {
-    if (palette === legendPalette && v1 === legendV1) return;
+  let legendGroups = "";
+  function drawLegend(palette, v1, groups = []) {
+    const groupsKey = groups.map((g) => g.label).join("\n");
+    if (palette === legendPalette && v1 === legendV1 && groupsKey === legendGroups) return;
     legendPalette = palette;
     legendV1 = v1;
+    legendGroups = groupsKey;
     legend.replaceChildren(
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-free-swatch" }), "free"),
       h("span", { class: "bv-key" }, h("span", { class: "bv-swatch", style: { background: seqColour(palette, 0) } }),
@@ -160,6 +174,8 @@ function renderPool(model, el) {
       ...(v1 ? [h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-null-swatch" }), "null block (v1)"),
         h("span", { class: "bv-key" }, h("span", { class: "bv-swatch bv-head-swatch" }), "next to go (free queue head)")]
         : []),
+      ...groups.map((g) => h("span", { class: "bv-key bv-group-key", "data-group": g.group },
+        groupBadge(palette, g.group), ` ${g.label}`)),
     );
   }
 
@@ -229,7 +245,7 @@ function renderPool(model, el) {
     lastFrame = frame;
     const palette = model.get("palette");
     if (palette !== colouredWith) setBlockColours(el, (colouredWith = palette));
-    drawLegend(palette, !!frame.free_queue);
+    drawLegend(palette, !!frame.free_queue, frame.kv_cache_groups || []);
     const css = ownerRules(palette);
     if (rules.textContent !== css) rules.textContent = css;
     for (const device of ["gpu", "cpu"]) {
@@ -260,11 +276,18 @@ function renderPool(model, el) {
 function renderTables(model, el) {
   const body = h("div", { class: "bv-tables" });
   el.append(h("div", { class: "bv-title", text: "Block tables (logical → physical)" }), body);
+  let colouredWith = null;
   return (frame) => {
     const palette = model.get("palette");
+    if (palette !== colouredWith) setBlockColours(el, (colouredWith = palette));  // a null slot's colours
     const blockSize = frame.block_size || 1;
-    const rows = (frame.tables || []).map((row) => {
-      const blocks = row.blocks.map(([device, number, ref, texts], index) => {
+    const lblocks = (blocks, skipped) => blocks.map(([device, number, ref, texts], index) => {
+        if (skipped.includes(index)) {  // a slot a sliding window let go: the null block
+          return h("div", { class: "bv-lblock bv-null-slot", "data-device": device, "data-block": number,
+            "data-ref": ref, "data-logical": index, "data-null": "true" },
+            h("div", { class: "bv-lhead", text: `L${index} → ∅ null block` }),
+            h("div", { class: "bv-dim", text: "the window slid past" }));
+        }
         const slots = [];
         for (let s = 0; s < blockSize; s++) {
           slots.push(h("span", { class: s < texts.length ? "bv-slot" : "bv-slot bv-empty",
@@ -275,6 +298,15 @@ function renderTables(model, el) {
           h("div", { class: "bv-lhead", text: `L${index} → ${device} ${number}${ref > 1 ? " ×" + ref : ""}` }),
           h("div", { class: "bv-slots" }, slots));
       });
+    const rows = (frame.tables || []).map((row) => {
+      const tables = [[0, row.label || "", row.blocks, row.skipped || []],
+        ...(row.groups || []).map((g) => [g.group, g.label, g.blocks, g.skipped])];
+      const groupTables = tables.map(([group, label, blocks, skipped]) => {
+        const drawn = h("div", { class: "bv-lblocks" },
+          blocks.length ? lblocks(blocks, skipped) : h("span", { class: "bv-dim", text: "no blocks" }));
+        return label ? h("div", { class: "bv-group-table", "data-group": group },
+          h("div", { class: "bv-group-label" }, groupBadge(palette, group), ` ${label}`), drawn) : drawn;
+      });
       return h("div", { class: "bv-table-row", "data-seq": row.seq },
         h("div", { class: "bv-table-label" }, seqChip(palette, row.seq),
           h("span", { class: "bv-dim", text: ` req ${row.request} · ${row.status}` +
@@ -282,7 +314,7 @@ function renderTables(model, el) {
         row.progress ? h("div", { class: "bv-progress" + (row.progress.prefilling ? " bv-prefilling" : ""),
           "data-computed": row.progress.computed, "data-num-tokens": row.progress.num_tokens,
           "data-scheduled": row.progress.scheduled, text: row.progress.text }) : null,
-        h("div", { class: "bv-lblocks" }, blocks.length ? blocks : h("span", { class: "bv-dim", text: "no blocks" })));
+        ...groupTables);
     });
     body.replaceChildren(...(rows.length ? rows : [h("div", { class: "bv-dim", text: "no sequences yet" })]));
   };
@@ -350,13 +382,15 @@ function renderInspector(model, el) {
       body.replaceChildren(h("div", { class: "bv-dim", text: "click a block in a pool to inspect it" }));
       return;
     }
-    for (const [key, value] of [["device", b.device], ["block", b.number], ["state", b.state], ["ref", b.ref]]) {
+    for (const [key, value] of [["device", b.device], ["block", b.number], ["state", b.state], ["ref", b.ref],
+      ["group", b.kv_cache_group_id ?? ""]]) {
       body.setAttribute(`data-${key}`, String(value));
     }
     const row = (label, ...value) => h("tr", {}, h("td", { class: "bv-dim", text: label }), h("td", {}, ...value));
     const rows = [
       row("block", `${b.device} ${b.number}`),
       row("state", b.state),
+      ...(b.group ? [row("KV group", groupBadge(palette, b.kv_cache_group_id), ` ${b.group}`)] : []),
       ...(b.note ? [row("what", b.note)] : []),
       ...(b.queue ? [row("free queue", b.queue)] : []),
       row("ref count", String(b.ref)),

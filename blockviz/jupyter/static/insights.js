@@ -31,6 +31,7 @@ function renderExplain(model, el) {
     const rows = x.blocks.map((b) => {
       let what = b.verdict === "hit" ? `hit: gpu block ${b.block}` : b.verdict;
       if (b.evicted_by) what += ` by event ${b.evicted_by.number ?? "?"}: ${b.evicted_by.text}`;
+      if (b.detail) what += ` · ${b.detail}`;  // a window tail's miss: which group lost which block
       const first = x.first_miss && x.first_miss.index === b.index;
       return h("tr", { class: "bv-verdict" + (b.verdict === "hit" ? " bv-hit-row" : first ? " bv-miss-row" : " bv-dim"),
         "data-index": b.index, "data-hash": b.hash, "data-verdict": b.verdict,
@@ -124,9 +125,14 @@ function renderMemory(model, el) {
       h("td", { text: `seq ${s.seq}` }), h("td", { text: `${s.num_blocks} blocks` }),
       h("td", { text: `${s.num_tokens}/${s.num_blocks * m.block_size} slots` }),
       h("td", { text: `${s.empty_in_last_block} empty in last · reserve ${s.reserved_slots}` })));
+    const palette = model.get("palette") || {};
+    const groupRows = (m.groups || []).map((g) => h("tr", { class: "bv-mem-group", "data-group": g.group,
+      "data-used": g.used_blocks, "data-null-slots": g.null_slots },
+      h("td", {}, groupBadge(palette, g.group), ` ${g.label}`), h("td", { text: `${g.used_blocks} blocks` }),
+      h("td", { text: g.null_slots ? `${g.null_slots} null slot${g.null_slots > 1 ? "s" : ""}` : "" }), h("td", { text: "" })));
     body.replaceChildren(h("table", { class: "bv-table" }, h("thead", {}, h("tr", {},
       ["", "blocks in use", "slots holding tokens", "fragmentation"].map((c) => h("th", { text: c })))),
-      h("tbody", {}, poolRows, seqRows)));
+      h("tbody", {}, poolRows, seqRows, groupRows)));
     if (m.num_seqs > m.seqs.length) body.append(h("div", { class: "bv-dim", text: `… ${m.num_seqs - m.seqs.length} more sequences` }));
   };
 }

@@ -11,7 +11,8 @@
 // What it drew is on the canvas as data attributes, written from the same frame data as the
 // picture: data-n, data-states (one character a block: u used, c cached, f free, n vLLM v1's null
 // block), data-refs (comma-separated), data-touched, data-selected, data-head (v1: the free queue's
-// head, whose number is drawn orange), and the layout (data-cols, data-cell-width,
+// head, whose number is drawn orange), data-groups (a run with several KV-cache groups: per block
+// its group, -1 for none, drawn as a badge of the group's colour), and the layout (data-cols, data-cell-width,
 // data-cell-height, data-gap, data-pad, in CSS pixels) to find a block's cell. A canvas of a
 // range of a big pool (view.pool_record's start and stop) draws blocks start to stop: cell i is
 // block data-start + i, numbered as in the pool.
@@ -87,6 +88,16 @@ function canvasGrid(model, device, n, start = 0) {
       ctx.fillStyle = seqColour(palette, owner2);
       ctx.fillRect(x + cw - 1 - CELL_EM.strip * em, y + 1, CELL_EM.strip * em, ch - 2);
     }
+    const group = data.group ? data.group[i] : -1;
+    if (group >= 0) {  // its KV-cache group's badge, bottom right, above the fill bar (as svg.py's)
+      const side = Math.round(em);
+      const bx = x + cw - 2 - side, by = y + ch - 2 - BAR_HEIGHT - side;
+      ctx.fillStyle = groupColour(palette, group);
+      ctx.fillRect(bx, by, side, side);
+      ctx.fillStyle = "#000000";
+      ctx.textAlign = "center";
+      ctx.fillText(String(group), bx + side / 2, by + 1);
+    }
     ctx.restore();
     cellPath(x, y, cw, ch, 0.5);
     ctx.setLineDash(code === "f" ? [3, 3] : []);
@@ -115,6 +126,7 @@ function canvasGrid(model, device, n, start = 0) {
     const x = a.data, y = b.data, number = start + i;
     return x.state[i] === y.state[i] && x.ref[i] === y.ref[i] && x.fill[i] === y.fill[i] &&
       x.owner[i] === y.owner[i] && x.owner2[i] === y.owner2[i] &&
+      (x.group ? x.group[i] : -1) === (y.group ? y.group[i] : -1) &&
       (a.selected === number) === (b.selected === number) && a.touched.has(number) === b.touched.has(number) &&
       (a.head === number) === (b.head === number);
   }
@@ -154,6 +166,7 @@ function canvasGrid(model, device, n, start = 0) {
       canvas.dataset.touched = [...touched].join(",");
       canvas.dataset.selected = selected >= 0 ? String(selected) : "";
       canvas.dataset.head = shown.head >= 0 ? String(shown.head) : "";
+      if (data.group) canvas.dataset.groups = data.group.join(",");
     }
     painted = { shown, layout, top };
   }

@@ -7,6 +7,7 @@ into Rich text."""
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
@@ -15,7 +16,7 @@ from blockviz.model.insight_view import (GPU_BLOCKS_IN_USE, ExplainRecord, Ledge
                                          explain_record, ledger_record, memory_fields, memory_line, memory_record)
 from blockviz.model.insights import Insights, MemoryTruth
 from blockviz.model.narration import plural
-from blockviz.model.palette import sparkline
+from blockviz.model.palette import group_colour, group_mark, sparkline
 from blockviz.model.reducer import ReducerState
 from blockviz.tui.styles import seq_style
 from blockviz.tui.widgets.panels import StatePanel
@@ -74,6 +75,8 @@ def _verdict(block: LookupRow) -> Text:
     if block.evicted_by is not None:
         ref = block.evicted_by
         text.append(f" (event {ref.number})" if ref.number is not None else f" ({ref.text})", "dim")
+    if block.detail:  # a window tail's miss: which group lost which block
+        text.append(f" · {block.detail}", "dim")
     return text
 
 
@@ -154,6 +157,10 @@ def render_memory(record: MemoryRecord, position: int) -> RenderableType:
                       f"{used:.0%}", str(seq.empty_in_last_block))
     if record.num_seqs > len(record.seqs):
         table.add_row(Text(f"… {record.num_seqs - len(record.seqs)} more", "dim"), "", "", "", "")
+    for group in record.groups:  # a run with several KV-cache groups: each group's GPU blocks
+        label = Text(f"{group_mark(group.group)}", Style(color="#000000", bgcolor=group_colour(group.group)))
+        label.append(f" {group.label}" + (f" · {plural(group.null_slots, 'null slot')}" if group.null_slots else ""))
+        table.add_row(label, str(group.used_blocks), "", "", "")
     return Group(
         Text(memory_line(record), "bold"),
         Sparkline(f"{GPU_BLOCKS_IN_USE:<19}", [p[2] for p in series] + now[:1], "#61afef"),

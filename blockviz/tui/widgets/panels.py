@@ -22,10 +22,11 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from blockviz.model.narration import plural
-from blockviz.model.palette import block_tint, fill_glyph, show_token
+from blockviz.model.palette import block_tint, fill_glyph, group_mark, show_token
 from blockviz.model.reducer import ReducerState
-from blockviz.model.view import STATE_LABELS, hash_chains, hash_summary, inspect_block, pool_counts, tables
-from blockviz.tui.styles import seq_style, tokens_text
+from blockviz.model.view import (STATE_LABELS, WINDOW_SLOT_NOTE, hash_chains, hash_summary, inspect_block,
+                                 pool_counts, tables)
+from blockviz.tui.styles import NULL_STYLE, group_style, seq_style, tokens_text
 from engine import events as ev
 
 
@@ -129,30 +130,46 @@ class BlockTables(StatePanel):
             parts.append(head)
             if row.progress is not None:  # vLLM v1: chunked prefill progress
                 parts.append(Text(f"    {row.progress.text}", "bold #ff8c1a" if row.progress.prefilling else "dim"))
-            if not row.blocks:
-                parts.append(Text("    no blocks", style="dim"))
-                continue
-            placement = _row("    blocks ")
-            for device, number, _, _ in row.blocks:
-                placement.append(f"{'C' if device == 'cpu' else ''}{number}",
-                                 Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
-                placement.append(" ")
-            parts.append(placement)
-            for index, (device, number, ref, texts) in enumerate(row.blocks):
-                pointed = (device, number) in marked and (not about or seq_id in about)
-                line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
-                line.append(f"L{index:<2}", style="dim")
-                line.append(f" → {device} {number:<{width}}")
-                line.append(f" ×{ref}" if ref > 1 else "   ", style="bold")
-                line.append(" ")
-                line.append_text(tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
-                                             Style(bgcolor=block_tint(device, number, 1))))
-                empty = size - len(texts)
-                if empty:
-                    line.append(f" +{empty} empty", style="dim")
-                if pointed and first_marked is None:
-                    first_marked = len(parts)
-                parts.append(line)
+            per_group = [(0, row.label, row.blocks, row.skipped),
+                      *((g.group, g.label, g.blocks, g.skipped) for g in row.groups)]
+            for group, label, blocks, skipped in per_group:
+                if label:  # a run with several KV-cache groups: one table per group
+                    head = _row("  ")
+                    head.append(group_mark(group), group_style(group))
+                    head.append(f" {label}", "bold")
+                    parts.append(head)
+                if not blocks:
+                    parts.append(Text("    no blocks", style="dim"))
+                    continue
+                placement = _row("    blocks ")
+                for index, (device, number, _, _) in enumerate(blocks):
+                    if index in skipped:
+                        placement.append("∅", NULL_STYLE)
+                    else:
+                        placement.append(f"{'C' if device == 'cpu' else ''}{number}",
+                                         Style(bgcolor=block_tint(device, number), color="#ffffff", bold=True))
+                    placement.append(" ")
+                parts.append(placement)
+                for index, (device, number, ref, texts) in enumerate(blocks):
+                    pointed = (device, number) in marked and (not about or seq_id in about)
+                    line = _row("◀ " if pointed else "  ", style="bold reverse" if pointed else "")
+                    line.append(f"L{index:<2}", style="dim")
+                    if index in skipped:  # a slot the window let go: the null block
+                        line.append(" → ")
+                        line.append(WINDOW_SLOT_NOTE, NULL_STYLE)
+                        parts.append(line)
+                        continue
+                    line.append(f" → {device} {number:<{width}}")
+                    line.append(f" ×{ref}" if ref > 1 else "   ", style="bold")
+                    line.append(" ")
+                    line.append_text(tokens_text(texts, Style(bgcolor=block_tint(device, number, 0)),
+                                                 Style(bgcolor=block_tint(device, number, 1))))
+                    empty = size - len(texts)
+                    if empty:
+                        line.append(f" +{empty} empty", style="dim")
+                    if pointed and first_marked is None:
+                        first_marked = len(parts)
+                    parts.append(line)
         self.set_rows(parts)
         if first_marked is not None:  # one line per row: the row's index is its line
             self.call_after_refresh(self.scroll_to, y=max(0, first_marked - 2), animate=False)
@@ -257,6 +274,10 @@ class BlockInspector(StatePanel):
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column()
         grid.add_row("state", STATE_LABELS[info.state])
+        if info.group is not None:  # a run with several KV-cache groups
+            group = Text(group_mark(info.kv_cache_group_id), group_style(info.kv_cache_group_id))
+            group.append(f" {info.group}")
+            grid.add_row("KV group", group)
         if info.note is not None:  # vLLM v1's null block
             grid.add_row("what", info.note)
         if info.queue is not None:  # vLLM v1: a free block's place in the free queue

@@ -8,7 +8,10 @@ map, a prefix-cache hit can revive it) is slate with a 'c'. In a vLLM v1 run, bl
 (dark amber, '∅': never allocated, freed or counted) and the head of the free queue (the block
 get_new_blocks takes next) has an orange number; `FreeQueueRow` lists the queue's first blocks, and
 an empty pool (v1 has no CPU pool) says why in a line (view.v1_notes). The block the last event
-touched is underlined; the selected block is reversed.
+touched is underlined; the selected block is reversed. In a run with several KV-cache groups (a
+hybrid model's) a used or cached block's mark is a notch in its group's colour holding the group's
+number as a subscript (₀, ₁: palette.group_mark), or its ref count where it is shared; free blocks
+and the null block belong to no group.
 
 Only the visible lines are rendered, each a Strip cached until the state changes, so a 4,096-block
 pool costs what fits on screen, not 4,096 widgets.
@@ -37,13 +40,13 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from blockviz.model.palette import BLOCK_COLOURS, FILL_GLYPHS, fill_glyph, seq_colour
+from blockviz.model.palette import BLOCK_COLOURS, FILL_GLYPHS, fill_glyph, group_mark, seq_colour
 from blockviz.model.pool_zoom import ZoomCells, cell_label, check_range, zoom_cells, zoom_level
 from blockviz.model.reducer import BlockState, ReducerState
-from blockviz.model.view import BlockCell, block_cell, free_queue
+from blockviz.model.view import BlockCell, block_cell, block_group, free_queue, has_groups
 from blockviz.tui.messages import BlockSelected
 from blockviz.tui.styles import (CACHED_STYLE, FREE_STYLE, NULL_STYLE, QUEUE_HEAD_STYLE, SELECTED_STYLE,
-                                 TOUCHED_STYLE)
+                                 TOUCHED_STYLE, group_style)
 
 GAP = Segment(" ")
 SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
@@ -51,6 +54,7 @@ FILL_GROUND = BLOCK_COLOURS["bar"]["used"]  # the ground a fill glyph is drawn o
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
 LEGEND = "█ fill · ² refs · c cached"
 LEGEND_BIG = "█ fill · ×2 refs · c cached"
+GROUP_LEGEND = " · ₀₁ grp"  # after the legend in a run with several KV-cache groups (KV-cache group; fits 80x24)
 NULL_MARK = "∅"
 ZOOM_GROUNDS = {"free": FILL_GROUND, "cached": BLOCK_COLOURS["cached"], "null": BLOCK_COLOURS["null"]}
 ZOOM_LEGEND = "▁…█ share used · slate cached · z in · Z out"
@@ -107,6 +111,7 @@ class PoolGrid(ScrollView, can_focus=True):
         self._gap = GAP
         self._digits = 1
         self._columns = 1
+        self._groups = False  # the run has several KV-cache groups: blocks carry their group's mark
         self.border_title = f"{device.upper()} pool"
         self.border_subtitle = LEGEND
 
@@ -216,7 +221,7 @@ class PoolGrid(ScrollView, can_focus=True):
         elif ranged:
             self.border_subtitle = f"{where}{cell_label(1)} · Z whole pool"
         elif self.num_blocks or not self.note:
-            self.border_subtitle = LEGEND_BIG if self.big_cells else LEGEND
+            self.border_subtitle = (LEGEND_BIG if self.big_cells else LEGEND) + (GROUP_LEGEND if self._groups else "")
         else:  # an empty pool saying why: no legend to read
             self.border_subtitle = ""
 
@@ -258,6 +263,9 @@ class PoolGrid(ScrollView, can_focus=True):
         self.state = state
         self.touched = touched
         self.note = note
+        if has_groups(state) != self._groups:
+            self._groups = has_groups(state)
+            self._show_page()
         queue = state.free_queue if self.device == "gpu" else ()
         self.head = queue[0] if queue else None
         if title is not None and title != self.border_title:
@@ -310,7 +318,7 @@ class PoolGrid(ScrollView, can_focus=True):
 
     def _cell_key(self, block: BlockState) -> tuple:
         number = block.number
-        return (block_cell(block), number == self.selected, number in self.touched, number == self.head)
+        return (block_cell(block), block.group, number == self.selected, number in self.touched, number == self.head)
 
     def _row_key(self, row: int) -> tuple:
         if self.state is None:
@@ -432,6 +440,25 @@ class PoolGrid(ScrollView, can_focus=True):
             return cell, 3, None, None, NULL_MARK, selected, touched
         return cell, 0, None, None, " ", selected, touched
 
+    def _group_segment(self, block: BlockState, cell: BlockCell, selected: bool, touched: bool,
+                       width: int = 1) -> Segment | None:
+        """A used or cached block's group notch (a run with several groups): the ref count where it
+        is shared, else the group's subscript, on the group's colour; None otherwise."""
+        group = block_group(block) if self._groups else -1
+        if group < 0:
+            return None
+        key = ("group", group, selected, touched)
+        style = self._look_styles.get(key)
+        if style is None:
+            style = self._base + group_style(group)
+            if selected:
+                style += SELECTED_STYLE
+            if touched:
+                style += TOUCHED_STYLE
+            self._look_styles[key] = style
+        mark = group_mark(group) if cell.ref < 2 or width > 1 else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
+        return Segment(mark.rjust(width)[:width], style)
+
     def _number_role(self, block: BlockState) -> str:
         """The free queue's head draws its number in QUEUE_HEAD_STYLE ("next to go")."""
         return "head" if block.number == self.head else "number"
@@ -440,9 +467,10 @@ class PoolGrid(ScrollView, can_focus=True):
         cell, kind, first, second, mark, selected, touched = self._looks(block)
         glyph = fill_glyph(cell.fill, self.state.block_size) if kind in (1, 2) else " "
         style = self._style
+        notch = self._group_segment(block, cell, selected, touched) if kind in (1, 2) else None
         return [
             Segment(f"{block.number:>{self._digits}}", style((self._number_role(block), kind, first, selected, touched))),
-            Segment(mark, style(("mark", kind, second, selected, touched))),
+            notch or Segment(mark, style(("mark", kind, second, selected, touched))),
             Segment(glyph, style(("fill" if kind else "mark", kind, second, selected, touched))),
         ]
 
@@ -453,8 +481,11 @@ class PoolGrid(ScrollView, can_focus=True):
         if sub == 0:
             ref = f"×{cell.ref}" if cell.ref > 1 else (f" {mark}" if kind in (2, 3) else "  ")
             number = f" {block.number:>{self._digits}}"
+            notch = self._group_segment(block, cell, selected, touched) if kind in (1, 2) else None
+            rest = width - len(number) - (1 if notch else 0)
             return [Segment(number, style((self._number_role(block), kind, first, selected, touched))),
-                    Segment(ref.ljust(width - len(number)), style(("mark", kind, second, selected, touched)))]
+                    Segment(ref.ljust(rest)[:rest], style(("mark", kind, second, selected, touched))),
+                    *([notch] if notch else [])]
         if kind == 3:
             return [Segment("null".ljust(width)[:width], style(("mark", kind, None, selected, touched)))]
         filled = max(1, round(width * cell.fill / self.state.block_size)) if cell.fill else 0
