@@ -47,13 +47,17 @@ def check_picture(root: ET.Element, state) -> None:
             assert int(element.get("data-ref")) == block.ref_count
             if block_state(block) != "free":
                 assert int(element.get("data-fill")) == len(block.token_ids)
-    tables = {}
+    tables = {}  # (seq, group) -> its logical blocks; a run with one group draws no group sections
     for g in root.iter(f"{SVG}g"):
         if g.get("class") == "table":
-            tables[int(g.get("data-seq"))] = [(b.get("data-device"), int(b.get("data-block")), int(b.get("data-ref")))
-                                              for b in g.iter(f"{SVG}g") if b.get("class") == "lblock"]
-    for seq_id, table in state.tables.items():
-        assert tables[seq_id] == [(d, n, state.pools[d][n].ref_count) for d, n in table]
+            sections = [s for s in g.iter(f"{SVG}g") if s.get("class") == "group-table"] or [g]
+            for section in sections:
+                tables[int(g.get("data-seq")), int(section.get("data-group", 0))] = [
+                    (b.get("data-device"), int(b.get("data-block")), int(b.get("data-ref")))
+                    for b in section.iter(f"{SVG}g") if b.get("class") == "lblock"]
+    for group in range(state.num_kv_cache_groups):
+        for seq_id, table in state.tables_of(group).items():
+            assert tables[seq_id, group] == [(d, n, state.pools[d][n].ref_count) for d, n in table], (seq_id, group)
     hashed = {b.number for b in state.pools["gpu"] if b.block_hash is not None}
     drawn = {int(g.get("data-block")) for g in root.iter(f"{SVG}g") if g.get("class") == "hash"}
     assert drawn <= hashed and len(drawn) == min(len(hashed), MAX_HASH_ROWS)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
-from blockviz.model.palette import fill_glyph
+from blockviz.model.palette import fill_glyph, group_mark
 from blockviz.model.trace import kv_geometry, load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.event_log import EventLog
@@ -45,9 +45,14 @@ def check_tui(app, state, vocab, current) -> None:
     tables = drawn(app.query_one(BlockTables))
     for row in view.tables(state, limit=None, vocab=vocab):
         assert has_line(tables, f" seq {row.seq} ", f"req {row.request} · {row.status}")
-        for index, (device, number, ref, texts) in enumerate(row.blocks):
-            cell = f"L{index:<2} → {device} {number:<{width}}" + (f" ×{ref}" if ref > 1 else "   ")
-            assert has_line(tables, cell + " " + "".join(texts)), (row.seq, index)
+        for group in [(row.blocks, row.skipped)] + [(g.blocks, g.skipped) for g in row.groups]:
+            blocks, skipped = group
+            for index, (device, number, ref, texts) in enumerate(blocks):
+                if index in skipped:  # a slot a window let go: the null block, drawn as such
+                    assert has_line(tables, f"L{index:<2} → ∅ null block"), (row.seq, index)
+                    continue
+                cell = f"L{index:<2} → {device} {number:<{width}}" + (f" ×{ref}" if ref > 1 else "   ")
+                assert has_line(tables, cell + " " + "".join(texts)), (row.seq, index)
     chains = drawn(app.query_one(HashChains))
     rows = view.hash_chains(state, limit=None, current=current, vocab=vocab)
     if rows:
@@ -66,7 +71,11 @@ def check_tui(app, state, vocab, current) -> None:
             if grid.big_cells:  # two lines: number and refs, then a fill bar
                 top, bar = text.split("\n")
                 ref = f"×{cell.ref}" if cell.ref > 1 else {"cached": " c", "null": f" {NULL_MARK}"}.get(cell.state, "  ")
-                assert top.rstrip() == f" {number:>{grid.digits}}{ref}".rstrip(), (device, number, cell)
+                group = view.block_group(block) if view.has_groups(state) else -1
+                notch = group_mark(group) if group >= 0 else ""  # a run with groups: the group's mark, at the right
+                assert top.rstrip().removesuffix(notch).rstrip() == f" {number:>{grid.digits}}{ref}".rstrip(), (
+                    device, number, cell)
+                assert top.endswith(notch), (device, number, cell)
                 if cell.state == "null":  # vLLM v1's block 0 says what it is
                     assert bar.rstrip() == "null", (device, number, cell)
                     continue
@@ -75,6 +84,9 @@ def check_tui(app, state, vocab, current) -> None:
                 continue
             mark = {"used": " " if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)], "cached": "c", "free": " ",
                     "null": NULL_MARK}
+            group = view.block_group(block) if view.has_groups(state) else -1
+            if group >= 0:  # a run with groups: a used or cached block's mark is its group's (its refs where shared)
+                mark = {**mark, cell.state: group_mark(group) if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)]}
             glyph = fill_glyph(cell.fill, state.block_size) if cell.state in ("used", "cached") else " "
             assert text == f"{number:>{grid.digits}}{mark[cell.state]}{glyph}", (device, number, cell)
 

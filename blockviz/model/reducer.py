@@ -177,6 +177,13 @@ class ReducerState:
     def is_window_group(self, group: int) -> bool:
         return group < len(self.kv_cache_groups) and self.kv_cache_groups[group].kind == SLIDING_WINDOW
 
+    def history_table(self, seq_id: int) -> list[tuple[str, int]]:
+        """The sequence's table in the first group that keeps every token (a full-attention group:
+        a window group lets its oldest blocks go), group 0's when every group slides: where the
+        views find the block that holds a token."""
+        group = next((g for g in range(self.num_kv_cache_groups) if not self.is_window_group(g)), 0)
+        return self.tables_of(group).get(seq_id, [])
+
     def cached_block(self, block_hash: int, group: int = 0) -> int | None:
         """The block a lookup of `block_hash` in `group` returns now: the first cached for that
         group (vLLM BlockPool.get_cached_block), or None."""

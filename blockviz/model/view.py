@@ -227,7 +227,7 @@ def block_token_texts(state: ReducerState, block: BlockState, vocab: dict[int, s
     """The text piece of each token in `block`, read from an owner sequence when there is one
     (its position gives the exact piece), else from the id -> text map of the run."""
     for seq_id in sorted(block.owners):
-        table = state.tables.get(seq_id)
+        table = state.tables_of(block.group).get(seq_id)
         seq = state.seqs.get(seq_id)
         if not table or seq is None:
             continue
@@ -610,12 +610,15 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
         lines.append("free queue (next to go first): " + (" ".join(
             f"{number}{'c' if cached else ''}" for number, cached in queue.blocks) or "empty")
             + (f" … +{more}" if more > 0 else ""))
+    groups = state.num_kv_cache_groups
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
-        where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
-                                       else "") for d, n in state.tables[seq_id])
         status = f"req {seq.request_id}, {seq.status}" if seq else "?"
-        lines.append(f"  seq {seq_id} ({status}): {where or '-'}")
+        for group, table in enumerate(state.seq_tables(seq_id)):
+            where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
+                                           else "") for d, n in table)
+            label = f" group {group}" if groups > 1 else ""
+            lines.append(f"  seq {seq_id}{label} ({status}): {where or '-'}")
     if len(state.tables) > max_tables:
         lines.append(f"  … {len(state.tables) - max_tables} more block tables")
     if state.hash_map:

@@ -189,7 +189,7 @@ class GeneratedText(StatePanel):
         size = state.block_size
         for seq_id in sorted(state.seqs):
             seq = state.seqs[seq_id]
-            table = state.tables.get(seq_id, [])
+            table = state.history_table(seq_id)
             line = Text("▶" if seq_id == selected_seq else " ")
             line.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
             line.append(" ")

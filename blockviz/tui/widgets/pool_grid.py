@@ -441,9 +441,10 @@ class PoolGrid(ScrollView, can_focus=True):
         return cell, 0, None, None, " ", selected, touched
 
     def _group_segment(self, block: BlockState, cell: BlockCell, selected: bool, touched: bool,
-                       width: int = 1) -> Segment | None:
+                       width: int = 1, refs_shown: bool = False) -> Segment | None:
         """A used or cached block's group notch (a run with several groups): the ref count where it
-        is shared, else the group's subscript, on the group's colour; None otherwise."""
+        is shared and nothing else shows it, else the group's subscript, on the group's colour;
+        None otherwise."""
         group = block_group(block) if self._groups else -1
         if group < 0:
             return None
@@ -456,7 +457,7 @@ class PoolGrid(ScrollView, can_focus=True):
             if touched:
                 style += TOUCHED_STYLE
             self._look_styles[key] = style
-        mark = group_mark(group) if cell.ref < 2 or width > 1 else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
+        mark = group_mark(group) if cell.ref < 2 or width > 1 or refs_shown else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
         return Segment(mark.rjust(width)[:width], style)
 
     def _number_role(self, block: BlockState) -> str:
@@ -481,7 +482,7 @@ class PoolGrid(ScrollView, can_focus=True):
         if sub == 0:
             ref = f"×{cell.ref}" if cell.ref > 1 else (f" {mark}" if kind in (2, 3) else "  ")
             number = f" {block.number:>{self._digits}}"
-            notch = self._group_segment(block, cell, selected, touched) if kind in (1, 2) else None
+            notch = self._group_segment(block, cell, selected, touched, refs_shown=True) if kind in (1, 2) else None
             rest = width - len(number) - (1 if notch else 0)
             return [Segment(number, style((self._number_role(block), kind, first, selected, touched))),
                     Segment(ref.ljust(rest)[:rest], style(("mark", kind, second, selected, touched))),
