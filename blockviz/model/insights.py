@@ -18,12 +18,13 @@ No torch, no textual: the TUI, the widgets and the CLI can all show them.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from blockviz.model.design import KVCacheGroup, kv_cache_groups_of, kv_manager_of
 from blockviz.model.narration import plural
-from blockviz.model.reducer import NULL, USED, ReducerState
+from blockviz.model.reducer import NULL, NULL_CODE, USED_CODE, ReducerState
 from engine import events as ev
 
 
@@ -231,13 +232,20 @@ class MemoryTruth:
         return 1 - self.pools["gpu"].token_utilization if self.pools["gpu"].slots_allocated else 0.0
 
 
+_USED = re.compile(re.escape(USED_CODE.encode("ascii")))
+_NULL = NULL_CODE.encode("ascii")
+
+
 def memory_truth(state: ReducerState, max_tokens: dict[int, int]) -> MemoryTruth:
     """The figures at `state`; `max_tokens[seq_id]` is its request's max_tokens (request_added)."""
     size = state.block_size
     pools = {}
+    used_of = {}
     for device, blocks in state.pools.items():
-        used = [b for b in blocks if b.state == USED]
-        usable = sum(b.state != NULL for b in blocks)  # vLLM v1's null block is never counted
+        # the reducer's state codes find the used blocks without a Python pass over the pool
+        codes = state.codes[device]
+        used_of[device] = used = [blocks[m.start()] for m in _USED.finditer(codes)]
+        usable = len(blocks) - codes.count(_NULL)  # vLLM v1's null block is never counted
         pools[device] = PoolTruth(usable, len(used), sum(len(b.token_ids) for b in used), len(used) * size)
     seqs = {}
     groups = range(state.num_kv_cache_groups)
@@ -251,7 +259,7 @@ def memory_truth(state: ReducerState, max_tokens: dict[int, int]) -> MemoryTruth
         seqs[seq_id] = SeqTruth(seq_id, sum(map(sum, held)), sum(map(len, held)),
                                 sum(size - tokens[-1] for tokens in held if tokens),
                                 (prompt + max_tokens.get(seq_id, 0)) * num_tables, tuple(map(len, held)))
-    used_groups = Counter(b.group for b in state.pools["gpu"] if b.state == USED)
+    used_groups = Counter(b.group for b in used_of.get("gpu", ()))
     return MemoryTruth(pools, seqs, dict(sorted(used_groups.items())))
 
 
