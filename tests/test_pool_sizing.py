@@ -252,7 +252,7 @@ def test_a_hybrid_pool_is_sized_by_its_largest_group_and_its_profile(simulate):
     header = make_header(trace_header(hybrid))  # its kv_cache_groups name the three groups
     check_header_fields(header)
     title = engine_title(header)
-    assert "2 × 1 layer (its group's: 3 KV-cache groups of 3 layers share the pool) × 2 K/V heads" in title
+    assert "2 × 1 layer (one KV-cache group's: the 3 layers form 3 groups sharing the pool) × 2 K/V heads" in title
     assert title.endswith(f"= {page:,} B")
 
     weights = weights_of(hybrid.model)

@@ -134,8 +134,8 @@ def kv_geometry(header: dict[str, Any]) -> str:
     shared = f" (shared by {heads} query heads)" if heads and heads != kv_heads else ""
     layer_text = f"{layers} layers"
     if len(groups) > 1:
-        layer_text = (f"{max(groups)} layer{'s' if max(groups) > 1 else ''} (its group's: "
-                      f"{len(groups)} KV-cache groups of {layers} layers share the pool)")
+        layer_text = (f"{max(groups)} layer{'s' if max(groups) > 1 else ''} (one KV-cache group's: "
+                      f"the {layers} layers form {len(groups)} groups sharing the pool)")
     return (f"2 × {layer_text} × {kv_heads} K/V heads{shared} × {head_dim} dims × {block_size} slots"
             f" × {dtype_bytes} B = {block_bytes:,} B")
 
