@@ -111,6 +111,8 @@ SHOTS = [
     Shot("projector", "swap", after_first("swap_out", ("block_freed", "sequence_freed", "preempted", "kv_digest")),
          size=(100, 30), projector=True),
     Shot("vllm-v1", "v1-story", after_revived_chunk, select=_first_block_of_chunked),
+    Shot("hybrid", "hybrid", after_first("blocks_skipped", ("block_freed",)),
+         select=_event_block("block_freed", "block", "gpu")),
 ]
 
 
