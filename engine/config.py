@@ -87,8 +87,12 @@ class EngineConfig:
             raise ValueError(f"watermark must be >= 0, got {self.watermark}")
         if self.kv_manager not in KV_MANAGERS:
             raise ValueError(f"kv_manager must be one of {', '.join(KV_MANAGERS)}, got {self.kv_manager!r}")
-        if self.kv_manager == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ValueError(VLLM_INSTALL)
+        if self.kv_manager == "vllm":
+            if importlib.util.find_spec("vllm") is None:
+                raise ValueError(VLLM_INSTALL)
+            from engine.vllm_core import check_vllm_version
+
+            check_vllm_version()  # another release: one line naming it and the supported one
         if self.vllm_options is not None:
             if self.kv_manager != "vllm":
                 raise ValueError("vllm_options apply to kv_manager 'vllm' only")

@@ -121,8 +121,8 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
     import torch
 
     from engine.v1.kv_cache_interface import FullAttentionSpec
-    from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config
-    from engine.vllm_core.scheduler import VllmScheduler, make_block_hasher
+    from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config, make_block_hasher
+    from engine.vllm_core.scheduler import VllmScheduler
 
     config = build_vllm_config(model_dir, block_size=w.block_size, num_gpu_blocks=w.num_gpu_blocks,
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,

@@ -13,14 +13,28 @@ from typing import Any
 from engine.config import VLLM_INSTALL
 
 
+SUPPORTED_VLLM = "0.33"  # the release whose classes the adapter and its tests are proven against
+
+
 def vllm_version() -> str:
-    """The installed vLLM's version (a trace header records it)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed vLLM's version, as its distribution names it (a trace header records it)."""
+    from importlib import metadata
 
     try:
-        return version("vllm")
-    except PackageNotFoundError:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
         raise ValueError(VLLM_INSTALL) from None
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM's version; a ValueError line naming it and the supported one when it is
+    not SUPPORTED_VLLM.x: the adapter wraps private methods and reads private state of that
+    release's scheduler (event_tap.py), which another release may have renamed or reordered."""
+    found = vllm_version()
+    if found.split("+")[0].split(".")[:2] != SUPPORTED_VLLM.split("."):
+        raise ValueError(f"kv_manager 'vllm' supports vLLM {SUPPORTED_VLLM}.x, found vLLM {found}: "
+                         f"pip install --no-deps vllm=={SUPPORTED_VLLM}.0")
+    return found
 
 
 def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
@@ -33,6 +47,7 @@ def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
         import vllm  # noqa: F401
     except ImportError as error:
         raise ValueError(f"{VLLM_INSTALL} ({error})") from None
+    check_vllm_version()
     from engine.vllm_core.config import build_vllm_config, vllm_kv_cache_groups
 
     config = engine.config
@@ -47,8 +62,8 @@ def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
 def make_vllm_scheduler(engine: Any, vllm_config: Any, kv_cache_groups: list):
     """vLLM's Scheduler for `engine` over its sized pool (engine.budget), wrapped in our scheduler
     interface: the KVCacheConfig vLLM's planner makes of the groups and the pool's bytes."""
-    from engine.vllm_core.config import build_kv_cache_config, build_scheduler
-    from engine.vllm_core.scheduler import VllmScheduler, make_block_hasher
+    from engine.vllm_core.config import build_kv_cache_config, build_scheduler, make_block_hasher
+    from engine.vllm_core.scheduler import VllmScheduler
 
     config = engine.config
     num_gpu_blocks = engine.budget.num_gpu_blocks

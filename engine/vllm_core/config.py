@@ -16,12 +16,17 @@ config says (`max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `watermark`, `policy`, `long_prefill_token_threshold`, ... An unknown name, a field the adapter owns
 (`OWNED`) or a value vLLM's validation refuses is one ValueError line.
 
-`kv_offloading_size` (GiB, as vLLM's `--kv-offloading-size`) turns on vLLM's CPU tier: as vLLM's
-`VllmConfig._post_init_kv_transfer_config` does with `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, the scheduler gets a
-`SimpleCPUOffloadConnector` whose `SimpleCPUOffloadScheduler` keeps a second caching BlockPool of
+`kv_offloading_size` (GiB, as vLLM's `--kv-offloading-size`) turns on vLLM's CPU tier: the
+`KVTransferConfig` vLLM's `VllmConfig._post_init_kv_transfer_config` makes under
+`VLLM_USE_SIMPLE_KV_OFFLOAD=1` is made here and given to the `VllmConfig` (no environment variable
+is set), so the scheduler gets a `SimpleCPUOffloadConnector` whose `SimpleCPUOffloadScheduler` keeps a second caching BlockPool of
 `kv_offloading_size` GiB // block bytes blocks (`_derive_cpu_config`); the `KVCacheConfig` then names one
 backing allocation of our pool's bytes (`gpu_total_bytes` reads it: blocks x the largest group's pages),
 and our cache engine's CPU pool has the same number of blocks (engine/vllm_core/offload.py moves the data).
+
+Nothing process-wide is changed to build or run these objects: no environment variable, no vLLM
+module global (`make_block_hasher` chains from its own NONE_HASH), so engines of any design run on
+threads side by side.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ OWNED = {
 
 GiB = 1 << 30
 CACHE_ENGINE_LAYOUT = "LHBNC"  # vLLM's KVCacheLayout of engine/cache_engine.py's pool: layer, head, block, token, channel
-OFFLOAD_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"  # vLLM's switch from OffloadingConnector to SimpleCPUOffloadConnector
+OFFLOAD_CONNECTOR = "SimpleCPUOffloadConnector"  # what VLLM_USE_SIMPLE_KV_OFFLOAD=1 picks over OffloadingConnector
 
 
 def offloading_bytes(options: dict[str, Any] | None) -> int | None:
@@ -144,6 +149,7 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
             "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
             "max_model_len": max_model_len, "enable_chunked_prefill": True, "is_encoder_decoder": False,
             **sync, **sched_options})
+        offloading_size = cache_options.pop("kv_offloading_size", None)
         cache = CacheConfig(**{"block_size": block_size, "cache_dtype": "auto",
                                "enable_prefix_caching": enable_prefix_caching,
                                "prefix_caching_hash_algo": prefix_caching_hash_algo, **cache_options})
@@ -151,16 +157,10 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
         if offloading and not enable_prefix_caching:  # vLLM's connector would switch itself off
             raise ValueError("vllm option kv_offloading_size needs prefix caching: the CPU tier is keyed by "
                              "the blocks' hashes")
-        saved = os.environ.get(OFFLOAD_ENV)
-        os.environ[OFFLOAD_ENV] = "1" if offloading else "0"
-        try:
-            vllm_config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
-                                     device_config=DeviceConfig("cpu"))
-        finally:
-            if saved is None:
-                del os.environ[OFFLOAD_ENV]
-            else:
-                os.environ[OFFLOAD_ENV] = saved
+        vllm_config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
+                                 device_config=DeviceConfig("cpu"),
+                                 kv_transfer_config=offload_transfer_config(offloading_size) if offloading else None)
+        cache.kv_offloading_size = offloading_size  # as given; vLLM's post-init has nothing left to make of it
     except (ValueError, TypeError, AssertionError) as error:
         raise _refused(error) from None
     if disable_hybrid is None and vllm_config.kv_transfer_config is not None:
@@ -169,6 +169,47 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
         disable_hybrid = not KVConnectorFactory.supports_hma_config(vllm_config.kv_transfer_config)
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = bool(disable_hybrid)
     return vllm_config
+
+
+def offload_transfer_config(kv_offloading_size: float):
+    """The KVTransferConfig of vLLM's native CPU tier of `kv_offloading_size` GiB, as vLLM's
+    VllmConfig._post_init_kv_transfer_config makes it with VLLM_USE_SIMPLE_KV_OFFLOAD=1: the
+    SimpleCPUOffloadConnector, its bytes, both roles."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(kv_connector=OFFLOAD_CONNECTOR, kv_role="kv_both",
+                            kv_connector_extra_config={"cpu_bytes_to_use": kv_offloading_size * GiB})
+
+
+def make_block_hasher(hash_algo: str, block_size: int):
+    """vLLM's request block hasher (kv_cache_utils.get_request_block_hasher, for requests with no
+    multimodal input and no lookahead) over `hash_algo`, its chains starting from this engine's
+    own NONE_HASH: hash_fn(NONE_HASH_SEED), which is what vLLM's init_none_hash makes under
+    PYTHONHASHSEED=0 and what engine/v1 chains from (engine/v1/kv_cache_utils.NONE_HASH_SEED), so a
+    prefix hashes alike under kv_manager "v1" and "vllm". vLLM keeps its NONE_HASH in a module global
+    that init_none_hash sets from the environment; this hasher reads neither: each block goes
+    through vLLM's own hash_block_tokens with its parent given (the first block's: this NONE_HASH),
+    with the extra keys of vLLM's generate_block_hash_extra_keys."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import BlockHash, generate_block_hash_extra_keys, hash_block_tokens
+
+    from engine.v1.kv_cache_utils import NONE_HASH_SEED
+
+    hash_fn = get_hash_fn_by_name(hash_algo)
+    none_hash = BlockHash(hash_fn(NONE_HASH_SEED))
+
+    def block_hasher(request) -> list:
+        start = len(request.block_hashes) * block_size
+        parent = request.block_hashes[-1] if request.block_hashes else none_hash
+        token_ids = request.all_token_ids
+        hashes = []
+        for end in range(start + block_size, request.num_tokens + 1, block_size):
+            extra_keys, _ = generate_block_hash_extra_keys(request, end - block_size, end, 0)
+            parent = hash_block_tokens(hash_fn, parent, token_ids[end - block_size : end], extra_keys)
+            hashes.append(parent)
+        return hashes
+
+    return block_hasher
 
 
 def vllm_layer_specs(vllm_config, layer_specs) -> dict:

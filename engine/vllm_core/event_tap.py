@@ -3,19 +3,37 @@
 The tap wraps methods of one vLLM instance (never the classes), each calling vLLM's own code and
 emitting what our v1 (engine/v1/) emits for the same operation, in the same order:
 
-- `KVCacheManager.allocate_slots`: notes the request and where its new tokens start;
-- `BlockPool.touch` (a waiting request's prefix-cache hits): PrefixCacheHit per block;
-- `BlockPool._maybe_evict_cached_block` (inside `get_new_blocks`): BlockEvicted;
-- `KVCacheCoordinator.allocate_new_blocks`: SlotAppended for tokens landing in blocks the request
-  held, BlockAllocated for each new block with the tokens it holds;
+- `KVCacheManager.allocate_slots`: opens the call whose request and first new slot the calls
+  inside it read;
+- `BlockPool.touch` inside it (a waiting request's prefix-cache hits): PrefixCacheHit per block;
+- `KVCacheCoordinator.allocate_new_computed_blocks` inside it: how many blocks the request holds
+  once its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new
+  (offload.py);
+- `KVCacheCoordinator.allocate_new_blocks` inside it: SlotAppended for tokens landing in blocks the
+  request held, BlockAllocated for each new block with the tokens it holds;
 - `BlockPool.cache_full_blocks`: BlockHashed per block given its hash (`registered`: no other block
   held the hash);
 - `BlockPool.free_blocks`: BlockFreed per block, held ones first, then those going to the free
   queue's head in reverse, then those going to its tail, as engine/v1/block_pool.py documents, so
   the reducer rebuilds vLLM's `FreeKVCacheBlockQueue`;
-- `KVCacheManager.free`: SequenceFreed after the request's blocks.
-- `KVCacheCoordinator.allocate_new_computed_blocks`: notes how many blocks the request holds once
-  its hits join, so the fresh blocks vLLM's CPU tier loads into are announced as new (offload.py).
+- `KVCacheManager.free`: SequenceFreed after the request's blocks; each group's
+  `SingleTypeKVCacheManager.free` names the group its frees belong to.
+- evictions come from vLLM's own metrics hook (`BlockPool.metrics_collector`, the
+  `KVCacheMetricsCollector` interface): `on_block_evicted` is called for each block `get_new_blocks`
+  takes before its hash is dropped: BlockEvicted when it held one. The same hook on vLLM's CPU
+  tier's pool draws that tier's evictions (offload.py).
+
+Each wrapped call carries its own context: a wrapper opens a `TapCall` for the time vLLM's method
+runs (`VllmEventTap.calling`) and the wrapped calls made inside it read the innermost open call
+that says what they need (which request allocates, whose blocks a free lets go, which group frees).
+No wrapper leaves anything behind for another: a call's context ends with it.
+
+A call the tap cannot draw raises instead of drawing something wrong: a block freed, touched or
+allocated outside every call that says whose it is (a path that bypasses the wrapped methods), a
+request's frees deferred (`KVCacheManager.pop_blocks_for_free`, vLLM's `defer_block_free` under
+overlapping batches), or the prefix cache reset (the metrics hook's `reset`). The events themselves
+are cross-checked after every step, in tests/test_vllm_tap.py, against vLLM's own KV events
+(`BlockPool.take_events()`) and its state.
 
 With several KV-cache groups (a hybrid model: full-attention and sliding-window layers) each
 operation emits every group's events, group after group, each naming its `group` (the group id
@@ -31,18 +49,18 @@ Features of vLLM 0.33's manager that ours lacks, and why none reaches an event h
 - partial-block prefix entries (`cache_partial_block`, `_cache_partial_tail_block`, fine-grained hits
   and their copy-on-write `_apply_cow` with its retained blocks): only when the hash unit is smaller
   than the block; the scheduler is built with `hash_block_size == block_size`;
-- `move_block_hashes`, `unpin_blocks`, `evict_blocks`, deferred frees, `_free_cow_retained_blocks`:
-  KV connectors, HiSparse and copy-on-write only; no connector is configured;
+- `move_block_hashes`, `unpin_blocks`, `evict_blocks`, `_free_cow_retained_blocks`: KV connectors,
+  HiSparse and copy-on-write only; no such connector is configured;
 - Mamba groups and their null-padded tables: the models here have attention layers only;
 - block zeroing (`new_block_ids_to_zero`): only a worker that needs it asks; the ids are drained
-  and unused here;
-- `reset_prefix_cache`: never called by the adapter.
-If any of these ran anyway, the reducer check in tests/test_vllm_core.py would see the difference.
+  and unused here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 from engine.events import (
     BlockAllocated,
@@ -56,15 +74,42 @@ from engine.events import (
     SlotAppended,
 )
 from engine.v1.block_pool import GPU
-from engine.v1.kv_cache_utils import external_block_hash
+
+PIN_RELEASE = -1  # the seq id of a BlockFreed that releases a pin vLLM's CPU tier held (offload.py)
+
+
+@dataclass(slots=True)
+class TapCall:
+    """One wrapped vLLM call in progress, and what the wrapped calls made inside it need to know."""
+
+    method: str
+    request: Any = None  # allocate_slots: the vLLM Request it allocates for
+    start: int = 0  # allocate_slots: its first new slot (computed tokens plus new hits)
+    num_old_blocks: list[int] | None = None  # allocate_slots: per group, the table's blocks once the hits joined
+    seq_id: int | None = None  # whose blocks a free inside this call lets go (PIN_RELEASE: the CPU tier's pins)
+    group: int | None = None  # the KV-cache group whose manager frees inside this call
+    pins: bool = False  # vLLM's CPU tier pinning GPU blocks for a copy (touch outside an allocation)
+
+
+class TapError(RuntimeError):
+    """vLLM did something the tap cannot draw: its events would be wrong, so the step stops."""
 
 
 class VllmEventTap:
     """Wraps one vLLM scheduler's KVCacheManager, coordinator and BlockPool so that each block
     operation emits its blockviz events on `events`. Request ids are our seq ids as strings."""
 
+    # (the tap's attribute holding vLLM's object, the method wrapped); the wrapper is the tap's
+    # method named after it ("_" + the name without its leading underscore)
+    WRAPPED = (("manager", "allocate_slots"), ("manager", "free"), ("manager", "pop_blocks_for_free"),
+               ("coordinator", "allocate_new_computed_blocks"), ("coordinator", "allocate_new_blocks"),
+               ("pool", "touch"), ("pool", "cache_full_blocks"), ("pool", "free_blocks"))
+    WRAPPED_PER_GROUP = ("free", "_remove_blocks_in_range")  # each SingleTypeKVCacheManager's
+
     def __init__(self, scheduler: Any, events: EventBus) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
+
+        from engine.v1.kv_cache_utils import external_block_hash
 
         self.events = events
         self.manager = scheduler.kv_cache_manager
@@ -74,51 +119,93 @@ class VllmEventTap:
         self.block_size = self.managers[0].block_size
         self._get_block_hash = get_block_hash
         self._get_group_id = get_group_id
-        self._group = 0  # the group whose manager is freeing (free, _remove_blocks_in_range)
         self._key = make_block_hash_with_group_id
-        self._request: Any = None  # the Request allocate_slots is working for
-        self._start = 0  # where its new slots start (computed tokens plus new hits)
-        # the seq id whose blocks are being freed (KVCacheManager.free, or a window's in allocate_slots;
-        # -1: vLLM's CPU tier releasing a pin)
-        self._freeing = -1
+        self._external_block_hash = external_block_hash
+        self._calls: list[TapCall] = []  # the wrapped calls in progress, outermost first
         self.hashed: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # block id -> (parent hash, tokens)
-        self._num_old_blocks: list[int] | None = None  # per group, the request's blocks before allocate_slots' new ones
-        for obj, name in ((self.manager, "allocate_slots"), (self.manager, "free"),
-                          (self.coordinator, "allocate_new_computed_blocks"),
-                          (self.coordinator, "allocate_new_blocks"), (self.pool, "touch"),
-                          (self.pool, "_maybe_evict_cached_block"), (self.pool, "cache_full_blocks"),
-                          (self.pool, "free_blocks")):
+        for owner, name in self.WRAPPED:
+            obj = getattr(self, owner)
             setattr(obj, name, getattr(self, "_" + name.lstrip("_"))(getattr(obj, name)))
         for manager in self.managers:
-            manager.free = self._group_free(manager, manager.free)
-            manager._remove_blocks_in_range = self._remove_blocks_in_range(manager, manager._remove_blocks_in_range)
+            for name in self.WRAPPED_PER_GROUP:
+                setattr(manager, name, getattr(self, "_group_" + name.lstrip("_"))(manager, getattr(manager, name)))
+        self.hook_pool(self.pool, GPU)
 
     def external(self, key: bytes) -> int:
         """A pool key (hash and group id) as events carry the hash."""
-        return external_block_hash(self._get_block_hash(key))
+        return self._external_block_hash(self._get_block_hash(key))
+
+    # ------------------------------------------------------------------ the calls in progress
+
+    @contextmanager
+    def calling(self, method: str, **context: Any) -> Iterator[TapCall]:
+        """A wrapped call of `method` in progress, with its context, for the calls made inside it."""
+        call = TapCall(method, **context)
+        self._calls.append(call)
+        try:
+            yield call
+        finally:
+            self._calls.pop()
+
+    def _innermost(self, name: str) -> Any:
+        """The innermost call in progress that sets `name` (its value), or None."""
+        for call in reversed(self._calls):
+            value = getattr(call, name)
+            if value is not None and value is not False:
+                return value
+        return None
+
+    def _allocation(self) -> TapCall | None:
+        """The allocate_slots call in progress, if any."""
+        return next((c for c in reversed(self._calls) if c.method == "allocate_slots"), None)
+
+    def _refuse(self, what: str) -> TapError:
+        inside = " > ".join(c.method for c in self._calls) or "no wrapped call"
+        return TapError(f"vLLM {what} inside {inside}: the tap cannot say which request it belongs to "
+                        f"(a call order or path engine/vllm_core/event_tap.py does not know)")
+
+    # ------------------------------------------------------------------ vLLM's metrics hook
+
+    def hook_pool(self, pool: Any, device: str) -> None:
+        """Make this tap `pool`'s metrics hook (BlockPool.metrics_collector), keeping the
+        collector it had, if any, behind it."""
+        pool.metrics_collector = PoolHook(self, pool, device, pool.metrics_collector)
+
+    def evicted(self, device: str, pool: Any, block: Any) -> None:
+        """`pool` is about to drop `block`'s hash (BlockPool._maybe_evict_cached_block): BlockEvicted."""
+        key = block.block_hash
+        if key is None or not self.events.active:
+            return
+        if pool.cached_block_hashes_by_block.get(block.block_id):
+            raise self._refuse(f"evicted block {block.block_id}, which holds partial-block prefix entries,")
+        self.events.emit(BlockEvicted, device=device, block=block.block_id, block_hash=self.external(key),
+                         group=self._get_group_id(key) if device == GPU else 0)
+
+    def allocated(self, device: str, block: Any) -> None:
+        """`get_new_blocks` handed out `block`: on the GPU only inside allocate_slots, whose
+        allocate_new_blocks (or the CPU tier's loads, allocate_new_computed_blocks) draws it."""
+        if device == GPU and self._allocation() is None:
+            raise self._refuse(f"allocated block {block.block_id}")
 
     # ------------------------------------------------------------------ wrappers (each returns the wrapped method)
 
     def _allocate_slots(self, original):
         def allocate_slots(request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, **kwargs):
-            self._request = request
-            self._start = request.num_computed_tokens + num_new_computed_tokens
-            self._num_old_blocks = None
-            freeing, self._freeing = self._freeing, int(request.request_id)  # a window's blocks let go
-            try:
+            with self.calling("allocate_slots", request=request,
+                              start=request.num_computed_tokens + num_new_computed_tokens):
                 return original(request, num_new_tokens, num_new_computed_tokens=num_new_computed_tokens,
                                 new_computed_blocks=new_computed_blocks, **kwargs)
-            finally:
-                self._request = None
-                self._freeing = freeing
         return allocate_slots
 
     def _touch(self, original):
         def touch(blocks):
+            allocation = self._allocation()
+            if allocation is None and not self._innermost("pins"):
+                raise self._refuse("touched blocks " + ", ".join(str(b.block_id) for b in blocks))
             original(blocks)
-            request = self._request
-            if not self.events.active or request is None:
+            if allocation is None or not self.events.active:  # the CPU tier's pins: no event
                 return
+            request = allocation.request
             bs, token_ids, seq_id = self.block_size, request.all_token_ids, int(request.request_id)
             for block in blocks:  # a waiting request's hits (a window's: after its skipped head)
                 if block.is_null:
@@ -131,37 +218,31 @@ class VllmEventTap:
                                  group=self._get_group_id(block.block_hash))
         return touch
 
-    def _maybe_evict_cached_block(self, original, device: str = GPU):
-        """BlockEvicted on `device` for each block the pool evicts (the GPU pool's, or vLLM's CPU tier's)."""
-        def maybe_evict_cached_block(block):
-            key = block.block_hash
-            evicted = original(block)
-            if evicted and self.events.active:
-                self.events.emit(BlockEvicted, device=device, block=block.block_id, block_hash=self.external(key),
-                                 group=self._get_group_id(key) if device == GPU else 0)
-            return evicted
-        return maybe_evict_cached_block
-
     def _allocate_new_computed_blocks(self, original):
         def allocate_new_computed_blocks(request_id, new_computed_blocks, *args, **kwargs):
             # the hits join the table here, then (vLLM's CPU tier) fresh blocks for the tokens a
             # load brings back: those are new blocks, announced with allocate_new_blocks' own
-            self._num_old_blocks = [len(manager.req_to_blocks.get(request_id, ())) + sum(1 for _ in hits)
-                                    for manager, hits in zip(self.managers, new_computed_blocks)]
+            allocation = self._allocation()
+            if allocation is None:
+                raise self._refuse(f"added computed blocks to request {request_id}'s table")
+            allocation.num_old_blocks = [len(manager.req_to_blocks.get(request_id, ())) + sum(1 for _ in hits)
+                                         for manager, hits in zip(self.managers, new_computed_blocks)]
             return original(request_id, new_computed_blocks, *args, **kwargs)
         return allocate_new_computed_blocks
 
     def _allocate_new_blocks(self, original):
         def allocate_new_blocks(request_id, num_tokens, *args, **kwargs):
-            num_old_blocks = self._num_old_blocks
+            allocation = self._allocation()
+            if allocation is None:
+                raise self._refuse(f"allocated blocks for request {request_id}")
+            num_old_blocks = allocation.num_old_blocks
             if num_old_blocks is None:
                 num_old_blocks = [len(manager.req_to_blocks.get(request_id, ())) for manager in self.managers]
-            self._num_old_blocks = None
             new_blocks = original(request_id, num_tokens, *args, **kwargs)
-            if self.events.active and self._request is not None:
+            if self.events.active:
                 for manager, num_old in zip(self.managers, num_old_blocks):
-                    self._emit_slots(self._request, manager.req_to_blocks[request_id], num_old, self._start,
-                                     num_tokens, manager.kv_cache_group_id)
+                    self._emit_slots(allocation.request, manager.req_to_blocks[request_id], num_old,
+                                     allocation.start, num_tokens, manager.kv_cache_group_id)
             return new_blocks
         return allocate_new_blocks
 
@@ -178,49 +259,68 @@ class VllmEventTap:
             if not self.events.active:
                 return
             token_ids = request.all_token_ids
+            external = self._external_block_hash
             for index, registered in fresh:
                 block = blocks[index]
                 if block.block_hash is None:
                     continue
-                parent = external_block_hash(hashes[index - 1]) if index else None
+                parent = external(hashes[index - 1]) if index else None
                 held = tuple(token_ids[index * block_size : (index + 1) * block_size])
                 self.hashed[block.block_id] = (parent, held)
                 self.events.emit(BlockHashed, device=GPU, block=block.block_id,
-                                 block_hash=external_block_hash(hashes[index]), parent_hash=parent,
+                                 block_hash=external(hashes[index]), parent_hash=parent,
                                  token_ids=held, num_hashed_tokens=(index + 1) * block_size, registered=registered,
                                  group=kv_cache_group_id)
         return cache_full_blocks
 
     def _free_blocks(self, original):
         def free_blocks(ordered_blocks):
-            blocks = [block for block in ordered_blocks]
+            blocks = list(ordered_blocks)
+            seq_id = self._innermost("seq_id")
+            if seq_id is None:
+                raise self._refuse("freed blocks " + ", ".join(str(b.block_id) for b in blocks))
+            if any(b.pool is not None and b.pool is not self.pool for b in blocks):
+                raise self._refuse("freed another pool's blocks through the GPU pool")
             original(blocks)
             if not self.events.active:
                 return
+            group = self._innermost("group") or 0
             blocks = [block for block in blocks if not block.is_null]
             caching = self.pool.enable_caching
             held = [b for b in blocks if b.ref_cnt > 0]
             fresh = [b for b in blocks if b.ref_cnt == 0 and (b.block_hash is None or not caching)]
             cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and caching]
             for block in (*held, *reversed(fresh), *cached):
-                self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=self._freeing,
+                self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=seq_id,
                                  ref_count=block.ref_cnt, cached=block.block_hash is not None and caching,
-                                 group=self._group)
+                                 group=group)
         return free_blocks
+
+    def _free(self, original):
+        def free(request):
+            had_blocks = any(request.request_id in manager.req_to_blocks for manager in self.managers)
+            with self.calling("free", seq_id=int(request.request_id)):
+                original(request)
+            if had_blocks and self.events.active:
+                self.events.emit(SequenceFreed, seq_id=int(request.request_id))
+        return free
+
+    def _pop_blocks_for_free(self, original):
+        def pop_blocks_for_free(request):
+            raise self._refuse(f"deferred freeing request {request.request_id}'s blocks "
+                               f"(Scheduler.defer_block_free: overlapping batches with a KV connector)")
+        return pop_blocks_for_free
 
     def _group_free(self, manager, original):
         """One group's manager freeing a request's table: its frees name that group."""
         def free(request_id):
-            self._group = manager.kv_cache_group_id
-            try:
+            with self.calling("free", group=manager.kv_cache_group_id):
                 return original(request_id)
-            finally:
-                self._group = 0
         return free
 
-    def _remove_blocks_in_range(self, manager, original):
+    def _group_remove_blocks_in_range(self, manager, original):
         """A sliding window letting blocks go: BlocksSkipped for the slots it nulls (walking back
-        from the range's end to a null one, as vLLM does), then its frees, in that group."""
+        from the range's end to a null one, as vLLM does), then its frees, the request's in that group."""
         def remove_blocks_in_range(request_id, first_block, last_block):
             blocks = manager.req_to_blocks.get(request_id) or []
             indices = []
@@ -232,24 +332,9 @@ class VllmEventTap:
                 indices.reverse()
                 self.events.emit(BlocksSkipped, seq_id=int(request_id), logical_indices=tuple(indices),
                                  blocks=tuple(blocks[i].block_id for i in indices), group=manager.kv_cache_group_id)
-            self._group = manager.kv_cache_group_id
-            try:
+            with self.calling("_remove_blocks_in_range", seq_id=int(request_id), group=manager.kv_cache_group_id):
                 return original(request_id, first_block, last_block)
-            finally:
-                self._group = 0
         return remove_blocks_in_range
-
-    def _free(self, original):
-        def free(request):
-            had_blocks = any(request.request_id in manager.req_to_blocks for manager in self.managers)
-            self._freeing = int(request.request_id)
-            try:
-                original(request)
-            finally:
-                self._freeing = -1
-            if had_blocks and self.events.active:
-                self.events.emit(SequenceFreed, seq_id=int(request.request_id))
-        return free
 
     # ------------------------------------------------------------------ events
 
@@ -268,3 +353,35 @@ class VllmEventTap:
             self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq_id,),
                              logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held,
                              group=group)
+
+
+class PoolHook:
+    """vLLM's metrics hook on one BlockPool (`BlockPool.metrics_collector`, the interface of vLLM's
+    `KVCacheMetricsCollector`: on_block_allocated / on_block_accessed / on_block_evicted / reset /
+    drain_events), reporting to the tap; a collector the pool had keeps getting every call."""
+
+    def __init__(self, tap: VllmEventTap, pool: Any, device: str, inner: Any = None) -> None:
+        self.tap = tap
+        self.pool = pool
+        self.device = device
+        self.inner = inner
+
+    def on_block_allocated(self, block: Any) -> None:
+        if self.inner:
+            self.inner.on_block_allocated(block)
+        self.tap.allocated(self.device, block)
+
+    def on_block_accessed(self, block: Any) -> None:
+        if self.inner:
+            self.inner.on_block_accessed(block)
+
+    def on_block_evicted(self, block: Any) -> None:
+        if self.inner:
+            self.inner.on_block_evicted(block)
+        self.tap.evicted(self.device, self.pool, block)
+
+    def reset(self) -> None:
+        raise self.tap._refuse(f"reset the {self.device} prefix cache (BlockPool.reset_prefix_cache)")
+
+    def drain_events(self) -> list:
+        return self.inner.drain_events() if self.inner else []

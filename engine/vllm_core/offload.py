@@ -40,6 +40,7 @@ from typing import Any
 
 from engine.events import EventBus, OffloadLoaded, OffloadStored
 from engine.v1.kv_cache_utils import external_block_hash
+from engine.vllm_core.event_tap import PIN_RELEASE
 
 CPU = "cpu"
 MEDIUM_CPU = "CPU"  # vLLM's kv_events.MEDIUM_CPU
@@ -47,7 +48,15 @@ MEDIUM_CPU = "CPU"  # vLLM's kv_events.MEDIUM_CPU
 
 class CpuTier:
     """The worker side of vLLM's SimpleCPUOffloadConnector for one vLLM Scheduler, and the tap that
-    emits the tier's events (wrapping methods of this instance's manager and CPU BlockPool)."""
+    emits the tier's events (wrapping methods of this instance's SimpleCPUOffloadScheduler, and
+    the metrics hook of its CPU BlockPool). The GPU blocks it pins (`BlockPool.touch`) and releases
+    (`BlockPool.free_blocks`) are the GPU tap's, each inside a call that says so (`tap.calling`):
+    pins while it prepares stores and loads, releases (seq id PIN_RELEASE) while it takes the
+    worker's report or a request's end."""
+
+    # the SimpleCPUOffloadScheduler methods wrapped (the wrapper: "_" + the name without its leading "_")
+    WRAPPED = ("prepare_store_specs", "_queue_finished_eager_store", "update_state_after_alloc",
+               "update_connector_output", "request_finished")
 
     def __init__(self, scheduler: Any, events: EventBus, tap: Any) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash
@@ -61,11 +70,9 @@ class CpuTier:
         self.cpu_pool = self.manager.cpu_block_pool
         self.num_cpu_blocks = self.manager.num_cpu_blocks
         self._get_block_hash = get_block_hash
-        for obj, name in ((self.manager, "prepare_store_specs"), (self.manager, "_queue_finished_eager_store"),
-                          (self.manager, "update_state_after_alloc")):
-            setattr(obj, name, getattr(self, "_" + name.lstrip("_"))(getattr(obj, name)))
-        self.cpu_pool._maybe_evict_cached_block = tap._maybe_evict_cached_block(self.cpu_pool._maybe_evict_cached_block,
-                                                                                 CPU)
+        for name in self.WRAPPED:
+            setattr(self.manager, name, getattr(self, "_" + name.lstrip("_"))(getattr(self.manager, name)))
+        tap.hook_pool(self.cpu_pool, CPU)  # the CPU pool's evictions, through vLLM's metrics hook
 
     # ------------------------------------------------------------------ the worker side
 
@@ -102,7 +109,8 @@ class CpuTier:
 
     def _prepare_store_specs(self, original):
         def prepare_store_specs(scheduler_output):
-            specs = original(scheduler_output)
+            with self.tap.calling("prepare_store_specs", pins=True):
+                specs = original(scheduler_output)
             self._emit_store(specs[0], specs[1])
             return specs
         return prepare_store_specs
@@ -111,7 +119,8 @@ class CpuTier:
         def queue_finished_eager_store(request, block_ids):
             pending = self.manager._pending_finished_stores
             num_before = len(pending)
-            original(request, block_ids)
+            with self.tap.calling("_queue_finished_eager_store", pins=True):
+                original(request, block_ids)
             for transfer in pending[num_before:]:
                 self._emit_store(transfer.gpu_block_ids, transfer.cpu_block_ids)
         return queue_finished_eager_store
@@ -119,7 +128,8 @@ class CpuTier:
     def _update_state_after_alloc(self, original):
         def update_state_after_alloc(request, blocks, num_external_tokens):
             had = request.request_id in self.manager._reqs_to_load
-            original(request, blocks, num_external_tokens)
+            with self.tap.calling("update_state_after_alloc", pins=True):
+                original(request, blocks, num_external_tokens)
             state = self.manager._reqs_to_load.get(request.request_id)
             if had or state is None or not self.events.active:
                 return
@@ -129,6 +139,20 @@ class CpuTier:
                              mapping=tuple(zip(transfer.cpu_block_ids, transfer.gpu_block_ids)),
                              num_tokens=num_external_tokens)
         return update_state_after_alloc
+
+    def _update_connector_output(self, original):
+        """The worker's report: completed copies release their pins (BlockFreed, seq id PIN_RELEASE)."""
+        def update_connector_output(connector_output):
+            with self.tap.calling("update_connector_output", seq_id=PIN_RELEASE):
+                return original(connector_output)
+        return update_connector_output
+
+    def _request_finished(self, original):
+        """A request's end: a load it never started releases its pins (BlockFreed, seq id PIN_RELEASE)."""
+        def request_finished(request, block_ids):
+            with self.tap.calling("request_finished", seq_id=PIN_RELEASE):
+                return original(request, block_ids)
+        return request_finished
 
     def _emit_store(self, gpu_block_ids: list[int], cpu_block_ids: list[int]) -> None:
         if not (gpu_block_ids and self.events.active):

@@ -25,13 +25,13 @@ A request vLLM could never admit, whose tokens need more blocks than the pool ha
 with its reason, as engine/v1 refuses it: when added, and when it heads the waiting queue (a
 preempted request grown past the pool), before vLLM's schedule() would preempt it forever.
 
-Block hashes are vLLM's, seeded as vLLM seeds them under PYTHONHASHSEED=0 (`init_none_hash`), which
-is what engine/v1/kv_cache_utils.py always does: the same prefix has the same hash in both.
+Block hashes are vLLM's, chained from the NONE_HASH vLLM seeds under PYTHONHASHSEED=0 (`init_none_hash`),
+which is what engine/v1/kv_cache_utils.py always does: the same prefix has the same hash in both
+(config.make_block_hasher, which changes no environment variable and no vLLM module global).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from engine.events import EventBus, Preempted
@@ -40,36 +40,6 @@ from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import cdiv
 from engine.vllm_core.event_tap import VllmEventTap
 from engine.vllm_core.offload import CpuTier
-
-NONE_HASH_SEED = "0"  # engine/v1/kv_cache_utils.NONE_HASH_SEED: vLLM's seed under PYTHONHASHSEED=0
-
-
-def make_block_hasher(hash_algo: str, block_size: int):
-    """vLLM's request block hasher for `hash_algo`, with vLLM's NONE_HASH seeded from "0". vLLM keeps
-    NONE_HASH in a module global; the hasher sets it each time, so engines with different
-    algorithms in one process each chain from their own."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils
-
-    hash_fn = get_hash_fn_by_name(hash_algo)
-    saved = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = NONE_HASH_SEED
-    try:
-        kv_cache_utils.init_none_hash(hash_fn)
-    finally:
-        if saved is None:
-            del os.environ["PYTHONHASHSEED"]
-        else:
-            os.environ["PYTHONHASHSEED"] = saved
-    none_hash = kv_cache_utils.NONE_HASH
-    hasher = kv_cache_utils.get_request_block_hasher(block_size, hash_fn)
-
-    def block_hasher(request):
-        kv_cache_utils.NONE_HASH = none_hash
-        return hasher(request)
-
-    return block_hasher
-
 
 class VllmScheduler:
     """add_seq_group / schedule / update_from_output / free_seq / abort_seq_group /
