@@ -284,7 +284,7 @@ class VllmEventTap:
             original(blocks)
             if not self.events.active:
                 return
-            group = self._innermost("group") or 0
+            group = self._innermost("group")
             blocks = [block for block in blocks if not block.is_null]
             caching = self.pool.enable_caching
             held = [b for b in blocks if b.ref_cnt > 0]
@@ -293,8 +293,18 @@ class VllmEventTap:
             for block in (*held, *reversed(fresh), *cached):
                 self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=seq_id,
                                  ref_count=block.ref_cnt, cached=block.block_hash is not None and caching,
-                                 group=group)
+                                 group=self._group_of(block) if group is None else group)
         return free_blocks
+
+    def _group_of(self, block: Any) -> int:
+        """The KV-cache group of a block freed by no group's manager (a pin vLLM's CPU tier
+        releases): the group its hash is keyed by, else the group whose table holds it."""
+        if block.block_hash is not None:
+            return self._get_group_id(block.block_hash)
+        for manager in self.managers:
+            if any(b is block for blocks in manager.req_to_blocks.values() for b in blocks):
+                return manager.kv_cache_group_id
+        return 0
 
     def _free(self, original):
         def free(request):
