@@ -43,6 +43,12 @@ from engine.events import StepFinished
 
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
+# Below this many rows a guide card is drawn whole and the pools only their rows holding the card's
+# blocks (a pool naming none is hidden), with the status bar down to its first line; below
+# COMPACT_ROWS those rows are one-line cells even in projector mode: the card and all its blocks
+# on one screen at 80x24.
+CARD_FOCUS_ROWS = 40
+COMPACT_ROWS = 30
 LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
 
 
@@ -85,6 +91,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.note = ""
         self._said_dropped = False
         self._gc = GcPolicy()
+        self._rows: int | None = None  # the terminal's height, from the last resize
         self.set_reactive(BlockvizApp.projector, projector)
 
     @property
@@ -219,7 +226,11 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         timeline = player.timeline
         card = player.card
         marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
-        counts = self._main.show_pools(timeline, marked, card.ideas if card is not None else ())
+        rows = self._rows if self._rows is not None else self.size.height
+        focus = card is not None and rows < CARD_FOCUS_ROWS
+        self.screen.set_class(focus, "-card-focus")
+        counts = self._main.show_pools(timeline, marked, card.ideas if card is not None else (),
+                                       focus=focus and bool(card.blocks), compact=focus and rows < COMPACT_ROWS)
         insights.sync(timeline)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
@@ -323,6 +334,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         which records the new size, runs after this one."""
         for grid in self.query(PoolGrid):
             grid.big = event.size.width >= WIDE
+        if self._rows != event.size.height:
+            self._rows = event.size.height
+            self.render_views()  # a card's focus depends on the height
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette offers every binding too, by its description."""
