@@ -232,7 +232,7 @@ def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_re
 
 
 @pytest.mark.anyio
-async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
+async def test_a_live_run_played_guided_opens_on_card_1_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
     from blockviz.session.spec import EngineSpec
     from blockviz.session.engine_thread import EngineBridge
     from test_tui_fake_engine import FakeEngine
@@ -244,6 +244,12 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
     app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", guided=True, projector=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await _until(pilot, lambda: app.player is not None and app.player.card is not None, timeout=30)
+        await pilot.pause()
+        # issue 45 item 3: a live run opens on card 1, as a replay does, paused until space
+        assert app.player.card.idea == "kv-cache" and app.player.timeline.position == 0 and not app.player.playing
+        assert card_text(app).startswith("card 1: What the cells are")  # not a story: no "of N"
+        await pilot.press("space")
+        await _until(pilot, lambda: app.player.card is not None and app.player.card.idea != "kv-cache", timeout=30)
         await pilot.pause()
         timeline = app.player.timeline
         assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy-on-write"
@@ -420,7 +426,7 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
                 await pilot.pause()
                 assert app.player.card == card
                 text = card_text(app)
-                for words in (card.title, card.what, card.function):
+                for words in (card.title, card.what, card.function, " · ".join(card.terms)):
                     assert " ".join(words.split()) in text, (name, size, projector, card.idea, words, text)
                 seen = blocks_on_screen(app, card)
                 assert sorted(seen) == sorted(card.blocks), (name, size, projector, card.idea, sorted(card.blocks), seen)
@@ -434,6 +440,33 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
                     assert any(head in line[region.x:region.right] for line in lines), (name, card.idea, head)
     print(f"{size[0]}x{size[1]} {'projector' if projector else 'plain'}: {checked} cards, {shown}/{named} blocks")
     assert checked >= 17 and shown == named
+
+
+@pytest.mark.anyio
+async def test_the_bracket_key_goes_card_to_card_in_every_story_and_a_live_story_counts_its_cards(story_trace_path):
+    """Issue 45 items 2 and 3: guided, `]` stops at the next card and nowhere between (the hybrid
+    story's later window slides are no stops), in every story; a live run of a story says "of N"
+    before its stream has ended (scenario.story_cards, the count its recording shows)."""
+    from blockviz.model.player import SPEEDS
+    from blockviz.session.scenario import story_cards
+
+    for name, trace in story_traces(story_trace_path).items():
+        app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+        async with app.run_test(size=(100, 30)) as pilot:
+            app.player.speed_index = len(SPEEDS) - 1  # the stops, not the pace, are under test
+            cards = app.player.scan_guide().cards
+            assert story_cards(trace.header) == len(cards), name
+            assert app.player.card == cards[0]
+            for card in cards[1:]:
+                await pilot.press("right_square_bracket")
+                await _until(pilot, lambda: not app.player.playing, timeout=30)
+                assert app.player.card == card, (name, app.player.timeline.position, card.idea)
+        live = Guide(trace.header.get("kv_manager") or "v0", opening=True, header=trace.header)
+        live.expected = story_cards(trace.header)
+        live.scan(trace.events[:cards[2].position])  # a live run, two ideas in
+        assert not live.settled and live.counter(live.cards[1]) == f"card 2 of {len(cards)}"
+    other = dict(trace.header, num_gpu_blocks=64)  # the story's requests on another pool: not its cards
+    assert story_cards(other) is None and story_cards({}) is None
 
 
 @pytest.mark.anyio

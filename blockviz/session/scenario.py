@@ -103,6 +103,23 @@ SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
 
 
+# How many cards each story shows when played with its own settings (blockviz/model/guide.py's
+# Guide, the opening card included; tests/test_guided_story.py checks each against its recording):
+# a live run's card counter says "of N" before its stream has ended.
+STORY_CARDS = {"story": 6, "story-v1": 5, "story-hybrid": 6}
+
+
+def story_cards(header: dict) -> int | None:
+    """The number of cards a run shows (STORY_CARDS) when its header is a story's (its arrivals)
+    played with that story's settings (every setting the header records); None otherwise."""
+    arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
+    for name, (story, options) in SCENARIOS.items():
+        if arrivals == [a.prompt for a in story] and name in STORY_CARDS and all(
+                header.get(key) in (None, value) for key, value in options.items()):
+            return STORY_CARDS[name]
+    return None
+
+
 def is_story(header: dict) -> bool:
     """Whether a run's header records one of the stories (its arrivals are a scenario's: `blockviz
     run`'s v0 story, v1's or the hybrid one): replays and notebooks of it are guided by default."""

@@ -27,6 +27,7 @@ from blockviz.model.design import design_of
 from blockviz.model.narration import end_of_trace_note, narrate, narrate_step, step_label
 from blockviz.model.viewer import Viewer
 from blockviz.model.trace import Trace, engine_title
+from blockviz.session.scenario import story_cards
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
@@ -130,9 +131,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
     def _viewer_options(self) -> dict[str, Any]:
-        """The Viewer's playback options: the chosen breakpoints, else `]` plays to the guide's kinds;
-        guided, playback stops at each card (and only then is a card shown)."""
-        return {"break_on": self.break_on, "default_breaks": True, "guided": self.guided}
+        """The Viewer's playback options: the chosen breakpoints, else `]` plays to the guide's kinds
+        or, guided, to the next card; guided, playback stops at each card (and only then is a card shown)."""
+        return {"break_on": self.break_on, "default_breaks": not self.guided, "guided": self.guided}
 
     def _start(self, viewer: Viewer) -> None:
         self.viewer = viewer
@@ -149,7 +150,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         named = self.source_name and self.source_name != model  # a trace file; live runs name the model
         source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
         self.query_one("#title", TitleBar).update(f"blockviz · {source} · {engine_title(self.header)}")
-        if self.autoplay:
+        if live and viewer.player.guide is not None:  # a live story counts its cards as a replay does
+            viewer.player.guide.expected = story_cards(self.header)
+        if self.autoplay and not (live and self.guided):  # guided, a live run opens on card 1: space plays on
             self.controller.set_playing(True)
         self.render_views()
 
