@@ -465,8 +465,9 @@ async def test_the_bracket_key_goes_card_to_card_in_every_story_and_a_live_story
         live.expected = story_cards(trace.header)
         live.scan(trace.events[:cards[2].position])  # a live run, two ideas in
         assert not live.settled and live.counter(live.cards[1]) == f"card 2 of {len(cards)}"
-    other = dict(trace.header, num_gpu_blocks=64)  # the story's requests on another pool: not its cards
-    assert story_cards(other) is None and story_cards({}) is None
+    for other in ({"num_gpu_blocks": 64}, {"model": "/some/checkpoint"}):  # the story's requests elsewhere
+        assert story_cards(dict(trace.header, **other)) is None
+    assert story_cards({}) is None
 
 
 @pytest.mark.anyio

@@ -26,7 +26,8 @@ and the tables name exact blocks.
 
 While a guide card is up in a small terminal, a pool can be drawn focused (`focus_on`): only the
 rows that hold the card's blocks, in one-line cells when `compact`, so the card and every block it
-names fit on one screen; the subtitle says how many blocks the hidden rows hold.
+names fit on one screen; the subtitle says how many blocks the hidden rows hold ("card's rows ·
+24 blocks hidden").
 """
 
 from __future__ import annotations
@@ -221,9 +222,10 @@ class PoolGrid(ScrollView, can_focus=True):
         ranged = self.zoom is not None or self.zoomed_out
         where = (f"blocks {self._start}-{self._stop - 1} of {self.num_blocks} · "
                  if (self._start, self._stop) != (0, self.num_blocks) else "")
-        if self.focused is not None and self.num_blocks:
-            hidden = sum(len(self._row_positions(row)) for row in range(total_rows) if row not in self._focus_rows)
-            self.border_subtitle = f"the card's rows only · {hidden} {'cells' if self.zoomed_out else 'blocks'} hidden"
+        hidden = sum(len(self._row_positions(row)) for row in range(total_rows) if row not in self._focus_rows) \
+            if self.focused is not None and self.num_blocks else 0
+        if hidden:
+            self.border_subtitle = f"card's rows · {hidden} {'cells' if self.zoomed_out else 'blocks'} hidden"
         elif self.num_blocks and visible_rows and total_rows > visible_rows and not self.zoomed_out:
             first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
             last = min(self._stop, self._start + (first_row + visible_rows) * self._columns) - 1
