@@ -335,15 +335,17 @@ AFTER_TORCH = "loading the model"
 def test_blockviz_run_draws_its_loading_screen_before_torch_is_imported_then_plays(tiny_gpt2_dir):
     """The order of what reaches the terminal, no clock: the loading screen (saying what it waits
     for) is drawn before the engine process has finished importing torch (it says "loading the
-    model" only after), then the main view with the engine playing, no key pressed; q quits."""
+    model" only after), then the main view on the story's card 1, and the engine playing once
+    space is pressed; q quits."""
     terminal = _Terminal("--model", str(tiny_gpt2_dir), "--max-tokens", "4")
     try:
-        terminal.wait_for(lambda: terminal.shows("GPU pool") and terminal.shows("step 1 "),
-                          "the main view with a step done")
+        terminal.wait_for(lambda: terminal.shows("GPU pool") and terminal.shows("card 1"), "the main view on card 1")
+        terminal.press(b" ")
+        terminal.wait_for(lambda: terminal.shows("step 1 "), "the main view with a step done")
         screen = bytes(terminal.screen)
         first_frame = min(screen.find(text.encode()) for text in BEFORE_TORCH if text.encode() in screen)
         assert 0 <= first_frame < screen.find(AFTER_TORCH.encode())
-        assert "▶ playing".encode() in screen  # playing by itself: nothing was pressed
+        assert "▶ playing".encode() in screen
         terminal.press(b"q")
         assert terminal.ui.wait(timeout=60) == 0
     finally:

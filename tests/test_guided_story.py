@@ -232,7 +232,7 @@ def test_a_token_holding_part_of_a_character_is_drawn_as_its_bytes_never_as_a_re
 
 
 @pytest.mark.anyio
-async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
+async def test_a_live_run_played_guided_opens_on_card_1_stops_on_its_first_idea_and_the_projector_shows_the_card_large():
     from blockviz.session.spec import EngineSpec
     from blockviz.session.engine_thread import EngineBridge
     from test_tui_fake_engine import FakeEngine
@@ -244,6 +244,12 @@ async def test_a_live_run_played_guided_stops_on_its_first_idea_and_the_projecto
     app = BlockvizApp(bridge=bridge, deterministic=True, source_name="fake", guided=True, projector=True)
     async with app.run_test(size=(100, 30)) as pilot:
         await _until(pilot, lambda: app.player is not None and app.player.card is not None, timeout=30)
+        await pilot.pause()
+        # issue 45 item 3: a live run opens on card 1, as a replay does, paused until space
+        assert app.player.card.idea == "kv-cache" and app.player.timeline.position == 0 and not app.player.playing
+        assert card_text(app).startswith("card 1: What the cells are")  # not a story: no "of N"
+        await pilot.press("space")
+        await _until(pilot, lambda: app.player.card is not None and app.player.card.idea != "kv-cache", timeout=30)
         await pilot.pause()
         timeline = app.player.timeline
         assert [idea for idea, _ in first_occurrences(timeline.events)][0] == app.player.card.idea == "copy-on-write"
@@ -371,39 +377,97 @@ async def test_the_first_minute_defines_its_words_an_opening_card_and_the_glossa
     assert {"block table", "ref count", "forking"} <= set(next(c for c in guide.cards if c.idea == "forking").terms)
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("projector", [False, True], ids=["plain", "projector"])
-@pytest.mark.parametrize("which", ["story", "v1-story"])
-async def test_at_80x24_every_card_brings_its_blocks_and_its_sequence_on_screen(which, projector, story_trace_path):
-    """Issue 39 item 4: the pools scroll to the blocks a card names (as many as fit, all when they
-    do) and the block tables to the sequence it is about, in a small terminal and in projector mode."""
-    from blockviz.tui.widgets.panels import BlockTables
+def story_traces(story_trace_path) -> dict[str, object]:
+    """Every guided story there is: the v0 story (recorded, not shipped) and each shipped trace whose
+    header is a story's (scenario.is_story: v1's, the hybrid one, any added later)."""
+    from blockviz.model.trace import shipped_traces
+    from blockviz.session.scenario import is_story
 
-    trace = load_trace(story_trace_path if which == "story" else "v1-story")
-    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True, projector=projector)
-    async with app.run_test(size=(80, 24)) as pilot:
-        guide, timeline = app.player.scan_guide(), app.player.timeline
-        for card in guide.cards[1:]:
-            timeline.seek(card.position)
-            app.render_views()
-            await pilot.pause()
-            await pilot.pause()
-            for grid in app._main.grids:
-                named = sorted(card.blocks_on(grid.device))
-                if not named:
-                    continue
-                shown = re.match(r"blocks (\d+)-(\d+) of", str(grid.border_subtitle))
-                low, high = (int(shown[1]), int(shown[2])) if shown else (0, grid.num_blocks - 1)
-                seen = [n for n in named if low <= n <= high]
-                rows = high // grid.columns - low // grid.columns + 1
-                fits = named[-1] // grid.columns - named[0] // grid.columns < rows
-                assert seen == named if fits else len(seen) >= 1, (card.idea, grid.device, named, low, high)
-            if card.seqs:
-                tables = app.query_one(BlockTables)
-                head = f"seq {card.seqs[0]} "
-                region = tables.region
-                lines = screen_text(app).splitlines()[region.y:region.y + region.height]
-                assert any(head in line[region.x:region.x + region.width] for line in lines), (card.idea, head)
+    shipped = {name: load_trace(name) for name in shipped_traces()}
+    return {"story": load_trace(story_trace_path), **{name: t for name, t in shipped.items() if is_story(t.header)}}
+
+
+def blocks_on_screen(app, card) -> list[tuple[str, int]]:
+    """The blocks `card` names that are drawn on the screen: inside a shown pool's visible cells
+    (PoolGrid.cell_region), the screen's text there starting with the block's number."""
+    from blockviz.tui.widgets.pool_grid import PoolGrid
+
+    lines = screen_text(app).splitlines()
+    seen = []
+    for grid in app.query(PoolGrid):
+        for number in sorted(card.blocks_on(grid.device)):
+            region = grid.cell_region(number)
+            if region is not None and region.y < len(lines) and region.right <= app.size.width and \
+                    lines[region.y][region.x:region.right].strip().startswith(str(number)):
+                seen.append((grid.device, number))
+    return seen
+
+
+CARD_SIZES = [((80, 24), False), ((80, 24), True), ((100, 30), False), ((100, 30), True)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("size,projector", CARD_SIZES,
+                         ids=[f"{w}x{h}-{'projector' if p else 'plain'}" for (w, h), p in CARD_SIZES])
+async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_names(size, projector, story_trace_path):
+    """Issue 45 item 1: at 80x24 and 100x30, plain and projector, each card of each story (replayed
+    guided, stopped at the card) is drawn whole (its title, what happened, the vLLM function) and
+    every block it names is in a visible pool cell beside it; the table of the card's sequence is
+    on screen too."""
+    checked = named = shown = 0
+    for name, trace in story_traces(story_trace_path).items():
+        app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True, projector=projector)
+        async with app.run_test(size=size) as pilot:
+            guide, timeline = app.player.scan_guide(), app.player.timeline
+            for card in guide.cards:
+                timeline.seek(card.position)
+                app.render_views()
+                await pilot.pause()
+                await pilot.pause()
+                assert app.player.card == card
+                text = card_text(app)
+                for words in (card.title, card.what, card.function, " · ".join(card.terms)):
+                    assert " ".join(words.split()) in text, (name, size, projector, card.idea, words, text)
+                seen = blocks_on_screen(app, card)
+                assert sorted(seen) == sorted(card.blocks), (name, size, projector, card.idea, sorted(card.blocks), seen)
+                checked, named, shown = checked + 1, named + len(card.blocks), shown + len(seen)
+                if card.seqs:
+                    from blockviz.tui.widgets.panels import BlockTables
+
+                    region = app.query_one(BlockTables).region
+                    lines = screen_text(app).splitlines()[region.y:region.bottom]
+                    head = f"seq {card.seqs[0]} "
+                    assert any(head in line[region.x:region.right] for line in lines), (name, card.idea, head)
+    print(f"{size[0]}x{size[1]} {'projector' if projector else 'plain'}: {checked} cards, {shown}/{named} blocks")
+    assert checked >= 17 and shown == named
+
+
+@pytest.mark.anyio
+async def test_the_bracket_key_goes_card_to_card_in_every_story_and_a_live_story_counts_its_cards(story_trace_path):
+    """Issue 45 items 2 and 3: guided, `]` stops at the next card and nowhere between (the hybrid
+    story's later window slides are no stops), in every story; a live run of a story says "of N"
+    before its stream has ended (scenario.story_cards, the count its recording shows)."""
+    from blockviz.model.player import SPEEDS
+    from blockviz.session.scenario import story_cards
+
+    for name, trace in story_traces(story_trace_path).items():
+        app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+        async with app.run_test(size=(100, 30)) as pilot:
+            app.player.speed_index = len(SPEEDS) - 1  # the stops, not the pace, are under test
+            cards = app.player.scan_guide().cards
+            assert story_cards(trace.header) == len(cards), name
+            assert app.player.card == cards[0]
+            for card in cards[1:]:
+                await pilot.press("right_square_bracket")
+                await _until(pilot, lambda: not app.player.playing, timeout=30)
+                assert app.player.card == card, (name, app.player.timeline.position, card.idea)
+        live = Guide(trace.header.get("kv_manager") or "v0", opening=True, header=trace.header)
+        live.expected = story_cards(trace.header)
+        live.scan(trace.events[:cards[2].position])  # a live run, two ideas in
+        assert not live.settled and live.counter(live.cards[1]) == f"card 2 of {len(cards)}"
+    for other in ({"num_gpu_blocks": 64}, {"model": "/some/checkpoint"}):  # the story's requests elsewhere
+        assert story_cards(dict(trace.header, **other)) is None
+    assert story_cards({}) is None
 
 
 @pytest.mark.anyio

@@ -451,6 +451,7 @@ class Guide:
         self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
         self.settled = False  # the stream has ended: every card is known
+        self.expected: int | None = None  # the cards a live run's story is known to show (scenario.story_cards)
         # Events a capped live timeline dropped from its front (Timeline.dropped_events): cards
         # count positions from the stream's start, the methods below from the timeline's front
         self.offset = 0
@@ -500,10 +501,12 @@ class Guide:
         self._positions.append(card.position)
 
     def counter(self, card: Card) -> str:
-        """Which card this is, in words: "card 2 of 6" once the stream has ended (a replay), "card
-        2" while more may come (a live run). The one counter every front end shows."""
+        """Which card this is, in words: "card 2 of 6" once the stream has ended (a replay) or while
+        more may come in a live run of a story whose cards are `expected`, "card 2" otherwise. The
+        one counter every front end shows."""
         number = self.cards.index(card) + 1
-        return f"card {number} of {len(self.cards)}" if self.settled else f"card {number}"
+        total = len(self.cards) if self.settled else self.expected
+        return f"card {number} of {total}" if total is not None and number <= total else f"card {number}"
 
     def stop_of(self, card: Card) -> int:
         """Where playback stops for `card`, counted from the timeline's front."""

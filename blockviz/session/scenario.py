@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blockviz.session.tiny_hybrid import TINY_HYBRID
+from engine.model_source import DEFAULT_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,23 @@ HYBRID_SCENARIO_OPTIONS = {
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
+
+
+# How many cards each story shows when played with its own settings (blockviz/model/guide.py's
+# Guide, the opening card included; tests/test_guided_story.py checks each against its recording):
+# a live run's card counter says "of N" before its stream has ended.
+STORY_CARDS = {"story": 6, "story-v1": 5, "story-hybrid": 6}
+
+
+def story_cards(header: dict) -> int | None:
+    """The number of cards a run shows (STORY_CARDS) when its header is a story's (its arrivals)
+    played with that story's model and settings (every setting the header records); None otherwise."""
+    arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
+    for name, (story, options) in SCENARIOS.items():
+        if arrivals == [a.prompt for a in story] and name in STORY_CARDS and all(
+                header.get(key) in (None, value) for key, value in {"model": DEFAULT_MODEL, **options}.items()):
+            return STORY_CARDS[name]
+    return None
 
 
 def is_story(header: dict) -> bool:

@@ -27,6 +27,7 @@ from blockviz.model.design import design_of
 from blockviz.model.narration import end_of_trace_note, narrate, narrate_step, step_label
 from blockviz.model.viewer import Viewer
 from blockviz.model.trace import Trace, engine_title
+from blockviz.session.scenario import story_cards
 from blockviz.tui.bridge import Bridge
 from blockviz.tui.controller import GcPolicy, PlaybackController
 from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, EngineFailed, EngineIdle,
@@ -43,6 +44,12 @@ from engine.events import StepFinished
 
 MIN_SIZE = (80, 24)
 WIDE = 160  # columns from which every panel is shown at once, and pool cells are big
+# Below this many rows a guide card is drawn whole and the pools only their rows holding the card's
+# blocks (a pool naming none is hidden), with the status bar down to its first line; below
+# COMPACT_ROWS those rows are one-line cells even in projector mode: the card and all its blocks
+# on one screen at 80x24.
+CARD_FOCUS_ROWS = 40
+COMPACT_ROWS = 30
 LOADING_FIRST = "starting the engine process…"  # until the engine says what it loads
 
 
@@ -85,6 +92,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self.note = ""
         self._said_dropped = False
         self._gc = GcPolicy()
+        self._rows: int | None = None  # the terminal's height, from the last resize
         self.set_reactive(BlockvizApp.projector, projector)
 
     @property
@@ -123,9 +131,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             self.run_worker(self._run_engine, thread=True, name="engine", exit_on_error=False)
 
     def _viewer_options(self) -> dict[str, Any]:
-        """The Viewer's playback options: the chosen breakpoints, else `]` plays to the guide's kinds;
-        guided, playback stops at each card (and only then is a card shown)."""
-        return {"break_on": self.break_on, "default_breaks": True, "guided": self.guided}
+        """The Viewer's playback options: the chosen breakpoints, else `]` plays to the guide's kinds
+        or, guided, to the next card; guided, playback stops at each card (and only then is a card shown)."""
+        return {"break_on": self.break_on, "default_breaks": not self.guided, "guided": self.guided}
 
     def _start(self, viewer: Viewer) -> None:
         self.viewer = viewer
@@ -142,7 +150,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         named = self.source_name and self.source_name != model  # a trace file; live runs name the model
         source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
         self.query_one("#title", TitleBar).update(f"blockviz · {source} · {engine_title(self.header)}")
-        if self.autoplay:
+        if live and viewer.player.guide is not None:  # a live story counts its cards as a replay does
+            viewer.player.guide.expected = story_cards(self.header)
+        if self.autoplay and not (live and self.guided):  # guided, a live run opens on card 1: space plays on
             self.controller.set_playing(True)
         self.render_views()
 
@@ -219,7 +229,11 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         timeline = player.timeline
         card = player.card
         marked = {device: card.blocks_on(device) for device in ("gpu", "cpu")} if card is not None else None
-        counts = self._main.show_pools(timeline, marked, card.ideas if card is not None else ())
+        rows = self._rows if self._rows is not None else self.size.height
+        focus = card is not None and rows < CARD_FOCUS_ROWS
+        self.screen.set_class(focus, "-card-focus")
+        counts = self._main.show_pools(timeline, marked, card.ideas if card is not None else (),
+                                       focus=focus and bool(card.blocks), compact=focus and rows < COMPACT_ROWS)
         insights.sync(timeline)
         truth = memory_truth(timeline.state, insights.max_tokens)
         if self.controller.frame_drawn(full):
@@ -323,6 +337,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         which records the new size, runs after this one."""
         for grid in self.query(PoolGrid):
             grid.big = event.size.width >= WIDE
+        if self._rows != event.size.height:
+            self._rows = event.size.height
+            self.render_views()  # a card's focus depends on the height
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette offers every binding too, by its description."""

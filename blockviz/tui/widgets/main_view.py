@@ -52,14 +52,20 @@ class MainView(Horizontal):
             self.query_one(f"#{name}").set_class(name == view, "-shown")
 
     def show_pools(self, timeline: Timeline, marked: dict[str, frozenset[int]] | None = None,
-                   ideas: tuple[str, ...] = ()) -> dict[str, tuple[int, int, int]]:
+                   ideas: tuple[str, ...] = (), focus: bool = False, compact: bool = False) -> dict[str, tuple[int, int, int]]:
         """Both pools at the cursor, the blocks the last event touched marked (or `marked`: a guide
-        card's blocks, `ideas` its ideas: the note they are about first); returns pool_counts."""
+        card's blocks, `ideas` its ideas: the note they are about first); returns pool_counts.
+        `focus`: each pool draws only the rows holding the `marked` blocks (PoolGrid.focus_on), a
+        pool holding none is hidden; `compact`: in one-line cells."""
         state = timeline.state
         touched = marked if marked is not None else touched_blocks(timeline.current_event)
         counts = pool_counts(state)
         notes = v1_notes(state, ideas)
         for grid in self.grids:
+            named = (marked or {}).get(grid.device, frozenset())
+            grid.compact = compact
+            grid.focus_on(named if focus and named else None)
+            grid.set_class(focus and not named, "-unnamed")
             used, cached, free = counts[grid.device]
             grid.show(state, touched.get(grid.device, frozenset()),
                       title=f"{grid.device.upper()} pool · {used}/{used + cached + free} used",

@@ -23,6 +23,11 @@ subtitle says N. `z` zooms into the selected block's cell (a range of at most MA
 blocks is drawn one cell per block, numbered as in the pool), `Z` back out to the whole pool.
 Selection stays a block: in a zoomed-out pool a cell selects its first block, so the inspector
 and the tables name exact blocks.
+
+While a guide card is up in a small terminal, a pool can be drawn focused (`focus_on`): only the
+rows that hold the card's blocks, in one-line cells when `compact`, so the card and every block it
+names fit on one screen; the subtitle says how many blocks the hidden rows hold ("card's rows ·
+24 blocks hidden").
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class PoolGrid(ScrollView, can_focus=True):
     selected: reactive[int | None] = reactive(None)
     projector: reactive[bool] = reactive(False)  # strong colours, big cells
     big: reactive[bool] = reactive(False)  # big cells (two lines each)
+    compact: reactive[bool] = reactive(False)  # one-line cells whatever `big` and `projector` say
 
     def __init__(self, device: str, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -106,6 +112,8 @@ class PoolGrid(ScrollView, can_focus=True):
         self._cells: ZoomCells | None = None  # the range's cells while zoomed out
         self._rows: dict[int, tuple[tuple, list[Strip]]] = {}  # row -> (look key, its lines)
         self._in_view: frozenset[int] = frozenset()  # the blocks bring_into_view last scrolled to
+        self.focused: frozenset[int] | None = None  # focus_on's blocks: only their rows are drawn
+        self._focus_rows: list[int] = []  # the rows drawn while focused, in order
         self._look_styles: dict[tuple, Style] = {}
         self._base = Style()
         self._gap = GAP
@@ -173,7 +181,7 @@ class PoolGrid(ScrollView, can_focus=True):
 
     @property
     def big_cells(self) -> bool:
-        return self.big or self.projector
+        return (self.big or self.projector) and not self.compact
 
     @property
     def cell_height(self) -> int:
@@ -200,7 +208,10 @@ class PoolGrid(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width or self.size.width or 80
         gap = self.pitch - self.cell_width
         self._columns = max(1, (width + gap) // self.pitch)
+        self._focus_rows = sorted({p // self._columns for p in map(self._position, self.focused or ()) if p is not None})
         rows = -(-self.num_positions // self._columns) if self.num_blocks else len(self._note_lines())
+        if self.focused is not None and self.num_blocks:
+            rows = len(self._focus_rows)
         self.virtual_size = Size(self._columns * self.pitch, rows * self.cell_height)
         self._show_page()
 
@@ -211,7 +222,11 @@ class PoolGrid(ScrollView, can_focus=True):
         ranged = self.zoom is not None or self.zoomed_out
         where = (f"blocks {self._start}-{self._stop - 1} of {self.num_blocks} · "
                  if (self._start, self._stop) != (0, self.num_blocks) else "")
-        if self.num_blocks and visible_rows and total_rows > visible_rows and not self.zoomed_out:
+        hidden = sum(len(self._row_positions(row)) for row in range(total_rows) if row not in self._focus_rows) \
+            if self.focused is not None and self.num_blocks else 0
+        if hidden:
+            self.border_subtitle = f"card's rows · {hidden} {'cells' if self.zoomed_out else 'blocks'} hidden"
+        elif self.num_blocks and visible_rows and total_rows > visible_rows and not self.zoomed_out:
             first_row = min(int(self.scroll_offset.y) // self.cell_height, total_rows - visible_rows)
             last = min(self._stop, self._start + (first_row + visible_rows) * self._columns) - 1
             of = f"{self._start}-{self._stop - 1} · Z whole pool" if self.zoom is not None else str(self.num_blocks)
@@ -238,6 +253,30 @@ class PoolGrid(ScrollView, can_focus=True):
 
     def watch_big(self) -> None:
         self._resize_cells()
+
+    def watch_compact(self) -> None:
+        self._resize_cells()
+
+    def focus_on(self, numbers: frozenset[int] | None) -> None:
+        """Draw only the rows that hold `numbers` (a guide card's blocks, in a small terminal);
+        None: every row again."""
+        if numbers == self.focused:
+            return
+        self.focused = numbers
+        if numbers is not None:
+            self.scroll_to(y=0, animate=False, immediate=True)
+        self._relayout()
+        self.refresh(layout=True)
+
+    def _row_of_line(self, y: int) -> tuple[int, int] | None:
+        """(row, line within its cells) that content line `y` (scroll included) draws; None past
+        the focused rows."""
+        row, sub = divmod(y, self.cell_height)
+        if self.focused is not None:
+            if row >= len(self._focus_rows):
+                return None
+            row = self._focus_rows[row]
+        return row, sub
 
     def _resize_cells(self) -> None:
         self._relayout()
@@ -280,6 +319,9 @@ class PoolGrid(ScrollView, can_focus=True):
             self._invalidate()
             self.refresh()
             return
+        if self.focused is not None:
+            self.refresh()  # a few rows
+            return
         height = self.cell_height
         first_row = int(self.scroll_offset.y) // height
         last_row = (int(self.scroll_offset.y) + self.size.height) // height
@@ -308,7 +350,10 @@ class PoolGrid(ScrollView, can_focus=True):
             line = lines[y] if y < len(lines) else ""
             return Strip([Segment(line, self._base + Style(dim=True, italic=True))]).extend_cell_length(
                 self.scrollable_content_region.width, self._base)
-        row, sub = divmod(y + int(self.scroll_offset.y), self.cell_height)
+        where = self._row_of_line(y + int(self.scroll_offset.y))
+        if where is None:
+            return Strip.blank(self.scrollable_content_region.width, self._base)
+        row, sub = where
         key = self._row_key(row)
         cached = self._rows.get(row)
         if cached is None or cached[0] != key:
@@ -504,7 +549,10 @@ class PoolGrid(ScrollView, can_focus=True):
         column, within = divmod(x, self.pitch)
         if within >= self.cell_width or column >= self._columns:
             return None
-        position = (y // self.cell_height) * self._columns + column
+        where = self._row_of_line(y)
+        if where is None:
+            return None
+        position = where[0] * self._columns + column
         if not 0 <= position < self.num_positions:
             return None
         return self._start + position * self._per_cell
@@ -566,7 +614,7 @@ class PoolGrid(ScrollView, can_focus=True):
     def bring_into_view(self, numbers: frozenset[int]) -> None:
         """Scroll so that the blocks a guide card names are on screen: all of them when their rows
         fit, else as many as fit. Done once per set of blocks, so the user's own scrolling stays."""
-        if numbers == self._in_view or not numbers or not self.num_blocks:
+        if numbers == self._in_view or not numbers or not self.num_blocks or self.focused is not None:
             self._in_view = numbers
             return
         self._in_view = numbers
@@ -594,8 +642,29 @@ class PoolGrid(ScrollView, can_focus=True):
         if position is None:
             return
         row, column = divmod(position, self._columns)
+        if self.focused is not None:
+            return  # every focused row is drawn
         region = Region(column * self.pitch, row * self.cell_height, self.cell_width, self.cell_height)
         self.scroll_to_region(region, animate=False, immediate=True)
+
+    def cell_region(self, number: int) -> Region | None:
+        """Where on the screen the cell drawing block `number` is, when it is wholly inside this
+        pool's visible content (scroll and focus taken into account); None otherwise."""
+        position = self._position(number) if self.num_blocks and self.display else None
+        if position is None:
+            return None
+        row, column = divmod(position, self._columns)
+        if self.focused is not None:
+            if row not in self._focus_rows:
+                return None
+            line = self._focus_rows.index(row) * self.cell_height
+        else:
+            line = row * self.cell_height - int(self.scroll_offset.y)
+        content = self.scrollable_content_region
+        x = column * self.pitch
+        if line < 0 or line + self.cell_height > content.height or x + self.cell_width > content.width:
+            return None
+        return Region(content.x + x, content.y + line, self.cell_width, self.cell_height)
 
     # ------------------------------------------------------------------ text for tests and screen readers
 
