@@ -180,14 +180,25 @@ function fitToCard(box) {
   let fit = 1;
   setFit(box, fit);
   if (up) {
-    revealNamed(box, blocks);
     const room = heightInView(box) - FIT_MARGIN_PX;
-    for (let tries = 0; tries < 6 && fit > MIN_FIT; tries++) {
-      const reach = cardReach(controls, card, blocks, box);
-      if (reach <= room) break;
-      fit = Math.max(MIN_FIT, Math.floor(100 * fit * Math.min(0.97, room / reach)) / 100);
-      setFit(box, fit);
+    const fits = (f) => {
+      setFit(box, f);
       revealNamed(box, blocks);
+      return cardReach(controls, card, blocks, box) <= room;
+    };
+    if (!fits(1)) {  // shrink in proportion until it fits, then bisect up to the largest that fits
+      let high = 1, low = MIN_FIT;
+      for (let f = 1, tries = 0; tries < 6 && f > MIN_FIT; tries++) {
+        f = Math.max(MIN_FIT, f * Math.min(0.97, room / cardReach(controls, card, blocks, box)));
+        if (fits(f)) { low = f; break; }
+        high = f;
+      }
+      while (high - low > 0.02) {
+        const middle = (high + low) / 2;
+        if (fits(middle)) low = middle; else high = middle;
+      }
+      fit = Math.floor(100 * low) / 100;
+      fits(fit);
     }
   }
   box.dataset.fit = String(fit);
