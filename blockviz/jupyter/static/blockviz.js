@@ -258,8 +258,10 @@ function renderPool(model, el) {
       pool.section.hidden = data.n === 0 && !notes.length;
       pool.note.hidden = !notes.length;
       pool.note.replaceChildren(...notes.map((text) => h("div", { class: "bv-note", text })));
+      // free counts the cached blocks too, as the TUI's status bar and the SVG say it
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
-        `${data.cached} cached · ${data.free} free` + (data.per_cell > 1 ? ` · 1 cell = ${data.per_cell} blocks` : "");
+        `${data.cached + data.free} free` + (data.cached ? ` (${data.cached} cached)` : "") +
+        (data.per_cell > 1 ? ` · 1 cell = ${data.per_cell} blocks` : "");
       const named = frame.card ? frame.card.blocks.some(([d]) => d === device) : false;
       drawCollapsed(pool, data, !!expanded[device] || named);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
