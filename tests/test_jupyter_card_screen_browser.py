@@ -107,17 +107,19 @@ def test_contrast_is_wcags():
 
 @pytest.fixture(scope="module")
 def story_page(chromium_browser, jupyter_server, story_trace_path):
-    """One notebook with a Visualizer per story (`vizs[name]`), open in a page, every widget drawn."""
+    """One notebook with a Visualizer per story (`vizs[name]`) and the v0 story live (`live`), open
+    in a page, every widget drawn."""
     traces = {name: str(story_trace_path) if trace == "story" else trace for name, trace in STORIES}
     cells = ["from blockviz.jupyter import Visualizer\nvizs = {}"]
     cells += [f"vizs[{name!r}] = Visualizer.from_trace({trace!r})\nvizs[{name!r}]" for name, trace in traces.items()]
+    cells.append("live = Visualizer.live(scenario='story')\nlive")  # the v0 story played live, after them
     path = jupyter_server.add_notebook("cards-on-screen.ipynb", cells)
     context = chromium_browser.new_context(viewport={"width": 1280, "height": 720})
     page = context.new_page()
     try:
         open_notebook(page, jupyter_server, path)
         run_all_cells(page)
-        page.wait_for_function(f"() => document.querySelectorAll('.bv-view-controls[data-position]').length === {len(STORIES)}",
+        page.wait_for_function(f"() => document.querySelectorAll('.bv-view-controls[data-position]').length === {len(STORIES) + 1}",
                                timeout=UI_LIMIT_MS)
         yield page
     finally:
@@ -176,3 +178,29 @@ def test_every_card_and_all_its_blocks_are_on_one_screen(story, size, look, stor
         worst = min(contrast(text, background) for text, background in colours)
         assert worst >= MIN_CONTRAST, (worst, colours)
 
+
+
+def test_the_live_story_opens_the_cpu_pool_its_swap_in_card_names_and_outlines_them(story_page):
+    """Issue 45 item 3: played live, the swap-in card's CPU blocks (a CPU pool empty again, so
+    collapsed to one line) are drawn and outlined on the CPU canvas, as in the replay."""
+    page = story_page
+    k = len(STORIES)  # the live Visualizer's controls come after the stories'
+    page.set_viewport_size({"width": 1280, "height": 720})
+    card = None
+    for _ in range(10):
+        before = page.locator(".bv-view-controls").nth(k).get_attribute("data-position")
+        page.locator(".bv-view-controls").nth(k).locator("button[data-action='next_card']").click()
+        page.wait_for_function("""([k, before]) => {
+            const controls = document.querySelectorAll('.bv-view-controls')[k];
+            return controls.dataset.position !== before && controls.closest('.blockviz').dataset.fitFor === controls.dataset.position;
+        }""", arg=[k, before], timeout=UI_LIMIT_MS)
+        card = kernel_json(page, "(lambda c: c and [c.ideas, [list(b) for b in c.blocks], list(c.seqs)])(live.viewer.card)")
+        if card and "swap-in" in card[0]:
+            break
+    assert card and "swap-in" in card[0], card
+    page.evaluate(FRAMES)
+    named_cpu = [number for device, number in card[1] if device == "cpu"]
+    assert named_cpu
+    drawn = page.evaluate(ON_SCREEN_JS, [k, card[1], card[2]])
+    assert drawn["card"] and not drawn["missing"], drawn
+    assert set(named_cpu) <= set(drawn["touched"]["cpu"]), drawn["touched"]

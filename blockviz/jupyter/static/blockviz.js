@@ -279,6 +279,12 @@ function renderPool(model, el) {
 
 // ------------------------------------------------------------------ block tables
 
+// Scroll a tables box (.bv-tables) to the row of the sequence in its data-scrolled-to, if any.
+function scrollTablesToCard(body) {
+  const row = body.dataset.scrolledTo ? body.querySelector(`.bv-table-row[data-seq='${body.dataset.scrolledTo}']`) : null;
+  if (row) body.scrollTop += row.getBoundingClientRect().top - body.getBoundingClientRect().top;
+}
+
 function renderTables(model, el) {
   const body = h("div", { class: "bv-tables" });
   el.append(h("div", { class: "bv-title", text: "Block tables (logical → physical)" }), body);
@@ -290,9 +296,8 @@ function renderTables(model, el) {
     const key = card ? `${card.position} ${card.idea}` : null;
     if (key === scrolledFor) return;
     scrolledFor = key;
-    const row = card && (card.seqs || []).length ? body.querySelector(`.bv-table-row[data-seq='${card.seqs[0]}']`) : null;
-    if (row) body.scrollTop += row.getBoundingClientRect().top - body.getBoundingClientRect().top;
-    body.dataset.scrolledTo = row ? row.dataset.seq : "";
+    body.dataset.scrolledTo = card && (card.seqs || []).length ? String(card.seqs[0]) : "";
+    scrollTablesToCard(body);
   }
   return (frame) => {
     const palette = model.get("palette");

@@ -201,6 +201,7 @@ function fitToCard(box) {
       fits(fit);
     }
   }
+  for (const body of box.querySelectorAll(".bv-tables")) scrollTablesToCard(body);  // its rows moved with the fit
   box.dataset.fit = String(fit);
   box.dataset.fitFor = up ? card.dataset.position : "";
   box.dataset.fits = String(Number(box.dataset.fits || 0) + 1);
