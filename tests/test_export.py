@@ -211,3 +211,19 @@ def test_a_picture_has_a_legend_and_the_whole_narration_as_its_caption(tmp_path)
         (legend,) = [g for g in root.iter(f"{SVG}g") if g.get("class") == "legend"]
         swatches = [r.get("data-state") for r in legend.iter(f"{SVG}rect")]
         assert swatches == ["used", "cached", "free"] + (["null"] if null else [])
+
+
+def test_the_pool_line_counts_free_as_the_tui_does(tmp_path):
+    """Issue 45: the SVG's pool line says "13 free (13 cached)" as the TUI's status bar does (a
+    cached block is free), not "0 free" beside "13 cached"."""
+    from blockviz.model.view import pool_counts
+
+    trace = load_trace("prefix-hit")
+    viz = Visualizer.from_trace(trace)
+    viz.seek(len(trace.events))
+    used, cached, free = pool_counts(viz.state)["gpu"]
+    assert cached  # the end of a prefix-caching run keeps its blocks cached
+    root = read_svg(viz.save(tmp_path / "end.svg"))
+    lines = ["".join(t.itertext()) for t in root.iter(f"{SVG}text") if "".join(t.itertext()).startswith("GPU pool")]
+    assert lines == [f"GPU pool · {len(viz.state.pools['gpu'])} blocks · {used} used · {cached + free} free ({cached} cached)"]
+    viz.close()

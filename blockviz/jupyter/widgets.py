@@ -95,15 +95,17 @@ class PoolView(_View):
     _kind = traitlets.Unicode("pool").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
     renderer = traitlets.Enum(("canvas", "cells"), "canvas").tag(sync=True)
-    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes", "kv_cache_groups")
+    parts = ("block_size", "pools", "touched", "selected", "free_queue", "notes", "kv_cache_groups",
+             "card")  # a guided stop's card: a collapsed pool it names blocks of is opened
 
 
 class BlockTableView(_View):
-    """Each sequence's block table: logical block -> physical block, the token text in each slot."""
+    """Each sequence's block table: logical block -> physical block, the token text in each slot;
+    at a guided stop, scrolled to the table of the sequence the card is about (as the TUI's)."""
 
     _kind = traitlets.Unicode("tables").tag(sync=True)
     palette = traitlets.Dict(PALETTE).tag(sync=True)
-    parts = ("tables", "block_size")
+    parts = ("tables", "block_size", "card")
 
 
 class HashChainView(_View):

@@ -239,7 +239,9 @@ def _draw_empty_line(canvas: _Canvas, pool: dict[str, Any]) -> bool:
 
 
 def _pool_line(device: str, pool: dict[str, Any]) -> str:
-    return f"{device.upper()} pool · {pool['n']} blocks · {pool['used']} used · {pool['cached']} cached · {pool['free']} free"
+    """The pool's counts as the TUI's status bar says them: free counts the cached blocks too."""
+    return (f"{device.upper()} pool · {pool['n']} blocks · {pool['used']} used · {pool['cached'] + pool['free']} free"
+            + (f" ({pool['cached']} cached)" if pool["cached"] else ""))
 
 
 def _draw_zoomed(canvas: _Canvas, device: str, pool: dict[str, Any], frame: dict[str, Any], cells: ZoomCells) -> None:

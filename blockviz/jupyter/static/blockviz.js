@@ -229,9 +229,9 @@ function renderPool(model, el) {
       "data-block": number, title: (i === 0 ? "next to go" : `${i + 1} in the queue`) +
         (cached ? ": cached, taking it evicts its hash" : ": free, no hash"), text: `${number}${cached ? "c" : ""}` }));
     const more = queue.num_free - queue.blocks.length;
-    queueRow.replaceChildren(h("span", { class: "bv-free-queue-title", text: "free queue ▸ " }),
+    queueRow.replaceChildren(h("span", { class: "bv-free-queue-title", text: "free queue ▸ " }),  // (replaceChildren writes a null as "null")
       ...(chips.length ? chips : [h("span", { class: "bv-dim", text: "empty: every block is in use" })]),
-      more > 0 ? h("span", { class: "bv-dim", text: ` … +${more}` }) : null);
+      ...(more > 0 ? [h("span", { class: "bv-dim", text: ` … +${more}` })] : []));
     queueRow.dataset.blocks = queue.blocks.map(([number]) => number).join(",");
     queueRow.dataset.cached = queue.blocks.map(([, cached]) => (cached ? 1 : 0)).join(",");
     queueRow.dataset.numFree = String(queue.num_free);
@@ -241,6 +241,7 @@ function renderPool(model, el) {
   el.append(rules);
   let lastFrame = null;
   let colouredWith = null;
+  let cardShown = null;
   const draw = (frame) => {
     lastFrame = frame;
     const palette = model.get("palette");
@@ -257,15 +258,20 @@ function renderPool(model, el) {
       pool.section.hidden = data.n === 0 && !notes.length;
       pool.note.hidden = !notes.length;
       pool.note.replaceChildren(...notes.map((text) => h("div", { class: "bv-note", text })));
+      // free counts the cached blocks too, as the TUI's status bar and the SVG say it
       pool.header.textContent = `${device.toUpperCase()} pool · ${data.n} blocks · ${data.used} used · ` +
-        `${data.cached} cached · ${data.free} free` + (data.per_cell > 1 ? ` · 1 cell = ${data.per_cell} blocks` : "");
-      drawCollapsed(pool, data, !!expanded[device]);
+        `${data.cached + data.free} free` + (data.cached ? ` (${data.cached} cached)` : "") +
+        (data.per_cell > 1 ? ` · 1 cell = ${data.per_cell} blocks` : "");
+      const named = frame.card ? frame.card.blocks.some(([d]) => d === device) : false;
+      drawCollapsed(pool, data, !!expanded[device] || named);
       const selected = frame.selected && frame.selected[0] === device ? frame.selected[1] : -1;
       const queue = device === "gpu" ? frame.free_queue : null;
       const head = queue && queue.blocks.length ? queue.blocks[0][0] : -1;
       pool.grid.draw(data, palette, frame.block_size || 1, (frame.touched || {})[device] || [], selected, head);
       if (device === "gpu") drawQueue(queue, pool.section);
     }
+    const card = frame.card ? String(frame.card.position) : "";
+    if (card !== cardShown) { cardShown = card; scheduleFit(el); }  // the pools a card opened: fit again
   };
   draw.dispose = () => { for (const pool of Object.values(pools)) pool.grid.dispose(); };
   return draw;
@@ -273,10 +279,26 @@ function renderPool(model, el) {
 
 // ------------------------------------------------------------------ block tables
 
+// Scroll a tables box (.bv-tables) to the row of the sequence in its data-scrolled-to, if any.
+function scrollTablesToCard(body) {
+  const row = body.dataset.scrolledTo ? body.querySelector(`.bv-table-row[data-seq='${body.dataset.scrolledTo}']`) : null;
+  if (row) body.scrollTop += row.getBoundingClientRect().top - body.getBoundingClientRect().top;
+}
+
 function renderTables(model, el) {
   const body = h("div", { class: "bv-tables" });
   el.append(h("div", { class: "bv-title", text: "Block tables (logical → physical)" }), body);
   let colouredWith = null;
+  // A new card scrolls the box to the table of the sequence it is about (its first), as the TUI
+  // does; the same card again leaves the box where the reader scrolled it.
+  let scrolledFor = null;
+  function scrollToCard(card) {
+    const key = card ? `${card.position} ${card.idea}` : null;
+    if (key === scrolledFor) return;
+    scrolledFor = key;
+    body.dataset.scrolledTo = card && (card.seqs || []).length ? String(card.seqs[0]) : "";
+    scrollTablesToCard(body);
+  }
   return (frame) => {
     const palette = model.get("palette");
     if (palette !== colouredWith) setBlockColours(el, (colouredWith = palette));  // a null slot's colours
@@ -317,7 +339,9 @@ function renderTables(model, el) {
         ...groupTables);
     });
     body.replaceChildren(...(rows.length ? rows : [h("div", { class: "bv-dim", text: "no sequences yet" })]));
+    scrollToCard(frame.card);
   };
+
 }
 
 // ------------------------------------------------------------------ hash chains
@@ -450,7 +474,7 @@ function renderControls(model, el) {
   const card = h("div", { class: "bv-card", hidden: true });
   bar.append(speed, slider, where, lookControls(model));
   el.append(title, bar, current, error, dropped, card);
-  let speedsShown = "";
+  let speedsShown = "", fittedFor = null;
   return (frame) => {
     const c = frame.cursor;
     if (!c) return;
@@ -461,6 +485,7 @@ function renderControls(model, el) {
     }
     speed.value = String(c.speed_index);
     title.textContent = c.title + (c.live ? " · live" : "");
+    title.title = title.textContent;  // all of it, when a card puts it on one line
     buttons.play.textContent = c.playing ? "❚❚ pause" : "▶ play";
     buttons.play.dataset.playing = String(c.playing);
     buttons.next_card.hidden = !c.guided;
@@ -492,6 +517,8 @@ function renderControls(model, el) {
         h("div", { class: "bv-card-terms" }, (k.terms || []).length ? "words: " : "",
           ...(k.terms || []).map(([term, meaning]) => h("abbr", { class: "bv-term", title: meaning, text: term + " " }))));
     }
+    const fitFor = k ? String(k.position) : "";
+    if (fitFor !== fittedFor) { fittedFor = fitFor; scheduleFit(el); }  // display.js: the card and its blocks in view
   };
 }
 
@@ -523,7 +550,7 @@ function render({ model, el }) {
   };
   model.on("change:frame", update);
   if (timed) model.on("change:renderer", update);
-  const relook = () => { applyLook(model, el); update(); };
+  const relook = () => { applyLook(model, el); update(); scheduleFit(el); };
   model.on("change:zoom", relook);
   model.on("change:projector", relook);
   update();

@@ -186,6 +186,7 @@ function canvasGrid(model, device, n, start = 0) {
   grid.addEventListener("scroll", paint, { passive: true });
   const resized = new ResizeObserver(() => { layout = null; paint(); });
   resized.observe(grid);
+  grid.bvRelayout = () => { layout = null; paint(); };  // now: a new font size (display.js fitToCard)
   canvas.addEventListener("mousemove", (event) => {  // the tooltip: made when the block under it changes
     const i = blockAt(event);
     if (i === hovered) return;
