@@ -27,7 +27,7 @@ from blockviz.model.timeline import Timeline
 from blockviz.model.trace import load_trace, read_trace
 from blockviz.session.scenario import CPU_TIER_GIB, CPU_TIER_SCENARIO, DEFAULT_V1_SCENARIO
 from engine import events as ev
-from story_fixtures import run_live
+from story_fixtures import play_card_to_card, run_live
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
@@ -184,31 +184,22 @@ def anyio_backend():
 @pytest.mark.anyio
 async def test_replay_cpu_tier_plays_guided_to_its_end_stopping_at_each_card():
     from blockviz.commands.replay import check as replay_check
-    from blockviz.model.player import SPEEDS
     from blockviz.session.scenario import is_story
     from blockviz.tui.app import BlockvizApp
     from test_guided_story import card_text
-    from test_tui_app import _until
 
     path, trace = replay_check(build_parser().parse_args(["replay", "cpu-tier"]))
     assert path.name == "cpu-tier.jsonl" and is_story(trace.header)
     app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
-    seen = []
+    def on_card(card) -> bool:  # each card's title on the screen; play on to the end
+        assert card.title in card_text(app), card.idea
+        return False
+
     async with app.run_test(size=(200, 60)) as pilot:
-        app.player.speed_index = len(SPEEDS) - 1
-        timeline = app.player.timeline
-        while not timeline.at_end:
-            await pilot.press("space")
-            await _until(pilot, lambda: not app.player.playing, timeout=30)
-            await pilot.pause()
-            card = app.player.card
-            if card is None:
-                break
-            seen.append(card.idea)
-            assert timeline.position == card.position
-            assert card.title in card_text(app)
-        assert timeline.at_end
-    assert [i for i in seen if i in ("offload-store", "recompute", "offload-load")] == [
+        seen = await play_card_to_card(app, pilot, on_card)
+        assert app.player.timeline.at_end
+    ideas = [card.idea for card in seen]
+    assert [i for i in ideas if i in ("offload-store", "recompute", "offload-load")] == [
         "offload-store", "recompute", "offload-load"]
 
 
@@ -293,3 +284,45 @@ def test_a_vllm_run_on_the_command_line_prints_no_vllm_log_line(tiny_gpt2_dir, t
         assert noise not in output, output
     if command == "record":
         assert result.stdout == "" and result.stderr.splitlines()[-1].startswith("recorded ")
+
+
+# ---------------------------------------------------------------- what is vLLM's and what is ours, on screen
+
+
+@pytest.mark.anyio
+async def test_a_vllm_run_says_whose_code_drives_it_in_the_tui_notebook_and_svg():
+    """A `--kv-manager vllm` run is not drawn as a v1 run: its title names vLLM's scheduler and
+    blockviz's model runner (the model layer's engine_title, which every front end shows), and its
+    opening card says it in a sentence; a v1 run's title and card say neither."""
+    from html import unescape
+
+    from blockviz.jupyter import Visualizer
+    from blockviz.model.design import attribution
+    from blockviz.model.export import trace_frame, trace_title
+    from blockviz.model.svg import frame_svg
+    from blockviz.model.trace import engine_title
+    from blockviz.tui.app import BlockvizApp
+    from test_tui_app import screen_text
+
+    trace, v1 = load_trace("cpu-tier"), load_trace("v1-story")
+    version = trace.header["vllm_version"]
+    short = f"on vLLM {version}'s own Scheduler and KVCacheManager; model runner: blockviz"
+    sentence = f"vLLM {version}'s Scheduler, KVCacheManager and BlockPool drive this run"
+    assert short in engine_title(trace.header) and "vLLM" not in engine_title(v1.header)
+    assert attribution(trace.header).startswith(sentence) and "blockviz's" in attribution(trace.header)
+    assert attribution(v1.header) == ""
+    svg = unescape(frame_svg(trace_frame(Timeline.for_trace(trace), trace.header, trace_title(trace)),
+                             title=trace_title(trace)))
+    assert short in svg
+    viz = Visualizer.from_trace(trace)
+    try:
+        assert short in viz.frame()["cursor"]["title"]
+        assert sentence in viz.frame()["card"]["what"]  # a replay of the story opens on card 1
+    finally:
+        viz.close()
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
+    async with app.run_test(size=(220, 60)) as pilot:
+        await pilot.pause()
+        assert short in screen_text(app)
+    opening = Guide("v1", opening=True, header=v1.header).cards[0]
+    assert "vLLM" not in opening.what.split(".")[0] and "drive this run" not in opening.what
