@@ -23,6 +23,9 @@ from blockviz.commands.options import add_engine_options
 from blockviz.errors import UsageError
 from blockviz.session.spec import ENGINE_CONFIG_OPTIONS
 
+# The engine options' destinations (options.add_engine_options): EngineConfig's and the requests'.
+ENGINE_DESTS = (*ENGINE_CONFIG_OPTIONS, "prompts", "n", "max_tokens", "temperature", "vllm_options")
+
 
 @dataclass(slots=True)
 class Recording:
@@ -106,14 +109,10 @@ def add_parser(subparsers) -> None:
             action.default = argparse.SUPPRESS
 
 
-# The engine options' destinations (options.add_engine_options): EngineConfig's and the requests'.
-ENGINE_DESTS = (*ENGINE_CONFIG_OPTIONS, "prompts", "n", "max_tokens", "temperature", "vllm_options")
-
 
 def engine_args(args) -> argparse.Namespace:
     """The parsed options with every engine option left out at its default."""
-    given = vars(args)
-    return argparse.Namespace(**{**args.engine_defaults, **given})
+    return argparse.Namespace(**{**args.engine_defaults, **vars(args)})
 
 
 def scenario_spec(name: str, args):
@@ -126,7 +125,7 @@ def scenario_spec(name: str, args):
     if given.get("prompts"):
         raise UsageError(f"--scenario {name} plays the story's own requests: leave out --prompt (or --scenario)")
     if "n" in given:
-        raise UsageError(f"--n applies to --prompt requests: the story {name}'s requests set their own (leave out --n)")
+        raise UsageError(f"--n applies to --prompt requests: --scenario {name} sets each request's own (leave out --n)")
     options = {k: v for k, v in given.items() if k not in ("prompts", "n")}
     if "vllm_options" in options:
         options["vllm_options"] = dict(options["vllm_options"] or ())
