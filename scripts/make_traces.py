@@ -4,7 +4,8 @@
     python scripts/make_traces.py --only swap     # one
     python scripts/make_traces.py --model DIR     # another checkpoint (for trying things out)
 
-"hybrid" plays `blockviz run --model tiny-hybrid`'s story on that model (blockviz/session/tiny_hybrid.py:
+"cpu-tier" plays `blockviz run --kv-manager vllm --kv-offloading-size`'s story (vLLM 0.33 installed:
+docs/vllm-core.md). "hybrid" plays `blockviz run --model tiny-hybrid`'s story on that model (blockviz/session/tiny_hybrid.py:
 random weights built on first use; the header names it "tiny-hybrid"), unless --model names another.
 
 Each scenario goes through the same code as `blockviz record` (blockviz.commands.record.record_trace)
@@ -84,6 +85,13 @@ def _hybrid_story(counts: Counter, events: list, header: dict) -> bool:
         e.num_hit_blocks > 0 and e.first_miss is not None and e.first_miss.verdict == WINDOW_TAIL for e in explained)
 
 
+def _cpu_tier_story(counts: Counter, events: list, header: dict) -> bool:
+    """The CPU tier's story: stores to the CPU tier, a recompute preemption, and the preempted
+    request's prefix loaded back from the tier."""
+    preempted = {seq for e in events if e.type == "preempted" and e.mode == "recompute" for seq in e.seq_ids}
+    return counts["offload_store"] > 0 and any(e.type == "offload_load" and e.seq_id in preempted for e in events)
+
+
 ROMEO = "ROMEO: But soft, what light through yonder window breaks?"
 
 SCENARIOS = [
@@ -142,6 +150,13 @@ SCENARIOS = [
                   "less than the full-attention group holds (the window tail freed)",
         {}, _hybrid_story, "a window sliding mid-request and a hit cut short by the window group",
         story="story-hybrid"),
+    Scenario(
+        "cpu-tier", "vLLM's CPU tier (`blockviz run --kv-manager vllm --kv-offloading-size`'s story, on vLLM 0.33's "
+                    "own scheduler): v1's story with a CPU tier of 64 blocks; vLLM stores full blocks to the tier as "
+                    "they are computed; the pool runs out and a request is preempted by recompute; its prefix, "
+                    "evicted from the GPU, is loaded back from the CPU tier as hits instead of computed again",
+        {}, _cpu_tier_story, "stores to the CPU tier and a preempted request's prefix loaded back from it",
+        story="story-cpu-tier"),
 ]
 
 

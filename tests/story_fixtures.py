@@ -34,3 +34,27 @@ def run_live(args: list[str]):
     finally:
         session.close()
     return session.header, events
+
+
+async def play_card_to_card(app, pilot, on_card=None) -> list:
+    """Play a guided app (BlockvizApp, under `pilot`) with space at its fastest speed, card to card,
+    to the end of its stream: the cards it stopped at, in order. At each stop the cursor is the
+    card's position; `on_card(card)` checks the screen there (and returns True to stop early)."""
+    from blockviz.model.player import SPEEDS
+    from test_tui_app import _until
+
+    app.player.speed_index = len(SPEEDS) - 1  # no waiting: the stops are what is under test
+    timeline = app.player.timeline
+    seen = []
+    while not timeline.at_end:
+        await pilot.press("space")
+        await _until(pilot, lambda: not app.player.playing, timeout=30)
+        await pilot.pause()
+        card = app.player.card
+        if card is None:
+            break
+        seen.append(card)
+        assert timeline.position == card.position
+        if on_card is not None and on_card(card):
+            break
+    return seen

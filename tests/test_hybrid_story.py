@@ -30,7 +30,7 @@ from blockviz.model.trace import load_trace
 from blockviz.session.scenario import HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS
 from blockviz.session.tiny_hybrid import LAYER_TYPES, SLIDING_WINDOW as WINDOW, TINY_HYBRID, tiny_hybrid_checkpoint
 from engine import events as ev
-from story_fixtures import run_live
+from story_fixtures import play_card_to_card, run_live
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -227,26 +227,16 @@ async def test_replay_hybrid_plays_guided_and_stops_at_the_window_cards():
     from blockviz.session.scenario import is_story
     from blockviz.tui.app import BlockvizApp
     from test_guided_story import card_text
-    from test_tui_app import _until
 
     path, trace = replay_check(build_parser().parse_args(["replay", "hybrid"]))
     assert path.name == "hybrid.jsonl" and is_story(trace.header)
     app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True)
-    seen = []
-    async with app.run_test(size=(200, 60)) as pilot:
-        from blockviz.model.player import SPEEDS
 
-        app.player.speed_index = len(SPEEDS) - 1
-        timeline = app.player.timeline
-        while not timeline.at_end and "window-tail" not in seen:
-            await pilot.press("space")
-            await _until(pilot, lambda: not app.player.playing, timeout=30)
-            await pilot.pause()
-            card = app.player.card
-            if card is None:
-                break
-            seen.append(card.idea)
-            assert timeline.position == card.position
-            if card.idea.startswith("window"):
-                assert card.title in card_text(app)
+    def on_card(card) -> bool:  # a window card's title on the screen; stop after the window tail
+        if card.idea.startswith("window"):
+            assert card.title in card_text(app)
+        return card.idea == "window-tail"
+
+    async with app.run_test(size=(200, 60)) as pilot:
+        seen = [card.idea for card in await play_card_to_card(app, pilot, on_card)]
     assert seen.index("window-slides") < seen.index("window-tail")

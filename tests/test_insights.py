@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.model.design import kv_cache_groups_of
+from blockviz.model.design import design_of, kv_cache_groups_of
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth, preemption_ledger
 from blockviz.model.trace import load_trace, shipped_traces
@@ -47,7 +47,7 @@ def test_memory_figures_agree_with_the_reducer_at_every_step(name):
         truth = memory_truth(state, max_tokens)
         gpu = truth.pools["gpu"]
         assert gpu.used_blocks == state.num_used("gpu")
-        usable = trace.num_gpu_blocks - (trace.header.get("kv_manager") == "v1")  # v1's null block never counts
+        usable = trace.num_gpu_blocks - design_of(trace.header).null_block  # v1's null block never counts
         assert gpu.num_blocks == usable and gpu.block_utilization == state.num_used("gpu") / usable
         assert gpu.token_utilization == pytest.approx(state.kv_utilization())
         for seq_id in state.tables:

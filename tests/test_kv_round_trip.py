@@ -25,6 +25,7 @@ from blockviz.kvevents.protocol import BlockRemoved, BlockStored, encode_batch, 
 from blockviz.kvevents.publisher import KVEventPublisher
 from blockviz.kvevents.state import KVEventState
 from blockviz.kvevents.subscriber import Gap, KVEventClient
+from blockviz.model.design import KV_DESIGNS
 from blockviz.model.trace import TRACES_DIR, read_trace, shipped_traces
 from engine import events as ev
 from jupyter_fixtures import stop_process
@@ -46,9 +47,15 @@ def free_ports(count: int) -> list[int]:
 
 def trace_hashes(events, kv_manager: str | None = "v0") -> tuple[list[int], list[int]]:
     """Read from the trace's own events: the hashes registered in the GPU hash map, in order (vLLM
-    v1: every block cached, a duplicate of a hash too), and the hashes evicted from it."""
-    stored = [e.block_hash for e in events if isinstance(e, ev.BlockHashed) and e.device == "gpu"
-              and (e.registered or kv_manager == "v1")]
+    v1's designs: every block cached, a duplicate of a hash too), with those vLLM's CPU tier stored
+    (offload_store, medium CPU) where they happen; and the hashes evicted from either."""
+    every = KV_DESIGNS[kv_manager or "v0"].shared_hashes
+    stored = []
+    for e in events:
+        if isinstance(e, ev.BlockHashed) and e.device == "gpu" and (e.registered or every):
+            stored.append(e.block_hash)
+        elif isinstance(e, ev.OffloadStored):
+            stored.extend(e.block_hashes)
     removed = [e.block_hash for e in events if isinstance(e, ev.BlockEvicted)]
     return stored, removed
 

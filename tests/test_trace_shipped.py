@@ -18,6 +18,7 @@ EXPECTED = {
     "eviction": {"block_evicted", "prefix_cache_hit", "block_hashed"},
     "v1-story": {"tokens_scheduled", "prefix_cache_hit", "preempted", "block_evicted"},  # tests/test_v1_story.py
     "hybrid": {"blocks_skipped", "block_freed", "prefix_cache_hit", "block_evicted"},  # tests/test_hybrid_story.py
+    "cpu-tier": {"offload_store", "preempted", "block_evicted", "offload_load"},  # tests/test_cpu_tier_story.py
 }
 MODELS = {"hybrid": "tiny-hybrid"}  # the story's own model (blockviz/session/tiny_hybrid.py); else the bundled one
 

@@ -9,6 +9,7 @@ import pytest
 
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
+from blockviz.model.design import design_of, has_cpu_tier, kv_manager_of
 from blockviz.model.reducer import ReducerState
 from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
@@ -107,12 +108,15 @@ def test_the_notes_for_what_v1_has_not_appear_in_v1_only(name):
         viz.seek(len(trace.events) // 2)
         viz.frames.flush()
         frame = viz.frame()
-        v1 = trace.header.get("kv_manager") == "v1"
-        assert frame["notes"] == (view.V1_NOTES if v1 else {})
-        assert (frame["free_queue"] is not None) == v1 and frame["kv_manager"] == ("v1" if v1 else "v0")
+        v1 = design_of(trace.header).free_queue  # v1's designs (vLLM's own too)
+        tier = has_cpu_tier(trace.header)  # vLLM's CPU tier is a CPU pool: no "no swap" note then
+        notes = {k: text for k, text in view.V1_NOTES.items() if k != "swap" or not tier} if v1 else {}
+        assert frame["notes"] == notes
+        assert (frame["free_queue"] is not None) == v1 and frame["kv_manager"] == kv_manager_of(trace.header)
         assert viz.pools.frame["notes"] == frame["notes"] and viz.pools.frame["free_queue"] == frame["free_queue"]
         summary = viz.summary()  # the plain-text picture too
-        assert ("free queue (next to go first): " in summary) == v1 and (view.V1_NOTES["swap"] in summary) == v1
+        assert ("free queue (next to go first): " in summary) == v1
+        assert (view.V1_NOTES["swap"] in summary) == (v1 and not tier)
     finally:
         viz.close()
 

@@ -123,10 +123,14 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
         parser.add_argument("--vllm-option", action="append", type=_vllm_option, dest="vllm_options", metavar="KEY=VALUE",
                             help="with --kv-manager vllm: a field of vLLM's SchedulerConfig or CacheConfig, e.g. "
                                  "scheduler_reserve_full_isl=false, watermark=0.01, policy=priority; repeatable")
+        from blockviz.session.scenario import CPU_TIER_GIB
+
         parser.add_argument("--kv-offloading-size", action="append", type=_offloading_size, dest="vllm_options",
-                            metavar="GiB", help="with --kv-manager vllm: vLLM's CPU tier of this many GiB "
-                                                "(vLLM's --kv-offloading-size; the same as --vllm-option "
-                                                "kv_offloading_size=GiB; docs/vllm-core.md)")
+                            nargs="?", const=("kv_offloading_size", CPU_TIER_GIB), metavar="GiB",
+                            help="with --kv-manager vllm: vLLM's CPU tier of this many GiB (vLLM's "
+                                 "--kv-offloading-size; the same as --vllm-option kv_offloading_size=GiB; "
+                                 f"with no number, the CPU-tier story's {CPU_TIER_GIB * 1024:g} MiB: 64 blocks of "
+                                 f"the bundled model's); `run` plays the CPU-tier story (docs/vllm-core.md)")
     parser.add_argument("--temperature", type=_temperature, default=d["temperature"],
                         help=f"0 is greedy (default {d['temperature']:g})")
     parser.add_argument("--seed", type=int_at_least("--seed", 0), default=d["seed"],

@@ -1,4 +1,10 @@
-"""`blockviz record --out FILE.jsonl [engine options]`: run the engine with no UI, write a trace.
+"""`blockviz record --out FILE.jsonl [--scenario NAME] [engine options]`: run the engine with no UI,
+write a trace.
+
+`--scenario` records a story as `blockviz run` plays it (blockviz/session/scenario.py: "story", its
+v1 form under --kv-manager v1, "story-v1", "story-hybrid", "story-cpu-tier"): the story's arrivals on
+its settings, each engine option given overriding the story's (EngineSpec.for_scenario), so
+`record --scenario story --kv-manager v1` writes what `run --kv-manager v1` shows.
 
 The trace is a header line (format "blockviz-trace", version, blockviz version, model, block size,
 pool sizes, prefix caching, prompts, n, max_tokens, seed) then one event per line; see
@@ -7,6 +13,7 @@ blockviz/model/trace.py. Progress goes to stderr. The file appears only once the
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +21,10 @@ from typing import Any, Callable
 
 from blockviz.commands.options import add_engine_options
 from blockviz.errors import UsageError
+from blockviz.session.spec import ENGINE_CONFIG_OPTIONS
+
+# The engine options' destinations (options.add_engine_options): EngineConfig's and the requests'.
+ENGINE_DESTS = (*ENGINE_CONFIG_OPTIONS, "prompts", "n", "max_tokens", "temperature", "vllm_options")
 
 
 @dataclass(slots=True)
@@ -81,11 +92,47 @@ def add_parser(subparsers) -> None:
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS
+    from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS, SCENARIOS
 
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS),
+                        help="record a story as `blockviz run` plays it, on the story's settings (an engine option "
+                             "given overrides the story's): story (v0's; v1's under --kv-manager v1, the CPU tier's "
+                             "under --kv-manager vllm --kv-offloading-size), story-v1, story-hybrid, story-cpu-tier")
     # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
     pools = {k: DEFAULT_SCENARIO_OPTIONS[k] for k in ("num_gpu_blocks", "num_cpu_blocks")}
     add_engine_options(parser, **pools)
+    # An engine option left out is absent from the parsed options, so --scenario can tell the
+    # options given (they override the story's) from the defaults (filled in by `engine_args`).
+    parser.set_defaults(engine_defaults={dest: parser.get_default(dest) for dest in ENGINE_DESTS})
+    for action in parser._actions:  # argparse has no public way to set an action's default alone
+        if action.dest in ENGINE_DESTS:
+            action.default = argparse.SUPPRESS
+
+
+
+def engine_args(args) -> argparse.Namespace:
+    """The parsed options with every engine option left out at its default."""
+    return argparse.Namespace(**{**args.engine_defaults, **vars(args)})
+
+
+def scenario_spec(name: str, args):
+    """The spec of `--scenario NAME`: the story's arrivals and settings, the engine options given on
+    top (EngineSpec.for_scenario, as `blockviz run` picks the story of --kv-manager). A story's
+    requests are its own: --prompt and --n are one line each."""
+    from blockviz.session.spec import EngineSpec, one_line
+
+    given = {dest: getattr(args, dest) for dest in ENGINE_DESTS if hasattr(args, dest)}
+    if given.get("prompts"):
+        raise UsageError(f"--scenario {name} plays the story's own requests: leave out --prompt (or --scenario)")
+    if "n" in given:
+        raise UsageError(f"--n applies to --prompt requests: --scenario {name} sets each request's own (leave out --n)")
+    options = {k: v for k, v in given.items() if k not in ("prompts", "n")}
+    if "vllm_options" in options:
+        options["vllm_options"] = dict(options["vllm_options"] or ())
+    try:
+        return EngineSpec.for_scenario(name, **options)
+    except ValueError as exc:
+        raise UsageError(one_line(exc)) from None
 
 
 def execute(args) -> int:
@@ -99,7 +146,7 @@ def execute(args) -> int:
         check_new_trace_path(out, overwrite=args.force)  # before the model loads; again at the rename
     except TraceError as exc:
         raise UsageError(f"--out {exc}") from None
-    spec = EngineSpec.from_args(args)
+    spec = scenario_spec(args.scenario, args) if args.scenario else EngineSpec.from_args(engine_args(args))
     spec.check_all()
     tty = sys.stderr.isatty()
 
@@ -114,7 +161,8 @@ def execute(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(one_line(exc)) from None
     try:
-        recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force)
+        recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force,
+                                 extra_header={"scenario": args.scenario} if args.scenario else None)
     except ValueError as exc:  # a prompt the engine refuses, --out taken meanwhile, a full disk: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:

@@ -28,6 +28,8 @@ class KVDesign:
     hash_collision_guard: bool  # a hit also compares the block's tokens (v0); v1 trusts the hash
     run_hash_algo: bool  # blocks hash with the run's algorithm, as events carry it (v1 hash_block_tokens)
     fork_and_preempt_commands: bool  # a live run forks or preempts a sequence on command (v0's engine)
+    cpu_tier: bool = False  # its CPU pool may be vLLM's CPU tier of block copies (SimpleCPUOffloadScheduler)
+    upstream: str = ""  # the project whose own scheduler and KV-cache manager run ("vLLM"), "" for blockviz's
 
 
 KV_DESIGNS: dict[str, KVDesign] = {
@@ -38,7 +40,7 @@ KV_DESIGNS: dict[str, KVDesign] = {
                    copy_on_write=False, chunked_prefill=True, hash_collision_guard=False, run_hash_algo=True,
                    fork_and_preempt_commands=False),
 }
-KV_DESIGNS["vllm"] = replace(KV_DESIGNS["v1"], name="vllm")
+KV_DESIGNS["vllm"] = replace(KV_DESIGNS["v1"], name="vllm", cpu_tier=True, upstream="vLLM")
 
 
 # The model blockviz/session/tiny_hybrid.py builds: random weights, so its text is noise and its memory real.
@@ -60,6 +62,41 @@ def kv_manager_of(header: dict[str, Any]) -> str:
 def design_of(header: dict[str, Any]) -> KVDesign:
     """The traits of the design a run's header names (kv_manager_of)."""
     return KV_DESIGNS[kv_manager_of(header)]
+
+
+def has_cpu_tier(header: dict[str, Any]) -> bool:
+    """Whether a run's CPU pool is a CPU tier of block copies (vLLM's, kv_offloading_size): a design
+    that may have one, with a CPU pool."""
+    return design_of(header).cpu_tier and bool(header.get("num_cpu_blocks"))
+
+
+def upstream_of(header: dict[str, Any]) -> str:
+    """The project and release whose own scheduler and KV-cache manager drove a run ("vLLM 0.33.0":
+    the design's `upstream` and the header's "<design>_version"), "" for blockviz's own designs."""
+    design = design_of(header)
+    if not design.upstream:
+        return ""
+    version = header.get(f"{design.name}_version")
+    return f"{design.upstream} {version}" if version else design.upstream
+
+
+def attribution(header: dict[str, Any]) -> str:
+    """Whose code drives a run, in one sentence, when it is not all blockviz's (`--kv-manager
+    vllm`), else "": the views say it, so a run on vLLM's own scheduler never looks like one on
+    blockviz's v1."""
+    who = upstream_of(header)
+    if not who:
+        return ""
+    tier = " (and its SimpleCPUOffloadScheduler the CPU tier)" if has_cpu_tier(header) else ""
+    ours = "the model runner, the K/V tensors and their copies" if tier else "the model runner and the K/V tensors"
+    return f"{who}'s Scheduler, KVCacheManager and BlockPool drive this run{tier}; {ours} are blockviz's"
+
+
+def attribution_title(header: dict[str, Any]) -> str:
+    """`attribution` in a few words for a title line ("on vLLM 0.33.0's own Scheduler and
+    KVCacheManager; model runner: blockviz"), "" for blockviz's own designs."""
+    who = upstream_of(header)
+    return f"on {who}'s own Scheduler and KVCacheManager; model runner: blockviz" if who else ""
 
 
 FULL_ATTENTION, SLIDING_WINDOW = "full_attention", "sliding_window"  # vLLM's KVCacheSpecKind values

@@ -17,7 +17,11 @@ hit length in blocks and tokens, and for the first block that missed, the reason
   earlier: a prefix hit holds only as far as it holds in every group (vLLM
   HybridKVCacheCoordinator.find_longest_cache_hit, SlidingWindowManager.find_longest_cache_hit).
   The detail names the group and the block, and the event that evicted it when one did.
-Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does).
+Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does),
+unless vLLM's CPU tier serves them (`--kv-manager vllm --kv-offloading-size`): the blocks an
+offload_load copies back from the tier are hits too, "hit from the CPU tier" (vLLM
+SimpleCPUOffloadScheduler.get_num_new_matched_tokens looks up, after the GPU's hit, the blocks the CPU
+pool holds), and the lookup's first miss is the first block neither holds.
 Pure functions over events: no torch, no textual; `blockviz explain` prints them.
 """
 
@@ -35,6 +39,8 @@ from blockviz.model.reducer import ReducerState
 
 MAX_EVICTIONS_KEPT = 4096  # evictions remembered for "why missed" once a capped timeline drops its front
 HIT = "hit"
+CPU_HIT = "hit from the CPU tier"  # a block vLLM's CPU tier copied back (offload_load): counted as a hit
+HITS = (HIT, CPU_HIT)
 PARTIAL, LAST_BLOCK, EVICTED = "partial block", "last prompt block", "evicted"
 DIFFERENT_PARENT, DIFFERENT_TOKENS = "different parent", "different tokens"
 NOT_CACHED = "not cached: the cache is empty"
@@ -49,10 +55,10 @@ class BlockVerdict:
     index: int
     token_ids: tuple[int, ...]
     block_hash: int | None
-    verdict: str  # HIT or one of the reasons above
-    block: int | None = None  # the cached physical block it hit
+    verdict: str  # HIT, CPU_HIT or one of the reasons above
+    block: int | None = None  # the cached physical block it hit (a CPU block for CPU_HIT)
     evicted_by: int | None = None  # seq_no of the block_evicted event, for EVICTED (and WINDOW_TAIL, when one was)
-    detail: str = ""  # for WINDOW_TAIL: which group lost which block
+    detail: str = ""  # for WINDOW_TAIL: which group lost which block; for CPU_HIT: where the copy went
 
 
 @dataclass(slots=True)
@@ -69,7 +75,12 @@ class Explanation:
 
     @property
     def num_hit_blocks(self) -> int:
-        return sum(b.verdict == HIT for b in self.blocks)
+        return sum(b.verdict in HITS for b in self.blocks)
+
+    @property
+    def num_cpu_hit_blocks(self) -> int:
+        """The hits vLLM's CPU tier served (loaded back), the rest are the GPU's."""
+        return sum(b.verdict == CPU_HIT for b in self.blocks)
 
     @property
     def num_hit_tokens(self) -> int:
@@ -77,7 +88,7 @@ class Explanation:
 
     @property
     def first_miss(self) -> BlockVerdict | None:
-        return next((b for b in self.blocks if b.verdict != HIT), None)
+        return next((b for b in self.blocks if b.verdict not in HITS), None)
 
     def lines(self) -> list[str]:
         """The explanation as text, one line per block and a summary line."""
@@ -94,8 +105,31 @@ class Explanation:
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
         miss = self.first_miss
         reason = f"; first miss at L{miss.index}: {miss.verdict}" if miss is not None else ""
-        out.append(f"  prefix hit: {plural(self.num_hit_blocks, 'block')}, {plural(self.num_hit_tokens, 'token')}{reason}")
+        cpu = f" ({self.num_cpu_hit_blocks} from the CPU tier)" if self.num_cpu_hit_blocks else ""
+        out.append(f"  prefix hit: {plural(self.num_hit_blocks, 'block')}, {plural(self.num_hit_tokens, 'token')}"
+                   f"{cpu}{reason}")
         return out
+
+    def loaded_from_cpu(self, rows: dict[int, tuple[int, int]], state: ReducerState,
+                        evicted_at: dict[int, int]) -> None:
+        """vLLM's CPU tier copied blocks of this lookup back (an offload_load: logical index ->
+        (cpu block, gpu block)): they are hits from the CPU tier, and the first block after them,
+        which the lookup had not reached, gets the reason it missed in both (`state` the cache now)."""
+        for row in self.blocks:
+            if row.index in rows:
+                cpu, gpu = rows[row.index]
+                row.verdict, row.block, row.evicted_by = CPU_HIT, cpu, None
+                row.detail = f"cpu block {cpu}, loaded into gpu block {gpu}"
+        miss = self.first_miss
+        if miss is None or miss.verdict != AFTER_A_MISS:
+            return
+        if len(miss.token_ids) < self.block_size:
+            miss.verdict = PARTIAL
+        elif miss.index == len(self.blocks) - 1 and (state.hash_map.get(miss.block_hash) is not None
+                                                     or miss.block_hash in state.cpu_hash_map):
+            miss.verdict = LAST_BLOCK
+        else:
+            miss.verdict, miss.evicted_by = _why_missed(miss.token_ids, miss.block_hash, None, state, evicted_at)
 
 
 class Explainer:
@@ -154,10 +188,21 @@ class Explainer:
                                        self.hashes, collision_guard=self.design.hash_collision_guard)
                 explanation.position, explanation.recomputed = self._fed, recomputed
                 self.explained.append(explanation)
+        elif isinstance(event, ev.OffloadLoaded):
+            self._loaded_from_cpu(event, state)
         elif isinstance(event, ev.BlockEvicted) and self._is_window(event.group):
             self._window_evicted_at[(event.block_hash, event.group)] = event.seq_no
         elif isinstance(event, ev.BlockEvicted):
             self._evicted_at[event.block_hash] = event.seq_no
+
+    def _loaded_from_cpu(self, event: ev.OffloadLoaded, state: ReducerState) -> None:
+        """The request's latest lookup (made at its first placement, in the same admission): the
+        blocks the load fills, found in its table, are hits from the CPU tier."""
+        explanation = next((x for x in reversed(self.explained) if x.seq_id == event.seq_id), None)
+        table = state.tables.get(event.seq_id, [])
+        rows = {table.index(("gpu", gpu)): (cpu, gpu) for cpu, gpu in event.mapping if ("gpu", gpu) in table}
+        if explanation is not None and rows:
+            explanation.loaded_from_cpu(rows, state, self._evicted_at)
 
     def _is_window(self, group: int) -> bool:
         return group < len(self.kv_cache_groups) and self.kv_cache_groups[group].kind == SLIDING_WINDOW

@@ -17,6 +17,11 @@ group (the explainer's "window tail freed": vLLM's HybridKVCacheCoordinator.find
 The second needs the cache as the lookup saw it: given the run's header, the guide keeps its own
 reducer and explainer (blockviz/model/explain.py) for such a run.
 
+A run with vLLM's CPU tier (`--kv-manager vllm --kv-offloading-size`) has two more: a store to the
+CPU tier (vLLM's SimpleCPUOffloadScheduler copies full blocks as they are computed) and a load back
+from it (a request's prefix, gone from the GPU, copied back as hits: vLLM v1's answer to v0's
+swap-in). A run on vLLM's own scheduler says so on its opening card (design.attribution).
+
 `Guide.scan(events)` reads a growing event list (a live timeline's) once; an operation that may
 still grow is open until an event that is not part of it arrives (`settle()` closes it at a
 trace's end). Dispatch is by the event's record class. No textual import: the TUI and the notebook
@@ -29,7 +34,8 @@ import bisect
 from dataclasses import dataclass, field
 
 from blockviz.model.design import (
-    KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, has_random_weights, kv_cache_groups_of,
+    KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, attribution, has_cpu_tier, has_random_weights,
+    kv_cache_groups_of,
 )
 from blockviz.model.explain import WINDOW_TAIL, Explainer, Explanation
 from blockviz.model.glossary import terms_in
@@ -39,11 +45,11 @@ from engine import events as ev
 
 # The ideas, in the order a learner meets them in the default story.
 IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
-         "chunked-prefill", "window-slides", "window-tail")
+         "chunked-prefill", "window-slides", "window-tail", "offload-store", "offload-load")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
     ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted,
-    ev.BlocksSkipped})
+    ev.BlocksSkipped, ev.OffloadStored, ev.OffloadLoaded})
 
 # The upstream function that does each idea (vLLM v0: vllm/core/block_manager_v1.py and
 # vllm/core/scheduler.py; v1: vllm/v1/core/kv_cache_manager.py, block_pool.py, sched/scheduler.py,
@@ -69,6 +75,12 @@ FUNCTIONS = {
                          "(SlidingWindowManager.get_num_skipped_tokens; vllm/v1/core/single_type_kv_cache_manager.py)",
         "window-tail": "KVCacheManager.get_computed_blocks → HybridKVCacheCoordinator.find_longest_cache_hit "
                        "(vllm/v1/core/kv_cache_coordinator.py) → SlidingWindowManager.find_longest_cache_hit",
+        "offload-store": "Scheduler.schedule → SimpleCPUOffloadScheduler.build_connector_meta → "
+                         "_prepare_eager_store_specs (vllm/v1/simple_kv_offload/manager.py); the worker copies after "
+                         "the step's forward (SimpleCPUOffloadWorker.wait_for_save)",
+        "offload-load": "Scheduler.schedule → SimpleCPUOffloadScheduler.get_num_new_matched_tokens → "
+                        "KVCacheManager.allocate_slots → update_state_after_alloc (vllm/v1/simple_kv_offload/manager.py); "
+                        "the worker copies before the step's forward (SimpleCPUOffloadWorker.start_load_kv)",
     },
 }
 
@@ -118,6 +130,10 @@ def _starts(e: ev.Event) -> str | None:
         return "never-runs"
     if isinstance(e, ev.BlocksSkipped) and e.blocks:
         return "window-slides"
+    if isinstance(e, ev.OffloadStored) and e.mapping:
+        return "offload-store"
+    if isinstance(e, ev.OffloadLoaded) and e.mapping:
+        return "offload-load"
     if isinstance(e, ev.TokensScheduled) and any(
             done + new < total for done, new, total in zip(e.num_computed_tokens, e.num_new_tokens, e.num_tokens)):
         return "chunked-prefill"
@@ -134,6 +150,10 @@ class _Context:
     design: KVDesign
     siblings: dict[int, tuple[int, ...]]  # seq_id -> every seq_id of its request (RequestAdded)
     groups: tuple[KVCacheGroup, ...] = ()  # the run's KV-cache groups (its header's), () for one group
+    cpu_tier: bool = False  # the run's CPU pool is vLLM's CPU tier (design.has_cpu_tier)
+    holders: dict[int, tuple[int, ...]] = field(default_factory=dict)  # gpu block -> the seqs it was last placed for
+    preempted: set[int] = field(default_factory=set)  # seqs preempted by recompute so far
+    gpu_hits: dict[int, int] = field(default_factory=dict)  # seq_id -> GPU prefix hits of its latest lookup
     # a lookup cut short by a window group: its first placement event -> (its Explanation, how
     # many leading prompt blocks every full-attention group held then)
     window_tails: dict[int, tuple[Explanation, int]] = field(default_factory=dict)
@@ -160,13 +180,18 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
         why = "; ".join(part[2] for part in said)
         function = "; ".join(part[3] for part in said)
         blocks = list(dict.fromkeys(b for part in said for b in part[4]))
-    seqs = tuple(dict.fromkeys(seq for _, _, events in ideas for seq in _seqs_of(events[0])))
+    seqs = tuple(dict.fromkeys(seq for _, _, events in ideas for seq in _seqs_of(events[0], ctx)))
     return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
                 tuple(i for i, _, _ in ideas), terms_in(what, why), seqs)
 
 
-def _seqs_of(e: ev.Event) -> tuple[int, ...]:
-    """The sequences an idea's first event is about (the one that hit, forked, wrote, moved)."""
+def _seqs_of(e: ev.Event, ctx: _Context) -> tuple[int, ...]:
+    """The sequences an idea's first event is about (the one that hit, forked, wrote, moved; the
+    holders of the blocks a CPU-tier store copied)."""
+    if isinstance(e, ev.OffloadStored):
+        return tuple(dict.fromkeys(seq for gpu, _ in e.mapping for seq in ctx.holders.get(gpu, ())))
+    if isinstance(e, ev.OffloadLoaded):
+        return (e.seq_id,)
     if isinstance(e, ev.Forked):
         return (e.child_seq_id, e.parent_seq_id)
     if isinstance(e, (ev.CopyOnWrite, ev.SequenceFinished)):
@@ -179,10 +204,12 @@ def _seqs_of(e: ev.Event) -> tuple[int, ...]:
     return ()
 
 
-def opening_card(random_weights: bool = False) -> Card:
+def opening_card(random_weights: bool = False, drivers: str = "") -> Card:
     """The story's first card, before any event: what a KV cache is, why it grows per token, and why
     vLLM hands it out in fixed-size blocks rather than one reservation per request. `random_weights`:
-    the run's model is tiny-hybrid (design.has_random_weights), and the card says what that means."""
+    the run's model is tiny-hybrid (design.has_random_weights), and the card says what that means.
+    `drivers`: whose code drives the run when it is not all blockviz's (design.attribution), said
+    first."""
     what = ("Each token a model reads leaves its K/V (a key and a value vector per layer), read again for "
             "every later token: the KV cache grows one slot per token. Reserving a request's longest length "
             "up front wastes most of it (the PagedAttention paper measured how much); vLLM hands out "
@@ -190,6 +217,8 @@ def opening_card(random_weights: bool = False) -> Card:
     if random_weights:
         what += (f" This run's model ({TINY_HYBRID}) has random weights: the text it writes is noise, the memory "
                  "it takes is real.")
+    if drivers:
+        what = f"{drivers}. {what}"
     why = "a block is taken only when a token needs it, and can be shared (its ref count): more requests fit"
     return Card("kv-cache", "What the cells are: a KV cache in blocks", what, why,
                 "the PagedAttention paper (Kwon et al., SOSP 2023); vLLM's BlockSpaceManager / KVCacheManager",
@@ -379,6 +408,46 @@ def _window_tail_words(e, events, ctx):
             list(dict.fromkeys((h.device, h.block) for h in hits)))
 
 
+def _store_words(e: ev.OffloadStored, events, ctx):
+    """vLLM's CPU tier taking its first copies (SimpleCPUOffloadScheduler, eager stores)."""
+    seqs = _seqs_of(e, ctx)
+    whose = f" of seq {', '.join(map(str, seqs))}" if seqs else ""
+    n = len(e.mapping)
+    return ("Store to the CPU tier",
+            f"{plural(n, 'full block')}{whose} computed in an earlier step {were(n)} copied to vLLM's CPU tier: GPU "
+            f"{_numbers(g for g, _ in e.mapping)} to CPU {_numbers(c for _, c in e.mapping)}, each kept in the CPU pool "
+            f"under its hash; a GPU block is pinned (its ref count + 1) until its copy is done, then let go",
+            "vLLM v1 has no swap; its answer is a second prefix cache in CPU memory, filled as blocks are computed, "
+            "so a block the GPU later evicts can be copied back instead of computed again",
+            [("gpu", g) for g, _ in e.mapping] + [("cpu", c) for _, c in e.mapping])
+
+
+def _load_words(e: ev.OffloadLoaded, events, ctx):
+    """A request's prefix copied back from vLLM's CPU tier (its blocks count as hits)."""
+    came = "came back after its preemption" if e.seq_id in ctx.preempted else "was admitted"
+    hits = ctx.gpu_hits.get(e.seq_id, 0)
+    gpu = (f"its first {plural(hits, 'block')} hit on the GPU, the next were gone from it" if hits
+           else "none of its prefix was left on the GPU")
+    n = len(e.mapping)
+    return ("Loaded back from the CPU tier",
+            f"request {e.request_id} (seq {e.seq_id}) {came}: {gpu}, but the CPU tier held copies of {plural(n, 'block')}: "
+            f"CPU {_numbers(c for c, _ in e.mapping)} copied into its new GPU blocks {_numbers(g for _, g in e.mapping)}, "
+            f"so {plural(e.num_tokens, 'token')} count as prefix hits and are not computed again",
+            "v0 swapped a preempted request's blocks out and back in; v1 frees them and recomputes, and the CPU "
+            "tier's copies (keyed by hash) turn that recompute into a copy: the request waits one step "
+            "(WAITING_FOR_REMOTE_KVS) while its blocks come back",
+            [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping])
+
+
+def _recompute_words(e: ev.Preempted, events, ctx):
+    """A recompute preemption; in a run with vLLM's CPU tier, what the tier keeps of it."""
+    title, what, why, blocks = _preempt_words(e, events, ctx)
+    if ctx.cpu_tier:
+        why = (f"{e.reason}: vLLM v1 never swaps, but its CPU tier keeps copies of the full blocks it stored, so "
+               "what the GPU evicts meanwhile can be copied back when the request is admitted again")
+    return title, what, why, blocks
+
+
 def _never_words(e: ev.SequenceFinished, events, ctx):
     return ("A request that can never run",
             f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
@@ -388,9 +457,9 @@ def _never_words(e: ev.SequenceFinished, events, ctx):
 
 _WORDS = {
     "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
-    "recompute": _preempt_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
+    "recompute": _recompute_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
     "never-runs": _never_words, "chunked-prefill": _chunk_words, "window-slides": _window_words,
-    "window-tail": _window_tail_words,
+    "window-tail": _window_tail_words, "offload-store": _store_words, "offload-load": _load_words,
 }
 
 
@@ -440,12 +509,13 @@ class Guide:
         the run's (a trace's or a session's); with KV-cache groups the guide also finds the lookups a
         window group cut short, with a reducer and an explainer of its own."""
         self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
-        self.cards: list[Card] = [opening_card(has_random_weights(header or {}))] if opening else []
+        self.cards: list[Card] = [opening_card(has_random_weights(header or {}), attribution(header or {}))
+                                  ] if opening else []
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()
         groups = kv_cache_groups_of(header or {})
-        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {}, groups)
+        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {}, groups, has_cpu_tier(header or {}))
         self._lookups = _Lookups(header) if any(g.kind == SLIDING_WINDOW for g in groups) else None
         self._pending: list[tuple[int, ev.Event, str | None]] = []  # the open operation's (index, event, idea)
         self._new_idea = False  # whether the open operation shows an idea first
@@ -470,6 +540,7 @@ class Guide:
                 self._close()
             if isinstance(e, ev.RequestAdded):
                 self._ctx.siblings.update(dict.fromkeys(e.seq_ids, e.seq_ids))
+            self._note(e)
             idea = _starts(e)
             if self._lookups is not None and (tail := self._lookups.feed(e)) is not None:
                 self._ctx.window_tails[e.seq_no] = tail
@@ -478,6 +549,20 @@ class Guide:
             if idea is not None and idea not in self._seen:
                 self._new_idea = True
         self._scanned = max(self._scanned, offset + len(events))
+
+    def _note(self, e: ev.Event) -> None:
+        """What the CPU tier's cards say besides their own events: whose blocks a store copies, who
+        was preempted, how far a lookup hit on the GPU."""
+        ctx = self._ctx
+        if isinstance(e, (ev.BlockAllocated, ev.PrefixCacheHit)) and e.device == "gpu":
+            ctx.holders[e.block] = tuple(e.seq_ids)
+            if isinstance(e, ev.PrefixCacheHit):
+                for seq in e.seq_ids:
+                    ctx.gpu_hits[seq] = ctx.gpu_hits.get(seq, 0) + 1
+        elif isinstance(e, ev.Preempted):
+            ctx.preempted.update(e.seq_ids)
+            for seq in e.seq_ids:
+                ctx.gpu_hits.pop(seq, None)
 
     def settle(self) -> None:
         """The stream has ended: close the operation still open."""

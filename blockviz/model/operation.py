@@ -227,9 +227,10 @@ class Operations:
 
 def drawn_state_problems(state) -> list[str]:
     """What is wrong with `state` (a ReducerState) as a picture of an engine at rest: a sequence's
-    blocks in two pools, a ref count that is not the number of tables holding the block, a freed
-    block in a table (every KV-cache group's; the null block in a window's slots is no block). Empty
-    at every operation boundary."""
+    blocks in two pools, a ref count that is not the number of tables holding the block (and the
+    copies to or from vLLM's CPU tier that pin it: `state.pinned`), a freed block in a table (every
+    KV-cache group's; the null block in a window's slots is no block). Empty at every operation
+    boundary."""
     from blockviz.model.reducer import FREE, NULL, USED
 
     problems = []
@@ -249,9 +250,11 @@ def drawn_state_problems(state) -> list[str]:
             if block.state == NULL:
                 continue
             seqs = holders.get((device, block.number), set())
-            if block.ref_count != len(seqs):
-                problems.append(f"{device} {block.number} has ref count {block.ref_count} but {len(seqs)} tables hold it")
-            if (block.state == USED) != bool(seqs):
+            pins = state.pinned.get(block.number, 0) if device == "gpu" else 0
+            if block.ref_count != len(seqs) + pins:
+                problems.append(f"{device} {block.number} has ref count {block.ref_count} but {len(seqs)} tables hold it"
+                                + (f" and {pins} copies pin it" if pins else ""))
+            if (block.state == USED) != bool(seqs or pins):
                 problems.append(f"{device} {block.number} is {block.state} and held by {sorted(seqs)}")
             if block.state == FREE and block.owners:
                 problems.append(f"{device} {block.number} is free but owned by {sorted(block.owners)}")

@@ -20,6 +20,7 @@ FREE, USED, CACHED = "free", "used", "cached"  # block states: free / in use / f
 NULL = "null"  # vLLM v1's block 0: a placeholder, never allocated, freed or counted
 # A block's state code, one character (view.STATE_CODES): the state every view colours it by.
 USED_CODE, CACHED_CODE, FREE_CODE, NULL_CODE = "u", "c", "f", "n"
+OFFLOAD_PIN = -1  # the seq_id of a BlockFreed in which vLLM's CPU tier releases a block it pinned for a copy
 
 
 @dataclass(slots=True)
@@ -123,6 +124,7 @@ class ReducerState:
                 self.codes[device][0] = ord(NULL_CODE)
         self.hashed_gpu_blocks: set[int] = set()  # the GPU blocks holding a hash (the hash chains')
         self.cpu_hash_map: dict[int, int] = {}  # vLLM's CPU tier: block_hash -> the first cpu block holding it
+        self.pinned: dict[int, int] = {}  # vLLM's CPU tier: gpu block -> its copies in flight (a ref each)
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.kv_cache_groups = tuple(kv_cache_groups)
         self.group_tables: dict[int, dict[int, list[tuple[str, int]]]] = {g: {} for g in range(1, len(kv_cache_groups))}
@@ -419,6 +421,8 @@ class ReducerState:
     def _on_freed(self, e: ev.BlockFreed) -> None:
         block = self.pools[e.device][e.block]
         block.ref_count = e.ref_count
+        if e.seq_id == OFFLOAD_PIN:
+            self._unpin(e.block)
         block.owners.discard(e.seq_id)
         if e.ref_count == 0:
             if e.cached:
@@ -476,6 +480,7 @@ class ReducerState:
                 e.mapping, e.block_hashes, e.parent_hashes, e.token_ids):
             src, dst = self.pools["gpu"][gpu_number], self.pools["cpu"][cpu_number]
             src.ref_count += 1
+            self.pinned[gpu_number] = self.pinned.get(gpu_number, 0) + 1
             dst.clear()
             dst.block_hash, dst.parent_hash, dst.token_ids = block_hash, parent_hash, token_ids
             dst.num_hashed_tokens = src.num_hashed_tokens
@@ -489,6 +494,7 @@ class ReducerState:
         for cpu_number, gpu_number in e.mapping:
             src, dst = self.pools["cpu"][cpu_number], self.pools["gpu"][gpu_number]
             dst.ref_count += 1
+            self.pinned[gpu_number] = self.pinned.get(gpu_number, 0) + 1
             dst.digest, dst.digest_slots = src.digest, src.digest_slots
             src.num_hits += 1
         self.num_prefix_hits += len(e.mapping)
@@ -496,6 +502,14 @@ class ReducerState:
         table = self.tables.get(e.seq_id, [])
         if seq is not None and e.mapping and ("gpu", e.mapping[-1][1]) in table:
             seq.num_cached_tokens = (table.index(("gpu", e.mapping[-1][1])) + 1) * self.block_size
+
+    def _unpin(self, number: int) -> None:
+        """vLLM's CPU tier released one pin of a GPU block (its copy is done)."""
+        pins = self.pinned.get(number, 0) - 1
+        if pins > 0:
+            self.pinned[number] = pins
+        else:
+            self.pinned.pop(number, None)
 
     def _on_request(self, e: ev.RequestAdded) -> None:
         self.requests[e.request_id] = e.seq_ids
@@ -660,7 +674,7 @@ class _Snapshot:
 
 _BLOCKS = _Snapshot(BlockState, owners=(tuple, set))
 _SEQS = _Snapshot(SeqState, token_ids=(tuple, list), token_texts=(tuple, list))
-_DICTS = ("hash_map", "requests", "counts", "hash_blocks", "num_scheduled_tokens")  # values immutable
+_DICTS = ("hash_map", "requests", "counts", "hash_blocks", "num_scheduled_tokens", "pinned")  # values immutable
 # How ReducerState.freeze / thaw turn each container attribute into tuples and back.
 _FREEZE = {
     "pools": lambda pools: tuple((device, tuple(map(_BLOCKS.freeze, blocks))) for device, blocks in pools.items()),

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import kv_cache_groups_of, kv_manager_of
+from blockviz.model.design import attribution_title, kv_cache_groups_of, kv_manager_of
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -80,11 +80,13 @@ class Trace:
 
 def engine_title(header: dict[str, Any]) -> str:
     """A short description for the UI from a trace header or an engine session's header: model,
+    whose scheduler ran when it was not blockviz's (design.attribution_title: `--kv-manager vllm`),
     block size, pools, where a pool sized from memory got its size (pool_origin), prefix caching
     when on, and what a block holds (kv_geometry)."""
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
     geometry, origin = kv_geometry(header), pool_origin(header)
-    return (f"{header.get('model', '?')} · block size {header['block_size']} · "
+    drivers = attribution_title(header)
+    return (f"{header.get('model', '?')}{f' · {drivers}' if drivers else ''} · block size {header['block_size']} · "
             f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks"
             + (f" ({origin})" if origin else "") + caching
             + (f" · a block: {geometry}" if geometry else ""))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from engine import events as ev
-from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
+from blockviz.model.reducer import CACHED, FREE, NULL, OFFLOAD_PIN, USED, ReducerState
 from blockviz.model.design import KV_DESIGNS, KVCacheGroup
 
 MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
@@ -35,7 +35,6 @@ MAX_SEQS_PER_REQUEST = 1 << 12
 MIN_SEQ_TOKENS = 1 << 22  # tokens copied into sequences that any trace may ask for (limits, not measurements)
 TOKEN_FIELDS = ("token_id", "token_ids", "prompt_token_ids")
 HASH_FIELDS = ("block_hash", "parent_hash", "block_hashes", "parent_hashes")
-OFFLOAD_PIN = -1  # the seq_id of a BlockFreed in which vLLM's CPU tier releases a block it pinned for a copy
 
 
 class TraceChecker:

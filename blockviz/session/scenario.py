@@ -32,6 +32,15 @@ one block table each (vLLM's KV-cache groups) over one pool:
   prompt, but a hit must end where the window group holds the blocks just before it, so it is cut
   short ("window tail freed", vLLM's HybridKVCacheCoordinator.find_longest_cache_hit). Then the pool
   runs out and that request is preempted by recompute.
+`CPU_TIER_SCENARIO` ("story-cpu-tier") is what `blockviz run --kv-manager vllm --kv-offloading-size
+[GiB]` plays: v1's story on vLLM 0.33's own scheduler with its CPU tier (vLLM v1's answer to v0's swap,
+engine/vllm_core/offload.py), a tier of `CPU_TIER_GIB` unless the flag gives a size:
+- as ROMEO's chunks are computed, vLLM's SimpleCPUOffloadScheduler stores copies of his full blocks in
+  the CPU tier, keyed by their hashes (and every full block after, as it is computed);
+- the pool runs out: KING RICHARD's request is preempted by recompute, its blocks freed; taking
+  blocks from the free queue's head evicts their hashes, his prompt's among them;
+- when he is admitted again, his prefix misses on the GPU but the CPU tier holds it: its blocks are
+  loaded back (hits, not recomputed), and only the rest of his tokens are computed.
 `blockviz run` plays it guided: it stops at each of these ideas the first time (blockviz/model/guide.py).
 No torch, no textual.
 """
@@ -97,11 +106,22 @@ HYBRID_SCENARIO_OPTIONS = {
 }
 
 
+CPU_TIER_SCENARIO = DEFAULT_V1_SCENARIO
+# The CPU tier's default size, in GiB as vLLM's --kv-offloading-size takes it: 2 MiB, which holds 64
+# blocks of the bundled model's (block_size 4), more than the story stores, so the CPU pool never
+# evicts and the preempted request's prefix is still there to load back; a pool small enough to fit
+# a projector, next to the GPU pool's 48.
+CPU_TIER_GIB = 2 / 1024
+CPU_TIER_SCENARIO_OPTIONS = {**DEFAULT_V1_SCENARIO_OPTIONS, "kv_manager": "vllm",
+                             "vllm_options": {"kv_offloading_size": CPU_TIER_GIB}}
+
+
 # The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
 # the engine and sampling settings they were written for.
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
+SCENARIOS["story-cpu-tier"] = (CPU_TIER_SCENARIO, CPU_TIER_SCENARIO_OPTIONS)
 
 
 # How many cards each story shows when played with its own settings (blockviz/model/guide.py's
@@ -123,7 +143,8 @@ def story_cards(header: dict) -> int | None:
 
 def is_story(header: dict) -> bool:
     """Whether a run's header records one of the stories (its arrivals are a scenario's: `blockviz
-    run`'s v0 story, v1's or the hybrid one): replays and notebooks of it are guided by default."""
+    run`'s v0 story, v1's, the hybrid one or the CPU tier's): replays and notebooks of it are guided
+    by default."""
     arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
     return any(arrivals == [a.prompt for a in story] for story, _ in SCENARIOS.values())
 

@@ -59,15 +59,19 @@ class EngineSpec:
     def for_scenario(cls, name: str, **options: Any) -> "EngineSpec":
         """A named scenario's spec (scenario.SCENARIOS): its arrivals, on its engine and sampling
         settings except where `options` (EngineConfig's and the spec's own, as `of` takes them)
-        say otherwise. A ValueError names an unknown scenario or option. The story under
-        `kv_manager="v1"` is vLLM v1's story ("story-v1"), as `blockviz run --kv-manager v1` plays."""
-        arrivals, settings = scenario(_story_of(name, options.get("kv_manager")))
+        say otherwise (`vllm_options` on top of the story's). A ValueError names an unknown scenario
+        or option. The story under `kv_manager="v1"` is vLLM v1's story ("story-v1"), as `blockviz run
+        --kv-manager v1` plays, and under `kv_manager="vllm"` with a CPU tier (the vllm option
+        kv_offloading_size) the CPU tier's ("story-cpu-tier")."""
+        arrivals, settings = scenario(_story_of(name, options.get("kv_manager"), options.get("vllm_options")))
         known = {*EngineConfig.option_names(), "n", "max_tokens", "temperature"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known))}")
         if not _swaps(options.get("kv_manager")) and "preemption_mode" not in options:
             settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
+        if settings.get("vllm_options") and options.get("vllm_options") is not None:  # the story's size unless given
+            options = {**options, "vllm_options": {**settings["vllm_options"], **options["vllm_options"]}}
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
     @classmethod
@@ -98,13 +102,14 @@ class EngineSpec:
         budget, as `for_scenario` picks it); the story's engine settings are the options' defaults
         (scenario.DEFAULT_SCENARIO_OPTIONS). On --model tiny-hybrid it plays the hybrid story
         ("story-hybrid"), under vLLM v1's manager unless --kv-manager names another (v0 cannot
-        run it: check_all says so in one line)."""
+        run it: check_all says so in one line); with --kv-manager vllm and --kv-offloading-size, the
+        CPU tier's ("story-cpu-tier")."""
         name = "story"
         if args.model == TINY_HYBRID:
             name = "story-hybrid"
             if not getattr(args, "kv_manager_given", False):
                 args = argparse.Namespace(**{**vars(args), "kv_manager": scenario(name)[1]["kv_manager"]})
-        arrivals, settings = scenario(_story_of(name, args.kv_manager))
+        arrivals, settings = scenario(_story_of(name, args.kv_manager, dict(getattr(args, "vllm_options", None) or ())))
         spec = cls.from_args(args, default_arrivals=arrivals)
         if spec.arrivals and "max_num_batched_tokens" in settings:
             spec.config = replace(spec.config, max_num_batched_tokens=settings["max_num_batched_tokens"])
@@ -131,9 +136,11 @@ class EngineSpec:
         self.check(device=device)
         try:
             if self.config.vllm_options:  # names and values vLLM refuses, before the engine starts
+                from engine.vllm_core import quiet_vllm_logs
                 from engine.vllm_core.config import check_options
 
-                check_options(self.config.vllm_options)
+                with quiet_vllm_logs():  # vLLM's import warnings stay off the terminal
+                    check_options(self.config.vllm_options)
             source = check_model(self.model, self.config.kv_manager)
             self.sampling_params()
         except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
@@ -195,10 +202,15 @@ class EngineSpec:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _story_of(name: str, kv_manager: str | None) -> str:
+def _story_of(name: str, kv_manager: str | None, vllm_options: dict[str, Any] | None = None) -> str:
     """The scenario to play for `name` under `kv_manager`: the story under vLLM v1's manager is
-    v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap)."""
-    return "story-v1" if name == "story" and KV_DESIGNS[kv_manager or "v0"].chunked_prefill else name
+    v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap), and with a CPU
+    tier (the vllm option kv_offloading_size, under a design that has one) the CPU tier's
+    ("story-cpu-tier": v1's story, its prefix loaded back from the tier)."""
+    design = KV_DESIGNS[kv_manager or "v0"]
+    if name == "story" and design.cpu_tier and (vllm_options or {}).get("kv_offloading_size") is not None:
+        return "story-cpu-tier"
+    return "story-v1" if name == "story" and design.chunked_prefill else name
 
 
 def _swaps(kv_manager: str | None) -> bool:

@@ -8,9 +8,30 @@ the worker side of vLLM's CPU tier (`kv_offloading_size`).
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from engine.config import VLLM_INSTALL
+
+VLLM_LOGGER = "vllm"  # the logger every vLLM module's init_logger(__name__) logs under
+
+
+@contextmanager
+def quiet_vllm_logs(level: int = logging.ERROR) -> Iterator[None]:
+    """vLLM's own loggers below `level` say nothing while the block runs (its import's "Failed to
+    import from vllm._C", the CPU tier's "Initializing KVConnectorBase_V1": warnings about a worker
+    that does not run here), then the "vllm" logger's level is what it was. Only vLLM's logger is
+    touched: no handler, no other logger, nothing process-wide (vLLM 0.33 configures no handler
+    until its own entry points call configure_logging, so its records reach Python's last-resort
+    handler on stderr, over a TUI or a command's output)."""
+    logger = logging.getLogger(VLLM_LOGGER)
+    saved = logger.level
+    logger.setLevel(max(level, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
 
 
 SUPPORTED_VLLM = "0.33"  # the release whose classes the adapter and its tests are proven against
@@ -43,20 +64,21 @@ def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
     EngineCore._initialize_kv_caches: the specs and groups first, then the blocks; the config's
     num_gpu_blocks is set by make_vllm_scheduler). max_num_seqs is capped at the token budget, as
     vLLM requires (SchedulerConfig.verify_max_model_len): a step gives each running request a token."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as error:
-        raise ValueError(f"{VLLM_INSTALL} ({error})") from None
-    check_vllm_version()
-    from engine.vllm_core.config import build_vllm_config, vllm_kv_cache_groups
+    with quiet_vllm_logs():
+        try:
+            import vllm  # noqa: F401
+        except ImportError as error:
+            raise ValueError(f"{VLLM_INSTALL} ({error})") from None
+        check_vllm_version()
+        from engine.vllm_core.config import build_vllm_config, vllm_kv_cache_groups
 
-    config = engine.config
-    vllm_config = build_vllm_config(
-        engine.loaded.path, block_size=config.block_size, num_gpu_blocks=None,
-        max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
-        prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
-    return vllm_config, vllm_kv_cache_groups(vllm_config, engine.kv_cache_specs)
+        config = engine.config
+        vllm_config = build_vllm_config(
+            engine.loaded.path, block_size=config.block_size, num_gpu_blocks=None,
+            max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
+            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
+            prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
+        return vllm_config, vllm_kv_cache_groups(vllm_config, engine.kv_cache_specs)
 
 
 def make_vllm_scheduler(engine: Any, vllm_config: Any, kv_cache_groups: list):
@@ -68,8 +90,9 @@ def make_vllm_scheduler(engine: Any, vllm_config: Any, kv_cache_groups: list):
     config = engine.config
     num_gpu_blocks = engine.budget.num_gpu_blocks
     vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-    kv_cache_config = build_kv_cache_config(vllm_config, engine.kv_cache_specs, num_gpu_blocks,
-                                            engine.budget.block_bytes, kv_cache_groups)
-    scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
-    hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
-    return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)
+    with quiet_vllm_logs():
+        kv_cache_config = build_kv_cache_config(vllm_config, engine.kv_cache_specs, num_gpu_blocks,
+                                                engine.budget.block_bytes, kv_cache_groups)
+        scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
+        hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
+        return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)

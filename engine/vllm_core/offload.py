@@ -58,7 +58,8 @@ class CpuTier:
     WRAPPED = ("prepare_store_specs", "_queue_finished_eager_store", "update_state_after_alloc",
                "update_connector_output", "request_finished")
 
-    def __init__(self, scheduler: Any, events: EventBus, tap: Any) -> None:
+    def __init__(self, scheduler: Any, events: EventBus, tap: Any, request_id_of: Any = str) -> None:
+        """`request_id_of(vllm_request_id)`: our request's id (a vLLM request is one of our sequences)."""
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
         self.manager = scheduler.connector.scheduler_manager
@@ -66,6 +67,7 @@ class CpuTier:
             raise ValueError("vllm option kv_offloading_size: vLLM switched its CPU tier off (prefix caching is off)")
         self.events = events
         self.tap = tap
+        self.request_id_of = request_id_of
         self.gpu_pool = scheduler.kv_cache_manager.block_pool
         self.cpu_pool = self.manager.cpu_block_pool
         self.num_cpu_blocks = self.manager.num_cpu_blocks
@@ -134,7 +136,7 @@ class CpuTier:
             if had or state is None or not self.events.active:
                 return
             transfer = state.transfer_meta
-            self.events.emit(OffloadLoaded, medium=MEDIUM_CPU, request_id=request.request_id,
+            self.events.emit(OffloadLoaded, medium=MEDIUM_CPU, request_id=self.request_id_of(request.request_id),
                              seq_id=int(request.request_id),
                              mapping=tuple(zip(transfer.cpu_block_ids, transfer.gpu_block_ids)),
                              num_tokens=num_external_tokens)

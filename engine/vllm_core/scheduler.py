@@ -55,7 +55,8 @@ class VllmScheduler:
         self.events = events
         self.tap = VllmEventTap(scheduler, events)
         # vLLM's CPU tier (kv_offloading_size): its scheduler side decides, we copy (offload.py)
-        self.cpu_tier = CpuTier(scheduler, events, self.tap) if scheduler.connector is not None else None
+        self.cpu_tier = (CpuTier(scheduler, events, self.tap, lambda request_id: self.groups[request_id].request_id)
+                         if scheduler.connector is not None else None)
         self.block_hasher = block_hasher
         # our engine stops every request itself: the model's context comes before this
         self.sampling_params = VllmSamplingParams(max_tokens=max_model_len + 1, ignore_eos=True)
