@@ -8,6 +8,7 @@ collapsing to one repeated token. Everything is deterministic (fixed torch seed)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -19,7 +20,8 @@ if not torch.cuda.is_available():
     # defined then): set before any test module imports it, directly or through vLLM, so every
     # kernel test runs the kernels on CPU tensors whatever order the modules are collected in
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from jupyter_fixtures import chromium_browser, jupyter_server, lab_page  # noqa: F401 (browser tests' fixtures)
+from optional_parts import INSTALL_LINES
+from jupyter_fixtures import chromium_browser, chromium_session, jupyter_server, lab_page  # noqa: F401 (browser tests' fixtures)
 
 TINY_GPT2_CONFIG = dict(
     n_layer=2,
@@ -36,6 +38,78 @@ TOKENIZER_TEXT = [
     "Paged attention keeps the KV cache in fixed-size blocks.",
 ]
 EOS_TOKEN = "<|endoftext|>"
+
+# Modules whose every test takes seconds or more, left out of the fast tier (-m "not slow"): what
+# makes them slow. A slow test elsewhere carries @pytest.mark.slow itself.
+SLOW_MODULES = {
+    "test_block_manager_stateful.py": "hypothesis state machine, 200 sequences of 40 operations",
+    "test_v1_kv_cache_manager_stateful.py": "hypothesis state machine, 300 sequences of 50 operations",
+    "test_v1_vs_vllm_core.py": "360 seeded workloads, each through two engines",
+    "test_v1_vs_vllm.py": "random operation sequences through our manager and vLLM's",
+    "test_v1_groups_vs_vllm.py": "random operation sequences through our groups and vLLM's",
+    "test_lessons.py": "executes the lesson notebooks in fresh kernels",
+    "test_lessons_vllm.py": "executes the lesson notebooks in fresh kernels",
+    "test_tui_snapshots.py": "the whole app per snapshot",
+    "test_story_snapshots.py": "the whole app per snapshot",
+    "test_engine_process.py": "the engine in a process of its own, the UI in a terminal",
+    "test_serve_hostile.py": "a real blockviz serve and its app processes",
+    "test_serve_safety.py": "a real blockviz serve and its app processes",
+    "test_smollm2.py": "SmolLM2-135M beside transformers",
+    "test_llama_parity.py": "Llama-family checkpoints beside transformers",
+    "test_kernels.py": "Triton's CPU interpreter",
+    "test_benchmarks.py": "runs the benchmarks",
+}
+BROWSER_FIXTURES = {"chromium_session", "chromium_browser", "lab_page", "jupyter_server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """Mark every browser test `browser` and put them all in one xdist group, so that one worker runs
+    them with one chromium and one JupyterLab; mark the tests of SLOW_MODULES `slow`."""
+    for item in items:
+        if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name.endswith("_browser.py"):
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.xdist_group("browser"))
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
+def _missing_part(text: str) -> str | None:
+    """The optional module that `text` (a skip reason or an error) says is missing, when it is."""
+    for module in INSTALL_LINES:
+        if module in text.lower() and importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails because an optional part is not installed (a ModuleNotFoundError naming it)
+    is reported skipped with the line that installs the part; so is one skipped for want of it
+    (`pytest.importorskip("vllm")`)."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(ModuleNotFoundError):
+        module = _missing_part(str(call.excinfo.value.name or ""))
+        if module is not None and report.failed:
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {INSTALL_LINES[module]}")
+    _name_the_install_line(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped for want of an optional part says the line that installs it."""
+    outcome = yield
+    _name_the_install_line(outcome.get_result())
+
+
+def _name_the_install_line(report) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, line, reason = report.longrepr
+        module = _missing_part(reason)
+        if module is not None and INSTALL_LINES[module] not in reason:
+            report.longrepr = (path, line, f"{reason}: {INSTALL_LINES[module]}")
 
 
 def build_tokenizer(vocab_size: int = 320):

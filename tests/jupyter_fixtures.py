@@ -3,9 +3,9 @@
 The recipe of /work/shared/DESIGN.md ("Tests in tiers"): JupyterLab on 127.0.0.1 and a free port,
 configured by `jupyterlab.galata.configure_jupyter_server` (no token, no XSRF, `window.jupyterapp`
 exposed), allow_root, news and update checks off; chromium at /usr/bin/chromium launched with
-`executable_path` (never `playwright install`) through Playwright's sync API, one browser per test
-module (see chromium_browser: a running sync Playwright blocks other asyncio users). Under CI (CI=true) a missing chromium fails the
-test; elsewhere it skips.
+`executable_path` (never `playwright install`) through Playwright's sync API, one browser for the
+whole session (see Chromium.in_use: between browser tests other asyncio users run as usual). Under
+CI (CI=true) a missing chromium fails the test; elsewhere it skips with the line that installs it.
 
 Reuse them from any test module under tests/ (tests/conftest.py imports them):
 
@@ -23,6 +23,7 @@ scripts/make_screenshots.py and benchmarks/widgets.py use outside pytest.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -358,23 +359,65 @@ def jupyter_server() -> Iterator[JupyterServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def chromium_browser():
-    """Debian's chromium through Playwright's sync API, for one test module.
+@dataclass
+class Chromium:
+    """Debian's chromium through Playwright's sync API, and the event loop that API runs on."""
 
-    Not pytest-playwright's session-wide `page`: while Playwright's sync API is running, its event
-    loop blocks every other asyncio user in the process (Textual's run_test, nbclient), so the
-    browser lives only as long as the module that uses it. Keep browser tests in modules of their
-    own (tests/test_*_browser.py)."""
-    chromium_path()
+    browser: Any
+    loop: asyncio.AbstractEventLoop
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[Any]:
+        """The browser, with Playwright's loop marked running in this thread only inside the block.
+
+        Playwright's sync API runs its loop in a greenlet of its own and, after each call, marks it
+        as this thread's running loop (playwright/_impl/_greenlets.py `wait_for_future`), which
+        blocks every other asyncio user here (Textual's run_test, nbclient: "cannot be called from a
+        running event loop"). Between browser tests nothing waits on that loop, so the mark is set
+        for a browser test and cleared after it: one chromium serves the whole session."""
+        asyncio.events._set_running_loop(self.loop)
+        try:
+            yield self.browser
+        finally:
+            asyncio.events._set_running_loop(None)
+
+
+@contextlib.contextmanager
+def launch_chromium() -> Iterator[Chromium]:
+    """Launch Debian's chromium (launch_args) through Playwright's sync API; close it after."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
+    playwright = sync_playwright().start()
+    try:
         browser = playwright.chromium.launch(**launch_args())
-        try:
-            yield browser
-        finally:
+        chromium = Chromium(browser, asyncio.events.get_running_loop())
+    except BaseException:
+        playwright.stop()
+        raise
+    asyncio.events._set_running_loop(None)
+    try:
+        yield chromium
+    finally:
+        with chromium.in_use():
             browser.close()
+            playwright.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium_session() -> Iterator[Chromium]:
+    """One chromium for the whole test session (under pytest-xdist: for the worker that runs the
+    browser tests, which tests/conftest.py puts in one xdist group)."""
+    chromium_path()
+    with launch_chromium() as chromium:
+        yield chromium
+
+
+@pytest.fixture
+def chromium_browser(chromium_session):
+    """The session's chromium (a Playwright Browser), usable for the length of one test: open
+    contexts and pages on it and close them in the test (lab_page does)."""
+    with chromium_session.in_use() as browser:
+        yield browser
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ tiny-hybrid is built into a temporary cache directory (BLOCKVIZ_CACHE_DIR) for t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -30,6 +29,7 @@ from blockviz.model.trace import load_trace
 from blockviz.session.scenario import HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS
 from blockviz.session.tiny_hybrid import LAYER_TYPES, SLIDING_WINDOW as WINDOW, TINY_HYBRID, tiny_hybrid_checkpoint
 from engine import events as ev
+from optional_parts import needs_vllm
 from story_fixtures import play_card_to_card, run_live
 
 
@@ -123,8 +123,6 @@ def test_run_with_model_tiny_hybrid_plays_the_hybrid_story():
     assert spec.config.enable_prefix_caching and spec.config.max_num_batched_tokens is None
     config = json.loads((Path(spec.config.model) / "config.json").read_text())
     assert config["layer_types"] == list(LAYER_TYPES)
-    vllm = check(build_parser().parse_args(["run", "--model", TINY_HYBRID, "--kv-manager", "vllm"]), device=False)
-    assert vllm.arrivals == HYBRID_SCENARIO and vllm.config.kv_manager == "vllm"
     mine = check(build_parser().parse_args(["run", "--model", TINY_HYBRID, "--kv-manager", "v1", "--prompt", "ROMEO:"]),
                  device=False)
     assert not mine.arrivals  # your prompts: no story
@@ -167,7 +165,13 @@ def test_the_hybrid_story_run_live_shows_every_moment_and_equals_the_shipped_tra
     assert header["kv_cache_groups"] == shipped.header["kv_cache_groups"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@needs_vllm
+def test_run_with_model_tiny_hybrid_and_kv_manager_vllm_plays_the_hybrid_story():
+    vllm = check(build_parser().parse_args(["run", "--model", TINY_HYBRID, "--kv-manager", "vllm"]), device=False)
+    assert vllm.arrivals == HYBRID_SCENARIO and vllm.config.kv_manager == "vllm"
+
+
+@needs_vllm
 def test_the_hybrid_story_on_vllms_own_manager_shows_every_moment_with_its_cards():
     """`blockviz run --model tiny-hybrid --kv-manager vllm`: the same story on vLLM 0.33's own hybrid
     manager (HybridKVCacheCoordinator, SlidingWindowManager)."""
