@@ -241,6 +241,9 @@ class SequenceGroup:
     arrival_time: float = 0.0
     prompt: str | None = None
     seed: int = 0  # base of the per-branch sampling generators
+    # branch -> the generator a branch drew its first token with before it was forked (v0's n > 1:
+    # the prompt's row samples every branch's first token); its fork takes it
+    generators: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.seqs:
