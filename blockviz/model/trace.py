@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import kv_cache_groups_of, kv_manager_of
+from blockviz.model.design import design_of, kv_cache_groups_of, kv_manager_of
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -449,7 +449,7 @@ def check_header_fields(header: dict[str, Any]) -> None:
     if "kv_cache_groups" in header and header.get("version", GROUPS_FORMAT_VERSION) < GROUPS_FORMAT_VERSION:
         raise ValueError(f"header field 'kv_cache_groups' needs format version {GROUPS_FORMAT_VERSION}, "
                          f"the header says {header['version']}")
-    if "kv_cache_groups" in header and kv_manager_of(header) == "v0":
+    if "kv_cache_groups" in header and not design_of(header).groups:
         raise ValueError("header field 'kv_cache_groups' is for a v1 run (kv_manager \"v1\"): v0 has one group")
 
 

@@ -22,6 +22,7 @@ import msgspec
 
 from blockviz.session.scenario import admit_arrivals
 from blockviz.session.spec import EngineSpec, one_line
+from engine.designs import DEFAULT, get_design
 from engine.events import Event, RequestAdded
 
 
@@ -81,15 +82,16 @@ def _profiled_fields(budget: Any) -> dict[str, Any]:
 
 
 def _kv_manager_fields(config: Any) -> dict[str, Any]:
-    """Which KV cache manager ran: nothing for v0 (a trace without "kv_manager" is v0's, so v0
-    headers are as they always were), else the design and its prefix-caching hash."""
-    if getattr(config, "kv_manager", "v0") == "v0":
+    """Which KV cache manager ran: nothing for the default design, v0 (a header without "kv_manager"
+    names it), else the design's name and its prefix-caching hash."""
+    design = get_design(getattr(config, "kv_manager", None))
+    if design is DEFAULT:
         return {}
-    if config.kv_manager == "vllm":  # vLLM's own: its release and the options it ran with
+    if design.vllm_options:  # vLLM's own: its release and the options it ran with
         from engine.vllm_core import vllm_version
 
         options = dict(config.vllm_options or {})
-        return {"kv_manager": "vllm", "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
+        return {"kv_manager": design.name, "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
                                                                               config.prefix_caching_hash_algo),
                 "vllm_version": vllm_version(), "vllm_options": options}
     return {"kv_manager": config.kv_manager, "prefix_caching_hash_algo": config.prefix_caching_hash_algo}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
-from blockviz.model.design import KV_DESIGNS
+from engine.designs import get_design
 from blockviz.session.scenario import Arrival, scenario
 from blockviz.session.tiny_hybrid import TINY_HYBRID, resolve
 from engine.config import EngineConfig
@@ -198,12 +198,12 @@ class EngineSpec:
 def _story_of(name: str, kv_manager: str | None) -> str:
     """The scenario to play for `name` under `kv_manager`: the story under vLLM v1's manager is
     v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap)."""
-    return "story-v1" if name == "story" and KV_DESIGNS[kv_manager or "v0"].chunked_prefill else name
+    return "story-v1" if name == "story" and get_design(kv_manager).chunked_prefill else name
 
 
 def _swaps(kv_manager: str | None) -> bool:
     """Whether the design may preempt by swap (v0): the others recompute only."""
-    return KV_DESIGNS[kv_manager or "v0"].swaps
+    return get_design(kv_manager).swap
 
 
 def check_device(device: str) -> None:

@@ -232,6 +232,8 @@ class VllmScheduler:
         for s in plan.scheduled:
             s.seq.num_computed_tokens = s.num_tokens
         finished = self.output_processor.process_outputs(plan, sampled_token_ids, self._finish_stopped)
+        if plan.design_output is None:  # a plan that runs nothing: vLLM took its output in schedule()
+            return finished
         self._update_vllm(plan.design_output, {str(s.seq.seq_id): token_ids[:1]
                                                for s, token_ids in zip(plan.scheduled, sampled_token_ids)})
         return finished
