@@ -22,10 +22,8 @@ from engine.events import (
     EventBus,
     KVDigest,
     RequestAdded,
-    SequenceFinished,
     StepFinished,
     StepStarted,
-    TokenGenerated,
     TokensScheduled,
 )
 from engine.model_loader import LoadedModel, load_model
