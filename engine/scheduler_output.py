@@ -101,6 +101,13 @@ class SchedulerOutput:
         return list(groups.values())
 
 
+def step_kind(scheduled: list[ScheduledSequence]) -> str:
+    """"decode" when every scheduled sequence computes only its newest token, "prefill" when none
+    does, "mixed" otherwise (vLLM v1 batches both in one step)."""
+    decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
+    return "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
+
+
 def plan_entry(group: SequenceGroup, seq: Sequence, num_computed_tokens: int, num_new_tokens: int,
                block_ids: list[int]) -> ScheduledSequence:
     """A scheduled sequence over one KV-cache group's table."""

@@ -65,8 +65,7 @@ def kv_cache_groups_header(groups) -> list[dict[str, Any]]:
     """A run's KV-cache groups, each (kind, window or None, layer names), as its header's
     "kv_cache_groups": per group its kind (FULL_ATTENTION or SLIDING_WINDOW), its window
     (sliding_window only) and its layers, as vLLM's KVCacheManager.kv_cache_event_metadata names
-    them; [] for one group of full attention, whose header is as it was before groups (it has no
-    such field). A model whose every layer has one window has one group, named: its windows let
+    them; [] for one group of full attention, whose header has no such field. A model whose every layer has one window has one group, named: its windows let
     blocks go (BlocksSkipped)."""
     groups = list(groups)
     if len(groups) == 1 and groups[0][0] == FULL_ATTENTION:

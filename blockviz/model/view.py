@@ -135,7 +135,7 @@ def pool_record(state: ReducerState, device: str, start: int | None = None, stop
 
 def has_groups(state: ReducerState) -> bool:
     """Whether the run has several KV-cache groups (a hybrid model's): only then do the views name
-    and mark groups, so a one-group run looks as it always did."""
+    and mark groups; a one-group run shows no group marks."""
     return state.num_kv_cache_groups > 1
 
 

@@ -54,8 +54,8 @@ def trace_header(engine: Any) -> dict[str, Any]:
 def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
     """A hybrid or sliding-window model's KV-cache groups (kind, window, layers:
     design.kv_cache_groups_header), from engine/v1's groups or vLLM's own manager's
-    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, so those
-    headers are as they always were."""
+    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, whose
+    header has no "kv_cache_groups"."""
     from blockviz.model.design import FULL_ATTENTION, SLIDING_WINDOW, kv_cache_groups_header
 
     manager = getattr(engine, "kv_manager", None)
@@ -74,8 +74,7 @@ def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:
     """A pool sized from the device's memory: the free bytes at startup and the bytes the profile
-    run took outside torch (cache_engine.profile_device); nothing for any other source, so those
-    headers are as they always were."""
+    run took outside torch (cache_engine.profile_device); nothing for any other source."""
     if budget.source != "profiled":
         return {}
     return {"free_bytes": budget.free_bytes, "non_torch_bytes": budget.non_torch_bytes}

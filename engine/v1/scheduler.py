@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from engine.events import Preempted
 from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler import SchedulerConfig
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import KVCacheManager
 
@@ -125,9 +125,7 @@ class Scheduler:
         scheduled = [ScheduledSequence(group, seq, seq.num_computed_tokens, n,
                                        tuple(map(tuple, manager.get_block_ids_per_group(seq))))
                      for group, seq, n in out.scheduled]
-        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
-        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
-        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=[seq.seq_id for seq in out.preempted],
+        return SchedulerOutput(scheduled, step_kind(scheduled), announces_tokens=True, preempted_seq_ids=[seq.seq_id for seq in out.preempted],
                                ignored_seq_groups=out.ignored_seq_groups)
 
     def _allocate_or_preempt(self, seq: Sequence, num_new_tokens: int, out: _Scheduling) -> bool:

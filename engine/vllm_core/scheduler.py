@@ -37,7 +37,7 @@ from typing import Any
 
 from engine.events import EventBus, Preempted
 from engine.output_processor import OutputProcessor, StopChecker
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import cdiv
 from engine.vllm_core.event_tap import VllmEventTap
@@ -198,9 +198,7 @@ class VllmScheduler:
             seq.num_computed_tokens = computed
             table = tuple(tuple(ids) for ids in self.block_ids[request_id])
             scheduled.append(ScheduledSequence(self.groups[request_id], seq, computed, num_new_tokens, table))
-        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
-        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
-        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=self._preempted,
+        return SchedulerOutput(scheduled, step_kind(scheduled), announces_tokens=True, preempted_seq_ids=self._preempted,
                                ignored_seq_groups=ignored, blocks_to_store=stores, blocks_to_swap_in=loads,
                                design_output=out)
 
