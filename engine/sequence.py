@@ -118,8 +118,8 @@ class Sequence:
     `num_cached_tokens` is how many leading prompt tokens the prefix cache served (set by the
     block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache.
     `branch` is the sequence's index in its request (0 for the first, i for the i-th fork of
-    n > 1) and `generator` the torch.Generator it samples with (None when greedy); the engine
-    sets both.
+    n > 1) and `generator` the torch.Generator it samples with (None when greedy): set by the engine's
+    add_request for a request's sequences, by OutputProcessor.fork for a fork.
     """
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int) -> None:
