@@ -110,3 +110,48 @@ def test_the_registry_imports_without_torch():
     code = "import engine.designs, engine.config, sys; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("design", [V0, V1, VLLM], ids=lambda d: d.name)
+def test_a_step_is_schedule_run_then_one_update(design, tiny_gpt2_dir):
+    """LLMEngine.step calls its scheduler twice, whatever the design: schedule() before the forward,
+    then one update_from_output(plan, sampled_token_ids) after sampling (v0's n > 1 forks, appends,
+    stops and frees all behind it); no scheduler has free_seq or free_finished_seq_groups, and the
+    vLLM adapter keeps no output of vLLM's between the calls."""
+    if design.requires:
+        pytest.importorskip(design.requires)
+    from engine.llm_engine import LLMEngine
+    from engine.sequence import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", kv_manager=design.name,
+                                    block_size=4, num_gpu_blocks=40))
+    calls: list[str] = []
+    depth = [0]  # the engine's calls only, not a scheduler's calls to itself
+
+    def record(name, method):
+        def call(*args, **kwargs):
+            if not depth[0]:
+                calls.append(name)
+            depth[0] += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return call
+
+    scheduler = engine.scheduler
+    for name in [n for n in dir(scheduler) if not n.startswith("_") and callable(getattr(scheduler, n))]:
+        setattr(scheduler, name, record(name, getattr(scheduler, name)))
+    runner = engine.model_runner
+    for name in ("execute_model", "sample"):
+        setattr(runner, name, record(name, getattr(runner, name)))
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(n=2, max_tokens=3, temperature=0.7, seed=1))
+    steps = 0
+    while engine.has_unfinished_requests():
+        del calls[:]
+        outputs = engine.step()
+        steps += 1
+        assert calls == ["schedule", "execute_model", "sample", "update_from_output"], calls
+    assert steps >= 3 and outputs[-1].finished and len(outputs[-1].outputs) == 2
+    for name in ("free_seq", "free_finished_seq_groups", "_pending", "_samples"):
+        assert not hasattr(scheduler, name), name
