@@ -5,7 +5,7 @@ mixed prompt lengths and max_tokens from a fixed seed, greedy, a GPT-2-small-sha
 random weights built locally). A benchmark, not a test: it prints figures, it never fails on time.
 
 The scheduler's time per step is the wall time inside the calls the engine makes to its scheduler
-(`schedule`, `update_from_output`, `free_finished_seq_groups`; under `"vllm"` that is the adapter of
+(`schedule`, `update_from_output` with the token appends behind it; under `"vllm"` that is the adapter of
 engine/vllm_core/ with vLLM inside it), divided by the steps; under `"vllm"` the time inside vLLM's own
 `Scheduler.schedule` and `Scheduler.update_from_output` is given apart. Without vLLM installed the
 `"vllm"` mode is left out (an `unavailable:` line).
@@ -37,15 +37,15 @@ from throughput import build_model, make_workload  # noqa: E402
 
 
 class SchedulerClock:
-    """Wall time inside one engine's scheduler calls (`schedule`, `update_from_output`,
-    `free_finished_seq_groups`, wrapped on the instance), the steps (calls to `schedule`), and under
+    """Wall time inside one engine's scheduler calls (`schedule`, `update_from_output`, wrapped on
+    the instance; the update includes appending and stop-checking the sampled tokens), the steps (calls to `schedule`), and under
     kv_manager="vllm" the time inside vLLM's own `Scheduler.schedule` / `update_from_output`."""
 
     def __init__(self, engine) -> None:
         self.seconds = self.vllm_seconds = 0.0
         self.steps = 0
         scheduler = engine.scheduler
-        for name in ("schedule", "update_from_output", "free_finished_seq_groups"):
+        for name in ("schedule", "update_from_output"):
             setattr(scheduler, name, self._timed(getattr(scheduler, name), "seconds", name == "schedule"))
         inner = getattr(scheduler, "vllm", None)  # engine/vllm_core's VllmScheduler wraps vLLM's Scheduler
         if inner is not None:

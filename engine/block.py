@@ -33,9 +33,6 @@ class LogicalTokenBlock:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    def is_empty(self) -> bool:
-        return not self.token_ids
-
     def is_full(self) -> bool:
         return len(self.token_ids) == self.block_size
 

@@ -9,16 +9,13 @@ import enum
 import importlib.util
 from dataclasses import dataclass, fields
 
+from engine.designs import DEFAULT, DESIGNS, VLLM_INSTALL, Design, get_design  # noqa: F401 (VLLM_INSTALL re-exported)
 from engine.model_source import DEFAULT_MODEL
 
 MiB = 1 << 20
 DEFAULT_SWAP_SPACE_BYTES = 64 * MiB  # CPU swap pool size unless num_cpu_blocks is given
 DTYPES = ("float32", "float16", "bfloat16")
-# vLLM v0's BlockSpaceManager, vLLM v1's KVCacheManager (engine/v1/), vLLM's own (engine/vllm_core/)
-KV_MANAGERS = ("v0", "v1", "vllm")
-V1_DESIGNS = ("v1", "vllm")  # the managers that work as vLLM v1's: null block 0, free queue, recompute only
-VLLM_INSTALL = ("kv_manager 'vllm' runs vLLM's own scheduler and needs vLLM: pip install -e '.[vllm]' && "
-                "pip install --no-deps vllm==0.33.0")
+KV_MANAGERS = tuple(DESIGNS)  # the designs' names (engine/designs.py), as --kv-manager takes them
 HASH_ALGOS = ("sha256", "xxhash", "sha256_cbor", "xxhash_cbor")  # prefix_caching_hash_algo (vLLM's default first)
 ATTENTION_BACKENDS = ("torch", "triton")  # engine/attention.py, engine/kernels
 
@@ -53,7 +50,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     watermark: float = 0.01
     kv_digests: bool = True
-    kv_manager: str = "v0"
+    kv_manager: str = DEFAULT.name  # a design's name (engine/designs.py); an entry is taken as its name
     prefix_caching_hash_algo: str = "sha256"
     attention_backend: str | None = None  # None: triton on CUDA when it imports, else torch (engine/kernels)
     raw_prompt: bool = False  # True: an instruct model's string prompts skip its chat template
@@ -85,29 +82,33 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.watermark < 0:
             raise ValueError(f"watermark must be >= 0, got {self.watermark}")
-        if self.kv_manager not in KV_MANAGERS:
-            raise ValueError(f"kv_manager must be one of {', '.join(KV_MANAGERS)}, got {self.kv_manager!r}")
-        if self.kv_manager == "vllm":
-            if importlib.util.find_spec("vllm") is None:
-                raise ValueError(VLLM_INSTALL)
+        design = get_design(self.kv_manager)
+        self.kv_manager = design.name
+        if design.requires and importlib.util.find_spec(design.requires) is None:
+            raise ValueError(VLLM_INSTALL)
+        if design.upstream:  # another project's own code runs: its release is pinned
             from engine.vllm_core import check_vllm_version
 
             check_vllm_version()  # another release: one line naming it and the supported one
         if self.vllm_options is not None:
-            if self.kv_manager != "vllm":
-                raise ValueError("vllm_options apply to kv_manager 'vllm' only")
+            if not design.vllm_options:
+                raise ValueError(f"vllm_options apply to kv_manager {', '.join(repr(n) for n, d in DESIGNS.items() if d.vllm_options)} only")
             if not isinstance(self.vllm_options, dict) or not all(isinstance(k, str) for k in self.vllm_options):
                 raise ValueError(f"vllm_options must be a dict of option names, got {self.vllm_options!r}")
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                              f"got {self.prefix_caching_hash_algo!r}")
-        v1 = self.kv_manager in V1_DESIGNS
-        if v1 and self.num_gpu_blocks == 1:
+        if design.null_block and self.num_gpu_blocks == 1:
             raise ValueError(f"kv_manager {self.kv_manager!r} needs num_gpu_blocks >= 2: block 0 is the null block")
-        if v1 and self.preemption_mode is PreemptionMode.SWAP:
+        if not design.swap and self.preemption_mode is PreemptionMode.SWAP:
             raise ValueError(f"kv_manager {self.kv_manager!r} preempts by recompute only: preemption_mode 'swap' is v0's")
         if self.enable_prefix_caching is None:
-            self.enable_prefix_caching = v1
+            self.enable_prefix_caching = design.enable_prefix_caching
+
+    @property
+    def design(self) -> Design:
+        """The registry's entry for `kv_manager` (engine/designs.py)."""
+        return get_design(self.kv_manager)
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:

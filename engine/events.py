@@ -41,7 +41,7 @@ class Event(msgspec.Struct, frozen=True, gc=False):
 
     def to_dict(self) -> dict[str, Any]:
         """The event as plain values; a `group` of 0 is left out, so a run with one KV-cache group
-        writes its events as before groups existed."""
+        writes events with no `group` field."""
         data = {"type": self.type, **msgspec.structs.asdict(self)}
         if data.get("group") == 0:
             del data["group"]

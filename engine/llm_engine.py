@@ -3,9 +3,8 @@ nano-vllm's `LLMEngine.step`).
 
 Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools (as
 vLLM v1's `determine_available_memory`: engine/cache_engine.py), build the CacheEngine and the
-scheduler over a BlockSpaceManager, or, with `kv_manager="v1"`, vLLM v1's Scheduler over a
-KVCacheManager (engine/v1/). Every block operation and every step is an event on `self.events`, so a
-subscriber sees one ordered story.
+block manager and scheduler of the design `kv_manager` names (engine/designs.py). Every block
+operation and every step is an event on `self.events`, so a subscriber sees one ordered story.
 """
 
 from __future__ import annotations
@@ -16,26 +15,24 @@ import time
 
 import torch
 
-from engine.block_manager import BlockSpaceManager
 from engine.cache_engine import BlockBudget, CacheEngine, determine_num_blocks
-from engine.config import V1_DESIGNS, EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
+from engine.config import EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
+from engine.designs import DesignBuild
 from engine.events import (
     EventBus,
     KVDigest,
     RequestAdded,
-    SequenceFinished,
     StepFinished,
     StepStarted,
-    TokenGenerated,
     TokensScheduled,
 )
 from engine.model_loader import LoadedModel, load_model
 from engine.model_source import check_kv_manager
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.model_runner import ModelRunner
-from engine.output_processor import Detokenizer, StopChecker
-from engine.sampler import make_generator
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.output_processor import Detokenizer, OutputProcessor, StopChecker
+from engine.sampler import make_generator, sample
+from engine.scheduler import SchedulerConfig
 from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
 from engine.v1.kv_cache_interface import kv_cache_specs
@@ -57,26 +54,36 @@ class LLMEngine:
         self.loaded = loaded if loaded is not None else load_model(config.model, config.device, dtype)
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
-        self.detokenizer = Detokenizer(self.tokenizer)
         self.device = self.loaded.device
         model_config = self.loaded.config
         # per layer, vLLM's FullAttentionSpec or SlidingWindowSpec (what each layer's attention reads)
         self.kv_cache_specs = kv_cache_specs(model_config, config.block_size, self.loaded.dtype)
-        check_kv_manager(config.kv_manager, getattr(model_config, "layer_types", ()))
+        self.design = config.design  # the KV-cache design's registry entry (engine/designs.py)
+        check_kv_manager(self.design, getattr(model_config, "layer_types", ()))
         self.max_model_len = model_config.max_model_len
         max_batched = config.max_num_batched_tokens or max(2048, self.max_model_len)
         cpu_tier = offloading_bytes(config.vllm_options)  # vLLM's CPU tier (kv_offloading_size) is the CPU pool
-        self.vllm_config = None  # kv_manager "vllm": vLLM's VllmConfig, built before the pool is sized
+        scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
+                                           config.preemption_mode)
+        self.eos_token_id = self._eos_token_id()
+        self._seq_counter = itertools.count()
+        # what the sampled tokens do, for every design's update_from_output
+        self.output_processor = OutputProcessor(StopChecker(self.eos_token_id, self.max_model_len),
+                                                Detokenizer(self.tokenizer), self.events, self._seq_counter)
+        build = DesignBuild(config, scheduler_config, self.kv_cache_specs, self.loaded.path,
+                            bool(getattr(self.model, "takes_layer_metadata", False)), self.events,
+                            self.output_processor)
         # the layers' KV-cache groups, one block table per request each, known before the pool is sized
         # (vLLM EngineCore._initialize_kv_caches: the groups, then the blocks); their layer names are
-        # layer indices; None for v0 and a model that reads one metadata (one group of every layer)
-        groups = self._get_kv_cache_groups(max_batched)
+        # layer indices; None for one block table per sequence (v0, a model that reads one metadata)
+        groups = self.design.build_kv_cache_groups(build, max_batched)
+        self.vllm_config = build.vllm_config  # kv_manager "vllm": vLLM's VllmConfig; None otherwise
         self.budget: BlockBudget = determine_num_blocks(
             self.model, model_config, config.block_size, self.device, self.loaded.dtype, max_batched,
             gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, num_gpu_blocks=config.num_gpu_blocks,
             swap_space_bytes=cpu_tier or config.swap_space_bytes,
-            num_cpu_blocks=None if cpu_tier else 0 if config.kv_manager in V1_DESIGNS else config.num_cpu_blocks,
+            num_cpu_blocks=None if cpu_tier else config.num_cpu_blocks if self.design.swap else 0,
             max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend, kv_cache_groups=groups,
         )
         # a block holds every layer's page, or with several groups one page per layer of the largest group
@@ -84,20 +91,13 @@ class LLMEngine:
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,
             self.budget.num_gpu_blocks, self.budget.num_cpu_blocks, self.device, self.loaded.dtype, groups,
         )
-        scheduler_config = SchedulerConfig(config.max_num_seqs, max_batched, self.max_model_len,
-                                           config.preemption_mode)
-        self.kv_manager, self.scheduler = self._make_scheduler(scheduler_config, groups)
-        # the groups as the block manager holds them (v1's default group of every layer for None)
-        self.kv_cache_groups = (self.kv_manager.kv_cache_groups if config.kv_manager == "v1"
-                                else self.scheduler.vllm.kv_cache_config.kv_cache_groups if config.kv_manager == "vllm"
-                                else None)
+        # the design's block manager and scheduler (the engine reaches the manager only through its
+        # scheduler), and the KV-cache groups as the manager holds them (None: one table per sequence)
+        self.kv_manager, self.scheduler, self.kv_cache_groups = self.design.build_scheduler(build, self.budget, groups)
         self.model_runner = ModelRunner(self.model, self.cache_engine, config.block_size, self.device,
                                         config.attention_backend,
                                         self.kv_cache_groups,
                                         max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager)
-        self.eos_token_id = self._eos_token_id()
-        self.stop_checker = StopChecker(self.eos_token_id, self.max_model_len)
-        self._seq_counter = itertools.count()
         self._request_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}  # unfinished requests
         self.num_steps = 0
@@ -105,54 +105,6 @@ class LLMEngine:
         # set_kv_digests_per_step(False) holds them back for emit_kv_digests()
         self._kv_digests_per_step = True
         self._written: dict[int, None] = {}  # device blocks written since their last digest
-
-    def _get_kv_cache_groups(self, max_num_batched_tokens: int) -> list | None:
-        """The KV-cache groups of this engine's design: engine/v1's `get_kv_cache_groups` for a
-        model that reads a metadata per layer (None otherwise, and for v0); under "vllm", vLLM's
-        own grouping over its VllmConfig (built here, its num_gpu_blocks set once the pool is
-        sized, as vLLM's EngineCore sets it)."""
-        config = self.config
-        if config.kv_manager == "vllm":
-            from engine.vllm_core import build_vllm_kv_cache_groups
-
-            self.vllm_config, groups = build_vllm_kv_cache_groups(self, max_num_batched_tokens)
-            return groups
-        if config.kv_manager == "v1" and getattr(self.model, "takes_layer_metadata", False):
-            from engine.v1.kv_cache_interface import get_kv_cache_groups
-
-            return get_kv_cache_groups(self.kv_cache_specs)
-        return None
-
-    def _make_scheduler(self, scheduler_config: SchedulerConfig, groups: list | None):
-        """The block manager and scheduler of the design `config.kv_manager` names: vLLM v0's
-        BlockSpaceManager and Scheduler, or vLLM v1's KVCacheManager and Scheduler (engine/v1/).
-        Both schedulers take add_seq_group / schedule / update_from_output / free_seq /
-        abort_seq_group / free_finished_seq_groups and return one step plan (SchedulerOutput);
-        the engine reaches the manager only through its scheduler. vLLM v1 runs n > 1 as n
-        requests sharing the prompt through the cache (its ParentRequest fan-out in add_request);
-        v0 forks the request's other sequences after its prefill. "vllm" is vLLM's own Scheduler and
-        KVCacheManager behind the same interface (engine/vllm_core/)."""
-        config = self.config
-        self._fans_out_n = config.kv_manager in V1_DESIGNS
-        if config.kv_manager == "vllm":
-            from engine.vllm_core import make_vllm_scheduler
-
-            scheduler = make_vllm_scheduler(self, self.vllm_config, groups)
-            return scheduler.kv_cache_manager, scheduler
-        if config.kv_manager == "v1":
-            from engine.v1.kv_cache_manager import KVCacheManager
-            from engine.v1.scheduler import Scheduler as V1Scheduler
-
-            manager = KVCacheManager(config.block_size, self.budget.num_gpu_blocks, self.max_model_len,
-                                     enable_caching=bool(config.enable_prefix_caching),
-                                     hash_algo=config.prefix_caching_hash_algo, events=self.events,
-                                     kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
-            return manager, V1Scheduler(scheduler_config, manager)
-        manager = BlockSpaceManager(
-            config.block_size, self.budget.num_gpu_blocks, self.budget.num_cpu_blocks,
-            watermark=config.watermark, enable_caching=config.enable_prefix_caching, events=self.events,
-        )
-        return manager, Scheduler(scheduler_config, manager)
 
     def _eos_token_id(self) -> int | None:
         hf = self.loaded.hf_config
@@ -229,7 +181,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self.config.seed + int(seq.seq_id)
         seq.generator = None if params.greedy else make_generator(seed, 0)
         group = SequenceGroup(request_id, [seq], params, time.monotonic(), prompt=text, seed=seed)
-        if self._fans_out_n:  # vLLM v1: n > 1 as n requests sharing the prompt through the cache
+        if self.design.fans_out_n:  # vLLM v1: n > 1 as n requests sharing the prompt through the cache
             for branch in range(1, params.n):
                 child = Sequence(next(self._seq_counter), token_ids, self.config.block_size)
                 child.branch = branch
@@ -255,7 +207,7 @@ class LLMEngine:
         if group is None:
             raise KeyError(f"request {request_id!r} is not unfinished")
         for seq in self.scheduler.abort_seq_group(group):
-            self._emit_finished(group, seq, reason)
+            self.output_processor.finish(group, seq, reason)
         del self._groups[request_id]
 
     # ------------------------------------------------------------------ user-driven operations
@@ -264,8 +216,8 @@ class LLMEngine:
         """Fork a running sequence now, between steps (vLLM v0 BlockSpaceManager.fork, as a
         request with n > 1 forks after its prefill): the child shares all its blocks. Returns the
         child's seq id."""
-        if not hasattr(self.scheduler, "fork_seq"):
-            raise ValueError("vLLM v1 has no fork: n > 1 runs as requests sharing the prompt's cached blocks")
+        if not self.design.fork:
+            raise ValueError(self.design.refusal("fork"))
         for group in self._groups.values():
             seq = group.seqs_dict.get(seq_id)
             if seq is not None and seq.status is SequenceStatus.RUNNING:
@@ -275,26 +227,25 @@ class LLMEngine:
     def preempt(self, request_id: str) -> list[tuple[int, int]]:
         """Preempt a running request now, between steps, by swapping it out (vLLM v0
         Scheduler._preempt by swap, chosen by the user); returns the (gpu, cpu) pairs moved."""
+        if not self.design.swap:
+            raise ValueError(self.design.refusal("swap"))
         pairs = self.scheduler.preempt(request_id, PreemptionMode.SWAP)
         self.cache_engine.swap_out(pairs)
         self._emit_digests("cpu", [dst for _, dst in pairs])
         return pairs
 
     def _fork(self, group: SequenceGroup, parent: Sequence) -> Sequence:
-        child = parent.fork(next(self._seq_counter))
-        group.add(child)
-        self.scheduler.fork_seq(parent, child)
-        child.branch = len(group.seqs) - 1
-        params = group.sampling_params
-        child.generator = None if params.greedy else make_generator(group.seed, child.branch)
+        child = self.output_processor.fork(group, parent, self.scheduler.fork_seq)
+        if not group.sampling_params.greedy:
+            child.generator = make_generator(group.seed, child.branch)
         return child
 
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
-        """One engine step (vLLM v0 / nano-vllm LLMEngine.step): schedule, move blocks between
-        and within the pools, run the model over the plan, store the blocks the plan stores, process
-        the sampled tokens."""
+        """One engine step (nano-vllm LLMEngine.step; vLLM v1 EngineCore.step): schedule, move blocks
+        between and within the pools, run the model over the plan and sample, then one
+        update_from_output with the sampled tokens (appends, stop checks, v0's forks, frees)."""
         start = time.perf_counter()
         plan = self.scheduler.schedule()
         finished = self._finish_ignored(plan.ignored_seq_groups)
@@ -303,9 +254,10 @@ class LLMEngine:
             self._store_blocks(plan)
             return self._outputs(plan.scheduled_seq_groups, finished)
         self._start_step(plan)
-        logits = self.model_runner.execute_model(plan)
-        self._store_blocks(plan)
-        finished += self._process_outputs(plan, logits)
+        sampled_token_ids = self._run(plan)
+        finished += self.scheduler.update_from_output(plan, sampled_token_ids)
+        if self._kv_digests_per_step:
+            self.emit_kv_digests()
         self._end_step(plan, start)
         return self._outputs(plan.scheduled_seq_groups, finished)
 
@@ -314,7 +266,7 @@ class LLMEngine:
         v1 refuses n > 1's sequences one by one)."""
         for group, reason, seqs in ignored:
             for seq in seqs:
-                self._emit_finished(group, seq, reason)
+                self.output_processor.finish(group, seq, reason)
         return list({id(group): group for group, _, _ in ignored if group.is_finished()}.values())
 
     def _move_blocks(self, plan: SchedulerOutput) -> None:
@@ -357,35 +309,34 @@ class LLMEngine:
             self.events.emit(StepFinished, step=self.num_steps, kind=plan.kind,
                              num_tokens=plan.num_batched_tokens, duration_s=time.perf_counter() - start)
 
-    def _process_outputs(self, plan: SchedulerOutput, logits: torch.Tensor) -> list[SequenceGroup]:
-        """The scheduler learns what the step computed (update_from_output); the blocks written
-        wait for their K/V digests. Each sequence that reached its last token appends the token
-        it sampled (a prefill chunk short of its end samples nothing yet); a v0 request with
-        n > 1 forks its other branches after its prefill, each sampling its own first token
-        from the same logits. Returns the requests that finished."""
-        self.scheduler.update_from_output(plan)
+    def _run(self, plan: SchedulerOutput) -> list[list[int]]:
+        """The forward over the plan, the plan's stores after it, and the sampled tokens per plan row
+        (nano-vllm ModelRunner.run): [] for a prefill chunk short of its end; for a v0 prompt whose
+        request forks n > 1 branches, n tokens from the prompt's row, the first its own and each
+        other one drawn with the generator of the branch that will take it (vLLM v0's sampler draws
+        best_of from a prompt row). The blocks written wait for their K/V digests."""
+        logits = self.model_runner.execute_model(plan)
+        self._store_blocks(plan)
         if self.events.active and self.config.kv_digests:
             self._note_written(plan)
+        sampled_token_ids: list[list[int]] = [[] for _ in plan.scheduled]
         rows = [row for row, s in enumerate(plan.scheduled) if s.samples]
+        if not rows:
+            return sampled_token_ids
         if len(rows) < len(plan.scheduled):
             logits = logits[rows]
-        sampled = [plan.scheduled[row] for row in rows]
-        token_ids = self.model_runner.sample(logits, [s.seq for s in sampled],
-                                             [s.group.sampling_params for s in sampled]) if sampled else []
-        finished: list[SequenceGroup] = []
-        for row, (s, token_id) in enumerate(zip(sampled, token_ids)):
-            group, seq = s.group, s.seq
-            children = self._fork_branches(group, seq)
-            self._append_token(group, seq, token_id)
-            for child in children:
-                (child_token_id,) = self.model_runner.sample(logits[row : row + 1], [child], [group.sampling_params])
-                self._append_token(group, child, child_token_id)
-            if group.is_finished() and group not in finished:
-                finished.append(group)
-        if self._kv_digests_per_step:
-            self.emit_kv_digests()
-        self.scheduler.free_finished_seq_groups()
-        return finished
+        sampling = [plan.scheduled[row] for row in rows]
+        token_ids = self.model_runner.sample(logits, [s.seq for s in sampling],
+                                             [s.group.sampling_params for s in sampling])
+        for index, (row, s, token_id) in enumerate(zip(rows, sampling, token_ids)):
+            sampled_token_ids[row].append(token_id)
+            params, group = s.group.sampling_params, s.group
+            for branch in range(1, s.num_samples):
+                generator = None if params.greedy else group.generators.setdefault(
+                    branch, make_generator(group.seed, branch))
+                (branch_token_id,) = sample(logits[index : index + 1], [params], [generator])
+                sampled_token_ids[row].append(branch_token_id)
+        return sampled_token_ids
 
     def _note_written(self, plan: SchedulerOutput) -> None:
         """The blocks the step wrote K/V into, read from the plan's tables: those holding tokens
@@ -395,35 +346,6 @@ class LLMEngine:
         for s in plan.scheduled:
             for table in s.block_ids:  # every KV-cache group's
                 written.update(dict.fromkeys(table[s.num_computed_tokens // bs : (s.num_tokens - 1) // bs + 1]))
-
-    def _fork_branches(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
-        """A request with n > 1 forks its other n - 1 branches once its prompt is computed."""
-        n = group.sampling_params.n
-        if n > 1 and len(group.seqs) == 1 and seq.get_output_len() == 0:
-            return [self._fork(group, seq) for _ in range(n - 1)]
-        return []
-
-    def _append_token(self, group: SequenceGroup, seq: Sequence, token_id: int) -> None:
-        """Append a sampled token, detokenize it, and finish the sequence if it should stop."""
-        seq.append_token_id(token_id)
-        stop = self.stop_checker.stop_reason(seq, group.sampling_params)
-        piece = self.detokenizer.decode_sequence_inplace(seq, final=stop is not None)
-        events = self.events
-        if events.active:
-            events.publish(TokenGenerated(next(events.seq_nos), seq_id=seq.seq_id, token_id=token_id, text=piece,
-                                          position=seq.get_len() - 1))
-        if stop is not None:
-            seq.status, detail = stop
-            self.scheduler.free_seq(seq)
-            self._emit_finished(group, seq, detail)
-
-    def _emit_finished(self, group: SequenceGroup, seq: Sequence, detail: str) -> None:
-        if seq.finish_detail:
-            raise RuntimeError(f"sequence {seq.seq_id} finished twice ({seq.finish_detail!r}, then {detail!r})")
-        seq.finish_detail = detail
-        if self.events.active:
-            self.events.emit(SequenceFinished, seq_id=seq.seq_id, request_id=group.request_id,
-                             reason=seq.status.finish_reason or "", detail=detail)
 
     @property
     def kv_digests_per_step(self) -> bool:

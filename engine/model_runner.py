@@ -16,7 +16,7 @@ group, applied to the group's layers). A layer's K/V cache is its page of every 
 (engine/cache_engine.py: the i-th layers of all groups share page i), indexed by the pool's one
 block id space: a group's layers write only into the blocks of the group's table, which no other
 group holds.
-A model with one group (every full-attention model) gets one metadata, as before.
+A model with one group (every full-attention model) gets one metadata, shared by every layer.
 """
 
 from __future__ import annotations
@@ -81,17 +81,11 @@ class ModelRunner:
                 warnings.warn(self.graphs_skipped + "; --enforce-eager skips the attempt", RuntimeWarning,
                               stacklevel=2)
 
-    def prepare_inputs(self, plan: SchedulerOutput) -> tuple[torch.Tensor, AttentionMetadata]:
-        """The step's new tokens flattened, sequence after sequence, and their attention metadata
-        (vLLM v1 GPUModelRunner._prepare_inputs): each sequence feeds its tokens from
-        num_computed_tokens on, num_new_tokens of them, and attends over its first KV-cache
-        group's block table."""
-        tokens, metas = self.prepare_inputs_per_group(plan)
-        return tokens, metas[0]
-
     def prepare_inputs_per_group(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[AttentionMetadata]]:
-        """The step's new tokens, and one attention metadata per KV-cache group, each over that
-        group's block tables (the same positions and lengths in all)."""
+        """The step's new tokens flattened, sequence after sequence, and one attention metadata per
+        KV-cache group (vLLM v1 GPUModelRunner._prepare_inputs): each sequence feeds its tokens from
+        num_computed_tokens on, num_new_tokens of them, and attends over each group's block table
+        (the same positions and lengths in all)."""
         input_ids: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []

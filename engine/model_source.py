@@ -169,16 +169,24 @@ def attention_layer_types(get) -> tuple[tuple[str, ...], int | None]:
     return tuple(layer_types), window
 
 
-def check_kv_manager(kv_manager: str | None, layer_types) -> None:
-    """ValueError (one line) when block manager `kv_manager` cannot serve a model whose layers are
-    `layer_types` (transformers' "full_attention" / "sliding_attention" per layer): v0 runs full
+def check_kv_manager(kv_manager, layer_types) -> None:
+    """ValueError (one line) when the design `kv_manager` (a registry entry or its name,
+    engine/designs.py; None: no design chosen yet, nothing to check) cannot serve a model whose layers are `layer_types` (transformers'
+    "full_attention" / "sliding_attention" per layer): a design without KV-cache groups runs full
     attention only, as vLLM v0's BlockSpaceManager (one block table per sequence, no per-layer
-    windows, no KV-cache groups), for a hybrid model and an all-sliding one alike. The engine
-    calls it, and `check_model_config` before anything loads."""
+    windows), for a hybrid model and an all-sliding one alike. The engine calls it, and
+    `check_model_config` before anything loads."""
+    from engine.designs import DESIGNS, get_design
+
+    if kv_manager is None:
+        return
+    design = get_design(kv_manager)
     num_sliding = sum(kind == "sliding_attention" for kind in layer_types)
-    if kv_manager == "v0" and num_sliding:
-        raise ValueError(f"kv_manager 'v0' cannot run this model: {num_sliding} of its {len(layer_types)} layers use "
-                         f"sliding-window attention, which vLLM v0 never served per layer; use --kv-manager v1")
+    if not design.groups and num_sliding:
+        served = next(name for name, other in DESIGNS.items() if other.groups)
+        raise ValueError(f"kv_manager {design.name!r} cannot run this model: {num_sliding} of its {len(layer_types)} "
+                         f"layers use sliding-window attention, which vLLM v0 never served per layer; use "
+                         f"--kv-manager {served}")
 
 
 def check_model_type(model_type) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.block_manager import AllocStatus, BlockSpaceManager
 from engine.config import PreemptionMode
 from engine.events import Preempted
+from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler_output import SchedulerOutput, plan_entry
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -40,10 +41,15 @@ class SchedulerConfig:
 class Scheduler:
     """FCFS scheduling over waiting / running / swapped queues (vLLM v0 Scheduler)."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockSpaceManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockSpaceManager,
+                 output_processor: OutputProcessor | None = None) -> None:
+        """`output_processor`: what the sampled tokens do (the engine's: its stop rules, tokenizer and
+        seq ids); None: stop at max_tokens or the model's context, no text."""
         self.config = config
         self.block_manager = block_manager
         self.events = block_manager.events
+        self.output_processor = output_processor or OutputProcessor(StopChecker(None, config.max_model_len),
+                                                                    events=self.events)
         self.waiting: deque[SequenceGroup] = deque()
         self.running: deque[SequenceGroup] = deque()
         self.swapped: deque[SequenceGroup] = deque()
@@ -71,23 +77,25 @@ class Scheduler:
             seq.status = SequenceStatus.FINISHED_ABORTED
         return aborted
 
-    def free_finished_seq_groups(self) -> None:
-        self.running = deque(group for group in self.running if not group.is_finished())
-
-    def free_seq(self, seq: Sequence) -> None:
-        """A sequence finished: release its blocks (vLLM v0 Scheduler.free_seq)."""
-        self.block_manager.free(seq)
-
     def fork_seq(self, parent_seq: Sequence, child_seq: Sequence) -> None:
         """The child shares every block of the parent (vLLM v0 Scheduler.fork_seq)."""
         self.block_manager.fork(parent_seq, child_seq)
 
-    def update_from_output(self, plan: SchedulerOutput) -> None:
-        """The step ran: the scheduled sequences' K/V are in their blocks, which may now serve
-        prefix-cache hits (vLLM v0 mark_blocks_as_computed), and their tokens are computed."""
+    def update_from_output(self, plan: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[SequenceGroup]:
+        """The step ran and sampled (vLLM v1 Scheduler.update_from_output; vLLM v0's
+        _process_model_outputs): the scheduled sequences' K/V are in their blocks, which may now
+        serve prefix-cache hits (mark_blocks_as_computed), and their tokens are computed; then the
+        sampled tokens per plan row, a request with n > 1 forking its branches after its prompt
+        (OutputProcessor.process_outputs), a finished sequence's blocks freed (vLLM v0
+        Scheduler.free_seq) and finished requests dropped from the running queue
+        (free_finished_seq_groups). Returns the requests that finished."""
         for s in plan.scheduled:
             self.block_manager.mark_blocks_as_computed(s.seq)
             s.seq.num_computed_tokens = s.num_tokens
+        finished = self.output_processor.process_outputs(plan, sampled_token_ids, self.block_manager.free,
+                                                         self.fork_seq)
+        self.running = deque(group for group in self.running if not group.is_finished())
+        return finished
 
     # ------------------------------------------------------------------ scheduling
 

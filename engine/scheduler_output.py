@@ -16,6 +16,7 @@ model runner computes from the plan alone; it never reads a block manager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sequence import Sequence, SequenceGroup
 
@@ -44,6 +45,17 @@ class ScheduledSequence:
         prefill chunk short of its end samples nothing: vLLM v1 discards that row)."""
         return self.num_tokens == self.seq.get_len()
 
+    @property
+    def num_samples(self) -> int:
+        """Tokens the step samples from the sequence's row: none short of its last token, n for
+        the prompt of a request with n > 1 that forks its branches after it (vLLM v0's sampler
+        draws n from a prompt's row), else one. A design that fans n out as n sequences queues all
+        n at once, so it samples one per row."""
+        if not self.samples:
+            return 0
+        n = self.group.sampling_params.n
+        return n if n > 1 and len(self.group.seqs) == 1 and self.seq.get_output_len() == 0 else 1
+
 
 @dataclass(slots=True)
 class SchedulerOutput:
@@ -66,6 +78,9 @@ class SchedulerOutput:
     preempted_seq_ids: list[int] = field(default_factory=list)  # vLLM's preempted_req_ids
     # requests that can never run, with the reason and the sequences finished as ignored just now
     ignored_seq_groups: list[tuple[SequenceGroup, str, list[Sequence]]] = field(default_factory=list)
+    # the design's own record of the step, handed back to it in update_from_output (kv_manager
+    # "vllm": vLLM's SchedulerOutput, which vLLM's update_from_output takes); None for ours
+    design_output: Any = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -84,6 +99,13 @@ class SchedulerOutput:
         for s in self.scheduled:
             groups.setdefault(id(s.group), s.group)
         return list(groups.values())
+
+
+def step_kind(scheduled: list[ScheduledSequence]) -> str:
+    """"decode" when every scheduled sequence computes only its newest token, "prefill" when none
+    does, "mixed" otherwise (vLLM v1 batches both in one step)."""
+    decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
+    return "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
 
 
 def plan_entry(group: SequenceGroup, seq: Sequence, num_computed_tokens: int, num_new_tokens: int,

@@ -118,8 +118,8 @@ class Sequence:
     `num_cached_tokens` is how many leading prompt tokens the prefix cache served (set by the
     block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache.
     `branch` is the sequence's index in its request (0 for the first, i for the i-th fork of
-    n > 1) and `generator` the torch.Generator it samples with (None when greedy); the engine
-    sets both.
+    n > 1) and `generator` the torch.Generator it samples with (None when greedy): set by the engine's
+    add_request for a request's sequences, by OutputProcessor.fork for a fork.
     """
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int) -> None:
@@ -241,6 +241,9 @@ class SequenceGroup:
     arrival_time: float = 0.0
     prompt: str | None = None
     seed: int = 0  # base of the per-branch sampling generators
+    # branch -> the generator a branch drew its first token with before it was forked (v0's n > 1:
+    # the prompt's row samples every branch's first token); its fork takes it
+    generators: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.seqs:

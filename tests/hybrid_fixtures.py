@@ -16,6 +16,7 @@ from conftest import build_tokenizer
 
 from blockviz.model.trace import make_header, write_trace
 from engine import events as ev
+from engine.designs import V1
 
 WINDOW = 4
 BLOCK_SIZE = 4
@@ -48,7 +49,7 @@ def record_hybrid_trace(path: Path, checkpoint: Path) -> Path:
     from blockviz.session.engine_session import trace_header
     from engine import LLM, SamplingParams
 
-    llm = LLM(str(checkpoint), kv_manager="v1", block_size=BLOCK_SIZE, num_gpu_blocks=64, device="cpu",
+    llm = LLM(str(checkpoint), kv_manager=V1.name, block_size=BLOCK_SIZE, num_gpu_blocks=64, device="cpu",
               enable_prefix_caching=True)
     events: list[ev.Event] = []
     llm.engine.events.subscribe(events.append)

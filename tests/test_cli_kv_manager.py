@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from blockviz.cli import main
+from engine.designs import V1
 
 
 def _blockviz(*args: str) -> subprocess.CompletedProcess:
@@ -66,9 +67,9 @@ def test_record_v1_writes_a_trace_that_loads_as_v1(tiny_gpt2_dir, tmp_path):
 def test_the_story_scenario_runs_v1_by_recompute():
     from blockviz.session.spec import EngineSpec
 
-    spec = EngineSpec.for_scenario("story", kv_manager="v1")
+    spec = EngineSpec.for_scenario("story", kv_manager=V1.name)
     assert spec.config.kv_manager == "v1" and spec.config.preemption_mode is None
     assert spec.config.enable_prefix_caching is True
     assert EngineSpec.for_scenario("story").config.preemption_mode.value == "swap"  # v0 keeps its story
     with pytest.raises(ValueError, match="recompute only"):
-        EngineSpec.for_scenario("story", kv_manager="v1", preemption_mode="swap")
+        EngineSpec.for_scenario("story", kv_manager=V1.name, preemption_mode="swap")

@@ -90,7 +90,7 @@ def test_record_scenario_builds_the_spec_run_plays(name, flags, tmp_path, monkey
         run.arrivals, run.prompts, run.n, run.max_tokens, run.temperature)
 
     def engine(config):
-        swaps = KV_DESIGNS[config.kv_manager].swaps
+        swaps = KV_DESIGNS[config.kv_manager].swap
         return {k: v for k, v in asdict(config).items() if swaps or k != "num_cpu_blocks"}
 
     assert engine(recorded.config) == engine(run.config)

@@ -26,6 +26,7 @@ from engine.cache_engine import CacheEngine  # noqa: E402
 from engine.cuda_graphs import CUDAGraphCapture, EagerCapture, capture_sizes, padded_batch_size  # noqa: E402
 from engine.kernels import triton_available  # noqa: E402
 from engine.model_runner import ModelRunner  # noqa: E402
+from engine.designs import V1
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install triton)")
 skip_without_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
@@ -226,7 +227,7 @@ CASES = {  # name -> (model, number of prompts, engine options); the interpreted
     "gpt2-torch-v0-swap": ("gpt2", 9, dict(attention_backend="torch", num_gpu_blocks=40, num_cpu_blocks=64,
                                            preemption_mode="swap", watermark=0.0)),
     "gpt2-triton-v0": ("gpt2", 3, dict(attention_backend="triton", num_gpu_blocks=128, max_num_seqs=4)),
-    "llama-torch-v1-prefix": ("llama", 9, dict(attention_backend="torch", num_gpu_blocks=96, kv_manager="v1",
+    "llama-torch-v1-prefix": ("llama", 9, dict(attention_backend="torch", num_gpu_blocks=96, kv_manager=V1.name,
                                                max_num_batched_tokens=32)),
 }
 

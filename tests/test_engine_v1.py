@@ -17,6 +17,7 @@ from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.events import RequestAdded
 from engine.v1.invariants import check_kv_cache_invariants
 from tests.test_engine_parity import PROMPTS, hf_greedy
+from engine.designs import V1
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def loaded(tiny_gpt2_dir):
 
 
 def v1_engine(loaded, tiny_gpt2_dir, **options) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", kv_manager="v1", **options), loaded=loaded)
+    return LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", kv_manager=V1.name, **options), loaded=loaded)
 
 
 def run_checked(engine: LLMEngine, prompts, params):
@@ -42,7 +43,7 @@ def run_checked(engine: LLMEngine, prompts, params):
     checker on every event; ends with every block free."""
     manager = engine.kv_manager
     reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, "v1")
-    checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager="v1")
+    checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager=V1.name)
     events: list = []
 
     def check(event):  # a trace reader sees the prompt's token texts, which the engine session fills in
@@ -129,10 +130,10 @@ def test_prefix_caching_shares_a_prompt_and_no_caching_does_not(hf, loaded, tiny
 
 
 def test_prefix_caching_is_on_by_default_in_v1_only():
-    assert EngineConfig(kv_manager="v1").enable_prefix_caching is True
+    assert EngineConfig(kv_manager=V1.name).enable_prefix_caching is True
     assert EngineConfig().enable_prefix_caching is False
     with pytest.raises(ValueError, match="recompute only"):
-        EngineConfig(kv_manager="v1", preemption_mode="swap")
+        EngineConfig(kv_manager=V1.name, preemption_mode="swap")
     with pytest.raises(ValueError, match="kv_manager"):
         EngineConfig(kv_manager="v2")
 

@@ -9,6 +9,7 @@ from blockviz.cli import main
 from blockviz.model.explain import (DIFFERENT_PARENT, DIFFERENT_TOKENS, EVICTED, HIT, LAST_BLOCK, NOT_CACHED,
                                    PARTIAL, explain_requests)
 from engine import LLM, SamplingParams
+from engine.designs import V1
 
 P = [11, 12, 13, 14, 21, 22, 23, 24]  # two full blocks of 4 in common
 PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
@@ -94,7 +95,7 @@ def test_a_block_evicted_since_misses_and_names_the_eviction(tiny_gpt2_dir):
 
 
 def test_v1_a_block_evicted_from_the_free_queue_misses_and_names_the_eviction(tiny_gpt2_dir):
-    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, enable_prefix_caching=True, kv_manager="v1")
+    llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=8, enable_prefix_caching=True, kv_manager=V1.name)
     filler = list(range(100, 124))  # 6 blocks and its decode: every free block, the cached ones too
     (_, _, again), events = _run(llm, P + [5], filler, P + [6])
     miss = again.blocks[0]

@@ -27,6 +27,7 @@ import torch
 
 from blockviz.model.reducer import ReducerState
 from engine import LLM, SamplingParams
+from engine.designs import VLLM
 from engine.events import BlockFreed, PrefixCacheHit, Preempted, SequenceFreed
 from engine.v1.kv_cache_interface import get_kv_cache_groups
 from test_sliding_window import (  # noqa: F401 (checkpoint_root: a module fixture)
@@ -232,7 +233,7 @@ def test_vllm_runs_a_hybrid_model_on_its_own_hybrid_manager(arch, block_size):
 
     window = 3 if block_size > 1 else 7
     options = dict(block_size=block_size, num_gpu_blocks=1024 // block_size)
-    llm = engine_llm(arch, window, kv_manager="vllm", **options)
+    llm = engine_llm(arch, window, kv_manager=VLLM.name, **options)
     coordinator = llm.engine.scheduler.kv_cache_manager.coordinator
     assert isinstance(coordinator, HybridKVCacheCoordinator if arch in HYBRID else UnitaryKVCacheCoordinator)
     assert not llm.engine.scheduler.vllm.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
@@ -251,7 +252,7 @@ def test_vllm_hybrid_prefix_hit_and_preemption(arch):
     """A shared opening hit in every group of vLLM's manager, then a pool small enough that vLLM
     preempts (chunks of 8 tokens; vLLM admits without reserving a request's whole prompt):
     tables and reducer equal vLLM's after every step, tokens transformers'."""
-    llm = engine_llm(arch, 3, kv_manager="vllm", block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
+    llm = engine_llm(arch, 3, kv_manager=VLLM.name, block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
                      enable_prefix_caching=True, vllm_options={"scheduler_reserve_full_isl": False})
     watch = VllmWatch(llm)
     run(llm, arch, 3, [SHARED], watch=watch)
@@ -268,7 +269,7 @@ def test_vllm_option_disable_hybrid_kv_cache_manager_runs_one_full_group():
     """vLLM's own switch: with the hybrid manager off, vLLM makes every window full attention
     (unify_hybrid_kv_cache_specs): one group, no block leaves mid-request, the tokens unchanged
     (each sliding layer still reads only its window)."""
-    llm = engine_llm("qwen2", 3, kv_manager="vllm", vllm_options={"disable_hybrid_kv_cache_manager": True})
+    llm = engine_llm("qwen2", 3, kv_manager=VLLM.name, vllm_options={"disable_hybrid_kv_cache_manager": True})
     assert group_kinds(llm.engine.kv_cache_groups) == [(["0", "1", "2"], "FullAttentionSpec", None)]
     watch = Watch(llm)
     run(llm, "qwen2", 3, PROMPTS, watch=watch)
@@ -283,7 +284,7 @@ def cpu_tier_llm(arch: str) -> LLM:
     """A hybrid run under vLLM's CPU tier (kv_offloading_size, 64 blocks) in a pool small enough to
     preempt, so a preempted request's prefix comes back from the tier."""
     page = engine_llm(arch, 3).engine.kv_cache_specs[0].page_size_bytes
-    return engine_llm(arch, 3, kv_manager="vllm", block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
+    return engine_llm(arch, 3, kv_manager=VLLM.name, block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
                       enable_prefix_caching=True,
                       vllm_options={"scheduler_reserve_full_isl": False, "kv_offloading_size": 64 * page / (1 << 30)})
 

@@ -23,6 +23,7 @@ v1_vs_vllm = pytest.importorskip("test_v1_vs_vllm", reason="vLLM's v1 KV cache m
 
 from blockviz.kvevents.mapping import V1KVEventMapper  # noqa: E402
 from blockviz.kvevents.protocol import WIRE_FORMATS, encode_batch  # noqa: E402
+from engine.designs import V1
 
 decoder = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
 SAME_FIELDS = ("token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
@@ -136,7 +137,7 @@ def _story_v1():
     from blockviz.session.scenario import DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS
     from blockviz.session.spec import EngineSpec
 
-    options = {**DEFAULT_SCENARIO_OPTIONS, "kv_manager": "v1", "preemption_mode": None}
+    options = {**DEFAULT_SCENARIO_OPTIONS, "kv_manager": V1.name, "preemption_mode": None}
     return EngineSpec.of(**options, prompts=(), arrivals=DEFAULT_SCENARIO)
 
 

@@ -23,6 +23,7 @@ from blockviz.model.trace import kv_geometry
 from blockviz.session.engine_session import trace_header
 from engine import LLM, SamplingParams
 from engine import events as ev
+from engine.designs import V1
 
 pytestmark = [pytest.mark.cuda] if DEVICE == "cuda" else []
 # name -> (transformers config class, overrides): each a different GQA shape and variant
@@ -230,7 +231,7 @@ def test_v1_mode_matches_transformers(tiny, options):
     to transformers' token for token, with prefix caching (on in v1), n=2 as two requests sharing
     the prompt through the cache, a tiny pool that preempts by recompute, and chunked prefills."""
     path, hf, _ = tiny
-    llm = make_llm(str(path), kv_manager="v1", **options)
+    llm = make_llm(str(path), kv_manager=V1.name, **options)
     events: list = []
     llm.events.subscribe(events.append)
     outputs = llm.generate(PROMPTS + [PROMPTS[0]], SamplingParams(n=2, max_tokens=12, ignore_eos=True))

@@ -24,6 +24,7 @@ from engine.llm_engine import LLMEngine
 from engine.mem_utils import MemorySnapshot
 from engine.model_loader import load_model
 from test_sliding_window import checkpoint_root, engine_llm  # noqa: F401 (checkpoint_root: a module fixture)
+from engine.designs import VLLM
 
 MiB = 1 << 20
 UTILIZATION = EngineConfig().gpu_memory_utilization
@@ -290,7 +291,7 @@ def test_vllm_plans_the_same_blocks_and_sharing_for_the_same_memory(kinds):
 
     from engine.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, get_kv_cache_groups
     from engine.vllm_core.config import vllm_kv_cache_groups
-    vllm_config = engine_llm("qwen2", 3, kv_manager="vllm").engine.vllm_config  # its layout: our cache engine's
+    vllm_config = engine_llm("qwen2", 3, kv_manager=VLLM.name).engine.vllm_config  # its layout: our cache engine's
     shape = dict(num_kv_heads=2, head_size=16, dtype=torch.float32)
     specs = [FullAttentionSpec(4, **shape) if kind == "f" else SlidingWindowSpec(4, **shape, sliding_window=3)
              for kind in kinds]

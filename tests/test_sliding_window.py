@@ -48,6 +48,7 @@ from engine.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, k
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model_loader import load_model  # noqa: E402
 from engine.model_source import attention_layer_types  # noqa: E402
+from engine.designs import V0, V1
 
 DEVICE = "cuda" if CUDA else "cpu"
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (pip install triton)")
@@ -136,7 +137,7 @@ def loaded_model(arch: str, window: int):
 
 def engine_llm(arch: str, window: int, **options) -> LLM:
     """An LLM under vLLM v1's manager over the (shared) loaded checkpoint."""
-    options = {"block_size": 4, "num_gpu_blocks": 256, "kv_manager": "v1", "device": "cpu", **options}
+    options = {"block_size": 4, "num_gpu_blocks": 256, "kv_manager": V1.name, "device": "cpu", **options}
     config = EngineConfig(model=str(checkpoint(arch, window)), **options)
     return LLM.from_engine(LLMEngine(config, loaded=loaded_model(arch, window)))
 
@@ -334,8 +335,8 @@ def _edited_checkpoint(tmp_path: Path, **fields) -> Path:
 
 
 BAD_LAYOUTS = [  # (config.json fields, engine options, the one line)
-    ({}, dict(kv_manager="v0"), "kv_manager 'v0' cannot run this model: 2 of its 3 layers use sliding-window"),
-    (dict(layer_types=[SLIDING] * 3), dict(kv_manager="v0"), "kv_manager 'v0' cannot run this model: 3 of its 3"),
+    ({}, dict(kv_manager=V0.name), "kv_manager 'v0' cannot run this model: 2 of its 3 layers use sliding-window"),
+    (dict(layer_types=[SLIDING] * 3), dict(kv_manager=V0.name), "kv_manager 'v0' cannot run this model: 3 of its 3"),
     (dict(layer_types=[FULL, FULL, "chunked_attention"]), {}, "layer type 'chunked_attention' (layer 2)"),
     (dict(layer_types=[FULL, SLIDING]), {}, "layer_types has 2 entries"),
     (dict(sliding_window=0), {}, "sliding_window must be a whole number >= 1"),
@@ -386,7 +387,7 @@ def test_the_python_api_refuses_with_one_line(tmp_path, fields, options, message
 def test_a_window_as_long_as_the_context_and_an_unread_long_window_load(tmp_path):
     """What must still load: a window equal to the context on sliding layers, and Qwen2.5's
     sliding_window 131072 over 32768 positions with use_sliding_window false (no layer slides)."""
-    assert LLM(str(_edited_checkpoint(tmp_path, sliding_window=256)), device="cpu", num_gpu_blocks=32, kv_manager="v1")
+    assert LLM(str(_edited_checkpoint(tmp_path, sliding_window=256)), device="cpu", num_gpu_blocks=32, kv_manager=V1.name)
     qwen = {"model_type": "qwen2", "num_hidden_layers": 28, "max_position_embeddings": 32768,
             "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 21}
     assert attention_layer_types(qwen.get) == ((FULL,) * 28, None)
@@ -396,7 +397,7 @@ def test_a_window_as_long_as_the_context_and_an_unread_long_window_load(tmp_path
 
 def test_the_engine_under_v0_refuses_a_sliding_model_and_v1_runs_it():
     with pytest.raises(ValueError, match="use --kv-manager v1"):
-        engine_llm("mistral", 3, kv_manager="v0")
+        engine_llm("mistral", 3, kv_manager=V0.name)
     assert engine_llm("mistral", 3).generate(["KV"], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import inspect
 
 import pytest
+
+from engine.designs import V0, V1
 import torch
 
 from engine import LLM, SamplingParams
@@ -40,7 +42,7 @@ def record_plans(engine) -> list[tuple[SchedulerOutput, list[tuple]]]:
     return plans
 
 
-@pytest.mark.parametrize("kv_manager", ["v0", "v1"])
+@pytest.mark.parametrize("kv_manager", [V0.name, V1.name])
 def test_each_plan_carries_the_managers_tables_and_the_tokens_to_compute(tiny_gpt2_dir, kv_manager):
     # few blocks and a small token budget: prefix hits, preemption, and (v1) prefill chunks
     llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=14, kv_manager=kv_manager,

@@ -191,7 +191,6 @@ def test_the_plan_and_the_runner_carry_one_table_per_group():
             table = s.block_ids[layer_group]
             slots = [table[pos // 4] * 4 + pos % 4 for pos in range(s.num_computed_tokens, s.num_tokens)]
             assert model.meta[layer].slot_mapping.tolist() == slots
-        scheduler.update_from_output(plan)
-        seq.append_token_id(1)
+        scheduler.update_from_output(plan, [[1]])
     full, window = s.block_ids
     assert window[0] == 0 and 0 not in full and full != window

@@ -30,6 +30,7 @@ from engine.events import EventBus, RequestAdded
 from engine.sequence import Sequence
 from engine.v1 import KVCacheManager
 from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+from engine.designs import V1, VLLM
 
 
 def groups_of(block_size: int, windows: list[int | None]) -> list[KVCacheGroupSpec]:
@@ -48,7 +49,7 @@ def header_of(block_size: int, num_blocks: int, windows: list[int | None], **ext
     """A v1 run's header as the engine session writes it (the groups only where there are)."""
     groups = groups_header(block_size, windows)
     return make_header({"block_size": block_size, "num_gpu_blocks": num_blocks, "num_cpu_blocks": 0,
-                        "kv_manager": "v1", "enable_prefix_caching": True,
+                        "kv_manager": V1.name, "enable_prefix_caching": True,
                         **({"kv_cache_groups": groups} if groups else {})}, **extra)
 
 
@@ -195,7 +196,7 @@ def test_a_bad_groups_header_is_one_line_naming_the_field(tmp_path, field, value
 
 
 def _checker_after(run: Run, count: int) -> TraceChecker:
-    checker = TraceChecker(4, run.header["num_gpu_blocks"], 0, kv_manager="v1",
+    checker = TraceChecker(4, run.header["num_gpu_blocks"], 0, kv_manager=V1.name,
                            kv_cache_groups=kv_cache_groups_of(run.header))
     for event in run.events[:count]:
         checker.check(event)
@@ -302,7 +303,7 @@ class GroupEventDifferential(vllm_groups.Differential):
     def __init__(self, block_size: int, num_blocks: int, windows: list[int | None], *args, **kwargs) -> None:
         super().__init__(block_size, num_blocks, windows, *args, **kwargs)
         self.theirs.pool.enable_kv_cache_events = True
-        header = {"block_size": block_size, "num_gpu_blocks": num_blocks, "num_cpu_blocks": 0, "kv_manager": "v1",
+        header = {"block_size": block_size, "num_gpu_blocks": num_blocks, "num_cpu_blocks": 0, "kv_manager": V1.name,
                   "kv_cache_groups": groups_header(block_size, windows)}
         self.mapper = V1KVEventMapper(block_size, kv_cache_groups_of(header))
         self.reducer = ReducerState.from_header(header)
@@ -391,7 +392,7 @@ def check_reducer_matches_vllm_groups(reducer: ReducerState, manager) -> None:
     assert reducer.free_queue == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
 
 
-@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+@pytest.mark.parametrize("kv_manager", [V1.name, VLLM.name])
 def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_trace_round_trips(
         hybrid_llama, tmp_path, kv_manager):
     """LLMEngine on a checkpoint with sliding and full layers, under engine/v1 and under vLLM's own

@@ -15,6 +15,7 @@ from engine.events import BlockEvicted, EventBus
 from engine.sequence import Sequence
 from engine.v1 import KVCacheManager
 from engine.v1.invariants import check_kv_cache_invariants
+from engine.designs import V1
 
 VOCAB = st.integers(min_value=0, max_value=2)  # a tiny vocabulary makes hits and equal hashes common
 
@@ -25,7 +26,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
     def setup(self, block_size, num_blocks, enable_caching, hash_algo):
         self.bus = EventBus()
         self.reducer = ReducerState(block_size, num_blocks, 0, "v1")
-        self.checker = TraceChecker(block_size, num_blocks, 0, kv_manager="v1")
+        self.checker = TraceChecker(block_size, num_blocks, 0, kv_manager=V1.name)
         self.events: list = []
         self.bus.subscribe(self.events.append)
         self.bus.subscribe(self.reducer.apply)

@@ -32,12 +32,9 @@ def add(scheduler: Scheduler, seq_id: int, tokens, n: int = 1) -> SequenceGroup:
 
 
 def advance(scheduler: Scheduler, out) -> dict[int, int]:
-    """What the engine does after the forward: computed tokens move on; a sequence at its end
-    samples a token (id 7). Returns the step's {seq_id: tokens}."""
-    scheduler.update_from_output(out)
-    for s in out.scheduled:
-        if s.samples:
-            s.seq.append_token_id(7)
+    """What the engine does after the forward: one update_from_output with each row's sampled
+    tokens (a sequence at its end samples token 7). Returns the step's {seq_id: tokens}."""
+    scheduler.update_from_output(out, [[7] if s.samples else [] for s in out.scheduled])
     check_kv_cache_invariants(scheduler.kv_cache_manager)
     return dict(out.num_scheduled_tokens)
 

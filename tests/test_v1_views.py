@@ -17,6 +17,7 @@ from blockviz.tui.widgets.panels import BlockInspector, BlockTables
 from blockviz.tui.widgets.pool_grid import NULL_MARK, FreeQueueRow, PoolGrid
 from test_view_model import drawn
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from engine.designs import V1
 
 V1_CURSOR = 691  # v1-story.jsonl just after step 34's TokensScheduled: seq 4 prefills 13 of 42 tokens
 
@@ -37,7 +38,7 @@ def test_the_views_follow_a_live_v1_run_step_by_step(loaded, tiny_gpt2_dir):
     """A pool small enough to preempt, a token budget that chunks prefills, n=2 sharing by hits: after
     every step the free queue (head first, cached or not), the null block, the counts and each
     sequence's progress are the engine's."""
-    engine = LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", kv_manager="v1", block_size=4,
+    engine = LLMEngine(EngineConfig(model=str(tiny_gpt2_dir), device="cpu", kv_manager=V1.name, block_size=4,
                                     num_gpu_blocks=14, max_num_batched_tokens=8), loaded=loaded)
     state = ReducerState(4, engine.budget.num_gpu_blocks, 0, "v1")
     engine.events.subscribe(state.apply)

@@ -4,9 +4,10 @@ KVCacheManager (engine/vllm_core/) step by step, on seeded random workloads.
 Each workload (arrivals over several steps, prompts sharing openings over a small vocabulary, n > 1
 fanned out into requests, pools from two blocks up so that preemption and refusal happen, token
 budgets that chunk prefills, stop tokens, max_tokens, aborts mid-run) drives both schedulers
-through the same loop as LLMEngine.step: schedule, update_from_output(plan), a stand-in model's
-token for each row that samples (a function of the sequence's tokens, so equal schedules give equal
-tokens), free_seq on a stop, free_finished_seq_groups. After every step the two must agree on the
+through the same loop as LLMEngine.step: schedule, a stand-in model's token for each row that
+samples (a function of the sequence's tokens, so equal schedules give equal tokens), then one
+update_from_output(plan, sampled_token_ids) that appends them and stops a request at its stop token,
+its max_tokens or the model's context. After every step the two must agree on the
 plan (per scheduled sequence: where it starts, its tokens, its block ids, in order), the
 preemptions, the requests refused and why, every event emitted (hits, allocations, slots, hashes,
 evictions, frees, preemptions, in order) and the free queue's order; and each side's reducer, fed
@@ -51,7 +52,7 @@ import pytest
 
 from engine.events import EventBus
 from engine.scheduler import SchedulerConfig
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.sequence import SamplingParams, Sequence, SequenceGroup
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
@@ -156,7 +157,9 @@ def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
         for index, r in enumerate(w.requests):
             if r.arrival == step:
                 seqs = [Sequence(next(seq_ids), list(r.prompt), w.block_size) for _ in range(r.n)]
-                groups[index] = SequenceGroup(str(index), seqs)
+                params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True,
+                                        stop_token_ids=() if r.stop_token is None else (r.stop_token,))
+                groups[index] = SequenceGroup(str(index), seqs, params)
                 scheduler.add_seq_group(groups[index])
             group = groups.get(index)
             if r.abort_at == step and group is not None and group.get_unfinished_seqs():
@@ -164,16 +167,9 @@ def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
         if step > last_arrival and not scheduler.has_unfinished_seqs():
             return records
         plan = scheduler.schedule()
-        scheduler.update_from_output(plan)
         sampling = [s for s in plan.scheduled if s.samples]
-        for s in sampling:
-            seq, r = s.seq, w.requests[int(s.group.request_id)]
-            token = next_token(seq.get_token_ids())
-            seq.append_token_id(token)
-            if seq.get_output_len() >= r.max_tokens or token == r.stop_token or seq.get_len() >= MAX_MODEL_LEN:
-                seq.status = SequenceStatus.FINISHED_STOPPED
-                scheduler.free_seq(seq)
-        scheduler.free_finished_seq_groups()
+        scheduler.update_from_output(plan, [[next_token(s.seq.get_token_ids())] if s.samples else []
+                                            for s in plan.scheduled])
         if isinstance(scheduler, VllmScheduler):
             check_reducer_matches_vllm(reducer, scheduler)
         else:

@@ -21,6 +21,7 @@ from engine.events import BlockHashed, RequestAdded
 from engine.v1.kv_cache_utils import external_block_hash
 from tests.test_engine_parity import PROMPTS, hf_greedy
 from tests.test_engine_v1 import hf, loaded  # noqa: F401 (the tiny GPT-2 and transformers' model, module fixtures)
+from engine.designs import V1, VLLM
 
 
 
@@ -33,7 +34,7 @@ GREEDY = SamplingParams(max_tokens=16, ignore_eos=True)
 SHARED = "All the world's a stage, and all the men and women merely players."
 
 
-def make_engine(loaded, path, kv_manager="vllm", **options) -> LLMEngine:
+def make_engine(loaded, path, kv_manager=VLLM.name, **options) -> LLMEngine:
     options.setdefault("max_num_seqs", 8)
     return LLMEngine(EngineConfig(model=str(path), device="cpu", kv_manager=kv_manager, **options), loaded=loaded)
 
@@ -77,7 +78,7 @@ class Checked:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, "v1")
-        self.checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager="v1")
+        self.checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager=V1.name)
         self.events: list = []
         for subscriber in (self.reducer.apply, self._check_event, self.events.append):
             engine.events.subscribe(subscriber)
@@ -116,7 +117,7 @@ def tokens(outputs) -> list[list[list[int]]]:
 
 
 def v1_tokens(loaded, path, prompts, params, **options):
-    return tokens(LLM.from_engine(make_engine(loaded, path, "v1", **options)).generate(prompts, params))
+    return tokens(LLM.from_engine(make_engine(loaded, path, V1.name, **options)).generate(prompts, params))
 
 
 def assert_parity(hf, engine, outputs, prompts, max_tokens):
@@ -192,7 +193,7 @@ def test_chunked_prefill_under_a_small_budget(hf, loaded, tiny_gpt2_dir, budget)
 
 def test_stops_free_vllms_requests_where_they_stop(loaded, tiny_gpt2_dir):
     engine = make_engine(loaded, tiny_gpt2_dir, block_size=4, num_gpu_blocks=64)
-    free_run = LLM.from_engine(make_engine(loaded, tiny_gpt2_dir, "v1", block_size=4, num_gpu_blocks=64))
+    free_run = LLM.from_engine(make_engine(loaded, tiny_gpt2_dir, V1.name, block_size=4, num_gpu_blocks=64))
     stop_at = free_run.generate(PROMPTS[0], GREEDY)[0].outputs[0].token_ids[3]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (2, 9, 5)]
     params.append(SamplingParams(max_tokens=16, ignore_eos=True, stop_token_ids=(stop_at,)))
@@ -226,7 +227,7 @@ def test_a_request_too_big_for_the_pool_is_ignored_not_looped(loaded, tiny_gpt2_
     assert outputs[1].outputs[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+@pytest.mark.parametrize("kv_manager", [V1.name, VLLM.name])
 def test_an_ignored_n_gt_1_request_is_one_output(loaded, tiny_gpt2_dir, kv_manager):
     engine = make_engine(loaded, tiny_gpt2_dir, kv_manager, block_size=2, num_gpu_blocks=4)
     engine.add_request(SHARED, SamplingParams(n=3, max_tokens=3))
@@ -284,11 +285,11 @@ def test_tiny_llama_gqa_matches_v1_and_transformers(tmp_path):
     path = make_tiny_llama(tmp_path / "llama", "llama-gqa")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     model.generation_config.eos_token_id = None
-    llm = LLM(str(path), device="cpu", kv_manager="vllm", block_size=4, num_gpu_blocks=40, max_num_seqs=4)
+    llm = LLM(str(path), device="cpu", kv_manager=VLLM.name, block_size=4, num_gpu_blocks=40, max_num_seqs=4)
     assert llm.engine.loaded.config.num_kv_heads < llm.engine.loaded.config.num_heads
     outputs = llm.generate(PROMPTS, GREEDY)
     assert_parity((model, None), llm.engine, outputs, PROMPTS, 16)
-    v1 = LLM(str(path), device="cpu", kv_manager="v1", block_size=4, num_gpu_blocks=40, max_num_seqs=4)
+    v1 = LLM(str(path), device="cpu", kv_manager=V1.name, block_size=4, num_gpu_blocks=40, max_num_seqs=4)
     assert tokens(outputs) == tokens(v1.generate(PROMPTS, GREEDY))
 
 
@@ -296,8 +297,8 @@ def test_the_bundled_model_generates_as_v1_does():
     options = dict(device="cpu", block_size=8, num_gpu_blocks=64, max_num_seqs=4)
     prompts = ["To be, or not to be", "To be, or not to be, that is"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    ours = LLM("tiny-shakespeare", kv_manager="vllm", **options).generate(prompts, params)
-    assert tokens(ours) == tokens(LLM("tiny-shakespeare", kv_manager="v1", **options).generate(prompts, params))
+    ours = LLM("tiny-shakespeare", kv_manager=VLLM.name, **options).generate(prompts, params)
+    assert tokens(ours) == tokens(LLM("tiny-shakespeare", kv_manager=V1.name, **options).generate(prompts, params))
 
 
 def test_vllm_options_reach_vllms_configs(loaded, tiny_gpt2_dir):
@@ -328,20 +329,20 @@ def test_a_bad_vllm_option_is_one_line(loaded, tiny_gpt2_dir, options, match):
         make_engine(loaded, tiny_gpt2_dir, block_size=4, num_gpu_blocks=64, vllm_options=options)
     assert "\n" not in str(raised.value)
     with pytest.raises(ValueError, match="kv_manager 'vllm' only"):
-        EngineConfig(kv_manager="v1", vllm_options=options)
+        EngineConfig(kv_manager=V1.name, vllm_options=options)
 
 
 def test_v1_traits_apply_to_vllm():
-    assert EngineConfig(kv_manager="vllm").enable_prefix_caching is True
+    assert EngineConfig(kv_manager=VLLM.name).enable_prefix_caching is True
     with pytest.raises(ValueError, match="recompute only"):
-        EngineConfig(kv_manager="vllm", preemption_mode="swap")
+        EngineConfig(kv_manager=VLLM.name, preemption_mode="swap")
 
 
 def test_without_vllm_the_option_names_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm\]'.*--no-deps vllm==0\.33\.0") as raised:
-        EngineConfig(kv_manager="vllm")
+        EngineConfig(kv_manager=VLLM.name)
     assert "\n" not in str(raised.value)
 
 
@@ -358,7 +359,7 @@ def test_the_v1_story_on_vllm_records_loads_replays_and_explains(tmp_path):
     from blockviz.session.engine_session import EngineSession
     from blockviz.session.spec import EngineSpec
 
-    spec = EngineSpec.for_scenario("story", kv_manager="vllm", device="cpu",
+    spec = EngineSpec.for_scenario("story", kv_manager=VLLM.name, device="cpu",
                                    vllm_options={"scheduler_reserve_full_isl": True})
     assert spec.arrivals and spec.config.max_num_batched_tokens  # vLLM v1's story, its token budget
     session = EngineSession(spec)
@@ -441,7 +442,7 @@ def test_a_notebook_visualizer_draws_vllms_state_live(tiny_gpt2_dir):
     from blockviz.jupyter import Visualizer
 
     viz = Visualizer.live({"model": str(tiny_gpt2_dir), "device": "cpu", "block_size": 4, "num_gpu_blocks": 32},
-                          prompts=[SHARED + " One", SHARED + " Two"], sampling_params=GREEDY, kv_manager="vllm")
+                          prompts=[SHARED + " One", SHARED + " Two"], sampling_params=GREEDY, kv_manager=VLLM.name)
     assert viz.header["kv_manager"] == "vllm"
     scheduler = viz.llm.engine.scheduler
     viz.step()

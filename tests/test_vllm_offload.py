@@ -20,6 +20,7 @@ from tests.test_engine_parity import PROMPTS
 from tests.test_engine_v1 import hf, loaded  # noqa: F401 (module fixtures)
 from tests.test_tui_app import anyio_backend  # noqa: F401 (the Pilot test's event loop)
 from tests.test_vllm_core import Checked, assert_parity, check_reducer_matches_vllm, make_engine, tokens, v1_tokens
+from engine.designs import V1, VLLM
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +98,7 @@ class CheckedTier(Checked):
         super().__init__(engine)
         num_gpu, num_cpu = engine.budget.num_gpu_blocks, engine.budget.num_cpu_blocks
         self.reducer.__init__(engine.config.block_size, num_gpu, num_cpu, "vllm")
-        self.checker = TraceChecker(engine.config.block_size, num_gpu, num_cpu, kv_manager="vllm")
+        self.checker = TraceChecker(engine.config.block_size, num_gpu, num_cpu, kv_manager=VLLM.name)
 
     def check(self, _engine=None) -> None:
         super().check()
@@ -219,7 +220,7 @@ def test_the_tier_needs_prefix_caching_and_vllms_scheduler(loaded, tiny_gpt2_dir
     with pytest.raises(ValueError, match="kv_offloading_size needs prefix caching"):
         offload_engine(loaded, tiny_gpt2_dir, enable_prefix_caching=False)
     with pytest.raises(ValueError, match="kv_manager 'vllm' only"):
-        EngineConfig(kv_manager="v1", vllm_options={"kv_offloading_size": 1})
+        EngineConfig(kv_manager=V1.name, vllm_options={"kv_offloading_size": 1})
 
 
 @pytest.mark.parametrize(("args", "expected"), [
@@ -286,7 +287,7 @@ def test_the_notebook_draws_the_cpu_tier_and_the_load(tiny_gpt2_dir):
 
     options = {"model": str(tiny_gpt2_dir), "device": "cpu", **TINY,
                "vllm_options": {"kv_offloading_size": offloading_size(tiny_block_bytes(TINY["block_size"]))}}
-    viz = Visualizer.live(options, prompts=PROMPTS, sampling_params=PARAMS, kv_manager="vllm")
+    viz = Visualizer.live(options, prompts=PROMPTS, sampling_params=PARAMS, kv_manager=VLLM.name)
     try:
         assert viz.header["num_cpu_blocks"] == NUM_CPU_BLOCKS
         viz.run_to_completion()
@@ -318,12 +319,12 @@ def test_the_story_on_vllm_with_the_tier_answers_v0s_swap():
     from blockviz.session.engine_session import EngineSession
     from blockviz.session.spec import EngineSpec
 
-    spec = EngineSpec.for_scenario("story", kv_manager="vllm", device="cpu", vllm_options={"kv_offloading_size": 0.01})
+    spec = EngineSpec.for_scenario("story", kv_manager=VLLM.name, device="cpu", vllm_options={"kv_offloading_size": 0.01})
     session = EngineSession(spec)
     events: list = []
     session.run_to_completion(on_events=events.extend)
     header = make_header(session.header)
-    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], kv_manager="vllm")
+    checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"], kv_manager=VLLM.name)
     for event in events:
         checker.check(event)
     at, load = returning_load(events)

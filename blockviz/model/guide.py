@@ -34,8 +34,8 @@ import bisect
 from dataclasses import dataclass, field
 
 from blockviz.model.design import (
-    KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, attribution, has_cpu_tier, has_random_weights,
-    kv_cache_groups_of,
+    DEFAULT, KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, attribution, has_cpu_tier,
+    has_random_weights, kv_cache_groups_of,
 )
 from blockviz.model.explain import WINDOW_TAIL, Explainer, Explanation
 from blockviz.model.glossary import terms_in
@@ -309,7 +309,7 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
             f"{plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
             f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
                                "back when it is admitted again, so little is computed twice"
-                               if not ctx.design.swaps else
+                               if not ctx.design.swap else
                                "a lone sequence costs less to compute again than to copy out and back"),
             [("gpu", b) for b in freed])
 
@@ -508,14 +508,15 @@ class Guide:
         """`opening`: the guide starts with opening_card() at position 0 (a guided story). `header`:
         the run's (a trace's or a session's); with KV-cache groups the guide also finds the lookups a
         window group cut short, with a reducer and an explainer of its own."""
-        self.kv_manager = "v1" if kv_manager == "vllm" else kv_manager  # vLLM's own manager: v1's functions
+        design = KV_DESIGNS.get(kv_manager, DEFAULT)
+        self.kv_manager = design.vllm_api  # whose vLLM functions the cards name (vLLM's own manager: v1's)
         self.cards: list[Card] = [opening_card(has_random_weights(header or {}), attribution(header or {}))
                                   ] if opening else []
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
         self._seen: set[str] = set()
         self._operations = Operations()
         groups = kv_cache_groups_of(header or {})
-        self._ctx = _Context(KV_DESIGNS.get(kv_manager, KV_DESIGNS["v0"]), {}, groups, has_cpu_tier(header or {}))
+        self._ctx = _Context(design, {}, groups, has_cpu_tier(header or {}))
         self._lookups = _Lookups(header) if any(g.kind == SLIDING_WINDOW for g in groups) else None
         self._pending: list[tuple[int, ev.Event, str | None]] = []  # the open operation's (index, event, idea)
         self._new_idea = False  # whether the open operation shows an idea first

@@ -213,17 +213,6 @@ class Operations:
                 return Operation(kind, start, end)
         return None
 
-    def end_of(self, position: int, settled: bool = False) -> int | None:
-        """The first boundary at or after `position`: `position` itself unless it is inside an
-        operation; None while that operation may still grow (a live stream)."""
-        op = self.at(position, settled)
-        return position if op is None else op.end
-
-    def start_of(self, position: int) -> int:
-        """The last boundary at or before `position`."""
-        op = self.at(position, settled=True)
-        return position if op is None else op.start
-
 
 def drawn_state_problems(state) -> list[str]:
     """What is wrong with `state` (a ReducerState) as a picture of an engine at rest: a sequence's

@@ -5,7 +5,8 @@ pool sizes, prefix caching and the requests that were run); every following line
 `Event.to_json()`. Version 2 is a run with KV-cache groups (a hybrid or sliding-window model under
 engine/v1): its header names them ("kv_cache_groups"), its block events carry their `group` and a
 window's freed slots are blocks_skipped events (docs/traces.md); a run with one full-attention group
-is written as version 1, as before groups existed, and every version-1 trace still loads. A replay feeds these events to the same reducer and views as a live run, so a
+is written as version 1, with no group fields, and every version-1 trace loads. A replay feeds
+these events to the same reducer and views as a live run, so a
 trace needs no model and no torch (this module imports only `engine.events` and `engine.config`).
 
 Reading is strict and says exactly what is wrong, in one line: a missing file, a file that is not
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import attribution_title, kv_cache_groups_of, kv_manager_of
+from blockviz.model.design import attribution_title, design_of, kv_cache_groups_of, kv_manager_of
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -96,7 +97,7 @@ def pool_origin(header: dict[str, Any]) -> str:
     """Where the GPU pool's size came from when memory decided it (engine/cache_engine.py
     determine_num_blocks): "profiled: 0.92 × 139.8 GiB − 1.2 GiB peak − 0.4 GiB non-torch, 139.5
     GiB free" (utilization × total − torch peak − memory outside torch; free at startup) or "a
-    1.0 GiB KV budget". "" for a pool whose size was given, or the CPU's default, as before."""
+    1.0 GiB KV budget". "" for a pool whose size was given, or the CPU's default."""
     def gib(key: str) -> str:
         return f"{header[key] / (1 << 30):.1f} GiB"
 
@@ -451,7 +452,7 @@ def check_header_fields(header: dict[str, Any]) -> None:
     if "kv_cache_groups" in header and header.get("version", GROUPS_FORMAT_VERSION) < GROUPS_FORMAT_VERSION:
         raise ValueError(f"header field 'kv_cache_groups' needs format version {GROUPS_FORMAT_VERSION}, "
                          f"the header says {header['version']}")
-    if "kv_cache_groups" in header and kv_manager_of(header) == "v0":
+    if "kv_cache_groups" in header and not design_of(header).groups:
         raise ValueError("header field 'kv_cache_groups' is for a v1 run (kv_manager \"v1\"): v0 has one group")
 
 

@@ -47,12 +47,13 @@ class TraceChecker:
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, *,
                  vocab_size: int | None = None, file_bytes: int | None = None, kv_manager: str = "v0",
                  kv_cache_groups: tuple[KVCacheGroup, ...] = ()) -> None:
-        if kv_manager not in KV_DESIGNS:
+        design = KV_DESIGNS.get(kv_manager)
+        if design is None:
             raise ValueError(f"header field 'kv_manager' must be one of {', '.join(map(repr, KV_DESIGNS))}, "
                              f"got {kv_manager!r}")
-        if KV_DESIGNS[kv_manager].null_block and num_gpu_blocks < 2:
+        if design.null_block and num_gpu_blocks < 2:
             raise ValueError("a v1 pool has at least 2 blocks (block 0 is the null block)")
-        if kv_cache_groups and not KV_DESIGNS[kv_manager].null_block:
+        if kv_cache_groups and not design.groups:
             raise ValueError("header field 'kv_cache_groups' is for a v1 run (kv_manager \"v1\"): v0 has one group")
         self.state = ReducerState.from_header({"block_size": block_size, "num_gpu_blocks": num_gpu_blocks,
                                                 "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,

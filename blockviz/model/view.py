@@ -135,7 +135,7 @@ def pool_record(state: ReducerState, device: str, start: int | None = None, stop
 
 def has_groups(state: ReducerState) -> bool:
     """Whether the run has several KV-cache groups (a hybrid model's): only then do the views name
-    and mark groups, so a one-group run looks as it always did."""
+    and mark groups; a one-group run shows no group marks."""
     return state.num_kv_cache_groups > 1
 
 
@@ -204,7 +204,7 @@ def v1_notes(state: ReducerState, ideas: tuple[str, ...] = ()) -> dict[str, str]
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
     copy-on-write); empty for a v0 run. The note a guide card's `ideas` are about comes first, so a
     screen with room for one line shows that one."""
-    lacks = {"swap": not state.design.swaps and not state.pools["cpu"],  # vLLM's CPU tier is a CPU pool
+    lacks = {"swap": not state.design.swap and not state.pools["cpu"],  # vLLM's CPU tier is a CPU pool
              "cow": not state.design.copy_on_write}
     about = {NOTE_OF_IDEA[idea] for idea in ideas if idea in NOTE_OF_IDEA}
     return {view: V1_NOTES[view] for view in sorted(V1_NOTES, key=lambda view: view not in about) if lacks[view]}

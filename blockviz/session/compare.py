@@ -96,7 +96,7 @@ def why_lines(runs: list["CompareRun"]) -> list[str]:
                 else:
                     reason = ("a hit serves only full blocks, and a prompt's last block is always computed (a token to "
                               "sample from), so the hits save less than the other run's work differs by")
-                names = ((a.config.kv_manager, b.config.kv_manager) if a.config.kv_manager != b.config.kv_manager
+                names = ((a.config.kv_manager, b.config.kv_manager) if a.config.design is not b.config.design
                          else (a.label, b.label))
                 lines.append(f"why {names[0]} computes {more} more tokens than {names[1]} despite "
                              f"{fa['prefix_hits']} prefix hits to {fb['prefix_hits']}: {reason}")

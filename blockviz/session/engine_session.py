@@ -22,6 +22,7 @@ import msgspec
 
 from blockviz.session.scenario import admit_arrivals
 from blockviz.session.spec import EngineSpec, one_line
+from engine.designs import DEFAULT, get_design
 from engine.events import Event, RequestAdded
 
 
@@ -53,8 +54,8 @@ def trace_header(engine: Any) -> dict[str, Any]:
 def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
     """A hybrid or sliding-window model's KV-cache groups (kind, window, layers:
     design.kv_cache_groups_header), from engine/v1's groups or vLLM's own manager's
-    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, so those
-    headers are as they always were."""
+    (kv_cache_event_metadata, kv_manager "vllm"); nothing for one full-attention group, whose
+    header has no "kv_cache_groups"."""
     from blockviz.model.design import FULL_ATTENTION, SLIDING_WINDOW, kv_cache_groups_header
 
     manager = getattr(engine, "kv_manager", None)
@@ -73,23 +74,23 @@ def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:
     """A pool sized from the device's memory: the free bytes at startup and the bytes the profile
-    run took outside torch (cache_engine.profile_device); nothing for any other source, so those
-    headers are as they always were."""
+    run took outside torch (cache_engine.profile_device); nothing for any other source."""
     if budget.source != "profiled":
         return {}
     return {"free_bytes": budget.free_bytes, "non_torch_bytes": budget.non_torch_bytes}
 
 
 def _kv_manager_fields(config: Any) -> dict[str, Any]:
-    """Which KV cache manager ran: nothing for v0 (a trace without "kv_manager" is v0's, so v0
-    headers are as they always were), else the design and its prefix-caching hash."""
-    if getattr(config, "kv_manager", "v0") == "v0":
+    """Which KV cache manager ran: nothing for the default design, v0 (a header without "kv_manager"
+    names it), else the design's name and its prefix-caching hash."""
+    design = get_design(getattr(config, "kv_manager", None))
+    if design is DEFAULT:
         return {}
-    if config.kv_manager == "vllm":  # vLLM's own: its release and the options it ran with
+    if design.vllm_options:  # vLLM's own: its release and the options it ran with
         from engine.vllm_core import vllm_version
 
         options = dict(config.vllm_options or {})
-        return {"kv_manager": "vllm", "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
+        return {"kv_manager": design.name, "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
                                                                               config.prefix_caching_hash_algo),
                 "vllm_version": vllm_version(), "vllm_options": options}
     return {"kv_manager": config.kv_manager, "prefix_caching_hash_algo": config.prefix_caching_hash_algo}

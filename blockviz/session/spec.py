@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
-from blockviz.model.design import KV_DESIGNS
+from engine.designs import get_design
 from blockviz.session.scenario import Arrival, scenario
 from blockviz.session.tiny_hybrid import TINY_HYBRID, resolve
 from engine.config import EngineConfig
@@ -207,7 +207,7 @@ def _story_of(name: str, kv_manager: str | None, vllm_options: dict[str, Any] | 
     v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap), and with a CPU
     tier (the vllm option kv_offloading_size, under a design that has one) the CPU tier's
     ("story-cpu-tier": v1's story, its prefix loaded back from the tier)."""
-    design = KV_DESIGNS[kv_manager or "v0"]
+    design = get_design(kv_manager)
     if name == "story" and design.cpu_tier and (vllm_options or {}).get("kv_offloading_size") is not None:
         return "story-cpu-tier"
     return "story-v1" if name == "story" and design.chunked_prefill else name
@@ -215,7 +215,7 @@ def _story_of(name: str, kv_manager: str | None, vllm_options: dict[str, Any] | 
 
 def _swaps(kv_manager: str | None) -> bool:
     """Whether the design may preempt by swap (v0): the others recompute only."""
-    return KV_DESIGNS[kv_manager or "v0"].swaps
+    return get_design(kv_manager).swap
 
 
 def check_device(device: str) -> None:

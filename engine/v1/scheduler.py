@@ -17,8 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.events import Preempted
+from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler import SchedulerConfig
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import KVCacheManager
 
@@ -37,7 +38,9 @@ class Scheduler:
     """FCFS over a waiting deque and a running list of sequences (vLLM v1 Scheduler)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 scheduler_reserve_full_isl: bool = False) -> None:
+                 scheduler_reserve_full_isl: bool = False, output_processor: OutputProcessor | None = None) -> None:
+        """`output_processor`: what the sampled tokens do (the engine's); None: stop at max_tokens or
+        the model's context, no text."""
         self.config = config
         # admit a waiting request only when its whole sequence fits (vLLM 0.33's default gate,
         # SchedulerConfig.scheduler_reserve_full_isl; off here unless asked for)
@@ -47,6 +50,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.groups: dict[int, SequenceGroup] = {}  # seq_id -> its request
+        self.output_processor = output_processor or OutputProcessor(StopChecker(None, config.max_model_len),
+                                                                    events=self.events)
 
     # ------------------------------------------------------------------ queues
 
@@ -78,25 +83,18 @@ class Scheduler:
             self.kv_cache_manager.free(seq)
         self.groups.pop(seq.seq_id, None)
 
-    def free_finished_seq_groups(self) -> None:
-        """Drop finished sequences from the running list (their blocks were freed as they ended)."""
+    def update_from_output(self, plan: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[SequenceGroup]:
+        """The step ran and sampled (vLLM v1 Scheduler.update_from_output): each scheduled sequence
+        computed its tokens; each sampled token is appended and stop-checked
+        (OutputProcessor.process_outputs), a finished sequence's blocks go back to the pool and it
+        leaves the running list (vLLM v1 _free_request). Returns the requests that finished."""
+        for s in plan.scheduled:
+            s.seq.num_computed_tokens = s.num_tokens
+        finished = self.output_processor.process_outputs(plan, sampled_token_ids, self.kv_cache_manager.free)
         for seq in [s for s in self.running if s.is_finished()]:
             self.running.remove(seq)
             self.groups.pop(seq.seq_id, None)
-
-    def free_seq(self, seq: Sequence) -> None:
-        """A sequence finished: its blocks go back to the pool (vLLM v1 _free_request)."""
-        self.kv_cache_manager.free(seq)
-
-    def update_from_output(self, plan: SchedulerOutput) -> None:
-        """The step ran: each scheduled sequence computed its tokens (vLLM v1 update_from_output
-        advancing num_computed_tokens)."""
-        for s in plan.scheduled:
-            s.seq.num_computed_tokens = s.num_tokens
-
-    def preempt(self, request_id: str, mode=None) -> list[tuple[int, int]]:
-        raise ValueError("vLLM v1 preempts by recompute only, when a step runs out of blocks; "
-                         "there is no swap to ask for")
+        return finished
 
     # ------------------------------------------------------------------ scheduling
 
@@ -127,9 +125,7 @@ class Scheduler:
         scheduled = [ScheduledSequence(group, seq, seq.num_computed_tokens, n,
                                        tuple(map(tuple, manager.get_block_ids_per_group(seq))))
                      for group, seq, n in out.scheduled]
-        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
-        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
-        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=[seq.seq_id for seq in out.preempted],
+        return SchedulerOutput(scheduled, step_kind(scheduled), announces_tokens=True, preempted_seq_ids=[seq.seq_id for seq in out.preempted],
                                ignored_seq_groups=out.ignored_seq_groups)
 
     def _allocate_or_preempt(self, seq: Sequence, num_new_tokens: int, out: _Scheduling) -> bool:

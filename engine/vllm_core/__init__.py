@@ -12,7 +12,7 @@ import logging
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from engine.config import VLLM_INSTALL
+from engine.designs import VLLM_INSTALL
 
 VLLM_LOGGER = "vllm"  # the logger every vLLM module's init_logger(__name__) logs under
 
@@ -58,10 +58,11 @@ def check_vllm_version() -> str:
     return found
 
 
-def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
-    """vLLM's VllmConfig for `engine` (an LLMEngine being built: its config, loaded model and layer
-    specs) and the KV-cache groups vLLM makes of its layers, before the pool is sized (vLLM
-    EngineCore._initialize_kv_caches: the specs and groups first, then the blocks; the config's
+def build_vllm_kv_cache_groups(config: Any, model_path: str, max_model_len: int, kv_cache_specs: list,
+                               max_num_batched_tokens: int):
+    """vLLM's VllmConfig for an engine of `config` (EngineConfig) over the checkpoint at `model_path`,
+    and the KV-cache groups vLLM makes of its layers (`kv_cache_specs`), before the pool is sized
+    (vLLM EngineCore._initialize_kv_caches: the specs and groups first, then the blocks; the config's
     num_gpu_blocks is set by make_vllm_scheduler). max_num_seqs is capped at the token budget, as
     vLLM requires (SchedulerConfig.verify_max_model_len): a step gives each running request a token."""
     with quiet_vllm_logs():
@@ -72,27 +73,26 @@ def build_vllm_kv_cache_groups(engine: Any, max_num_batched_tokens: int):
         check_vllm_version()
         from engine.vllm_core.config import build_vllm_config, vllm_kv_cache_groups
 
-        config = engine.config
         vllm_config = build_vllm_config(
-            engine.loaded.path, block_size=config.block_size, num_gpu_blocks=None,
-            max_model_len=engine.max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
+            model_path, block_size=config.block_size, num_gpu_blocks=None,
+            max_model_len=max_model_len, max_num_seqs=min(config.max_num_seqs, max_num_batched_tokens),
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=bool(config.enable_prefix_caching),
             prefix_caching_hash_algo=config.prefix_caching_hash_algo, options=config.vllm_options)
-        return vllm_config, vllm_kv_cache_groups(vllm_config, engine.kv_cache_specs)
+        return vllm_config, vllm_kv_cache_groups(vllm_config, kv_cache_specs)
 
 
-def make_vllm_scheduler(engine: Any, vllm_config: Any, kv_cache_groups: list):
-    """vLLM's Scheduler for `engine` over its sized pool (engine.budget), wrapped in our scheduler
-    interface: the KVCacheConfig vLLM's planner makes of the groups and the pool's bytes."""
+def make_vllm_scheduler(vllm_config: Any, kv_cache_groups: list, kv_cache_specs: list, num_gpu_blocks: int,
+                        block_bytes: int, block_size: int, events: Any, max_model_len: int,
+                        output_processor: Any = None):
+    """vLLM's Scheduler over a pool of `num_gpu_blocks` blocks of `block_bytes`, wrapped in our
+    scheduler interface: the KVCacheConfig vLLM's planner makes of the groups and the pool's bytes."""
     from engine.vllm_core.config import build_kv_cache_config, build_scheduler, make_block_hasher
     from engine.vllm_core.scheduler import VllmScheduler
 
-    config = engine.config
-    num_gpu_blocks = engine.budget.num_gpu_blocks
     vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
     with quiet_vllm_logs():
-        kv_cache_config = build_kv_cache_config(vllm_config, engine.kv_cache_specs, num_gpu_blocks,
-                                                engine.budget.block_bytes, kv_cache_groups)
-        scheduler = build_scheduler(vllm_config, kv_cache_config, config.block_size)
-        hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, config.block_size)
-        return VllmScheduler(scheduler, engine.events, hasher, engine.max_model_len)
+        kv_cache_config = build_kv_cache_config(vllm_config, kv_cache_specs, num_gpu_blocks, block_bytes,
+                                                kv_cache_groups)
+        scheduler = build_scheduler(vllm_config, kv_cache_config, block_size)
+        hasher = make_block_hasher(vllm_config.cache_config.prefix_caching_hash_algo, block_size)
+        return VllmScheduler(scheduler, events, hasher, max_model_len, output_processor)

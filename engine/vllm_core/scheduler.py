@@ -10,13 +10,14 @@ table per KV-cache group kept as vLLM's GPU model runner keeps it (`_update_stat
 a sliding window let go keeps its old id there, as in vLLM's runner (vLLM's manager holds the null
 block in its place): the attention never reads it.
 
-vLLM learns the sampled tokens through its own `update_from_output(out, ModelRunnerOutput)`. Our
-engine calls `update_from_output(plan)` before it samples, so the adapter defers vLLM's update to
-`free_finished_seq_groups()`, which the engine calls once every token is appended: each request that
-sampled hands back its newest token, a prefill chunk short of its end none. The engine keeps its own
-stop checks: vLLM's requests ignore EOS and get a `max_tokens` the model's context reaches first, and
-a sequence that stops is finished in vLLM at once (`finish_requests(..., FINISHED_STOPPED)`), so its
-blocks are freed where our v1 frees them. Aborts are `finish_requests(..., FINISHED_ABORTED)`, one
+The plan carries vLLM's SchedulerOutput (`SchedulerOutput.design_output`); the engine hands it back
+with the sampled tokens in `update_from_output(plan, sampled_token_ids)`, which appends and
+stop-checks them as every design does (engine/output_processor.py), then gives vLLM its own
+`update_from_output(out, ModelRunnerOutput)`: each request still running hands back its newest
+token, a prefill chunk short of its end none. The stop checks are ours: vLLM's requests ignore EOS
+and get a `max_tokens` the model's context reaches first, and a sequence that stops is finished in
+vLLM at once (`finish_requests(..., FINISHED_STOPPED)`), so its blocks are freed where our v1 frees
+them. Aborts are `finish_requests(..., FINISHED_ABORTED)`, one
 request at a time so the frees keep the order our v1 has (vLLM iterates a set of ids).
 
 A recompute preemption (`Scheduler._preempt_request`) is announced (Preempted) before vLLM frees the
@@ -35,17 +36,21 @@ from __future__ import annotations
 from typing import Any
 
 from engine.events import EventBus, Preempted
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from engine.output_processor import OutputProcessor, StopChecker
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import cdiv
 from engine.vllm_core.event_tap import VllmEventTap
 from engine.vllm_core.offload import CpuTier
 
 class VllmScheduler:
-    """add_seq_group / schedule / update_from_output / free_seq / abort_seq_group /
-    free_finished_seq_groups / has_unfinished_seqs over one vLLM Scheduler."""
+    """add_seq_group / schedule / update_from_output / abort_seq_group / has_unfinished_seqs over one
+    vLLM Scheduler."""
 
-    def __init__(self, scheduler: Any, events: EventBus, block_hasher, max_model_len: int) -> None:
+    def __init__(self, scheduler: Any, events: EventBus, block_hasher, max_model_len: int,
+                 output_processor: OutputProcessor | None = None) -> None:
+        """`output_processor`: what the sampled tokens do (the engine's); None: stop at max_tokens or
+        the model's context, no text."""
         from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
         self.vllm = scheduler
@@ -65,8 +70,7 @@ class VllmScheduler:
         self.block_ids: dict[str, tuple[list[int], ...]] = {}  # as the GPU model runner keeps them
         self._ignored: list[tuple[SequenceGroup, str, list[Sequence]]] = []  # reported by the next schedule()
         self._preempted: list[int] = []  # seq ids preempted in the schedule() running now, in order
-        self._pending: Any = None  # vLLM's output whose update_from_output waits for the tokens
-        self._samples: dict[str, bool] = {}  # request id -> whether its plan row samples
+        self.output_processor = output_processor or OutputProcessor(StopChecker(None, max_model_len), events=events)
         original = scheduler._preempt_request
         scheduler._preempt_request = lambda request, *args, **kwargs: self._preempt_request(original, request,
                                                                                              *args, **kwargs)
@@ -124,7 +128,7 @@ class VllmScheduler:
             seq.status = SequenceStatus.FINISHED_ABORTED
         return aborted
 
-    def free_seq(self, seq: Sequence) -> None:
+    def _finish_stopped(self, seq: Sequence) -> None:
         """Our stop check ended the sequence: vLLM finishes the request and frees its blocks now."""
         from vllm.v1.request import RequestStatus
 
@@ -138,17 +142,10 @@ class VllmScheduler:
         self.groups.pop(request_id, None)
         self.block_ids.pop(request_id, None)
 
-    def preempt(self, request_id: str, mode=None) -> list[tuple[int, int]]:
-        raise ValueError("vLLM v1 preempts by recompute only, when a step runs out of blocks; "
-                         "there is no swap to ask for")
-
     # ------------------------------------------------------------------ the step
 
     def schedule(self) -> SchedulerOutput:
         """vLLM's schedule(), as our step plan."""
-        if self._pending is not None:  # a step whose tokens never came back: vLLM takes none
-            self._samples = {}
-            self.free_finished_seq_groups()
         self._preempted = []
         ignored, self._ignored = self._ignored, []
         while len(self.vllm.waiting) and self._too_big_for_the_pool(self.vllm.waiting.peek_request()):
@@ -156,7 +153,7 @@ class VllmScheduler:
         out = self.vllm.schedule()
         stores, loads = CpuTier.moves(out)  # vLLM's CPU tier: loads before the forward, stores after
         if not out.num_scheduled_tokens:
-            self._update_vllm(out)  # nothing runs: vLLM still takes its (empty) output
+            self._update_vllm(out, {})  # nothing runs: vLLM takes its (empty) output now
             if not self.vllm.running and not self._preempted and not loads and len(self.vllm.waiting):
                 ignored.append(self._ignore_head())
             return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=self._preempted,
@@ -172,11 +169,9 @@ class VllmScheduler:
             seq.num_computed_tokens = computed
             table = tuple(tuple(ids) for ids in self.block_ids[request_id])
             scheduled.append(ScheduledSequence(self.groups[request_id], seq, computed, num_new_tokens, table))
-        self._pending = out
-        decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
-        kind = "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
-        return SchedulerOutput(scheduled, kind, announces_tokens=True, preempted_seq_ids=self._preempted,
-                               ignored_seq_groups=ignored, blocks_to_store=stores, blocks_to_swap_in=loads)
+        return SchedulerOutput(scheduled, step_kind(scheduled), announces_tokens=True, preempted_seq_ids=self._preempted,
+                               ignored_seq_groups=ignored, blocks_to_store=stores, blocks_to_swap_in=loads,
+                               design_output=out)
 
     def _update_block_tables(self, out: Any) -> dict[str, int]:
         """Each scheduled request's block table, updated as vLLM's GPU model runner does from the
@@ -197,34 +192,34 @@ class VllmScheduler:
             num_computed[request_id] = cached.num_computed_tokens[index]
         return num_computed
 
-    def update_from_output(self, plan: SchedulerOutput) -> None:
-        """The step ran: each scheduled sequence computed its tokens. vLLM's own update waits for
-        the sampled tokens (free_finished_seq_groups)."""
-        self._samples = {}
+    def update_from_output(self, plan: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[SequenceGroup]:
+        """The step ran and sampled (vLLM v1 Scheduler.update_from_output): each scheduled sequence
+        computed its tokens; each sampled token is appended and stop-checked
+        (OutputProcessor.process_outputs), a stopped sequence finished in vLLM at once; then vLLM's
+        own update_from_output takes the plan's vLLM SchedulerOutput with the newest token of each
+        request still running. Returns the requests that finished."""
         for s in plan.scheduled:
-            self._samples[str(s.seq.seq_id)] = s.samples
             s.seq.num_computed_tokens = s.num_tokens
+        finished = self.output_processor.process_outputs(plan, sampled_token_ids, self._finish_stopped)
+        if plan.design_output is None:  # a plan that runs nothing: vLLM took its output in schedule()
+            return finished
+        self._update_vllm(plan.design_output, {str(s.seq.seq_id): token_ids[:1]
+                                               for s, token_ids in zip(plan.scheduled, sampled_token_ids)})
+        return finished
 
-    def free_finished_seq_groups(self) -> None:
-        """Every token of the step is appended: vLLM's update_from_output takes each sampling
-        request's newest token (a finished one is gone from vLLM already)."""
-        if self._pending is not None:
-            out, self._pending = self._pending, None
-            self._update_vllm(out)
-
-    def _update_vllm(self, out: Any) -> None:
+    def _update_vllm(self, out: Any, sampled: dict[str, list[int]]) -> None:
+        """vLLM's update_from_output over its SchedulerOutput `out`, with `sampled` (request id -> the
+        tokens its row sampled); a request our stop check finished is gone from vLLM and hands back
+        none."""
         from vllm.v1.outputs import ModelRunnerOutput
 
         request_ids = list(out.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for request_id in request_ids:
-            seq = self.seqs.get(request_id)
-            sampled.append([seq.get_last_token_id()] if seq is not None and self._samples.get(request_id) else [])
+        sampled_token_ids = [sampled.get(request_id, []) if request_id in self.seqs else []
+                             for request_id in request_ids]
         self.vllm.update_from_output(out, ModelRunnerOutput(
             req_ids=request_ids, req_id_to_index={r: i for i, r in enumerate(request_ids)},
-            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
+            sampled_token_ids=sampled_token_ids, logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
             kv_connector_output=CpuTier.connector_output(out)))
-        self._samples = {}
 
     # ------------------------------------------------------------------ preemption and refusal
 
