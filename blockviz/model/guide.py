@@ -78,9 +78,9 @@ FUNCTIONS = {
         "offload-store": "Scheduler.schedule → SimpleCPUOffloadScheduler.build_connector_meta → "
                          "_prepare_eager_store_specs (vllm/v1/simple_kv_offload/manager.py); the worker copies after "
                          "the step's forward (SimpleCPUOffloadWorker.wait_for_save)",
-        "offload-load": "Scheduler.schedule → SimpleCPUOffloadScheduler.get_num_new_matched_tokens → "
-                        "KVCacheManager.allocate_slots → update_state_after_alloc (vllm/v1/simple_kv_offload/manager.py); "
-                        "the worker copies before the step's forward (SimpleCPUOffloadWorker.start_load_kv)",
+        "offload-load": "SimpleCPUOffloadScheduler.get_num_new_matched_tokens → update_state_after_alloc "
+                        "(vllm/v1/simple_kv_offload/manager.py); SimpleCPUOffloadWorker.start_load_kv copies before "
+                        "the forward",
     },
 }
 
@@ -430,13 +430,12 @@ def _load_words(e: ev.OffloadLoaded, events, ctx):
            else "none of its prefix was left on the GPU")
     n = len(e.mapping)
     return ("Loaded back from the CPU tier",
-            f"request {e.request_id} (seq {e.seq_id}) {came}: {gpu}, but the CPU tier held copies of {plural(n, 'block')}: "
-            f"CPU {_numbers(c for c, _ in e.mapping)} copied into its new GPU blocks {_numbers(g for _, g in e.mapping)}, "
-            f"so {plural(e.num_tokens, 'token')} count as prefix hits and are not computed again",
-            "v0 swapped a preempted request's blocks out and back in; v1 frees them and recomputes, and the CPU "
-            "tier's copies (keyed by hash) turn that recompute into a copy: the request waits one step "
-            "(WAITING_FOR_REMOTE_KVS) while its blocks come back",
-            [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping])
+            f"request {e.request_id} (seq {e.seq_id}) {came}: {gpu}; the CPU tier held copies of "
+            f"{plural(n, 'block')}, CPU {_numbers(c for c, _ in e.mapping)}, copied into its new GPU blocks "
+            f"{_numbers(g for _, g in e.mapping)}: {plural(e.num_tokens, 'token')} count as prefix hits, not computed again",
+            "v0 swapped a preempted request out and back in; v1 frees and recomputes, and the tier's copies "
+            "(found by hash) turn that recompute into a copy: the request waits a step (WAITING_FOR_REMOTE_KVS)",
+            [("cpu", c) for c, _ in e.mapping])  # its GPU blocks are in its table: the tier's pool is the news
 
 
 def _recompute_words(e: ev.Preempted, events, ctx):
