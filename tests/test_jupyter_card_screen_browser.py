@@ -106,7 +106,7 @@ def test_contrast_is_wcags():
 
 
 @pytest.fixture(scope="module")
-def story_page(chromium_browser, jupyter_server, story_trace_path):
+def story_page(chromium_session, jupyter_server, story_trace_path):
     """One notebook with a Visualizer per story (`vizs[name]`) and the v0 story live (`live`), open
     in a page, every widget drawn."""
     traces = {name: str(story_trace_path) if trace == "story" else trace for name, trace in STORIES}
@@ -114,16 +114,17 @@ def story_page(chromium_browser, jupyter_server, story_trace_path):
     cells += [f"vizs[{name!r}] = Visualizer.from_trace({trace!r})\nvizs[{name!r}]" for name, trace in traces.items()]
     cells.append("live = Visualizer.live(scenario='story')\nlive")  # the v0 story played live, after them
     path = jupyter_server.add_notebook("cards-on-screen.ipynb", cells)
-    context = chromium_browser.new_context(viewport={"width": 1280, "height": 720})
-    page = context.new_page()
-    try:
-        open_notebook(page, jupyter_server, path)
-        run_all_cells(page)
-        page.wait_for_function(f"() => document.querySelectorAll('.bv-view-controls[data-position]').length === {len(STORIES) + 1}",
-                               timeout=UI_LIMIT_MS)
-        yield page
-    finally:
-        context.close()
+    with chromium_session.in_use() as browser:  # the session's chromium, for the whole module
+        context = browser.new_context(viewport={"width": 1280, "height": 720})
+        page = context.new_page()
+        try:
+            open_notebook(page, jupyter_server, path)
+            run_all_cells(page)
+            page.wait_for_function(f"() => document.querySelectorAll('.bv-view-controls[data-position]').length === {len(STORIES) + 1}",
+                                   timeout=UI_LIMIT_MS)
+            yield page
+        finally:
+            context.close()
 
 
 def go_to(page, k: int, action: str, position: int) -> None:
