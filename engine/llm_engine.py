@@ -147,7 +147,7 @@ class LLMEngine:
                                      enable_caching=bool(config.enable_prefix_caching),
                                      hash_algo=config.prefix_caching_hash_algo, events=self.events,
                                      kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
-            return manager, V1Scheduler(scheduler_config, manager)
+            return manager, V1Scheduler(scheduler_config, manager, config.scheduler_reserve_full_isl)
         manager = BlockSpaceManager(
             config.block_size, self.budget.num_gpu_blocks, self.budget.num_cpu_blocks,
             watermark=config.watermark, enable_caching=config.enable_prefix_caching, events=self.events,
