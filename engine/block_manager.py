@@ -325,7 +325,9 @@ class BlockSpaceManager:
         ones too, the same K/V over itself."""
         self._clock += 1
         mapping: dict[int, PhysicalTokenBlock] = {}  # src block number -> dst block
-        revived: list[int] = []  # dst blocks found by hash
+        revived: dict[int, None] = {}  # dst blocks found by hash, in order
+        fresh: set[int] = set()  # dst blocks this swap allocated
+        hashed: list[tuple[PhysicalTokenBlock, bool]] = []  # fresh dst blocks with a hash, and whether registered
         released: list[tuple[int, PhysicalTokenBlock]] = []
         for seq in seqs:
             new_table: BlockTable = []
@@ -335,8 +337,12 @@ class BlockSpaceManager:
                     dst.ref_count += 1
                 else:
                     dst, found = self._allocate_like(src, dst_allocator)
-                    if found:
-                        revived.append(dst.block_number)
+                    if not found:
+                        fresh.add(dst.block_number)
+                        if self.enable_caching and dst.block_hash is not None:  # found by the next equal block
+                            hashed.append((dst, dst_allocator.register(dst)))
+                    elif dst.block_number not in fresh:  # it held the K/V before this swap: no copy
+                        revived[dst.block_number] = None
                     dst.computed = True
                     dst.last_accessed = self._clock
                     mapping[src.block_number] = dst
@@ -344,22 +350,21 @@ class BlockSpaceManager:
                 released.append((seq.seq_id, src))
             self.block_tables[seq.seq_id] = new_table
         pairs = [(src, dst.block_number) for src, dst in mapping.items()]
-        found = set(revived)
         emit = self.events.emit if self.events.active else None
         if emit:
             emit(event_cls, request_id=seq_group.request_id, seq_ids=tuple(seq.seq_id for seq in seqs),
                  mapping=tuple(pairs), revived=tuple(revived))
-        if self.enable_caching:
-            for dst in mapping.values():
-                if dst.block_hash is not None and dst.block_number not in found:
-                    registered = dst_allocator.register(dst)
-                    if emit:
-                        emit(BlockHashed, device=dst.device.value, block=dst.block_number,
-                             block_hash=dst.block_hash, parent_hash=None, token_ids=dst.token_ids,
-                             num_hashed_tokens=dst.num_hashed_tokens, registered=registered)
+            for dst, registered in hashed:
+                emit(BlockHashed, device=dst.device.value, block=dst.block_number, block_hash=dst.block_hash,
+                     parent_hash=None, token_ids=dst.token_ids, num_hashed_tokens=dst.num_hashed_tokens,
+                     registered=registered)
         for seq_id, src in released:
             self._release(src_allocator, src, seq_id)
-        return [(src, dst) for src, dst in pairs if dst not in found]
+        copies: dict[int, int] = {}  # dst -> the first src mapped to it: its K/V copied once
+        for src, dst in pairs:
+            if dst not in revived:
+                copies.setdefault(dst, src)
+        return [(src, dst) for dst, src in copies.items()]
 
     @staticmethod
     def _allocate_like(
