@@ -70,10 +70,11 @@ class BlockSpaceManager:
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.enable_caching = enable_caching
         self.events = events if events is not None else EventBus()
+        # With prefix caching both pools keep a hash map, as vLLM v0's: a swap finds a block by its
+        # hash in the other pool (_swap); only the GPU pool serves prompts' prefix-cache hits.
         allocator = CachedBlockAllocator if enable_caching else UncachedBlockAllocator
         self.gpu_allocator = allocator(Device.GPU, block_size, num_gpu_blocks, self.events)
-        # The swap pool only holds copies: it never serves prefix-cache hits.
-        self.cpu_allocator = UncachedBlockAllocator(Device.CPU, block_size, num_cpu_blocks, self.events)
+        self.cpu_allocator = allocator(Device.CPU, block_size, num_cpu_blocks, self.events)
         self.block_tables: dict[int, BlockTable] = {}
         self._num_slots: dict[int, int] = {}  # seq_id -> tokens that have a slot
         self._clock = 0  # logical time for LRU (deterministic: no wall clock)
@@ -314,42 +315,74 @@ class BlockSpaceManager:
         return self._swap(seq_group, seqs, self.gpu_allocator, self.cpu_allocator, SwappedOut)
 
     def _swap(self, seq_group, seqs, src_allocator, dst_allocator, event_cls) -> list[tuple[int, int]]:
+        """Move `seqs`' tables from one pool to the other (vLLM v0 _swap_block_table): each source
+        block gets one destination, shared by every table that held it. With prefix caching the
+        destination is allocated by the source block's hash (vLLM v0 `dest_allocator.allocate(
+        from_block.block_hash, from_block.num_hashed_tokens)`): a block with that hash and those
+        tokens there, free but cached (revived, as v0's CachedBlockAllocator takes it back from its
+        evictor) or in use (shared), already holds the K/V; any other is a fresh block, hashed and
+        registered. Returns the (src, dst) pairs whose K/V must be copied: vLLM v0 copies the found
+        ones too, the same K/V over itself."""
         self._clock += 1
         mapping: dict[int, PhysicalTokenBlock] = {}  # src block number -> dst block
+        revived: dict[int, None] = {}  # dst blocks found by hash, in order
+        fresh: set[int] = set()  # dst blocks this swap allocated
+        hashed: list[tuple[PhysicalTokenBlock, bool]] = []  # fresh dst blocks with a hash, and whether registered
         released: list[tuple[int, PhysicalTokenBlock]] = []
         for seq in seqs:
             new_table: BlockTable = []
             for src in self.block_tables[seq.seq_id]:
                 dst = mapping.get(src.block_number)
-                if dst is None:
-                    dst = dst_allocator.allocate()
-                    dst.token_ids = src.token_ids
-                    dst.block_hash = src.block_hash
-                    dst.num_hashed_tokens = src.num_hashed_tokens
+                if dst is not None:
+                    dst.ref_count += 1
+                else:
+                    dst, found = self._allocate_like(src, dst_allocator)
+                    if not found:
+                        fresh.add(dst.block_number)
+                        if self.enable_caching and dst.block_hash is not None:  # found by the next equal block
+                            hashed.append((dst, dst_allocator.register(dst)))
+                    elif dst.block_number not in fresh:  # it held the K/V before this swap: no copy
+                        revived[dst.block_number] = None
                     dst.computed = True
                     dst.last_accessed = self._clock
                     mapping[src.block_number] = dst
-                else:
-                    dst.ref_count += 1
                 new_table.append(dst)
                 released.append((seq.seq_id, src))
             self.block_tables[seq.seq_id] = new_table
         pairs = [(src, dst.block_number) for src, dst in mapping.items()]
-        seq_ids = tuple(seq.seq_id for seq in seqs)
         emit = self.events.emit if self.events.active else None
         if emit:
-            emit(event_cls, request_id=seq_group.request_id, seq_ids=seq_ids, mapping=tuple(pairs))
-        if dst_allocator is self.gpu_allocator and self.enable_caching:
-            for dst in mapping.values():
-                if dst.block_hash is not None:
-                    registered = dst_allocator.register(dst)
-                    if emit:
-                        emit(BlockHashed, device="gpu", block=dst.block_number, block_hash=dst.block_hash,
-                             parent_hash=None, token_ids=dst.token_ids,
-                             num_hashed_tokens=dst.num_hashed_tokens, registered=registered)
+            emit(event_cls, request_id=seq_group.request_id, seq_ids=tuple(seq.seq_id for seq in seqs),
+                 mapping=tuple(pairs), revived=tuple(revived))
+            for dst, registered in hashed:
+                emit(BlockHashed, device=dst.device.value, block=dst.block_number, block_hash=dst.block_hash,
+                     parent_hash=None, token_ids=dst.token_ids, num_hashed_tokens=dst.num_hashed_tokens,
+                     registered=registered)
         for seq_id, src in released:
             self._release(src_allocator, src, seq_id)
-        return pairs
+        copies: dict[int, int] = {}  # dst -> the first src mapped to it: its K/V copied once
+        for src, dst in pairs:
+            if dst not in revived:
+                copies.setdefault(dst, src)
+        return [(src, dst) for dst, src in copies.items()]
+
+    @staticmethod
+    def _allocate_like(
+        src: PhysicalTokenBlock, allocator: UncachedBlockAllocator
+    ) -> tuple[PhysicalTokenBlock, bool]:
+        """A block of `allocator`'s pool for `src`'s K/V, and whether it was found by hash: the
+        registered one with its hash and tokens (one more reference), else a fresh one carrying
+        its tokens and hash (vLLM v0 CachedBlockAllocator.allocate(block_hash, num_hashed_tokens))."""
+        if src.block_hash is not None:
+            found = allocator.lookup(src.block_hash, src.token_ids)
+            if found is not None:
+                allocator.take(found)
+                return found, True
+        dst = allocator.allocate()
+        dst.token_ids = src.token_ids
+        dst.block_hash = src.block_hash
+        dst.num_hashed_tokens = src.num_hashed_tokens
+        return dst, False
 
     def _release(self, allocator: UncachedBlockAllocator, block: PhysicalTokenBlock, seq_id: int) -> None:
         cached = allocator.free(block, self._clock)

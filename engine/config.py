@@ -48,6 +48,9 @@ class EngineConfig:
     seed: int = 0
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
+    # v1 and vllm: admit a waiting request only when its whole sequence fits the free blocks, not
+    # just its first chunk (vLLM 0.33 SchedulerConfig.scheduler_reserve_full_isl, on by default)
+    scheduler_reserve_full_isl: bool = True
     watermark: float = 0.01
     kv_digests: bool = True
     kv_manager: str = DEFAULT.name  # a design's name (engine/designs.py); an entry is taken as its name
@@ -95,6 +98,13 @@ class EngineConfig:
                 raise ValueError(f"vllm_options apply to kv_manager {', '.join(repr(n) for n, d in DESIGNS.items() if d.vllm_options)} only")
             if not isinstance(self.vllm_options, dict) or not all(isinstance(k, str) for k in self.vllm_options):
                 raise ValueError(f"vllm_options must be a dict of option names, got {self.vllm_options!r}")
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            raise ValueError(f"scheduler_reserve_full_isl must be True or False, got {self.scheduler_reserve_full_isl!r}")
+        if self.kv_manager == "vllm":  # vLLM's option and this field are one setting
+            if "scheduler_reserve_full_isl" in (self.vllm_options or {}):
+                self.scheduler_reserve_full_isl = bool(self.vllm_options["scheduler_reserve_full_isl"])
+            elif not self.scheduler_reserve_full_isl:
+                self.vllm_options = {**(self.vllm_options or {}), "scheduler_reserve_full_isl": False}
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                              f"got {self.prefix_caching_hash_algo!r}")

@@ -135,7 +135,8 @@ def _v1_scheduler(build: DesignBuild, budget: Any, groups: list | None) -> tuple
                              enable_caching=bool(config.enable_prefix_caching),
                              hash_algo=config.prefix_caching_hash_algo, events=build.events,
                              kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
-    scheduler = Scheduler(scheduler_config, manager, output_processor=build.output_processor)
+    scheduler = Scheduler(scheduler_config, manager, config.scheduler_reserve_full_isl,
+                          output_processor=build.output_processor)
     return manager, scheduler, manager.kv_cache_groups
 
 

@@ -40,11 +40,13 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     seq_no: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as plain values; a `group` of 0 is left out, so a run with one KV-cache group
-        writes events with no `group` field."""
+        """The event as plain values; a `group` of 0 and an empty `revived` are left out, so a run
+        with one KV-cache group, or a swap that found no block by hash, writes no field for them."""
         data = {"type": self.type, **msgspec.structs.asdict(self)}
         if data.get("group") == 0:
             del data["group"]
+        if data.get("revived") == ():
+            del data["revived"]
         return data
 
     def to_json(self) -> str:
@@ -145,23 +147,29 @@ class Forked(Event):
 
 class SwappedOut(Event):
     """Request `request_id`'s sequences moved GPU -> CPU; `mapping` holds (gpu_block, cpu_block)
-    pairs, a shared block copied once (vLLM v0 swap_out)."""
+    pairs, a shared block copied once (vLLM v0 swap_out). `revived` lists the CPU blocks found by
+    the GPU block's hash (vLLM v0 _swap_block_table with prefix caching): each already held that
+    K/V, free but cached (revived) or in use (shared), so nothing was copied into it."""
 
     type: ClassVar[str] = "swap_out"
 
     request_id: str
     seq_ids: tuple[int, ...]
     mapping: tuple[tuple[int, int], ...]
+    revived: tuple[int, ...] = ()
 
 
 class SwappedIn(Event):
-    """Request `request_id`'s sequences moved CPU -> GPU; `mapping` holds (cpu_block, gpu_block)."""
+    """Request `request_id`'s sequences moved CPU -> GPU; `mapping` holds (cpu_block, gpu_block).
+    `revived` lists the GPU blocks found by the CPU block's hash, as in SwappedOut: free but cached
+    ones revived, or ones in use shared; nothing was copied into them."""
 
     type: ClassVar[str] = "swap_in"
 
     request_id: str
     seq_ids: tuple[int, ...]
     mapping: tuple[tuple[int, int], ...]
+    revived: tuple[int, ...] = ()
 
 
 class BlockFreed(Event):

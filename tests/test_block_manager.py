@@ -164,6 +164,68 @@ def test_swap_copies_a_shared_block_once():
     check_invariants(manager)
 
 
+def test_with_prefix_caching_a_swap_revives_the_blocks_its_hashes_left_cached_in_either_pool():
+    """vLLM v0 _swap_block_table allocates each destination by the source block's hash: a swap-in
+    takes back the GPU blocks its swap-out left free but cached (no eviction, no copy), and a
+    second swap-out takes back the CPU blocks the swap-in left cached."""
+    from blockviz.model.trace_check import TraceChecker
+    from engine.events import BlockEvicted, RequestAdded, SwappedIn, SwappedOut
+
+    block_size, num_gpu, num_cpu = 4, 6, 6
+    bus = EventBus()
+    events = []
+    bus.subscribe(events.append)
+    checker = TraceChecker(block_size, num_gpu, num_cpu)
+    reducer = ReducerState(block_size, num_gpu, num_cpu)
+    manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark=0.0, enable_caching=True, events=bus)
+    group = make_group(block_size * 2 + 1, block_size)  # two full, hashed blocks and one partly filled
+    seq = group.get_seqs()[0]
+    bus.emit(RequestAdded, request_id=group.request_id, seq_ids=(seq.seq_id,), prompt="",
+             prompt_token_ids=tuple(seq.get_token_ids()), prompt_tokens_text=(), n=1, max_tokens=8)
+    run(group, manager)
+    gpu_table = manager.get_block_table(seq)
+
+    copied_out = manager.swap_out(group)
+    seq.status = SequenceStatus.SWAPPED
+    assert len(copied_out) == 3  # nothing on the CPU held these hashes yet
+    assert {b.block_number for b in manager.gpu_allocator.evictable.values()} == set(gpu_table[:2])
+    copied_in = manager.swap_in(group)
+    seq.status = SequenceStatus.RUNNING
+    assert manager.get_block_table(seq)[:2] == gpu_table[:2]  # the cached blocks, taken back by hash
+    assert [dst for _, dst in copied_in] == manager.get_block_table(seq)[2:]  # only the unhashed one copied
+    cpu_cached = {b.block_number for b in manager.cpu_allocator.evictable.values()}
+    assert len(cpu_cached) == 2
+    copied_out = manager.swap_out(group)
+    assert set(manager.get_block_table(seq)[:2]) == cpu_cached and len(copied_out) == 1
+
+    swaps = [e for e in events if isinstance(e, (SwappedOut, SwappedIn))]
+    assert [len(e.revived) for e in swaps] == [0, 2, 2]
+    assert set(swaps[1].revived) == set(gpu_table[:2]) and set(swaps[2].revived) == cpu_cached
+    assert not any(isinstance(e, BlockEvicted) for e in events)
+    for e in events:
+        checker.check(e)
+        reducer.apply(e)
+    check_invariants(manager)
+    check_reducer_matches(reducer, manager)
+
+
+def test_a_swap_in_shares_a_block_in_use_with_its_hash():
+    """vLLM v0 CachedBlockAllocator.allocate returns the block in use with that hash, one more
+    reference: a request swapped in beside another holding its opening shares that block."""
+    manager = BlockSpaceManager(4, 8, 8, watermark=0.0, enable_caching=True)
+    first = make_group(9, 4, tokens=range(9))
+    run(first, manager)
+    manager.swap_out(first)
+    first.get_seqs()[0].status = SequenceStatus.SWAPPED
+    second = make_group(9, 4, tokens=[*range(8), 99])
+    run(second, manager)  # hits the two cached blocks the swap-out left
+    shared = manager.get_block_table(second.get_seqs()[0])[:2]
+    manager.swap_in(first)
+    assert manager.get_block_table(first.get_seqs()[0])[:2] == shared
+    assert [manager.gpu_allocator.blocks[b].ref_count for b in shared] == [2, 2]
+    check_invariants(manager)
+
+
 def test_free_returns_every_block_and_forgets_the_table():
     manager = BlockSpaceManager(4, 8, 0, watermark=0.0)
     group = make_group(10, 4)

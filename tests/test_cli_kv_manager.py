@@ -73,3 +73,25 @@ def test_the_story_scenario_runs_v1_by_recompute():
     assert EngineSpec.for_scenario("story").config.preemption_mode.value == "swap"  # v0 keeps its story
     with pytest.raises(ValueError, match="recompute only"):
         EngineSpec.for_scenario("story", kv_manager=V1.name, preemption_mode="swap")
+
+
+@pytest.mark.parametrize(("args", "gate", "vllm_options"), [
+    ([], True, None),
+    (["--no-scheduler-reserve-full-isl"], False, None),
+    (["--kv-manager", "vllm", "--no-scheduler-reserve-full-isl"], False, {"scheduler_reserve_full_isl": False}),
+    (["--kv-manager", "vllm", "--vllm-option", "scheduler_reserve_full_isl=false"], False,
+     {"scheduler_reserve_full_isl": False}),
+    (["--kv-manager", "vllm"], True, None),
+])
+def test_whole_prompt_admission_is_on_by_default_and_one_setting_under_vllm(args, gate, vllm_options):
+    """EngineConfig.scheduler_reserve_full_isl: on, as vLLM 0.33's SchedulerConfig has it; the flag
+    turns it off for v1, and under --kv-manager vllm the flag and vLLM's option are one setting."""
+    import importlib.util
+
+    from blockviz.cli import build_parser
+    from blockviz.session.spec import EngineSpec
+
+    if "vllm" in args and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    spec = EngineSpec.from_args(build_parser().parse_args(["record", "--out", "t.jsonl", "--kv-manager", "v1", *args]))
+    assert spec.config.scheduler_reserve_full_isl is gate and spec.config.vllm_options == vllm_options

@@ -84,10 +84,33 @@ async def test_the_story_played_guided_stops_once_per_idea_in_order_with_its_blo
             if in_tables & set(card.blocks):  # ... and the block tables point at those a sequence holds
                 await pilot.pause()
                 assert "◀" in screen_text(app), card
-    # one stop per operation: the eviction and the swap-in it made room for are one card
+    # one stop per operation; the swap-in takes its cached blocks back by hash, and a later
+    # allocation still evicts: the swap-in and the eviction are a card each
     assert [idea for idea, _ in stops] == [idea for idea, _ in expected]
     assert all(seq_no in (None, trace.events[index].seq_no) for (_, seq_no), (_, index) in zip(stops, expected))
-    assert ("swap-in", None) in stops
+    ideas = [idea for idea, _ in stops]
+    assert ideas.index("swap-in") < ideas.index("eviction") and all(seq_no for _, seq_no in stops)
+
+
+def test_the_story_swap_in_revives_its_cached_blocks_by_hash_and_evicts_none(story_trace_path):
+    """vLLM v0 _swap_block_table: the swap-in allocates each GPU block by the CPU block's hash, so
+    the blocks the swap-out left free but cached are taken back; none is evicted, none copied."""
+    events = load_trace(story_trace_path).events
+    out = next(i for i, e in enumerate(events) if isinstance(e, ev.SwappedOut))
+    back = next(i for i, e in enumerate(events) if isinstance(e, ev.SwappedIn))
+    left_cached = {e.block for e in events[out:back]
+                   if isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.cached and e.seq_id in events[out].seq_ids}
+    gpu_before = dict(events[out].mapping)  # gpu -> cpu
+    assert len(left_cached) == 8 and set(events[back].revived) == left_cached
+    assert not any(isinstance(e, ev.BlockEvicted) for e in events[out:back + 1])
+    came_back = {cpu: gpu for cpu, gpu in events[back].mapping}
+    assert all(came_back[gpu_before[gpu]] == gpu for gpu in left_cached)  # each to its own block
+    guide = Guide()
+    guide.scan(events)
+    guide.settle()
+    card = next(c for c in guide.cards if "swap-in" in c.ideas)
+    assert card.ideas == ("swap-in",) and "taken back by hash" in card.what
+    assert any(c.ideas == ("eviction",) for c in guide.cards if c.position > card.position)
 
 
 @pytest.mark.anyio

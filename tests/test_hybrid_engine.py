@@ -157,9 +157,11 @@ def test_v1_a_prefix_hit_holds_in_every_group(arch, window):
 @pytest.mark.parametrize("arch", HYBRID)
 def test_v1_a_small_pool_preempts_a_hybrid_request_and_keeps_parity(arch):
     """Two requests prefilled in chunks of 8 tokens (so a window group holds a few blocks at a time)
-    in a pool too small for both to finish: one is preempted by recompute, its blocks in every group
-    go back, and both still give transformers' tokens."""
-    llm = engine_llm(arch, 3, block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8, enable_prefix_caching=True)
+    in a pool too small for both to finish, each admitted on its first chunk (no whole-prompt gate,
+    which would hold the second back): one is preempted by recompute, its blocks in every group go
+    back, and both still give transformers' tokens."""
+    llm = engine_llm(arch, 3, block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8, enable_prefix_caching=True,
+                     scheduler_reserve_full_isl=False)
     watch = Watch(llm)
     run(llm, arch, 3, [SHARED, OTHER], max_tokens=16, watch=watch)
     assert any(isinstance(e, Preempted) for e in watch.events), "the pool never ran short"
@@ -396,3 +398,43 @@ def test_vllm_cpu_tier_keeps_the_kv_the_attention_reads(arch):
     loaded = {e.seq_id for e in watch.events if isinstance(e, OffloadLoaded)}
     assert loaded and any(int(request_id) in loaded for _, request_id, _, _ in check.seen)
     assert check.mismatches() == []
+
+
+@needs_vllm
+def test_the_tiny_hybrid_40_token_prompt_is_admitted_or_refused_alike_under_v1_and_vllm():
+    """tiny-hybrid, block_size 4, num_gpu_blocks 15 (14 usable), max_num_batched_tokens 8, one
+    40-token prompt. Admitted on its first chunk (--no-scheduler-reserve-full-isl) both designs run
+    it to the end, the window group letting its blocks go as the prompt is prefilled. Under vLLM
+    0.33's default whole-prompt gate both refuse it at once, with the same reason naming each
+    KV-cache group's blocks (a window group at its admission cap, as its manager counts it)."""
+    import re
+
+    from blockviz.session.tiny_hybrid import tiny_hybrid_checkpoint
+    from engine import events as ev
+
+    path = str(tiny_hybrid_checkpoint())
+    prompt = {"prompt_token_ids": [(7 * i) % 90 + 3 for i in range(40)]}
+    runs = {}
+    for kv_manager in ("v1", "vllm"):
+        for gate in (False, True):
+            llm = LLM(path, kv_manager=kv_manager, block_size=4, num_gpu_blocks=15, max_num_batched_tokens=8,
+                      device="cpu", scheduler_reserve_full_isl=gate)
+            events, steps = [], []
+            llm.engine.events.subscribe(events.append)
+            output = llm.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True),
+                                  on_step=lambda engine: steps.append(engine.num_steps))[0].outputs[0]
+            managers = llm.engine.scheduler.kv_cache_manager.coordinator.single_type_managers
+            caps = [m.max_admission_blocks_per_request for m in managers]
+            runs[kv_manager, gate] = (output, len(steps), events, caps)
+    for kv_manager in ("v1", "vllm"):
+        output, num_steps, events, _ = runs[kv_manager, False]
+        assert output.finish_reason == "length" and len(output.token_ids) == 4, (kv_manager, output.finish_detail)
+        assert num_steps == 5 + 3  # 40 prompt tokens in chunks of 8, then 3 decodes
+        assert any(isinstance(e, ev.BlocksSkipped) for e in events)
+        output, num_steps, events, caps = runs[kv_manager, True]
+        window_cap = next(cap for cap in caps if cap is not None)
+        assert output.finish_reason == "ignored" and num_steps == 1
+        assert re.fullmatch(rf"needs {window_cap + 10} blocks for 40 tokens \({window_cap} \+ 10 in its 2 KV-cache "
+                            r"groups\) but the pool has 14 \(block 0 is the null block\)", output.finish_detail), (
+            kv_manager, output.finish_detail)
+    assert runs["v1", False][0].token_ids == runs["vllm", False][0].token_ids

@@ -249,8 +249,8 @@ def test_whole_prompt_admission_and_no_watermark_on_vllm():
     assert all(first_chunk_blocks <= free < whole_prompt_blocks for free in theirs["free_while_waiting"])
     # ... so vLLM waited until Hamlet was done, and nothing was preempted,
     assert theirs["first_step"] > theirs["hamlet_done"] and theirs["preemptions"] == 0
-    # while the first-chunk check of this repository's v1 admits it beside Hamlet, and thrashes
-    assert ours["first_step"] < ours["hamlet_done"] and ours["preemptions"] >= 1
+    # and this repository's v1, on vLLM 0.33's defaults (EngineConfig.scheduler_reserve_full_isl), does the same
+    assert ours["first_step"] > ours["hamlet_done"] and ours["preemptions"] == 0
 
 
 # ---------------------------------------------------------------- lesson 11: why a hit rate is 0

@@ -55,7 +55,7 @@ def test_a_live_story_read_as_it_arrives_has_the_same_boundaries_and_every_one_i
     assert all(live.operation_end(p) == whole.operation_end(p) for p in range(len(trace.events) + 1))
 
 
-def test_the_swap_out_is_drawn_with_its_frees_and_the_eviction_with_the_swap_in_it_made_room_for(story_trace_path):
+def test_the_swap_out_is_drawn_with_its_frees_and_the_eviction_with_the_allocation_it_made_room_for(story_trace_path):
     trace = load_trace(story_trace_path)
     timeline = Timeline.for_trace(trace)
     swap_out = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.SwappedOut))
@@ -63,9 +63,13 @@ def test_the_swap_out_is_drawn_with_its_frees_and_the_eviction_with_the_swap_in_
     assert op.kind == "preemption" and isinstance(trace.events[op.start], ev.Preempted)
     freed = [e for e in trace.events[op.start:op.end] if isinstance(e, ev.BlockFreed)]
     assert len(freed) == len(trace.events[swap_out].mapping)
+    swap_in = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.SwappedIn))
+    op = timeline.operation_at(swap_in + 1)  # it revives its cached blocks by hash: no eviction in it
+    assert op.kind == "swap-in" and trace.events[swap_in].revived
+    assert not any(isinstance(e, ev.BlockEvicted) for e in trace.events[op.start:op.end])
     evicted = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.BlockEvicted))
     op = timeline.operation_at(evicted + 1)
-    assert op.kind == "eviction" and any(isinstance(e, ev.SwappedIn) for e in trace.events[op.start:op.end])
+    assert op.kind == "eviction" and any(isinstance(e, ev.BlockAllocated) for e in trace.events[op.start:op.end])
     timeline.seek(op.end)  # the evicted blocks are drawn taken, never empty
     taken = {e.block for e in trace.events[op.start:op.end] if isinstance(e, ev.BlockEvicted)}
     assert all(timeline.state.pools["gpu"][b].state == "used" for b in taken)

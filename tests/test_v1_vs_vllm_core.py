@@ -13,14 +13,14 @@ preemptions, the requests refused and why, every event emitted (hits, allocation
 evictions, frees, preemptions, in order) and the free queue's order; and each side's reducer, fed
 only its events, equals its manager (engine/v1's, or vLLM's own block pool and req_to_blocks).
 
+Both sides run on their defaults, which are vLLM 0.33's: a waiting request is admitted only when its
+whole sequence fits the free blocks (`SchedulerConfig.scheduler_reserve_full_isl = True`,
+`KVCacheManager.allocate_slots(..., full_sequence_must_fit=True)`; engine/v1's `Scheduler(...,
+scheduler_reserve_full_isl=True)` and EngineConfig's field), and the admission watermark is 0
+(`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`). One workload in four
+sets the gate off or a watermark, on both sides alike, so the other settings are compared too.
+
 Deliberate differences, each set to vLLM's side here so the rest can be compared:
-- vLLM admits a waiting request only when its whole sequence fits the free blocks
-  (`SchedulerConfig.scheduler_reserve_full_isl = True`, `KVCacheManager.allocate_slots(...,
-  full_sequence_must_fit=True)`); engine/v1 has the same gate (`Scheduler(...,
-  scheduler_reserve_full_isl=True)`) but off by default, admitting on the first chunk as vLLM v1 did
-  before the gate (its shipped story is recorded so). Each workload draws the gate, and the
-  admission watermark (`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`,
-  0 by default in both), for both sides alike.
 - vLLM's `long_prefill_token_threshold` has no counterpart in engine/v1: it stays at vLLM's default, 0.
 - vLLM requires `max_num_batched_tokens >= max_num_seqs` (`SchedulerConfig.verify_max_model_len`);
   engine/v1 does not, so the workloads draw budgets within vLLM's rule.
@@ -31,11 +31,11 @@ Deliberate differences, each set to vLLM's side here so the rest can be compared
   queue. The step a request is refused can therefore differ (a too-big prompt queued behind
   others: the adapter refuses it at once, v1 when it reaches the head), and what follows with it:
   a workload with a refusal is compared up to the step of its first refusal.
-- NONE_HASH: vLLM seeds the first block's parent from "vllm-none-hash" for sha256 (random bytes for
-  xxhash) unless PYTHONHASHSEED is set (`resolve_none_hash_seed`); engine/v1 always seeds from "0"
-  (kv_cache_utils.NONE_HASH_SEED), vLLM's seed under PYTHONHASHSEED=0. The adapter runs vLLM as under
-  PYTHONHASHSEED=0, so the hashes (sha256, xxhash and their CBOR forms, drawn per workload)
-  compare equal.
+- NONE_HASH: both seed the first block's parent as vLLM 0.33 does (`resolve_none_hash_seed`:
+  PYTHONHASHSEED when set, else "vllm-none-hash"), but for xxhash, where vLLM draws random bytes per
+  process; engine/v1 keeps "vllm-none-hash" (kv_cache_utils.resolve_none_hash_seed) and the adapter
+  seeds vLLM alike, so the hashes (sha256, xxhash and their CBOR forms, drawn per workload) compare
+  equal.
 - vLLM's `policy="priority"` (preempt the largest (priority, arrival)) has no counterpart in
   engine/v1; it runs only under kv_manager="vllm" (tests/test_vllm_core.py), not here.
 """
@@ -80,8 +80,8 @@ class Workload:
     max_num_batched_tokens: int
     enable_caching: bool
     hash_algo: str
-    reserve_full_isl: bool  # vLLM's whole-sequence admission gate, on both sides
-    watermark: float  # vLLM's admission watermark, on both sides
+    reserve_full_isl: bool | None  # vLLM's whole-sequence admission gate, on both sides; None: the default
+    watermark: float | None  # vLLM's admission watermark, on both sides; None: the default
     requests: tuple[Req, ...]
 
 
@@ -98,8 +98,9 @@ def make_workload(seed: int) -> Workload:
         for _ in range(rng.randint(1, 5)))
     return Workload(block_size=rng.choice([1, 2, 3, 4]), num_gpu_blocks=rng.randint(2, 28), max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=rng.randint(max_num_seqs, 24), enable_caching=rng.random() < 0.8,
-                    hash_algo=rng.choice(["sha256", "xxhash", "sha256_cbor", "xxhash_cbor"]), reserve_full_isl=rng.random() < 0.5,
-                    watermark=rng.choice([0.0, 0.0, 0.1, 0.25]), requests=requests)
+                    hash_algo=rng.choice(["sha256", "xxhash", "sha256_cbor", "xxhash_cbor"]),
+                    reserve_full_isl=None if seed % 4 else rng.random() < 0.5,
+                    watermark=None if seed % 4 else rng.choice([0.0, 0.1, 0.25]), requests=requests)
 
 
 def next_token(token_ids: list[int]) -> int:
@@ -111,10 +112,11 @@ def v1_side(w: Workload, events: EventBus):
     from engine.v1.kv_cache_manager import KVCacheManager
     from engine.v1.scheduler import Scheduler
 
+    options = {} if w.watermark is None else {"watermark": w.watermark}
     manager = KVCacheManager(w.block_size, w.num_gpu_blocks, MAX_MODEL_LEN, enable_caching=w.enable_caching,
-                             hash_algo=w.hash_algo, events=events, watermark=w.watermark)
-    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager,
-                          scheduler_reserve_full_isl=w.reserve_full_isl)
+                             hash_algo=w.hash_algo, events=events, **options)
+    gate = {} if w.reserve_full_isl is None else {"scheduler_reserve_full_isl": w.reserve_full_isl}
+    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager, **gate)
     return scheduler, lambda: [b.block_id for b in manager.block_pool.free_block_queue]
 
 
@@ -128,8 +130,9 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
     config = build_vllm_config(model_dir, block_size=w.block_size, num_gpu_blocks=w.num_gpu_blocks,
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
-                               prefix_caching_hash_algo=w.hash_algo, options={"scheduler_reserve_full_isl": w.reserve_full_isl,
-                                                                            "watermark": w.watermark})
+                               prefix_caching_hash_algo=w.hash_algo,
+                               options={name: value for name, value in (("scheduler_reserve_full_isl", w.reserve_full_isl),
+                                                                        ("watermark", w.watermark)) if value is not None})
     spec = FullAttentionSpec(w.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
     vllm = build_scheduler(config, build_kv_cache_config(config, [spec], w.num_gpu_blocks), w.block_size)
     scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
@@ -220,6 +223,27 @@ def test_v1_steps_as_vllm_on_seeded_random_workloads(tiny_gpt2_dir):
         assert refused is not None and refused <= step, f"seed {seed}: {w}\n{difference}"
         refusals.append(seed)
     assert num_equal >= 300 and num_steps > 10 * NUM_WORKLOADS, (num_equal, num_steps, refusals)
+
+
+def test_none_hash_is_seeded_as_vllm_seeds_it(monkeypatch):
+    """engine/v1's NONE_HASH is vLLM 0.33's init_none_hash result: from "vllm-none-hash", or from
+    PYTHONHASHSEED when it is set."""
+    from vllm.utils.hashing import sha256 as vllm_sha256
+    from vllm.v1.core import kv_cache_utils as vllm_utils
+
+    from engine.v1.kv_cache_utils import none_hash, sha256
+
+    saved = vllm_utils.NONE_HASH
+    try:
+        for seed in (None, "7"):
+            if seed is None:
+                monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+            else:
+                monkeypatch.setenv("PYTHONHASHSEED", seed)
+            vllm_utils.init_none_hash(vllm_sha256)
+            assert none_hash(sha256) == vllm_utils.NONE_HASH
+    finally:
+        vllm_utils.NONE_HASH = saved
 
 
 def test_the_workloads_reach_what_they_are_meant_to(tiny_gpt2_dir):

@@ -466,8 +466,9 @@ def test_the_installed_release_passes(tiny_gpt2_dir):
 
 @pytest.mark.parametrize("hash_algo", ["sha256", "xxhash", "sha256_cbor", "xxhash_cbor"])
 def test_the_adapters_hashes_are_vllms_under_pythonhashseed_0_without_setting_it(hash_algo, monkeypatch):
-    """make_block_hasher chains from its own NONE_HASH: the hashes vLLM's own hasher gives under
-    PYTHONHASHSEED=0 (init_none_hash), with neither the variable nor vLLM's global touched."""
+    """make_block_hasher chains from its own NONE_HASH, seeded as vLLM 0.33 seeds it: under
+    PYTHONHASHSEED=0 the hashes vLLM's own hasher gives (init_none_hash), with neither the variable
+    nor vLLM's global touched."""
     from vllm.sampling_params import SamplingParams as VllmSamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
@@ -475,6 +476,7 @@ def test_the_adapters_hashes_are_vllms_under_pythonhashseed_0_without_setting_it
 
     from engine.vllm_core.config import make_block_hasher
 
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
     environ = dict(os.environ)
     none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
     ours = make_block_hasher(hash_algo, 4)
@@ -482,7 +484,6 @@ def test_the_adapters_hashes_are_vllms_under_pythonhashseed_0_without_setting_it
     request = Request("0", tokens, VllmSamplingParams(max_tokens=1), None, 0.0, block_hasher=ours)
     assert dict(os.environ) == environ and getattr(kv_cache_utils, "NONE_HASH", None) is none_hash
     hash_fn = get_hash_fn_by_name(hash_algo)
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
     monkeypatch.setattr(kv_cache_utils, "NONE_HASH", None, raising=False)
     kv_cache_utils.init_none_hash(hash_fn)
     theirs = Request("1", tokens, VllmSamplingParams(max_tokens=1), None, 0.0,

@@ -113,6 +113,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         action=_GivenChoice,
                         help="how to preempt when blocks run out (default: "
                              f"{mode or 'recompute a lone sequence, swap a group, as vLLM'}; v1: recompute)")
+    parser.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                        default=d["scheduler_reserve_full_isl"],
+                        help="v1 and vllm: admit a waiting request only when its whole prompt fits the free "
+                             "blocks, not just its first chunk (vLLM 0.33's scheduler_reserve_full_isl) "
+                             f"(default {'on' if d['scheduler_reserve_full_isl'] else 'off'})")
     if "kv_manager" not in skip:
         parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
                             action=_GivenChoice,

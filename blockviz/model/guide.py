@@ -315,11 +315,24 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
 
 
 def _swap_in_words(e: ev.SwappedIn, events, ctx):
-    return ("Swap in",
-            f"request {e.request_id} came back: CPU blocks {_numbers(c for c, _ in e.mapping)} copied to GPU "
-            f"blocks {_numbers(g for _, g in e.mapping)}; it decodes on from where it stopped",
-            "blocks freed up, and a swapped request goes before the waiting ones",
-            [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping])
+    blocks = [("cpu", c) for c, _ in e.mapping] + [("gpu", g) for _, g in e.mapping]
+    if not e.revived:
+        return ("Swap in",
+                f"request {e.request_id} came back: CPU blocks {_numbers(c for c, _ in e.mapping)} copied to GPU "
+                f"blocks {_numbers(g for _, g in e.mapping)}; it decodes on from where it stopped",
+                "blocks freed up, and a swapped request goes before the waiting ones", blocks)
+    revived = set(e.revived)
+    found = [(c, g) for c, g in e.mapping if g in revived]
+    copied = [(c, g) for c, g in e.mapping if g not in revived]
+    what = (f"request {e.request_id} came back: GPU {plural(len(found), 'block')} {_numbers(g for _, g in found)} "
+            f"(for CPU {_numbers(c for c, _ in found)}) still held the same {'hash' if len(found) == 1 else 'hashes'}, "
+            f"so {'it was' if len(found) == 1 else 'they were'} taken back by hash: nothing copied, nothing evicted")
+    if copied:
+        what += (f"; CPU {_numbers(c for c, _ in copied)} {were(len(copied))} copied to GPU "
+                 f"{_numbers(g for _, g in copied)}")
+    return ("Swap in, by hash", what + "; it decodes on from where it stopped",
+            "blocks freed up, and a swapped request goes before the waiting ones; with prefix caching a swap "
+            "allocates each block by its hash, so a block still cached is revived, not evicted", blocks)
 
 
 def _eviction_words(e: ev.BlockEvicted, events, ctx):

@@ -88,7 +88,16 @@ def _fork(e: ev.Forked, vocab) -> str:
 def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab) -> str:
     src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
     pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
-    return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}"
+    revived = f" (found by hash: {dst} {_ids(e.revived)})" if e.revived else ""
+    return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}{revived}"
+
+
+def _swap_means(e: ev.SwappedOut | ev.SwappedIn, state) -> str:
+    pool = "the CPU pool" if isinstance(e, ev.SwappedOut) else "the GPU pool"
+    if not e.revived:
+        return f"the request's K/V copied {'to' if isinstance(e, ev.SwappedOut) else 'back to'} {pool}"
+    return (f"blocks of {pool} still holding the same hashes are taken back, nothing copied into them; "
+            "the rest of the K/V is copied")
 
 
 def _offload(e: ev.OffloadStored | ev.OffloadLoaded, vocab) -> str:
@@ -230,8 +239,8 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.SlotAppended: _slot_means,
     ev.CopyOnWrite: _cow_means,
     ev.Forked: _fork_means,
-    ev.SwappedOut: lambda e, state: "the request's K/V copied to the CPU pool",
-    ev.SwappedIn: lambda e, state: "the request's K/V copied back to the GPU pool",
+    ev.SwappedOut: _swap_means,
+    ev.SwappedIn: _swap_means,
     ev.OffloadStored: lambda e, state: "copies of full blocks kept in vLLM's CPU tier, keyed by their hashes",
     ev.OffloadLoaded: lambda e, state: "blocks the GPU had evicted come back from the CPU tier: hits, not recomputed",
     ev.BlockFreed: _freed_means,

@@ -8,10 +8,10 @@ freed blocks; after an eviction but before the allocation it served, a block is 
 same call hands out. The events carry no marker for where a call ends, so this module derives it
 from their order, as the calls emit them:
 
-- a preemption (`Preempted`) and its moves: the victim's `SwappedOut`, its GPU `BlockFreed` and
-  `SequenceFreed` (vLLM v0 Scheduler._preempt_by_swap / _preempt_by_recompute, v1
-  Scheduler._preempt_request);
-- a swap-out with no preemption announced and its frees (BlockSpaceManager.swap_out);
+- a preemption (`Preempted`) and its moves: the CPU blocks its swap-out evicted, the victim's
+  `SwappedOut`, the CPU blocks hashed, its GPU `BlockFreed` and `SequenceFreed` (vLLM v0
+  Scheduler._preempt_by_swap / _preempt_by_recompute, v1 Scheduler._preempt_request);
+- a swap-out with no preemption announced, the CPU blocks hashed and its frees (BlockSpaceManager.swap_out);
 - a swap-in and what follows it: the GPU blocks re-hashed, the CPU blocks freed (swap_in);
 - a sequence's frees: its `BlockFreed` events and its `SequenceFreed` (BlockSpaceManager.free,
   KVCacheManager.free);
@@ -85,7 +85,7 @@ def _begin(e: ev.Event, index: int) -> _Open | None:
     if isinstance(e, ev.Preempted):
         return _Open("preemption", index, e, frozenset(e.seq_ids))
     if isinstance(e, ev.SwappedOut):
-        return _Open("swap-out", index, e, frozenset(e.seq_ids))
+        return _Open("swap-out", index, e, frozenset(e.seq_ids), {("cpu", c) for _, c in e.mapping})
     if isinstance(e, ev.SwappedIn):
         return _Open("swap-in", index, e, frozenset(e.seq_ids), {("gpu", g) for _, g in e.mapping}, swapped_in=e)
     if isinstance(e, ev.BlockFreed):
@@ -105,14 +105,23 @@ def _swap_in_follower(op: _Open, e: ev.Event) -> bool:
             or (isinstance(e, ev.BlockFreed) and e.device == "cpu" and e.seq_id in op.seq_ids))
 
 
+def _swap_out_follower(op: _Open, e: ev.Event) -> bool:
+    """A swap-out's hash of a CPU block it filled, or its victim's GPU frees."""
+    return ((isinstance(e, ev.BlockHashed) and (e.device, e.block) in op.blocks)
+            or (isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in op.seq_ids)
+            or (isinstance(e, ev.SequenceFreed) and e.seq_id in op.seq_ids))
+
+
 def _continues(op: _Open, e: ev.Event) -> bool:
     """Whether `e` belongs to `op` (and, if so, note what it touched)."""
     kind = op.kind
     if kind in ("preemption", "swap-out"):
         if isinstance(e, ev.SwappedOut) and kind == "preemption" and e.request_id == op.first.request_id:
+            op.blocks |= {("cpu", c) for _, c in e.mapping}
             return True
-        return ((isinstance(e, ev.BlockFreed) and e.device == "gpu" and e.seq_id in op.seq_ids)
-                or (isinstance(e, ev.SequenceFreed) and e.seq_id in op.seq_ids))
+        if isinstance(e, ev.BlockEvicted) and kind == "preemption" and e.device == "cpu" and not op.blocks:
+            return True  # the swap-out's CPU allocation made room
+        return _swap_out_follower(op, e)
     if kind == "free":
         return ((isinstance(e, ev.BlockFreed) and e.seq_id in op.seq_ids and e.device == op.first.device)
                 or (isinstance(e, ev.SequenceFreed) and e.seq_id in op.seq_ids))
@@ -142,6 +151,10 @@ def _continues(op: _Open, e: ev.Event) -> bool:
     if isinstance(e, ev.SwappedIn) and op.swapped_in is None and {("gpu", g) for _, g in e.mapping} & op.evicted:
         op.swapped_in, op.seq_ids = e, frozenset(e.seq_ids)
         op.blocks |= {("gpu", g) for _, g in e.mapping}
+        return True
+    if isinstance(e, ev.SwappedOut) and op.swapped_in is None and {("cpu", c) for _, c in e.mapping} & op.evicted:
+        op.kind, op.seq_ids = "swap-out", frozenset(e.seq_ids)  # the swap-out it made room for goes on
+        op.blocks |= {("cpu", c) for _, c in e.mapping}
         return True
     if isinstance(e, ev.BlockHashed) and (e.device, e.block) in op.blocks:
         return True

@@ -123,7 +123,7 @@ class ReducerState:
             if pool and pool[0].state == NULL:
                 self.codes[device][0] = ord(NULL_CODE)
         self.hashed_gpu_blocks: set[int] = set()  # the GPU blocks holding a hash (the hash chains')
-        self.cpu_hash_map: dict[int, int] = {}  # vLLM's CPU tier: block_hash -> the first cpu block holding it
+        self.cpu_hash_map: dict[int, int] = {}  # the CPU pool's (vLLM's CPU tier, v0's swap pool): block_hash -> cpu block
         self.pinned: dict[int, int] = {}  # vLLM's CPU tier: gpu block -> its copies in flight (a ref each)
         self.tables: dict[int, list[tuple[str, int]]] = {}
         self.kv_cache_groups = tuple(kv_cache_groups)
@@ -351,7 +351,10 @@ class ReducerState:
             block.parent_hash = e.parent_hash
         block.num_hashed_tokens = e.num_hashed_tokens
         block.registered = e.registered
-        if self.design.shared_hashes:
+        if e.device == "cpu":  # v0's swap pool keeps its own hash map (BlockSpaceManager._swap)
+            if e.registered:
+                self.cpu_hash_map[e.block_hash] = e.block
+        elif self.design.shared_hashes:
             holders = self.hash_blocks.get(e.block_hash, ()) + (e.block,)
             self.hash_blocks[e.block_hash] = holders
             self.hash_map[e.block_hash] = holders[0]
@@ -391,13 +394,17 @@ class ReducerState:
             self.requests[parent.request_id] = request + (e.child_seq_id,)
 
     def _move(self, seq_ids: tuple[int, ...], mapping, src_device: str, dst_device: str, status: str) -> None:
+        """Each table's blocks to their destinations: a free one takes the source's tokens, hash
+        and digest; a cached one (a block found by hash) is revived as it is; one in use is shared."""
         where = dict(mapping)
         for seq_id in seq_ids:
             new_table = []
             for _, number in self.tables.get(seq_id, []):
                 src = self.pools[src_device][number]
                 dst = self.pools[dst_device][where[number]]
-                if dst.state != USED:
+                if dst.state == CACHED:
+                    dst.state = USED
+                elif dst.state != USED:
                     dst.clear()
                     dst.token_ids = src.token_ids
                     dst.block_hash = src.block_hash
@@ -428,8 +435,9 @@ class ReducerState:
             if e.cached:
                 block.state = CACHED
             else:
-                if block.registered and self.hash_map.get(block.block_hash) == block.number:
-                    del self.hash_map[block.block_hash]
+                hash_map = self.cpu_hash_map if e.device == "cpu" else self.hash_map
+                if block.registered and hash_map.get(block.block_hash) == block.number:
+                    del hash_map[block.block_hash]
                 block.clear()
             if self.design.free_queue and e.device == "gpu":
                 if e.cached:
@@ -450,8 +458,11 @@ class ReducerState:
 
     def _on_evicted(self, e: ev.BlockEvicted) -> None:
         block = self.pools[e.device][e.block]
-        if e.device == "cpu" and self.design.null_block:  # vLLM's CPU tier: its own hash map
-            self._drop_cpu_hash(e.block_hash, e.block)
+        if e.device == "cpu":  # the CPU pool's own hash map: vLLM's CPU tier, or v0's swap pool
+            if self.design.null_block:
+                self._drop_cpu_hash(e.block_hash, e.block)
+            elif self.cpu_hash_map.get(e.block_hash) == e.block:
+                del self.cpu_hash_map[e.block_hash]
             block.clear()
             return
         self._leave_queue(e.device, e.block)  # v1: popped from the free queue's head
@@ -736,9 +747,13 @@ def check_reducer_matches(reducer, manager) -> None:
                 owners = {s for s, t in manager.block_tables.items() if block in t}
                 assert view.owners == owners, f"{device} block {block.block_number} owners differ"
     if manager.enable_caching:
-        cached = {b.block_number for b in manager.gpu_allocator.evictable.values()}
-        assert {b.number for b in reducer.pools["gpu"] if b.state == CACHED} == cached
-        assert reducer.hash_map == {h: b.block_number for h, b in manager.gpu_allocator.cached_blocks.items()}
+        for allocator, hash_map in ((manager.gpu_allocator, reducer.hash_map), (manager.cpu_allocator, reducer.cpu_hash_map)):
+            device = allocator.device.value
+            cached = {b.block_number for b in allocator.evictable.values()}
+            assert {b.number for b in reducer.pools[device] if b.state == CACHED} == cached, (
+                f"reducer's free-but-cached {device} blocks differ from the manager's")
+            assert hash_map == {h: b.block_number for h, b in allocator.cached_blocks.items()}, (
+                f"reducer's {device} hash map differs from the manager's")
     check_state_codes(reducer)
 
 

@@ -63,7 +63,7 @@ class TraceChecker:
                        **dict.fromkeys(HASH_FIELDS, MAX_HASH)}
         self.max_seq_tokens = MIN_SEQ_TOKENS + (file_bytes or 0)
         self.num_seq_tokens = 0
-        self.swapped_in: set[int] = set()  # GPU blocks the last swap-in filled, each hashed again once at most
+        self.swapped: set[tuple[str, int]] = set()  # blocks the last swap filled, each hashed again once at most
 
     def check(self, event: ev.Event) -> None:
         """Raise ValueError saying what is wrong with `event` here; else apply it. (Field types are
@@ -75,8 +75,8 @@ class TraceChecker:
         for device in {getattr(event, "device", "gpu"), "gpu"}:
             if device not in pools:
                 raise ValueError(f"unknown device {device!r}")
-        if not isinstance(event, (ev.BlockHashed, ev.SwappedIn)):
-            self.swapped_in.clear()
+        if not isinstance(event, (ev.BlockHashed, ev.SwappedIn, ev.SwappedOut)):
+            self.swapped.clear()
         if getattr(event, "group", 0):
             self._group(event.group)
         rule = _RULES.get(type(event))
@@ -200,12 +200,12 @@ class TraceChecker:
         self._same_group(block, e.group)
         if e.parent_hash == e.block_hash:
             raise ValueError(f"hash {e.block_hash} is its own parent")
-        # a block is hashed once; right after a swap-in, v0 registers each block's hash again
-        # (BlockSpaceManager._swap: the same hash, no parent, the chain came with it)
-        again = e.block in self.swapped_in and e.parent_hash is None and e.block_hash == block.block_hash
+        # a block is hashed once; right after a swap, v0 registers each block it filled with its
+        # hash again (BlockSpaceManager._swap: the same hash, no parent, the chain came with it)
+        again = (e.device, e.block) in self.swapped and e.parent_hash is None and e.block_hash == block.block_hash
         if block.block_hash is not None and not again:
             raise ValueError(f"{e.device} block {e.block} is hashed again (it holds hash {block.block_hash})")
-        self.swapped_in.discard(e.block)
+        self.swapped.discard((e.device, e.block))
 
     def _slot(self, e: ev.SlotAppended) -> None:
         group = self._block(e.device, e.block).group  # a slot in each group's block: the block says which
@@ -245,20 +245,31 @@ class TraceChecker:
                              f"{[n for _, n in table]}")
 
     def _swap(self, e, src: str, dst: str) -> None:
+        """Every block of the moved tables is mapped; a destination is free, or one `revived` lists
+        (found by hash): holding the hash and tokens of each block mapped to it, in the hash map."""
         mapping = dict(e.mapping)
         for seq_id in e.seq_ids:
             for device, number in self._table(seq_id):
                 if device != src or number not in mapping:
                     raise ValueError(f"seq {seq_id}'s {device} block {number} is not in the {e.type} mapping")
-        for number in set(mapping.values()):
-            if self._block(dst, number, f"{dst} block").state != FREE:
-                raise ValueError(f"{e.type} into {dst} block {number}, which is not free")
+        revived = set(e.revived)
+        if len(revived) != len(e.revived) or not revived <= set(mapping.values()):
+            raise ValueError(f"{e.type} revives a {dst} block twice, or one it does not map to")
+        hash_map = self.state.cpu_hash_map if dst == "cpu" else self.state.hash_map
         for number in mapping:
             self._block(src, number, f"{src} block")
-
-    def _swap_in(self, e: ev.SwappedIn) -> None:
-        self._swap(e, "cpu", "gpu")
-        self.swapped_in = {number for _, number in e.mapping}
+        for src_number, number in mapping.items():
+            block = self._block(dst, number, f"{dst} block")
+            if number not in revived:
+                if block.state != FREE:
+                    raise ValueError(f"{e.type} into {dst} block {number}, which is not free")
+                continue
+            source = self.state.pools[src][src_number]
+            if (block.state == FREE or source.block_hash is None or hash_map.get(source.block_hash) != number
+                    or block.token_ids != source.token_ids):
+                raise ValueError(f"{e.type} revives {dst} block {number}, which does not hold {src} block "
+                                 f"{src_number}'s hash and tokens")
+        self.swapped = {(dst, number) for number in mapping.values() if number not in revived}
 
     def _freed(self, e: ev.BlockFreed) -> None:
         block = self._block(e.device, e.block)
@@ -356,7 +367,7 @@ _RULES = {
     ev.CopyOnWrite: TraceChecker._cow,
     ev.Forked: TraceChecker._fork,
     ev.SwappedOut: lambda self, e: self._swap(e, "gpu", "cpu"),
-    ev.SwappedIn: TraceChecker._swap_in,
+    ev.SwappedIn: lambda self, e: self._swap(e, "cpu", "gpu"),
     ev.BlockFreed: TraceChecker._freed,
     ev.SequenceFreed: TraceChecker._seq_freed,
     ev.BlockEvicted: TraceChecker._evicted,

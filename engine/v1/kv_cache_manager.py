@@ -26,10 +26,38 @@ from engine.events import BlockAllocated, EventBus, PrefixCacheHit, SequenceFree
 from engine.sequence import Sequence
 from engine.v1.block_pool import GPU
 from engine.v1.kv_cache_coordinator import BlocksPerGroup, get_kv_cache_coordinator
-from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, cdiv
+from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, cdiv, max_admission_blocks_per_request
 from engine.v1.kv_cache_utils import BlockHash, KVCacheBlock, external_block_hash, get_hash_fn_by_name, hash_block_tokens
 
 __all__ = ["KVCacheManager", "cdiv"]
+
+
+def get_num_blocks_needed(managers, num_tokens: int, max_model_len: int | None,
+                          full_sequence_must_fit: bool) -> list[int]:
+    """Blocks a request of `num_tokens` tokens needs at once in each KV-cache group, as vLLM
+    counts them: a full-attention group one per block of tokens; a sliding-window group no more
+    than its admission cap (vLLM SlidingWindowSpec.max_admission_blocks_per_request, the
+    whole-sequence gate's count, `manager.max_admission_blocks_per_request`) or, admitted on its
+    first chunk (no gate), than a decode step holds (the same formula for one token in flight).
+    Works on engine/v1's managers and on vLLM's own (their block_size, kv_cache_spec and
+    max_admission_blocks_per_request); a request needing more than the pool's usable blocks can
+    never run."""
+    needed = []
+    for manager in managers:
+        num_blocks = cdiv(num_tokens, manager.block_size)
+        cap = manager.max_admission_blocks_per_request
+        if cap is not None and not full_sequence_must_fit:
+            cap = max_admission_blocks_per_request(manager.kv_cache_spec, 1, max_model_len or num_tokens)
+        needed.append(num_blocks if cap is None else min(num_blocks, cap))
+    return needed
+
+
+def too_big_reason(needed: list[int], num_tokens: int, num_usable_blocks: int) -> str:
+    """Why a request that can never fit the pool is refused, each KV-cache group's count named
+    when there are several."""
+    groups = f" ({' + '.join(map(str, needed))} in its {len(needed)} KV-cache groups)" if len(needed) > 1 else ""
+    return (f"needs {sum(needed)} blocks for {num_tokens} tokens{groups} but the pool has {num_usable_blocks} "
+            "(block 0 is the null block)")
 
 
 class KVCacheManager:
@@ -85,16 +113,11 @@ class KVCacheManager:
         """Blocks a request can ever hold: all but the null block."""
         return self.block_pool.num_gpu_blocks - 1
 
-    def get_num_blocks_needed(self, num_tokens: int) -> int:
-        """Blocks a request of `num_tokens` tokens holds at most at once, over every group: a
-        sliding-window group no more than its window needs (its admission cap)."""
-        total = 0
-        for manager in self.coordinator.single_type_managers:
-            num_blocks = cdiv(num_tokens, self.block_size)
-            if manager.max_admission_blocks_per_request is not None:
-                num_blocks = min(num_blocks, manager.max_admission_blocks_per_request)
-            total += num_blocks
-        return total
+    def get_num_blocks_needed(self, num_tokens: int, full_sequence_must_fit: bool = True) -> list[int]:
+        """Blocks a request of `num_tokens` tokens needs at once, per KV-cache group
+        (get_num_blocks_needed)."""
+        return get_num_blocks_needed(self.coordinator.single_type_managers, num_tokens, self.max_model_len,
+                                     full_sequence_must_fit)
 
     def _per_group(self, blocks) -> BlocksPerGroup:
         """Blocks as handed in (one group's list, or one list per group) as one list per group

@@ -3,16 +3,17 @@ KVCacheBlock, hash_block_tokens, init_none_hash; `vllm/utils/hashing.py`: sha256
 CBOR forms, sha256_cbor and xxhash_cbor, which need the cbor2 package).
 
 A full block's hash covers (its parent block's hash, or NONE_HASH for the first block, its token
-ids, its extra keys), so equal hashes mean equal prefixes. vLLM 0.33's init_none_hash
-(resolve_none_hash_seed) seeds NONE_HASH with hash_fn(PYTHONHASHSEED) when that is set, otherwise
-with hash_fn("vllm-none-hash") for sha256 and sha256_cbor and with random bytes for xxhash and
-xxhash_cbor; we always seed it from "0", as PYTHONHASHSEED=0 would, so runs and traces are
-reproducible and a prefix hashes as it does under kv_manager="vllm".
+ids, its extra keys), so equal hashes mean equal prefixes. NONE_HASH is seeded as vLLM 0.33's
+init_none_hash (resolve_none_hash_seed) seeds it: hash_fn(PYTHONHASHSEED) when that is set, otherwise
+hash_fn("vllm-none-hash"). For xxhash and xxhash_cbor vLLM draws random bytes instead (a seed kept
+secret where the hash is not collision resistant); we keep "vllm-none-hash" there too, so runs and
+traces are reproducible, and kv_manager="vllm" is seeded alike (engine/vllm_core/scheduler.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import xxhash
 
 BlockHash = bytes
 HashFunction = Callable[[Any], bytes]
-NONE_HASH_SEED = "0"  # what vLLM's init_none_hash would hash from PYTHONHASHSEED=0
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # vLLM 0.33 kv_cache_utils.DEFAULT_NONE_HASH_SEED
 
 
 def sha256(value: Any) -> bytes:
@@ -67,9 +68,15 @@ def get_hash_fn_by_name(name: str) -> HashFunction:
                          f"got {name!r}") from None
 
 
+def resolve_none_hash_seed() -> str:
+    """The seed NONE_HASH is hashed from (vLLM 0.33 resolve_none_hash_seed): PYTHONHASHSEED when
+    set, else "vllm-none-hash" (vLLM's random bytes for xxhash aside, as the module says)."""
+    return os.environ.get("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)
+
+
 def none_hash(hash_fn: HashFunction) -> BlockHash:
     """The parent hash of a chain's first block (vLLM's NONE_HASH from init_none_hash)."""
-    return hash_fn(NONE_HASH_SEED)
+    return hash_fn(resolve_none_hash_seed())
 
 
 def hash_block_tokens(hash_fn: HashFunction, parent_block_hash: BlockHash | None,

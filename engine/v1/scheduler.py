@@ -21,7 +21,7 @@ from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler import SchedulerConfig
 from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from engine.v1.kv_cache_manager import KVCacheManager
+from engine.v1.kv_cache_manager import KVCacheManager, too_big_reason
 
 
 @dataclass(slots=True)
@@ -38,12 +38,12 @@ class Scheduler:
     """FCFS over a waiting deque and a running list of sequences (vLLM v1 Scheduler)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 scheduler_reserve_full_isl: bool = False, output_processor: OutputProcessor | None = None) -> None:
+                 scheduler_reserve_full_isl: bool = True, output_processor: OutputProcessor | None = None) -> None:
         """`output_processor`: what the sampled tokens do (the engine's); None: stop at max_tokens or
         the model's context, no text."""
         self.config = config
-        # admit a waiting request only when its whole sequence fits (vLLM 0.33's default gate,
-        # SchedulerConfig.scheduler_reserve_full_isl; off here unless asked for)
+        # admit a waiting request only when its whole sequence fits, not just its first chunk
+        # (vLLM 0.33's default gate, SchedulerConfig.scheduler_reserve_full_isl)
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.kv_cache_manager = kv_cache_manager
         self.events = kv_cache_manager.events
@@ -142,10 +142,9 @@ class Scheduler:
         manager = self.kv_cache_manager
         while self.waiting and token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            needed = manager.get_num_blocks_needed(seq.get_len())
-            if needed > manager.num_usable_blocks or seq.get_len() > self.config.max_model_len:
-                self._ignore(seq, f"needs {needed} blocks for {seq.get_len()} tokens but the pool has "
-                                  f"{manager.num_usable_blocks} (block 0 is the null block)", out)
+            needed = manager.get_num_blocks_needed(seq.get_len(), self.scheduler_reserve_full_isl)
+            if sum(needed) > manager.num_usable_blocks or seq.get_len() > self.config.max_model_len:
+                self._ignore(seq, too_big_reason(needed, seq.get_len(), manager.num_usable_blocks), out)
                 continue
             computed_blocks, num_computed = manager.get_computed_blocks(seq)
             num_new_tokens = min(seq.get_len() - num_computed, token_budget)

@@ -184,19 +184,19 @@ def offload_transfer_config(kv_offloading_size: float):
 def make_block_hasher(hash_algo: str, block_size: int):
     """vLLM's request block hasher (kv_cache_utils.get_request_block_hasher, for requests with no
     multimodal input and no lookahead) over `hash_algo`, its chains starting from this engine's
-    own NONE_HASH: hash_fn(NONE_HASH_SEED), which is what vLLM's init_none_hash makes under
-    PYTHONHASHSEED=0 and what engine/v1 chains from (engine/v1/kv_cache_utils.NONE_HASH_SEED), so a
-    prefix hashes alike under kv_manager "v1" and "vllm". vLLM keeps its NONE_HASH in a module global
+    own NONE_HASH: hash_fn of vLLM 0.33's seed (engine/v1/kv_cache_utils.resolve_none_hash_seed:
+    PYTHONHASHSEED when set, else vLLM's "vllm-none-hash"), what vLLM's init_none_hash makes and what
+    engine/v1 chains from, so a prefix hashes alike under kv_manager "v1" and "vllm". vLLM keeps its NONE_HASH in a module global
     that init_none_hash sets from the environment; this hasher reads neither: each block goes
     through vLLM's own hash_block_tokens with its parent given (the first block's: this NONE_HASH),
     with the extra keys of vLLM's generate_block_hash_extra_keys."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import BlockHash, generate_block_hash_extra_keys, hash_block_tokens
 
-    from engine.v1.kv_cache_utils import NONE_HASH_SEED
+    from engine.v1.kv_cache_utils import resolve_none_hash_seed
 
     hash_fn = get_hash_fn_by_name(hash_algo)
-    none_hash = BlockHash(hash_fn(NONE_HASH_SEED))
+    none_hash = BlockHash(hash_fn(resolve_none_hash_seed()))
 
     def block_hasher(request) -> list:
         start = len(request.block_hashes) * block_size

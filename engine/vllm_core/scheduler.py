@@ -26,9 +26,8 @@ A request vLLM could never admit, whose tokens need more blocks than the pool ha
 with its reason, as engine/v1 refuses it: when added, and when it heads the waiting queue (a
 preempted request grown past the pool), before vLLM's schedule() would preempt it forever.
 
-Block hashes are vLLM's, chained from the NONE_HASH vLLM seeds under PYTHONHASHSEED=0 (`init_none_hash`),
-which is what engine/v1/kv_cache_utils.py always does: the same prefix has the same hash in both
-(config.make_block_hasher, which changes no environment variable and no vLLM module global).
+Block hashes are vLLM's, NONE_HASH seeded from engine/v1/kv_cache_utils.resolve_none_hash_seed (vLLM
+0.33's own seed, fixed for xxhash too): the same prefix has the same hash in both.
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ from engine.events import EventBus, Preempted
 from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from engine.v1.kv_cache_manager import cdiv
+from engine.v1.kv_cache_manager import get_num_blocks_needed, too_big_reason
+from engine.v1.kv_cache_utils import resolve_none_hash_seed
 from engine.vllm_core.event_tap import VllmEventTap
 from engine.vllm_core.offload import CpuTier
 
@@ -88,11 +88,10 @@ class VllmScheduler:
         from vllm.v1.request import Request
 
         waiting = seq_group.get_seqs(SequenceStatus.WAITING)
-        needed = cdiv(waiting[0].get_len(), self.block_size) if waiting else 0
-        if needed > self.num_usable_blocks:  # one entry per sequence, as engine/v1 ignores them
+        if waiting and self._too_big(waiting[0].get_len()):  # one entry per sequence, as engine/v1 ignores them
             for seq in waiting:
                 seq.status = SequenceStatus.FINISHED_IGNORED
-                self._ignored.append((seq_group, self._too_big(seq), [seq]))
+                self._ignored.append((seq_group, self._too_big_reason(seq), [seq]))
             return
         for seq in waiting:
             request_id = str(seq.seq_id)
@@ -102,10 +101,17 @@ class VllmScheduler:
                                           sampling_params=self.sampling_params, pooling_params=None,
                                           arrival_time=seq_group.arrival_time, block_hasher=self.block_hasher))
 
-    def _too_big(self, seq: Sequence) -> str:
-        needed = cdiv(seq.get_len(), self.block_size)
-        return (f"needs {needed} blocks for {seq.get_len()} tokens but the pool has {self.num_usable_blocks} "
-                f"(block 0 is the null block)")
+    def _num_blocks_needed(self, num_tokens: int) -> list[int]:
+        """Per KV-cache group, the blocks vLLM's managers need at once for `num_tokens` tokens, as
+        engine/v1 counts them (kv_cache_manager.get_num_blocks_needed, under vLLM's own gate)."""
+        return get_num_blocks_needed(self.vllm.kv_cache_manager.coordinator.single_type_managers, num_tokens,
+                                     self.vllm.max_model_len, self.vllm.scheduler_reserve_full_isl)
+
+    def _too_big(self, num_tokens: int) -> bool:
+        return sum(self._num_blocks_needed(num_tokens)) > self.num_usable_blocks
+
+    def _too_big_reason(self, seq: Sequence) -> str:
+        return too_big_reason(self._num_blocks_needed(seq.get_len()), seq.get_len(), self.num_usable_blocks)
 
     def has_unfinished_seqs(self) -> bool:
         """Requests to run, or (vLLM's Scheduler.has_requests) stores the CPU tier still has to copy."""
@@ -238,7 +244,7 @@ class VllmScheduler:
         self._preempted.append(seq.seq_id)
 
     def _too_big_for_the_pool(self, request: Any) -> bool:
-        return cdiv(request.num_tokens, self.block_size) > self.num_usable_blocks
+        return self._too_big(request.num_tokens)
 
     def _ignore_head(self) -> tuple[SequenceGroup, str, list[Sequence]]:
         """End the head of vLLM's waiting queue as ignored: its tokens (a preempted request's
@@ -251,7 +257,7 @@ class VllmScheduler:
         request = self.vllm.waiting.peek_request()
         request_id = request.request_id
         seq, group = self.seqs[request_id], self.groups[request_id]
-        reason = (self._too_big(seq) if self._too_big_for_the_pool(request)
+        reason = (self._too_big_reason(seq) if self._too_big_for_the_pool(request)
                   else "cannot be admitted even into an empty pool")
         self.vllm.finish_requests(request_id, RequestStatus.FINISHED_IGNORED)
         self._forget(request_id)
