@@ -100,7 +100,7 @@ class EngineConfig:
                 raise ValueError(f"vllm_options must be a dict of option names, got {self.vllm_options!r}")
         if not isinstance(self.scheduler_reserve_full_isl, bool):
             raise ValueError(f"scheduler_reserve_full_isl must be True or False, got {self.scheduler_reserve_full_isl!r}")
-        if self.kv_manager == "vllm":  # vLLM's option and this field are one setting
+        if design.vllm_options:  # vLLM's option and this field are one setting
             if "scheduler_reserve_full_isl" in (self.vllm_options or {}):
                 self.scheduler_reserve_full_isl = bool(self.vllm_options["scheduler_reserve_full_isl"])
             elif not self.scheduler_reserve_full_isl:

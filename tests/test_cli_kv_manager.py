@@ -93,5 +93,5 @@ def test_whole_prompt_admission_is_on_by_default_and_one_setting_under_vllm(args
 
     if "vllm" in args and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
-    spec = EngineSpec.from_args(build_parser().parse_args(["record", "--out", "t.jsonl", "--kv-manager", "v1", *args]))
+    spec = EngineSpec.from_args(build_parser().parse_args(["generate", "--kv-manager", "v1", *args]))
     assert spec.config.scheduler_reserve_full_isl is gate and spec.config.vllm_options == vllm_options
