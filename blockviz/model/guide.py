@@ -225,7 +225,8 @@ def _hit_words(e: ev.PrefixCacheHit, events, ctx):
                 f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
                 f"found {plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
                 f"so {plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
-                "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
+                "v1 has no fork: the prefix cache does the sharing, block by full block (vLLM 0.33 copies a block "
+                "only for a hit that ends inside it, a partial-block hit)",
                 [(e.device, b) for b in blocks])
     if len(ctx.groups) > 1 or len({h.group for h in hits}) > 1:  # KV-cache groups: the hit holds in every group
         return _group_hit_words(e, hits, ctx)
@@ -264,7 +265,8 @@ def _group_hit_words(e: ev.PrefixCacheHit, hits: list[ev.PrefixCacheHit], ctx):
 
 def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
     swaps = [m for m in events if isinstance(m, ev.SwappedOut)]
-    freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})
+    freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})  # every block it let go
+    returned = {m.block for m in events if isinstance(m, ev.BlockFreed) and m.ref_count == 0}  # back in the pool
     if isinstance(e, ev.SwappedOut) or e.mode == "swap":
         mapping = [pair for s in swaps for pair in s.mapping]
         request = e.request_id
@@ -276,10 +278,14 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
     return ("Recompute (preemption)",
             f"request {e.request_id} was preempted by recompute: its "
-            f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
+            f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) "
+            + ("freed" if len(returned) == len(freed) else
+               f"let go ({len(returned)} freed to the pool, {len(freed) - len(returned)} still shared and kept)")
+            + " and "
             f"{plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
-            f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
-                               "back when it is admitted again, so little is computed twice"
+            f"{e.reason}: " + ("vLLM v1 never swaps: the freed full blocks keep their hashes in the free queue, "
+                               "and when it is admitted again the prefix cache serves back those not evicted "
+                               "meanwhile; the rest is computed again"
                                if not ctx.design.swaps else
                                "a lone sequence costs less to compute again than to copy out and back"),
             [("gpu", b) for b in freed])
@@ -300,10 +306,11 @@ def _eviction_words(e: ev.BlockEvicted, events, ctx):
         who = f" for seq {', '.join(str(s) for x in taken for s in x.seq_ids)}" if taken else ""
         return ("Eviction from the free queue's head",
                 f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
-                f"free the longest, still cached; BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
+                f"the next to hand out, still cached (v1 frees a request's blocks last first, so a prompt's tail "
+                f"goes before its head); BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
                 f"dropping {'its hash' if len(blocks) == 1 else 'their hashes'}",
-                "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
-                "with its tokens misses", [(e.device, b) for b in blocks])
+                "a freed block with a hash joins the queue's tail (one without a hash, its head: vLLM PR #42656), "
+                "so the head's cached blocks are the least recently used; a later prompt with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
             f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {were(len(blocks))} "
             f"free but still cached; the pool needed room, so the least recently used lost "

@@ -43,7 +43,9 @@ NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point 
 # What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
 V1_NOTES = {
     "swap": "vLLM v1 never swaps: it recomputes",  # short: it fits the CPU pool box at 80x24
-    "cow": "vLLM v1 has no copy-on-write",
+    # vLLM 0.33 copies a block only for a hit that ends inside it (a partial-block hit:
+    # SingleTypeKVCacheManager._apply_cow), which this engine's v1 never makes
+    "cow": "vLLM v1 copies a block only on a partial-block hit",
 }
 # The note (V1_NOTES) a guide card's idea (blockviz/model/guide.py IDEAS) is about in a v1 run.
 NOTE_OF_IDEA = {"recompute": "swap", "swap-out": "swap", "swap-in": "swap", "prefix-hit": "cow", "forking": "cow",
