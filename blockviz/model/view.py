@@ -354,14 +354,19 @@ def progress(state: ReducerState, seq_id: int) -> Progress | None:
     computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
     info = Progress(computed, num_tokens, seq.num_prompt_tokens, state.num_scheduled_tokens.get(seq_id, 0),
                     num_tokens - computed > 1)
-    info.text = _progress_text(info)
+    # tokens the prefix cache served it, placed in its table but not yet scheduled (an admission's hits)
+    served = seq.num_cached_tokens if seq_id in state.tables and seq.num_cached_tokens > computed else 0
+    info.text = _progress_text(info, served)
     return info
 
 
-def _progress_text(info: Progress) -> str:
-    """A sequence's progress in words, as both front ends write it."""
+def _progress_text(info: Progress, served: int = 0) -> str:
+    """A sequence's progress in words, as both front ends write it; `served`: tokens the prefix
+    cache has just served it, before a step computes the rest (they are not waiting)."""
     done = f"{info.computed}/{info.num_tokens}"
     if info.prefilling:
+        if served and not info.scheduled:
+            return f"prefill {done} · {served} from the cache"
         return f"prefill {done} · " + (f"chunk +{info.scheduled}" if info.scheduled else "waits")
     return f"{done} computed" + (f" · +{info.scheduled} this step" if info.scheduled else "")
 
