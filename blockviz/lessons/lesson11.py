@@ -428,8 +428,9 @@ def hybrid_checkpoint() -> str:
 
     from engine.model_source import BUNDLED_MODELS_DIR, DEFAULT_MODEL
 
-    path = Path(tempfile.mkdtemp(prefix="blockviz-lesson11-"))
-    atexit.register(shutil.rmtree, path, True)  # gone when the kernel exits
+    home = Path(tempfile.mkdtemp(prefix="blockviz-lesson11-"))
+    atexit.register(shutil.rmtree, home, True)  # gone when the kernel exits
+    path = home / "lesson11-hybrid"  # the name titles and moments show (design.model_name)
     config = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=len(HYBRID_LAYERS),
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          layer_types=list(HYBRID_LAYERS), sliding_window=HYBRID_WINDOW, bos_token_id=0, eos_token_id=0)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import kv_cache_groups_of, kv_manager_of
+from blockviz.model.design import kv_cache_groups_of, kv_manager_of, model_name
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -84,7 +84,7 @@ def engine_title(header: dict[str, Any]) -> str:
     when on, and what a block holds (kv_geometry)."""
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
     geometry, origin = kv_geometry(header), pool_origin(header)
-    return (f"{header.get('model', '?')} · block size {header['block_size']} · "
+    return (f"{model_name(header)} · block size {header['block_size']} · "
             f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks"
             + (f" ({origin})" if origin else "") + caching
             + (f" · a block: {geometry}" if geometry else ""))
