@@ -142,7 +142,7 @@ def test_tiny_hybrid_under_v0_is_one_line_exit_2(tmp_path, command):
                             stdin=subprocess.DEVNULL)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert "kv_manager 'v0' cannot run this model" in lines[0] and "Traceback" not in result.stderr
+    assert "--kv-manager v0 cannot run this model" in lines[0] and "Traceback" not in result.stderr
 
 
 def _comparable(event: ev.Event) -> dict:

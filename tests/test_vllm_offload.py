@@ -227,7 +227,7 @@ def test_the_tier_needs_prefix_caching_and_vllms_scheduler(loaded, tiny_gpt2_dir
     (["--kv-manager", "vllm", "--kv-offloading-size", "-1"], "--kv-offloading-size takes a positive number of GiB"),
     (["--kv-manager", "vllm", "--kv-offloading-size", "lots"], "--kv-offloading-size takes a positive number of GiB"),
     (["--kv-manager", "vllm", "--vllm-option", "kv_offloading_size=-2"], "must be a positive number of GiB, got -2"),
-    (["--kv-offloading-size", "1"], "kv_manager 'vllm' only"),
+    (["--kv-offloading-size", "1"], "--kv-manager vllm only"),
 ], ids=["negative", "not-a-number", "option-negative", "without-vllm"])
 def test_a_bad_offloading_size_on_the_command_line_is_one_line_exit_2(tmp_path, args, expected):
     from tests.test_vllm_core import _blockviz

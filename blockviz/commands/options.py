@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
-from blockviz.errors import UsageError
+from blockviz.errors import UsageError, did_you_mean
 from blockviz.session.spec import DEFAULT_PROMPTS, ENGINE_CONFIG_OPTIONS
 from blockviz.session.tiny_hybrid import TINY_HYBRID
 from engine.model_source import DEFAULT_MODEL  # the bundled checkpoint
@@ -23,6 +24,9 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (with where to find help) and exit code 2."""
 
     def error(self, message: str):  # type: ignore[override]
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:  # a mistyped value of an option with choices: the nearest one
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

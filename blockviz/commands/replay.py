@@ -6,10 +6,12 @@ shipped trace (`blockviz replay fork-cow`) opens the one bundled in blockviz/tra
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from blockviz.session.scenario import is_story  # noqa: F401 (the replay's default: guided for a story)
 
 from blockviz.commands.options import add_break_on_option, add_guided_option
-from blockviz.errors import UsageError
+from blockviz.errors import UsageError, did_you_mean
 from blockviz.model.trace import TRACES_DIR, resolve_trace_path, shipped_traces  # noqa: F401 (re-exported)
 
 
@@ -33,7 +35,8 @@ def check(args):
     try:
         return path, load_trace(path)
     except TraceError as exc:
-        raise UsageError(str(exc)) from None
+        near = "" if path.exists() else did_you_mean(Path(args.trace).stem, shipped_traces())
+        raise UsageError(f"{exc}{near}") from None
 
 
 def execute(args) -> int:

@@ -163,6 +163,19 @@ def vllm_specs(shape: KVShape, block_size: int, kv_dtype: str) -> list | None:
             for window in shape.windows]
 
 
+# Bytes of one block of 16 tokens across every layer, as vLLM 0.33's own spec classes size it
+# (`vllm_block_bytes`), per model and kv dtype: shipped, so the lesson shows vLLM's figures where vLLM
+# is not installed (the Jupyter install); tests/test_lessons_vllm.py recomputes them from vLLM's classes.
+VLLM_BLOCK_BYTES: dict[str, dict[str, int]] = {
+    "GPT-2": {"bfloat16": 589_824, "fp8": 294_912},
+    "Llama-3-8B": {"bfloat16": 2_097_152, "fp8": 1_048_576},
+    "Qwen2.5-7B": {"bfloat16": 917_504, "fp8": 458_752},
+    "Falcon-7B": {"bfloat16": 131_072, "fp8": 65_536},
+    "DeepSeek-V3": {"bfloat16": 1_124_352, "fp8": 562_176},
+    "gpt-oss-20b": {"bfloat16": 786_432, "fp8": 393_216},
+}
+
+
 def vllm_block_bytes(shape: KVShape, block_size: int, kv_dtype: str) -> int | None:
     """Bytes of one block across every layer by vLLM's own spec classes (page_size_bytes summed);
     None where vLLM is not installed."""
@@ -179,6 +192,20 @@ def window_blocks(window: int, block_size: int, num_tokens: int) -> int:
     from engine.v1.kv_cache_interface import cdiv
 
     return min(cdiv(num_tokens, block_size), cdiv(window - 1, block_size) + 1)
+
+
+def admission_blocks(window: int, block_size: int, num_in_flight_tokens: int) -> int:
+    """vLLM 0.33's admission cap for one request in a sliding-window group
+    (`SlidingWindowSpec.max_admission_blocks_per_request`, no extra retained tokens, a long context):
+    the window's `window - 1` earlier tokens and every token scheduled but not yet processed, over one
+    block boundary more, cdiv(window - 1 + num_in_flight_tokens, block_size) + 1. With one token in
+    flight it is `window_blocks`' bound."""
+    from engine.v1.kv_cache_interface import cdiv
+
+    return cdiv(window - 1 + num_in_flight_tokens, block_size) + 1
+
+
+IN_FLIGHT = (1, 2, 2_048, 8_192)  # tokens in flight the lesson prices vLLM's cap at: one decode, two, a token budget's worth
 
 
 def request_bytes(shape: KVShape, num_tokens: int, block_size: int, dtype_bytes: int) -> int:
@@ -253,8 +280,11 @@ def window_blocks_held(window: int, block_size: int, num_tokens: int) -> int:
           slips=[Slip(8, "128 / 16 = 8 when the window starts on a block boundary; one token later it straddles "
                          "one block more."),
                  Slip(128, "count blocks of 16 tokens, not tokens.")],
-          praise="8 blocks of window, and one more when it straddles a boundary; vLLM's admission cap "
-                 "(max_admission_blocks_per_request) gives the same 9.")
+          praise="8 blocks of window, and one more when it straddles a boundary. vLLM's admission cap "
+                 "(SlidingWindowSpec.max_admission_blocks_per_request) also counts the tokens scheduled but not yet "
+                 "processed, so it is 9 only with one token in flight: "
+                 + ", ".join(f"{admission_blocks(128, BLOCK_SIZE, n)} with {n:,}" for n in IN_FLIGHT[1:])
+                 + " (vLLM reserves max_num_batched_tokens for each batch in flight).")
 def check_window_blocks():
     """The most 16-token blocks one request holds in a gpt-oss sliding-window layer (window 128)."""
     return window_blocks_held(128, BLOCK_SIZE, 400)
@@ -310,7 +340,7 @@ def same_in_both(figure) -> Any:
     return v1
 
 
-@exercise("11", "my_floor_hits", "the prefix cache holds full blocks only: how many full blocks does a 15-token "
+@exercise("11", "my_floor_hits", "a block gets its hash when it fills: how many full blocks does a 15-token "
                                  "prompt make with blocks of 16?",
           slips=[Slip(SHORT, "its 15 tokens never fill a block, so no block of it gets a hash: nothing to find."),
                  Slip(BLOCK_SIZE, "a 15-token prompt fills no 16-token block.")],
@@ -398,8 +428,9 @@ def hybrid_checkpoint() -> str:
 
     from engine.model_source import BUNDLED_MODELS_DIR, DEFAULT_MODEL
 
-    path = Path(tempfile.mkdtemp(prefix="blockviz-lesson11-"))
-    atexit.register(shutil.rmtree, path, True)  # gone when the kernel exits
+    home = Path(tempfile.mkdtemp(prefix="blockviz-lesson11-"))
+    atexit.register(shutil.rmtree, home, True)  # gone when the kernel exits
+    path = home / "lesson11-hybrid"  # the name titles and moments show (design.model_name)
     config = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=len(HYBRID_LAYERS),
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          layer_types=list(HYBRID_LAYERS), sliding_window=HYBRID_WINDOW, bos_token_id=0, eos_token_id=0)

@@ -24,6 +24,19 @@ KV_DESIGNS: dict[str, Design] = DESIGNS
 TINY_HYBRID = "tiny-hybrid"
 
 
+def model_name(header: dict[str, Any]) -> str:
+    """A run's model as a title names it: the name it was asked by ("tiny-shakespeare", "gpt2"), or
+    a checkpoint directory's own name, never the directory it sits in (a cache or a temporary
+    directory, which changes from machine to machine and run to run); "tiny-hybrid" for its builds."""
+    model = str(header.get("model") or "?")
+    if has_random_weights(header):
+        return TINY_HYBRID
+    path = model.replace("\\", "/").rstrip("/")
+    if not (path.startswith(("/", ".", "~")) or path.count("/") > 1):  # a name: "gpt2", "org/model"
+        return model
+    return path.rsplit("/", 1)[-1] or model
+
+
 def has_random_weights(header: dict[str, Any]) -> bool:
     """Whether a run's model is tiny-hybrid: by name (a shipped trace's header) or as the directory it
     was built in (`tiny-hybrid-vN`, a live run's)."""

@@ -37,6 +37,18 @@ GLOSSARY = (
     ("swap_out / swap_in", "preemption by swap: blocks move GPU ↔ CPU pool, K/V copied (vLLM v0 swap_out / swap_in)"),
     ("recompute", "preemption by recompute: blocks freed, the K/V is computed again later"),
     ("chunked prefill", "vLLM v1: a long prompt is computed a chunk per step, within the step's token budget"),
+    ("request", "what a user sends: a prompt and its sampling parameters, named by its request id; with n > 1 it "
+                "runs as n sequences (\"request 3 (seq 4)\": request 3's sequence 4)"),
+    ("prefill", "the step that computes a prompt's K/V (all of it, or a chunk); decode steps then add one token each"),
+    ("preemption", "a running request stopped to make room: swapped out (v0) or recomputed later (v0 and v1)"),
+    ("free queue", "vLLM v1's free blocks in one queue, the head handed out first (FreeKVCacheBlockQueue): a freed "
+                   "block with a hash joins the tail, one without a hash the head; taking a cached one evicts it"),
+    ("null block", "vLLM v1's block 0 (BlockPool.null_block): a placeholder a table points at for a slot it skips; "
+                   "never allocated, freed or counted, so a pool of N blocks has N - 1 to hand out"),
+    ("group", "a KV-cache group: layers of one kind (full attention, or one sliding window) sharing one block table "
+              "per request; every group draws blocks from the one pool (vLLM KVCacheGroupSpec)"),
+    ("sliding window", "a layer that reads only the last sliding_window tokens: its group lets a block go once the "
+                       "window has passed it (vLLM SlidingWindowManager.remove_skipped_blocks)"),
     ("hash chain", "xxh64(parent hash, tokens) of each full block: equal hash = equal prefix (nano-vllm compute_hash)"),
     ("tokens fill", "token utilization: slots holding tokens / slots in used GPU blocks (the memory line)"),
     ("empty in last", "internal fragmentation: the unfilled slots of each sequence's last block, the only waste paging leaves"),
@@ -56,7 +68,9 @@ _SPELLINGS = {
     "block table": r"block tables?", "ref count": r"ref counts?", "hash": r"hash(es)?", "forking": r"fork(ed|s|ing)?",
     "copy-on-write": r"copy-on-write|copied .* on write", "prefix cache": r"prefix[- ]cache",
     "eviction": r"evict(ion|ed|s)?", "swap_out / swap_in": r"swap(ped)?[ _-]?(out|in)", "recompute": r"recompute",
-    "chunked prefill": r"chunk(ed)?",
+    "chunked prefill": r"chunk(ed)?", "request": r"requests?", "prefill": r"prefill(ed|s)?",
+    "preemption": r"preempt(ed|ion|s)?", "free queue": r"free queue", "null block": r"null block",
+    "group": r"groups?", "sliding window": r"sliding[- ]window|window",
 }
 
 

@@ -106,6 +106,19 @@ class Card:
         return frozenset(number for d, number in self.blocks if d == device)
 
 
+def _who(ctx: _Context, seq_id: int) -> str:
+    """A sequence named as every view names it: its request, with the sequence where the request
+    has several (n > 1): "request 3", "request 3 (seq 4)"; "seq 4" when its request is not known."""
+    request = ctx.request_of.get(seq_id)
+    if request is None:
+        return f"seq {seq_id}"
+    return f"request {request}" + (f" (seq {seq_id})" if len(ctx.siblings.get(seq_id, ())) > 1 else "")
+
+
+def _whose(ctx: _Context, seq_ids) -> str:
+    return ", ".join(_who(ctx, seq) for seq in seq_ids)
+
+
 def _numbers(blocks) -> str:
     return ", ".join(str(b) for b in blocks)
 
@@ -157,6 +170,7 @@ class _Context:
     # a lookup cut short by a window group: its first placement event -> (its Explanation, how
     # many leading prompt blocks every full-attention group held then)
     window_tails: dict[int, tuple[Explanation, int]] = field(default_factory=dict)
+    request_of: dict[int, str] = field(default_factory=dict)  # seq_id -> its request's id (RequestAdded)
 
 
 def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str, ctx: _Context) -> Card:
@@ -227,7 +241,7 @@ def opening_card(random_weights: bool = False, drivers: str = "") -> Card:
 
 def _fork_words(e: ev.Forked, events, ctx):
     return ("Fork: two samples, one prompt",
-            f"seq {e.parent_seq_id} forked seq {e.child_seq_id}: both block tables now point at "
+            f"{_who(ctx, e.parent_seq_id)} forked {_who(ctx, e.child_seq_id)}: both block tables now point at "
             f"{e.device} {_numbers(e.blocks)}, each block's ref count went up by one; nothing was copied",
             "the samples share a prompt, so they share its K/V until one of them writes",
             [(e.device, b) for b in e.blocks])
@@ -235,8 +249,8 @@ def _fork_words(e: ev.Forked, events, ctx):
 
 def _cow_words(e: ev.CopyOnWrite, events, ctx):
     return ("Copy-on-write",
-            f"seq {e.seq_id} was about to write into {e.device} block {e.src_block}, which it shared: "
-            f"its {plural(len(e.token_ids), 'token')} {were(len(e.token_ids))} copied to block {e.dst_block}, which seq {e.seq_id} "
+            f"{_who(ctx, e.seq_id)} was about to write into {e.device} block {e.src_block}, which it shared: "
+            f"its {plural(len(e.token_ids), 'token')} {were(len(e.token_ids))} copied to block {e.dst_block}, which it "
             f"owns alone; block {e.src_block} keeps {plural(e.src_ref_count, 'other reference')}",
             "a shared block must never change under another sequence: the writer gets its own copy, "
             "only when it writes",
@@ -250,16 +264,17 @@ def _hit_words(e: ev.PrefixCacheHit, events, ctx):
     owners = {seq for h in hits for seq in ctx.siblings.get(h.seq_ids[0], ())} - set(e.seq_ids)
     if not ctx.design.copy_on_write and owners:  # vLLM v1: no fork; n samples share their prompt through the cache
         return ("n = 2 without a fork: the prompt shared through the cache",
-                f"seq {', '.join(map(str, e.seq_ids))} is another sample of the same request as seq "
+                f"{_whose(ctx, e.seq_ids)} is another sample of the same request as seq "
                 f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
                 f"found {plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
                 f"so {plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
-                "v1 has no fork and no copy-on-write: the prefix cache does the sharing, block by full block",
+                "v1 has no fork: the prefix cache does the sharing, block by full block (vLLM 0.33 copies a block "
+                "only for a hit that ends inside it, a partial-block hit)",
                 [(e.device, b) for b in blocks])
     if len(ctx.groups) > 1 or len({h.group for h in hits}) > 1:  # KV-cache groups: the hit holds in every group
         return _group_hit_words(e, hits, ctx)
     return ("Prefix-cache hit",
-            f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: "
+            f"{_whose(ctx, e.seq_ids)}'s prompt starts as an earlier one did: "
             f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) found by their hash and shared, so "
             f"{plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
             "a full block's hash chains its tokens and every token before them: an equal hash means equal K/V",
@@ -282,7 +297,7 @@ def _group_hit_words(e: ev.PrefixCacheHit, hits: list[ev.PrefixCacheHit], ctx):
             kind = " (sliding window)" if ctx.groups[g].kind == SLIDING_WINDOW else " (full attention)"
         parts.append(f"group {g}{kind}: {e.device} {_numbers(h.block for h in group_hits)}")
     return ("Prefix-cache hit in every group",
-            f"seq {', '.join(map(str, e.seq_ids))}'s prompt starts as an earlier one did: its first "
+            f"{_whose(ctx, e.seq_ids)}'s prompt starts as an earlier one did: its first "
             f"{plural(num_blocks, 'block')} ({plural(tokens, 'token')}) hit in every KV-cache group, found by their "
             f"hash ({'; '.join(parts)}), so they are not computed again",
             "a hit must hold in every group: full attention needs every block of the prefix, a sliding-window group "
@@ -293,7 +308,8 @@ def _group_hit_words(e: ev.PrefixCacheHit, hits: list[ev.PrefixCacheHit], ctx):
 
 def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
     swaps = [m for m in events if isinstance(m, ev.SwappedOut)]
-    freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})
+    freed = sorted({m.block for m in events if isinstance(m, ev.BlockFreed)})  # every block it let go
+    returned = {m.block for m in events if isinstance(m, ev.BlockFreed) and m.ref_count == 0}  # back in the pool
     if isinstance(e, ev.SwappedOut) or e.mode == "swap":
         mapping = [pair for s in swaps for pair in s.mapping]
         request = e.request_id
@@ -305,10 +321,14 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
     return ("Recompute (preemption)",
             f"request {e.request_id} was preempted by recompute: its "
-            f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) freed and "
+            f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) "
+            + ("freed" if len(returned) == len(freed) else
+               f"let go ({len(returned)} freed to the pool, {len(freed) - len(returned)} still shared and kept)")
+            + " and "
             f"{plural(e.num_tokens_lost, 'computed token')} thrown away, to compute again later",
-            f"{e.reason}: " + ("vLLM v1 never swaps: the prefix cache usually serves the freed prompt blocks "
-                               "back when it is admitted again, so little is computed twice"
+            f"{e.reason}: " + ("vLLM v1 never swaps: the freed full blocks keep their hashes in the free queue, "
+                               "and when it is admitted again the prefix cache serves back those not evicted "
+                               "meanwhile; the rest is computed again"
                                if not ctx.design.swap else
                                "a lone sequence costs less to compute again than to copy out and back"),
             [("gpu", b) for b in freed])
@@ -339,13 +359,14 @@ def _eviction_words(e: ev.BlockEvicted, events, ctx):
     blocks = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
     if ctx.design.free_queue:  # v1: the free queue's head goes first
         taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in blocks]
-        who = f" for seq {', '.join(str(s) for x in taken for s in x.seq_ids)}" if taken else ""
+        who = f" for {_whose(ctx, [s for x in taken for s in x.seq_ids])}" if taken else ""
         return ("Eviction from the free queue's head",
                 f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) stood at the head of the free queue: "
-                f"free the longest, still cached; BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
+                f"the next to hand out, still cached (v1 frees a request's blocks last first, so a prompt's tail "
+                f"goes before its head); BlockPool took {'it' if len(blocks) == 1 else 'them'}{who}, "
                 f"dropping {'its hash' if len(blocks) == 1 else 'their hashes'}",
-                "a freed block joins the queue's tail, so the head is the least recently used; a later prompt "
-                "with its tokens misses", [(e.device, b) for b in blocks])
+                "a freed block with a hash joins the queue's tail (one without a hash, its head: vLLM PR #42656), "
+                "so the head's cached blocks are the least recently used; a later prompt with its tokens misses", [(e.device, b) for b in blocks])
     return ("Eviction",
             f"{plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) {were(len(blocks))} "
             f"free but still cached; the pool needed room, so the least recently used lost "
@@ -374,7 +395,7 @@ def _chunk_words(e: ev.TokensScheduled, events, ctx):
              if done + new < total)
     seq, done, new, total = e.seq_ids[i], e.num_computed_tokens[i], e.num_new_tokens[i], e.num_tokens[i]
     return ("Chunked prefill",
-            f"seq {seq}'s prompt is {plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
+            f"{_who(ctx, seq)}'s prompt is {plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
             f"{plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
             "only for the tokens computed so far",
             "a step has a token budget (max_num_batched_tokens): a long prompt waits less, and decodes keep "
@@ -392,7 +413,7 @@ def _window_words(e: ev.BlocksSkipped, events, ctx):
                                        "they are evicted)" if cached else "")
     slots = ", ".join(f"L{i}" for i in e.logical_indices)
     return ("The window slides: blocks go back mid-request",
-            f"seq {e.seq_id} is still running, but {layers} will never read {slots} again: "
+            f"{_who(ctx, e.seq_id)} is still running, but {layers} will never read {slots} again: "
             f"{plural(n, 'block')} ({_numbers(e.blocks)}) left that table, the null block (block 0) took "
             f"{'its slot' if n == 1 else 'their slots'}, and {'it is' if n == 1 else 'they are'} {back}"
             + ("; the full-attention group keeps every block of the request"
@@ -412,7 +433,7 @@ def _window_tail_words(e, events, ctx):
     hit = (f"the hit is {plural(hit_blocks, 'block')} ({plural(explanation.num_hit_tokens, 'token')})" if hit_blocks
            else "there is no hit at all")
     return ("A prefix hit cut short by the window group" if hit_blocks else "A prefix hit lost to the window group",
-            f"seq {explanation.seq_id}'s prompt starts as an earlier one did, and the full-attention group still "
+            f"{_who(ctx, explanation.seq_id)}'s prompt starts as an earlier one did, and the full-attention group still "
             f"holds {plural(held, 'block')} of it, but {hit}: {miss.detail}. The tokens from L{miss.index} on are "
             "computed again, in every group",
             "a prefix hit must hold in every group: a sliding-window group needs, cached, the blocks the window of "
@@ -462,7 +483,7 @@ def _recompute_words(e: ev.Preempted, events, ctx):
 
 def _never_words(e: ev.SequenceFinished, events, ctx):
     return ("A request that can never run",
-            f"seq {e.seq_id} (request {e.request_id}) finished as ignored: {e.detail or 'it cannot fit'}",
+            f"{_who(ctx, e.seq_id)} finished as ignored: {e.detail or 'it cannot fit'}",
             "waiting would never help: the engine says so and goes on, it never waits forever",
             [])
 
@@ -553,6 +574,11 @@ class Guide:
                 self._close()
             if isinstance(e, ev.RequestAdded):
                 self._ctx.siblings.update(dict.fromkeys(e.seq_ids, e.seq_ids))
+                self._ctx.request_of.update(dict.fromkeys(e.seq_ids, e.request_id))
+            if isinstance(e, ev.Forked) and e.parent_seq_id in self._ctx.request_of:  # v0: n > 1 grows by forks
+                family = (*self._ctx.siblings.get(e.parent_seq_id, (e.parent_seq_id,)), e.child_seq_id)
+                self._ctx.siblings.update(dict.fromkeys(family, family))
+                self._ctx.request_of[e.child_seq_id] = self._ctx.request_of[e.parent_seq_id]
             self._note(e)
             idea = _starts(e)
             if self._lookups is not None and (tail := self._lookups.feed(e)) is not None:

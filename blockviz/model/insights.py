@@ -206,6 +206,7 @@ class SeqTruth:
     empty_in_last_block: int  # internal fragmentation (each group's table's last block)
     reserved_slots: int  # what a contiguous prompt + max_tokens reservation would hold (one per group)
     blocks_per_group: tuple[int, ...] = ()  # num_blocks by KV-cache group
+    last_blocks: tuple[tuple[str, int, int], ...] = ()  # (device, block, empty slots) of each table's last block
 
 
 @dataclass(slots=True)
@@ -216,7 +217,10 @@ class MemoryTruth:
 
     @property
     def internal_fragmentation(self) -> int:
-        return sum(s.empty_in_last_block for s in self.seqs.values())
+        """Empty slots in the last blocks, a block shared by several sequences (n > 1, a prefix hit)
+        counted once."""
+        return sum({(device, block): empty for s in self.seqs.values()
+                    for device, block, empty in s.last_blocks}.values())
 
     @property
     def reserved_slots(self) -> int:
@@ -251,14 +255,16 @@ def memory_truth(state: ReducerState, max_tokens: dict[int, int]) -> MemoryTruth
     groups = range(state.num_kv_cache_groups)
     seq_ids = dict.fromkeys(seq_id for g in groups for seq_id in state.tables_of(g))
     for seq_id in seq_ids:
-        held = [[len(block.token_ids) for block in (state.pools[device][number] for device, number in table)
-                 if block.state != NULL] for table in state.seq_tables(seq_id)]
+        tables = [[(device, number) for device, number in table if state.pools[device][number].state != NULL]
+                  for table in state.seq_tables(seq_id)]
+        held = [[len(state.pools[device][number].token_ids) for device, number in table] for table in tables]
         seq = state.seqs.get(seq_id)
         prompt = seq.num_prompt_tokens if seq is not None else 0
         num_tables = sum(1 for g in groups if seq_id in state.tables_of(g))
         seqs[seq_id] = SeqTruth(seq_id, sum(map(sum, held)), sum(map(len, held)),
                                 sum(size - tokens[-1] for tokens in held if tokens),
-                                (prompt + max_tokens.get(seq_id, 0)) * num_tables, tuple(map(len, held)))
+                                (prompt + max_tokens.get(seq_id, 0)) * num_tables, tuple(map(len, held)),
+                                tuple((*table[-1], size - tokens[-1]) for table, tokens in zip(tables, held) if tokens))
     used_groups = Counter(b.group for b in used_of.get("gpu", ()))
     return MemoryTruth(pools, seqs, dict(sorted(used_groups.items())))
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import attribution_title, design_of, kv_cache_groups_of, kv_manager_of
+from blockviz.model.design import attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -87,9 +87,12 @@ def engine_title(header: dict[str, Any]) -> str:
     caching = " · prefix caching" if header.get("enable_prefix_caching") else ""
     geometry, origin = kv_geometry(header), pool_origin(header)
     drivers = attribution_title(header)
-    return (f"{header.get('model', '?')}{f' · {drivers}' if drivers else ''} · block size {header['block_size']} · "
+    # v1's block 0 is the null block, never handed out: the pool's count (/N) is one less
+    usable = (f" · {header['num_gpu_blocks'] - 1} GPU blocks usable + the null block"
+              if design_of(header).null_block and header['num_gpu_blocks'] > 1 else "")
+    return (f"{model_name(header)}{f' · {drivers}' if drivers else ''} · block size {header['block_size']} · "
             f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks"
-            + (f" ({origin})" if origin else "") + caching
+            + (f" ({origin})" if origin else "") + usable + caching
             + (f" · a block: {geometry}" if geometry else ""))
 
 

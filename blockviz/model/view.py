@@ -43,7 +43,9 @@ NULL_BLOCK_NOTE = ("vLLM v1's null block: a placeholder a block table can point 
 # What a v1 run says where a v0 view would stand empty, one line each (v1_notes).
 V1_NOTES = {
     "swap": "vLLM v1 never swaps: it recomputes",  # short: it fits the CPU pool box at 80x24
-    "cow": "vLLM v1 has no copy-on-write",
+    # vLLM 0.33 copies a block only for a hit that ends inside it (a partial-block hit:
+    # SingleTypeKVCacheManager._apply_cow), which this engine's v1 never makes
+    "cow": "vLLM v1 copies a block only on a partial-block hit",
 }
 # The note (V1_NOTES) a guide card's idea (blockviz/model/guide.py IDEAS) is about in a v1 run.
 NOTE_OF_IDEA = {"recompute": "swap", "swap-out": "swap", "swap-in": "swap", "prefix-hit": "cow", "forking": "cow",
@@ -352,14 +354,19 @@ def progress(state: ReducerState, seq_id: int) -> Progress | None:
     computed, num_tokens = seq.num_computed_tokens, len(seq.token_ids)
     info = Progress(computed, num_tokens, seq.num_prompt_tokens, state.num_scheduled_tokens.get(seq_id, 0),
                     num_tokens - computed > 1)
-    info.text = _progress_text(info)
+    # tokens the prefix cache served it, placed in its table but not yet scheduled (an admission's hits)
+    served = seq.num_cached_tokens if seq_id in state.tables and seq.num_cached_tokens > computed else 0
+    info.text = _progress_text(info, served)
     return info
 
 
-def _progress_text(info: Progress) -> str:
-    """A sequence's progress in words, as both front ends write it."""
+def _progress_text(info: Progress, served: int = 0) -> str:
+    """A sequence's progress in words, as both front ends write it; `served`: tokens the prefix
+    cache has just served it, before a step computes the rest (they are not waiting)."""
     done = f"{info.computed}/{info.num_tokens}"
     if info.prefilling:
+        if served and not info.scheduled:
+            return f"prefill {done} · {served} from the cache"
         return f"prefill {done} · " + (f"chunk +{info.scheduled}" if info.scheduled else "waits")
     return f"{done} computed" + (f" · +{info.scheduled} this step" if info.scheduled else "")
 

@@ -125,9 +125,10 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
     """A VllmConfig over the checkpoint directory with our pool (vLLM's EngineArgs.create_engine_config,
     cut to what the scheduler reads), the options applied on top.
 
-    vLLM's hybrid KV-cache manager stays on, as on a GPU: VllmConfig.__post_init__ turns it off on the
-    CPU (`Platform.support_hybrid_kv_cache` is a worker's capability, and there is no vLLM worker
-    here: our cache engine and runner serve one table per group), and an explicit
+    vLLM's hybrid KV-cache manager stays on, as on a GPU: VllmConfig.__post_init__ turns it off where
+    the platform's `support_hybrid_kv_cache()` is False (vLLM's UnspecifiedPlatform, a CUDA wheel with
+    no GPU; CpuPlatform says True), a worker's capability, and there is no vLLM worker
+    here: our cache engine and runner serve one table per group; an explicit
     disable_hybrid_kv_cache_manager=False would be refused there. The option is applied after that
     check: True runs a hybrid model as vLLM does without the manager (every window as full attention,
     one group); with the CPU tier, vLLM's connector decides, as vLLM does."""
