@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from blockviz.commands.options import OneLineParser, check_attention_backend
-from blockviz.errors import UsageError, did_you_mean, in_flags
+from blockviz.errors import UsageError, in_flags, near_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,17 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _near_model(args: argparse.Namespace, message: str) -> str:
-    """"did you mean" for a --model the engine could not find that is close to a model blockviz has."""
-    model = getattr(args, "model", None)
-    if not isinstance(model, str) or f"model {model!r}" not in message:
-        return ""
-    from blockviz.model.design import TINY_HYBRID
-    from engine.model_source import DEFAULT_MODEL, SMOLLM2
-
-    return did_you_mean(model, (DEFAULT_MODEL, SMOLLM2, TINY_HYBRID))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -55,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         check_attention_backend(args)
         return commands.dispatch(args)
     except UsageError as exc:
-        print(f"blockviz: error: {in_flags(str(exc))}{_near_model(args, str(exc))}", file=sys.stderr)
+        print(f"blockviz: error: {in_flags(str(exc))}{near_model(getattr(args, "model", None), str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -26,7 +26,11 @@ SENTENCES = {"vllm_options apply to": "--vllm-option applies to"}
 
 def in_flags(message: str) -> str:
     """`message` with the engine's option names written as the command line's flags:
-    "vllm_options apply to kv_manager 'vllm' only" -> "--vllm-option applies to --kv-manager vllm only"."""
+    "vllm_options apply to kv_manager 'vllm' only" -> "--vllm-option applies to --kv-manager vllm only".
+    A message about a file's line (a trace's "line 1: header field 'block_size' ...") names the
+    file's fields, not flags: it stays as it is."""
+    if re.search(r"\bline \d+\b", message):
+        return message
     for api, words in SENTENCES.items():
         message = message.replace(api, words)
     message = re.sub(r"\b(kv_manager|preemption_mode|attention_backend) '([\w:.-]+)'",
@@ -38,3 +42,14 @@ def did_you_mean(word: str, candidates) -> str:
     """" (did you mean 'x'?)" for the candidate closest to `word`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def near_model(model: object, message: str) -> str:
+    """"did you mean" for a --model the engine could not find (`message` names it) that is close to a
+    model blockviz has; "" otherwise."""
+    if not isinstance(model, str) or f"model {model!r}" not in message:
+        return ""
+    from blockviz.model.design import TINY_HYBRID
+    from engine.model_source import DEFAULT_MODEL, SMOLLM2
+
+    return did_you_mean(model, (DEFAULT_MODEL, SMOLLM2, TINY_HYBRID))

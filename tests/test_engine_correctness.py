@@ -133,7 +133,7 @@ def test_n_above_max_num_seqs_is_refused_in_one_line():
     result = _blockviz("generate", "--prompt", "ROMEO:", "--n", "65", "--max-tokens", "2")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "max_num_seqs" in lines[0] and "Traceback" not in result.stderr
+    assert len(lines) == 1 and "--max-num-seqs" in lines[0] and "Traceback" not in result.stderr
 
 
 def test_record_refuses_an_unfinished_run_and_leaves_no_file(tiny_gpt2_dir, tmp_path):

@@ -127,7 +127,7 @@ SCENARIOS["story-cpu-tier"] = (CPU_TIER_SCENARIO, CPU_TIER_SCENARIO_OPTIONS)
 # How many cards each story shows when played with its own settings (blockviz/model/guide.py's
 # Guide, the opening card included; tests/test_guided_story.py checks each against its recording):
 # a live run's card counter says "of N" before its stream has ended.
-STORY_CARDS = {"story": 6, "story-v1": 5, "story-hybrid": 6, "story-cpu-tier": 7}
+STORY_CARDS = {"story": 7, "story-v1": 5, "story-hybrid": 6, "story-cpu-tier": 7}
 
 
 def story_cards(header: dict) -> int | None:

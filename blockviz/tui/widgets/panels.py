@@ -129,7 +129,7 @@ class BlockTables(StatePanel):
                         + f" · {plural(row.num_tokens, 'token')}", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
             if row.progress is not None:  # vLLM v1: chunked prefill progress
-                parts.append(Text(f"    {row.progress.text}", "bold #ff8c1a" if row.progress.prefilling else "dim"))
+                parts.append(_row(f"    {row.progress.text}", "bold #ff8c1a" if row.progress.prefilling else "dim"))
             per_group = [(0, row.label, row.blocks, row.skipped),
                       *((g.group, g.label, g.blocks, g.skipped) for g in row.groups)]
             for group, label, blocks, skipped in per_group:
