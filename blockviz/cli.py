@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         check_attention_backend(args)
         return commands.dispatch(args)
     except UsageError as exc:
-        print(f"blockviz: error: {in_flags(str(exc))}{near_model(getattr(args, "model", None), str(exc))}", file=sys.stderr)
+        print(f"blockviz: error: {in_flags(str(exc))}{near_model(getattr(args, 'model', None), str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
