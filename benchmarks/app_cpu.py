@@ -80,7 +80,7 @@ class ReplayEngine:
         # what the engine session's trace_header reads: the recorded engine's settings
         from types import SimpleNamespace
 
-        from engine.cache_engine import BlockBudget
+        from engine.kv_sizing import BlockBudget
         from engine.config import EngineConfig
 
         h = self.data["header"]

@@ -2,7 +2,7 @@
 vLLM v1's KV cache manager and scheduler in engine/v1/, chosen by EngineConfig.kv_manager).
 
 Memory planning (block.py, sequence.py, block_allocator.py, block_manager.py) is pure Python;
-execution (cache_engine.py, models/, scheduler.py, llm_engine.py, llm.py) uses torch and is
+execution (cache_engine.py, kv_sizing.py, models/, scheduler.py, llm_engine.py, llm.py) uses torch and is
 imported lazily so that `import engine` never pulls in torch or any UI library.
 """
 

@@ -2,7 +2,7 @@
 nano-vllm's `LLMEngine.step`).
 
 Initialisation follows vLLM v0's `LLMEngine.__init__`: load the model, size the KV pools (as
-vLLM v1's `determine_available_memory`: engine/cache_engine.py), build the CacheEngine and the
+vLLM v1's `determine_available_memory`: engine/kv_sizing.py), build the CacheEngine and the
 block manager and scheduler of the design `kv_manager` names (engine/designs.py). Every block
 operation and every step is an event on `self.events`, so a subscriber sees one ordered story.
 """
@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from engine.cache_engine import BlockBudget, CacheEngine, determine_num_blocks
+from engine.cache_engine import CacheEngine
+from engine.kv_sizing import BlockBudget, determine_num_blocks
 from engine.config import EngineConfig, PreemptionMode  # noqa: F401 (EngineConfig re-exported)
 from engine.designs import DesignBuild
 from engine.events import (

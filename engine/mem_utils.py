@@ -1,7 +1,7 @@
 """What a device's memory holds, read in one place (vLLM `vllm/utils/mem_utils.py`: MemorySnapshot,
 the readings `memory_profiling` takes before and after the profile run).
 
-`device_memory(device)` is the one memory query the pool sizing uses (engine/cache_engine.py
+`device_memory(device)` is the one memory query the pool sizing uses (engine/kv_sizing.py
 `determine_num_blocks`): CUDA's reading, or None where the pool is not sized from memory (the
 CPU). Tests replace it (monkeypatch) to give the sizing a device's figures on a machine without one.
 """
@@ -50,7 +50,7 @@ def cuda_memory_snapshot(device: torch.device) -> MemorySnapshot:
 
 def device_memory(device: torch.device) -> MemoryQuery | None:
     """The memory query of `device`: CUDA's reading, or None for a device whose pool is not sized
-    from its memory (the CPU: a fixed default, engine/cache_engine.py DEFAULT_CPU_KV_CACHE_BYTES)."""
+    from its memory (the CPU: a fixed default, engine/kv_sizing.py DEFAULT_CPU_KV_CACHE_BYTES)."""
     return cuda_memory_snapshot if device.type == "cuda" else None
 
 

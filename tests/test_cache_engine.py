@@ -9,12 +9,8 @@ import pytest
 import torch
 import xxhash
 
-from engine.cache_engine import (
-    DEFAULT_CPU_KV_CACHE_BYTES,
-    BlockBudget,
-    CacheEngine,
-    determine_num_blocks,
-)
+from engine.cache_engine import CacheEngine
+from engine.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, BlockBudget, determine_num_blocks
 from engine.model_loader import DEFAULT_MODEL, ModelNotFoundError, check_model, load_model, resolve_model
 from engine.models.gpt2 import GPT2Config
 

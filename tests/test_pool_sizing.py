@@ -1,4 +1,4 @@
-"""Pool sizing from the device's memory, as vLLM v1 sizes it (engine/cache_engine.py
+"""Pool sizing from the device's memory, as vLLM v1 sizes it (engine/kv_sizing.py
 determine_num_blocks / profile_device, engine/mem_utils.py).
 
 On the CPU the device's figures are simulated: `SimulatedDevice` replaces the one memory query
@@ -18,7 +18,8 @@ import torch
 from blockviz.model.trace import check_header_fields, engine_title, load_trace, make_header
 from blockviz.session.engine_session import trace_header
 from engine import mem_utils
-from engine.cache_engine import CacheEngine, determine_num_blocks
+from engine.cache_engine import CacheEngine
+from engine.kv_sizing import determine_num_blocks
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.mem_utils import MemorySnapshot

@@ -18,7 +18,7 @@ import zlib
 from types import SimpleNamespace
 
 from engine.block_manager import AllocStatus, BlockSpaceManager
-from engine.cache_engine import BlockBudget
+from engine.kv_sizing import BlockBudget
 from engine.config import EngineConfig
 from engine.events import (
     EventBus,

@@ -97,7 +97,7 @@ def engine_title(header: dict[str, Any]) -> str:
 
 
 def pool_origin(header: dict[str, Any]) -> str:
-    """Where the GPU pool's size came from when memory decided it (engine/cache_engine.py
+    """Where the GPU pool's size came from when memory decided it (engine/kv_sizing.py
     determine_num_blocks): "profiled: 0.92 × 139.8 GiB − 1.2 GiB peak − 0.4 GiB non-torch, 139.5
     GiB free" (utilization × total − torch peak − memory outside torch; free at startup) or "a
     1.0 GiB KV budget". "" for a pool whose size was given, or the CPU's default."""

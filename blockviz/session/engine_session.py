@@ -33,7 +33,7 @@ class CommandRefused(ValueError):
 
 def trace_header(engine: Any) -> dict[str, Any]:
     """The run's engine settings and the block-count formula's figures, for a trace header and the
-    views' titles: the engine's config (engine/config.py), its BlockBudget (cache_engine.py's
+    views' titles: the engine's config (engine/config.py), its BlockBudget (kv_sizing.py's
     determine_num_blocks, after vLLM v1's determine_available_memory) and the model's geometry."""
     config, budget, model = engine.config, engine.budget, engine.loaded.config
     mode = config.preemption_mode
@@ -74,7 +74,7 @@ def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
 
 def _profiled_fields(budget: Any) -> dict[str, Any]:
     """A pool sized from the device's memory: the free bytes at startup and the bytes the profile
-    run took outside torch (cache_engine.profile_device); nothing for any other source."""
+    run took outside torch (kv_sizing.profile_device); nothing for any other source."""
     if budget.source != "profiled":
         return {}
     return {"free_bytes": budget.free_bytes, "non_torch_bytes": budget.non_torch_bytes}
