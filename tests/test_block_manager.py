@@ -10,7 +10,7 @@ import pytest
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
 from engine.block_allocator import compute_block_hash
 from engine.events import BlockAllocated, SlotAppended
-from blockviz.model.reducer import check_reducer_matches
+from reducer_checks import check_reducer_matches
 from engine.invariants import check_invariants
 from blockviz.model.reducer import ReducerState
 

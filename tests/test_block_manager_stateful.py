@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine import AllocStatus, BlockSpaceManager, EventBus, Sequence, SequenceGroup, SequenceStatus
-from blockviz.model.reducer import check_reducer_matches
+from reducer_checks import check_reducer_matches
 from engine.invariants import check_invariants
 from blockviz.model.reducer import CACHED, FREE, ReducerState
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from blockviz.model.trace_check import TraceChecker
 from engine import LLM, SamplingParams, check_invariants
-from blockviz.model.reducer import check_reducer_matches
+from reducer_checks import check_reducer_matches
 from blockviz.model.reducer import ReducerState
 from test_engine_parity import assert_parity, hf, make_llm, run_checked  # noqa: F401  (hf is a fixture)
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
+from blockviz.model.reducer import ReducerState
+from reducer_checks import check_reducer_matches_v1
 from blockviz.model.trace_check import TraceChecker
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.events import RequestAdded

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from big_pool_fixtures import NUM_GPU_BLOCKS, big_pool_trace
-from blockviz.model.reducer import ReducerState, check_state_codes
+from blockviz.model.reducer import ReducerState
+from reducer_checks import check_state_codes
 from blockviz.model.timeline import Timeline, state_equal
 from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.model.view import block_state, free_queue, pool_counts

@@ -22,7 +22,8 @@ import pytest
 from blockviz.model.design import kv_cache_groups_header, kv_cache_groups_of
 from blockviz.model.explain import HIT, LAST_BLOCK, WINDOW_TAIL, explain_requests
 from blockviz.model.insights import memory_truth, preemption_ledger
-from blockviz.model.reducer import NULL, ReducerState, check_reducer_matches_v1
+from blockviz.model.reducer import NULL, ReducerState
+from reducer_checks import check_reducer_matches_v1
 from blockviz.model.trace import TraceError, make_header, read_trace, write_trace
 from blockviz.model.trace_check import TraceChecker
 from engine import events as ev

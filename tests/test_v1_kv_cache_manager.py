@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from blockviz.model.reducer import NULL, ReducerState, check_reducer_matches_v1
+from blockviz.model.reducer import NULL, ReducerState
+from reducer_checks import check_reducer_matches_v1
 from engine.events import BlockEvicted, EventBus
 from engine.sequence import Sequence
 from engine.v1 import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager, hash_block_tokens

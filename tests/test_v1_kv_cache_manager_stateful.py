@@ -9,7 +9,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
+from blockviz.model.reducer import ReducerState
+from reducer_checks import check_reducer_matches_v1
 from blockviz.model.trace_check import TraceChecker
 from engine.events import BlockEvicted, EventBus
 from engine.sequence import Sequence

@@ -143,7 +143,8 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
 def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
     """LLMEngine.step's loop over `scheduler` with the stand-in model; a record per step. After
     every step the reducer fed the events equals the manager (ours or vLLM's)."""
-    from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
+    from blockviz.model.reducer import ReducerState
+    from reducer_checks import check_reducer_matches_v1
     from engine.vllm_core.scheduler import VllmScheduler
     from tests.test_vllm_core import check_reducer_matches_vllm
 
