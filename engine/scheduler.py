@@ -16,7 +16,7 @@ from engine.block_manager import AllocStatus, BlockSpaceManager
 from engine.config import PreemptionMode
 from engine.events import Preempted
 from engine.output_processor import OutputProcessor, StopChecker
-from engine.scheduler_output import SchedulerOutput, plan_entry
+from engine.scheduler_output import NEVER_ADMITTED, SchedulerOutput, plan_entry, pool_too_small_reason
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -147,7 +147,7 @@ class Scheduler:
         elif self.waiting:
             group = self.waiting[0]
             blocks = sum(seq.num_logical_blocks for seq in group.get_seqs(SequenceStatus.WAITING))
-            reason = (f"cannot be admitted even into an empty pool: needs {blocks} blocks, "
+            reason = (f"{NEVER_ADMITTED}: needs {blocks} blocks, "
                       f"{group.get_max_num_running_seqs()} sequences (max_num_seqs "
                       f"{self.config.max_num_seqs}), the pool has {manager.num_total_gpu_blocks} "
                       f"blocks with a watermark of {manager.watermark_blocks}")
@@ -170,8 +170,8 @@ class Scheduler:
             status = self.block_manager.can_allocate(group)
             if status is AllocStatus.NEVER:
                 blocks = sum(seq.num_logical_blocks for seq in waiting_seqs)
-                reason = (f"needs {blocks} blocks but the pool has {self.block_manager.num_total_gpu_blocks} "
-                          f"(watermark {self.block_manager.watermark_blocks})")
+                reason = pool_too_small_reason([blocks], self.block_manager.num_total_gpu_blocks,
+                                               f"watermark {self.block_manager.watermark_blocks}")
                 self._ignore(group, reason, ignored)
                 continue
             if status is AllocStatus.LATER:

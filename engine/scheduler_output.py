@@ -108,6 +108,21 @@ def step_kind(scheduled: list[ScheduledSequence]) -> str:
     return "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
 
 
+NEVER_ADMITTED = "cannot be admitted even into an empty pool"  # the reason of a head of line that waits forever
+
+
+def pool_too_small_reason(needed: list[int], num_pool_blocks: int, pool_note: str,
+                          num_tokens: int | None = None) -> str:
+    """Why a request needing more blocks than the pool has is refused, in every design's words:
+    "needs N blocks [for T tokens] but the pool has P (pool_note)", each KV-cache group's count
+    named when `needed` holds several groups' (vLLM v0 `Scheduler._schedule_prefills` ignores such
+    a request on `AllocStatus.NEVER`; vLLM v1 refuses such a pool at start-up,
+    `check_enough_kv_cache_memory`)."""
+    tokens = f" for {num_tokens} tokens" if num_tokens is not None else ""
+    groups = f" ({' + '.join(map(str, needed))} in its {len(needed)} KV-cache groups)" if len(needed) > 1 else ""
+    return f"needs {sum(needed)} blocks{tokens}{groups} but the pool has {num_pool_blocks} ({pool_note})"
+
+
 def plan_entry(group: SequenceGroup, seq: Sequence, num_computed_tokens: int, num_new_tokens: int,
                block_ids: list[int]) -> ScheduledSequence:
     """A scheduled sequence over one KV-cache group's table."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from engine.events import BlockAllocated, EventBus, PrefixCacheHit, SequenceFreed, SlotAppended
+from engine.scheduler_output import pool_too_small_reason
 from engine.sequence import Sequence
 from engine.v1.block_pool import GPU
 from engine.v1.kv_cache_coordinator import BlocksPerGroup, get_kv_cache_coordinator
@@ -53,11 +54,9 @@ def get_num_blocks_needed(managers, num_tokens: int, max_model_len: int | None,
 
 
 def too_big_reason(needed: list[int], num_tokens: int, num_usable_blocks: int) -> str:
-    """Why a request that can never fit the pool is refused, each KV-cache group's count named
-    when there are several."""
-    groups = f" ({' + '.join(map(str, needed))} in its {len(needed)} KV-cache groups)" if len(needed) > 1 else ""
-    return (f"needs {sum(needed)} blocks for {num_tokens} tokens{groups} but the pool has {num_usable_blocks} "
-            "(block 0 is the null block)")
+    """Why a request that can never fit a v1 pool (its usable blocks: all but the null block) is
+    refused, each KV-cache group's count named when there are several."""
+    return pool_too_small_reason(needed, num_usable_blocks, "block 0 is the null block", num_tokens)
 
 
 class KVCacheManager:

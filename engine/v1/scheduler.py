@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from engine.events import Preempted
 from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler import SchedulerConfig
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
+from engine.scheduler_output import NEVER_ADMITTED, ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import KVCacheManager, too_big_reason
 
@@ -190,4 +190,4 @@ class Scheduler:
         if self.running:
             return
         seq = self.waiting[0]
-        self._ignore(seq, "cannot be admitted even into an empty pool", out)
+        self._ignore(seq, NEVER_ADMITTED, out)

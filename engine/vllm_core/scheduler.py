@@ -36,7 +36,7 @@ from typing import Any
 
 from engine.events import EventBus, Preempted
 from engine.output_processor import OutputProcessor, StopChecker
-from engine.scheduler_output import ScheduledSequence, SchedulerOutput, step_kind
+from engine.scheduler_output import NEVER_ADMITTED, ScheduledSequence, SchedulerOutput, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.v1.kv_cache_manager import get_num_blocks_needed, too_big_reason
 from engine.v1.kv_cache_utils import resolve_none_hash_seed
@@ -258,7 +258,7 @@ class VllmScheduler:
         request_id = request.request_id
         seq, group = self.seqs[request_id], self.groups[request_id]
         reason = (self._too_big_reason(seq) if self._too_big_for_the_pool(request)
-                  else "cannot be admitted even into an empty pool")
+                  else NEVER_ADMITTED)
         self.vllm.finish_requests(request_id, RequestStatus.FINISHED_IGNORED)
         self._forget(request_id)
         seq.status = SequenceStatus.FINISHED_IGNORED
