@@ -13,9 +13,10 @@ emitting what our v1 (engine/v1/) emits for the same operation, in the same orde
   request held, BlockAllocated for each new block with the tokens it holds;
 - `BlockPool.cache_full_blocks`: BlockHashed per block given its hash (`registered`: no other block
   held the hash);
-- `BlockPool.free_blocks`: BlockFreed per block, held ones first, then those going to the free
-  queue's head in reverse, then those going to its tail, as engine/v1/block_pool.py documents, so
-  the reducer rebuilds vLLM's `FreeKVCacheBlockQueue`;
+- `BlockPool.free_blocks`: BlockFreed per block, held ones first, then those vLLM put at the free
+  queue's head in reverse, then those it put at its tail, each read from vLLM's own
+  `FreeKVCacheBlockQueue` after the call, as engine/v1/block_pool.py documents, so the reducer
+  rebuilds that queue;
 - `KVCacheManager.free`: SequenceFreed after the request's blocks; each group's
   `SingleTypeKVCacheManager.free` names the group its frees belong to.
 - evictions come from vLLM's own metrics hook (`BlockPool.metrics_collector`, the
@@ -288,13 +289,32 @@ class VllmEventTap:
             blocks = [block for block in blocks if not block.is_null]
             caching = self.pool.enable_caching
             held = [b for b in blocks if b.ref_cnt > 0]
-            fresh = [b for b in blocks if b.ref_cnt == 0 and (b.block_hash is None or not caching)]
-            cached = [b for b in blocks if b.ref_cnt == 0 and b.block_hash is not None and caching]
-            for block in (*held, *reversed(fresh), *cached):
+            queued = [b for b in blocks if b.ref_cnt == 0]
+            num_cached = sum(1 for b in queued if b.block_hash is not None and caching)
+            head, tail = self._free_queue_ends(len(queued) - num_cached, num_cached)
+            if {id(b) for b in (*head, *tail)} != {id(b) for b in queued}:
+                raise TapError(f"vLLM's free queue does not hold blocks {[b.block_id for b in queued]} where the "
+                               "tap reads them (the head: blocks without a hash, the tail: cached ones)")
+            for block in (*held, *reversed(head), *tail):
                 self.events.emit(BlockFreed, device=GPU, block=block.block_id, seq_id=seq_id,
                                  ref_count=block.ref_cnt, cached=block.block_hash is not None and caching,
                                  group=self._group_of(block) if group is None else group)
         return free_blocks
+
+    def _free_queue_ends(self, num_head: int, num_tail: int) -> tuple[list, list]:
+        """The first `num_head` and the last `num_tail` blocks of vLLM's FreeKVCacheBlockQueue, each
+        in queue order: where vLLM's `free_blocks` just put the blocks it freed (prepend_n to the
+        head, append_n to the tail)."""
+        queue = self.pool.free_block_queue
+        head, node = [], queue.fake_free_list_head.next_free_block
+        while len(head) < num_head and node is not queue.fake_free_list_tail:
+            head.append(node)
+            node = node.next_free_block
+        tail, node = [], queue.fake_free_list_tail.prev_free_block
+        while len(tail) < num_tail and node is not queue.fake_free_list_head:
+            tail.append(node)
+            node = node.prev_free_block
+        return head, tail[::-1]
 
     def _group_of(self, block: Any) -> int:
         """The KV-cache group of a block freed by no group's manager (a pin vLLM's CPU tier
