@@ -177,7 +177,7 @@ class CacheEngine:
     def get_cache_block_size(
         block_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
     ) -> int:
-        """Bytes one block takes across all layers, K and V (seed 001; vLLM `get_cache_block_size`)."""
+        """Bytes one block takes across all layers, K and V (vLLM v0 `CacheEngine.get_cache_block_size`)."""
         element_size = torch.empty((), dtype=dtype).element_size()
         return block_size * num_layers * 2 * num_kv_heads * head_dim * element_size
 

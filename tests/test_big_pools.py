@@ -83,7 +83,7 @@ def test_the_snapshot_sends_a_big_pool_as_cell_counts_and_a_range_as_exact_block
     assert gpu["n"] == NUM_GPU_BLOCKS and gpu["per_cell"] == 256 and "ref" not in gpu
     assert len(gpu["state"]) == len(gpu["cells"]["used"]) <= MAX_ZOOM_CELLS
     assert (gpu["used"], gpu["cached"]) == (sum(gpu["cells"]["used"]), len(CACHED_BLOCKS))
-    assert "start" not in frame["pools"]["cpu"]  # a small pool: as before, one column entry a block
+    assert "start" not in frame["pools"]["cpu"]  # a small pool: one column entry a block
     ranged = snapshot(state, ranges={"gpu": (99_990, 100_020)})["pools"]["gpu"]
     assert (ranged["start"], ranged["stop"], ranged["per_cell"]) == (99_990, 100_020, 1)
     pool = state.pools["gpu"]

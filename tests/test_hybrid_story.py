@@ -212,7 +212,7 @@ def test_the_hybrid_story_has_cards_at_its_moments_in_states_the_engine_stops_in
     for card in (slides, hit, tail):  # each stop is a state the engine can be in
         timeline.seek(card.position)
         assert timeline.operation_at() is None and not drawn_state_problems(timeline.state), card.idea
-    plain = Guide("v1")  # without the header's groups: no window-tail card, the rest as before
+    plain = Guide("v1")  # without the header's groups: no window-tail card, the window still slides
     plain.scan(trace.events)
     plain.settle()
     assert "window-tail" not in {c.idea for c in plain.cards} and "window-slides" in {c.idea for c in plain.cards}

@@ -160,7 +160,7 @@ def test_old_headers_load_and_the_new_fields_are_checked(tmp_path):
     header = make_header({"model": "m", "block_size": 4, "num_gpu_blocks": 8, "num_cpu_blocks": 0,
                           "budget_source": "explicit", "total_bytes": None, "peak_bytes": None})
     assert engine_title(header) == "m · block size 4 · 8 GPU / 0 CPU blocks"  # no origin for a given size
-    check_header_fields(header)  # no free_bytes / non_torch_bytes: a header as they were
+    check_header_fields(header)  # a header without free_bytes / non_torch_bytes passes
     with pytest.raises(ValueError, match="'non_torch_bytes' must be a non-negative integer"):
         check_header_fields({**header, "non_torch_bytes": -1})
     budget = {**header, "budget_source": "budget", "total_bytes": 1 << 30}

@@ -1,7 +1,8 @@
 """KV-cache groups in engine/v1 without a model (issue 41, item 2): the layers grouped as vLLM
 groups them, a sliding window giving blocks back mid-request (and the reducer following from the
-events alone), a prefix hit cut short by the window group, one group behaving as before, and the
-step plan and model runner carrying one table per group, each layer reading its group's."""
+events alone), a prefix hit cut short by the window group, one full-attention group on the unitary
+coordinator with one block list, and the step plan and model runner carrying one table per group,
+each layer reading its group's."""
 
 from __future__ import annotations
 
