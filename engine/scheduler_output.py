@@ -101,10 +101,15 @@ class SchedulerOutput:
         return list(groups.values())
 
 
+def is_decode(num_computed_tokens: int, num_new_tokens: int, num_tokens: int) -> bool:
+    """Whether a sequence's part of a step computes only its newest token (of `num_tokens`)."""
+    return num_new_tokens == 1 and num_computed_tokens == num_tokens - 1
+
+
 def step_kind(scheduled: list[ScheduledSequence]) -> str:
     """"decode" when every scheduled sequence computes only its newest token, "prefill" when none
     does, "mixed" otherwise (vLLM v1 batches both in one step)."""
-    decodes = sum(1 for s in scheduled if s.num_new_tokens == 1 and s.num_computed_tokens == s.seq.get_len() - 1)
+    decodes = sum(1 for s in scheduled if is_decode(s.num_computed_tokens, s.num_new_tokens, s.seq.get_len()))
     return "decode" if decodes == len(scheduled) else "prefill" if decodes == 0 else "mixed"
 
 

@@ -35,3 +35,13 @@ def test_fork_and_copy_on_write_say_what_is_shared_and_what_is_copied():
     assert "nothing copied" in fork_line and "(ref 2)" in fork_line
     cow, cow_line = lines["copy_on_write"]
     assert f"copied to block {cow.dst_block}" in cow_line and f"block {cow.src_block} keeps" in cow_line
+
+
+def test_a_scheduled_line_names_each_sequences_part_as_the_step_kind_counts_it():
+    """A chunk, a whole prefill and a decode: the log's words per sequence, with the decode test
+    the step's kind uses (engine/scheduler_output.py is_decode)."""
+    from engine import events as ev
+
+    line = describe(ev.TokensScheduled(seq_no=0, step=3, seq_ids=(0, 1, 2), num_computed_tokens=(0, 4, 8),
+                                       num_new_tokens=(4, 5, 1), num_tokens=(10, 9, 9)))
+    assert line == "step 3 schedules seq 0 0+4/10 chunk, seq 1 4+5/9 prefill, seq 2 8+1/9 decode"

@@ -17,6 +17,7 @@ from typing import Callable
 from blockviz.model.palette import short_hash, show_token
 from blockviz.model.reducer import ReducerState
 from engine import events as ev
+from engine.scheduler_output import is_decode
 
 
 def plural(count: int, word: str) -> str:
@@ -128,7 +129,7 @@ def _preempted(e: ev.Preempted, vocab) -> str:
 def _scheduled(e: ev.TokensScheduled, vocab) -> str:
     parts = []
     for seq_id, done, new, total in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens):
-        kind = "chunk" if done + new < total else "decode" if (done, new) == (total - 1, 1) else "prefill"
+        kind = "chunk" if done + new < total else "decode" if is_decode(done, new, total) else "prefill"
         parts.append(f"seq {seq_id} {done}+{new}/{total} {kind}")
     return f"step {e.step} schedules " + ", ".join(parts)
 
