@@ -185,7 +185,7 @@ def offload_transfer_config(kv_offloading_size: float):
 def make_block_hasher(hash_algo: str, block_size: int):
     """vLLM's request block hasher (kv_cache_utils.get_request_block_hasher, for requests with no
     multimodal input and no lookahead) over `hash_algo`, its chains starting from this engine's
-    own NONE_HASH: hash_fn of vLLM 0.33's seed (engine/v1/kv_cache_utils.resolve_none_hash_seed:
+    own NONE_HASH: hash_fn of vLLM 0.33's seed (engine/v1/kv_cache_utils.none_hash, resolve_none_hash_seed:
     PYTHONHASHSEED when set, else vLLM's "vllm-none-hash"), what vLLM's init_none_hash makes and what
     engine/v1 chains from, so a prefix hashes alike under kv_manager "v1" and "vllm". vLLM keeps its NONE_HASH in a module global
     that init_none_hash sets from the environment; this hasher reads neither: each block goes
@@ -194,10 +194,10 @@ def make_block_hasher(hash_algo: str, block_size: int):
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import BlockHash, generate_block_hash_extra_keys, hash_block_tokens
 
-    from engine.v1.kv_cache_utils import resolve_none_hash_seed
+    from engine.v1.kv_cache_utils import none_hash as none_hash_of
 
     hash_fn = get_hash_fn_by_name(hash_algo)
-    none_hash = BlockHash(hash_fn(resolve_none_hash_seed()))
+    none_hash = BlockHash(none_hash_of(hash_fn))
 
     def block_hasher(request) -> list:
         start = len(request.block_hashes) * block_size
