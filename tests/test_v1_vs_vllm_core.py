@@ -234,17 +234,14 @@ def test_none_hash_is_seeded_as_vllm_seeds_it(monkeypatch):
 
     from engine.v1.kv_cache_utils import none_hash, sha256
 
-    saved = vllm_utils.NONE_HASH
-    try:
-        for seed in (None, "7"):
-            if seed is None:
-                monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-            else:
-                monkeypatch.setenv("PYTHONHASHSEED", seed)
-            vllm_utils.init_none_hash(vllm_sha256)
-            assert none_hash(sha256) == vllm_utils.NONE_HASH
-    finally:
-        vllm_utils.NONE_HASH = saved
+    monkeypatch.setattr(vllm_utils, "NONE_HASH", None, raising=False)  # vLLM's global as it was, after the test
+    for seed in (None, "7"):
+        if seed is None:
+            monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONHASHSEED", seed)
+        vllm_utils.init_none_hash(vllm_sha256)
+        assert none_hash(sha256) == vllm_utils.NONE_HASH
 
 
 def test_the_workloads_reach_what_they_are_meant_to(tiny_gpt2_dir):
