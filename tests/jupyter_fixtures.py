@@ -405,8 +405,8 @@ def launch_chromium() -> Iterator[Chromium]:
 
 @pytest.fixture(scope="session")
 def chromium_session() -> Iterator[Chromium]:
-    """One chromium for the whole test session (under pytest-xdist: for the worker that runs the
-    browser tests, which tests/conftest.py puts in one xdist group)."""
+    """One chromium for the whole test session (under pytest-xdist: one per worker that runs a browser
+    test; tests/conftest.py spreads the browser tests over the workers)."""
     chromium_path()
     with launch_chromium() as chromium:
         yield chromium

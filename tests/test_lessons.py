@@ -17,14 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
+from optional_parts import lazy_importorskip
 
 from blockviz.lessons import LESSONS as LESSON_NUMBERS
 from blockviz.lessons import load_all
 from blockviz.lessons.checks import CORRECT, UNANSWERED, WRONG, Exercise, Slip, close_to, show
 from blockviz.lessons.key import KEY, fill, main as key_main
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+nbformat = lazy_importorskip("nbformat")  # imported by the first test that reads a notebook
+nbclient = lazy_importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from optional_parts import lazy_importorskip
 
 from blockviz.lessons import lesson10 as lesson
 from blockviz.lessons.engines import events_of, fresh
@@ -26,7 +27,7 @@ from engine import events as ev
 from engine.sequence import SamplingParams
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
-nbformat = pytest.importorskip("nbformat")
+nbformat = lazy_importorskip("nbformat")  # imported by the first test that reads a notebook
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 MODES = ("v1", "vllm")
