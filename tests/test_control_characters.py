@@ -1,0 +1,246 @@
+"""No control character from data reaches a terminal, a browser terminal or a page (issue 50 item 1):
+a trace's header and events, a publisher's KV events and a one-line error carry `ESC[2J`, OSC
+titles and hyperlinks, `\\r`, backspace, bell and C1 controls, and what is drawn shows them as
+escapes (blockviz/model/safe_text.py). Widened over every string field of every event kind and of
+the header; checked on the replay and attach screens (Pilot) and in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, strategies as st
+
+from blockviz.kvevents.protocol import KNOWN_EVENTS, BlockRemoved, BlockStored, ProtocolError, decode_event
+from blockviz.model.palette import show_token, show_tokens
+from blockviz.model.safe_text import _text_fields, safe_header, safe_line, safe_struct, safe_text, safe_token
+from blockviz.model.trace import HEADER_FIELDS, TRACES_DIR, TraceError, read_trace
+from blockviz.session.spec import one_line
+from engine import events as ev
+from serve_fixtures import REPO, blockviz_env
+
+PAYLOADS = {
+    "clear": "\x1b[2J\x1b[H INJECTED",
+    "OSC title": "\x1b]0;PWNED\x07",
+    "OSC 8 link": "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+    "CR": "kept\roverwritten",
+    "backspace": "ab\b\bXY",
+    "bell": "ding\x07",
+    "C1": "\x9b2J\x9d0;PWNED\x9c\x85\x90",
+    "bidi": "abc\u202edcba\u2028",
+}
+HOSTILE = "".join(PAYLOADS.values())
+# What may never be drawn from data: C0 but tab, newline and carriage return; DEL; C1; bidi overrides
+NEVER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+ONE_LINE_NEVER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def strings_in(value) -> list[str]:
+    """Every string inside a value (an event, a dict, lists of them), dict keys too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, msgspec.Struct):
+        return [s for name in value.__struct_fields__ for s in strings_in(getattr(value, name))]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in strings_in(key) + strings_in(item)]
+    if isinstance(value, (list, tuple)):
+        return [s for item in value for s in strings_in(item)]
+    return []
+
+
+# ---------------------------------------------------------------- the escapes
+
+
+@pytest.mark.parametrize("name", PAYLOADS)
+def test_each_payload_is_written_visibly(name):
+    payload = PAYLOADS[name]
+    for safe, never in ((safe_line, ONE_LINE_NEVER), (safe_text, NEVER), (safe_token, NEVER)):
+        assert never.search(safe(payload)) is None
+    assert safe_line("\x1b[2J\x1b[H INJECTED") == "\\x1b[2J\\x1b[H INJECTED"
+    assert safe_line("a\rb\bc\x07\x9b\u202e\n\t") == "a\\rb\\x08c\\x07\\x9b\\u202e\\n\\t"
+    assert safe_text("line one\n\tline two\r") == "line one\n\tline two\\r"
+    assert safe_token("\n\t\r\x1b") == "\n\t\r\\x1b"
+
+
+@given(st.text())
+def test_any_text_comes_out_with_no_control_character_and_plain_text_unchanged(text):
+    assert ONE_LINE_NEVER.search(safe_line(text)) is None
+    assert NEVER.search(safe_text(text)) is None and "\r" not in safe_text(text)
+    assert NEVER.search(safe_token(text)) is None
+    if ONE_LINE_NEVER.search(text) is None:
+        assert safe_line(text) is text
+
+
+@given(st.lists(st.text(), max_size=6))
+def test_token_pieces_are_drawn_with_no_control_character(pieces):
+    """show_tokens joins the bytes of split characters: a piece that completes one may be a C1."""
+    for drawn in show_tokens([safe_token(p) for p in pieces]) + [show_token(p) for p in pieces]:
+        assert NEVER.search(drawn) is None and "\r" not in drawn
+    assert show_tokens(["\\xc2", "\\x9b"])[1] == "\\x9b"  # U+009B, CSI, from two byte pieces
+
+
+def test_one_line_errors_write_control_characters_visibly():
+    line = one_line(ValueError(f"unknown model {HOSTILE}"))
+    assert ONE_LINE_NEVER.search(line) is None and "\\x1b[2J\\x1b[H INJECTED" in line
+
+
+# ---------------------------------------------------------------- a trace: every string field
+
+
+def _shipped_lines(name: str) -> list[str]:
+    return (TRACES_DIR / f"{name}.jsonl").read_text().splitlines()
+
+
+def _first_of_each_kind() -> dict[str, tuple[str, int]]:
+    """For each event kind: a shipped trace holding it and the line of its first event there."""
+    found: dict[str, tuple[str, int]] = {}
+    for path in sorted(TRACES_DIR.glob("*.jsonl")):
+        for number, line in enumerate(path.read_text().splitlines()[1:], 1):
+            found.setdefault(json.loads(line)["type"], (path.stem, number))
+    return found
+
+
+FIRST = _first_of_each_kind()
+EVENT_STRING_FIELDS = [(kind, name) for kind, cls in sorted(ev.EVENT_TYPES.items())
+                       for name, _ in _text_fields(cls)]
+
+
+def _check_read(path: Path, injected_into: str) -> bool:
+    """Read `path`: either every string of the trace is safe, or the one-line error is; whether it was read."""
+    try:
+        trace = read_trace(path)
+    except TraceError as exc:
+        assert ONE_LINE_NEVER.search(str(exc)) is None, (injected_into, str(exc))
+        return False
+    for text in strings_in(trace.header) + strings_in(trace.events):
+        assert NEVER.search(text) is None, (injected_into, text)
+    return True
+
+
+def test_every_event_kind_with_a_string_field_is_in_a_shipped_trace():
+    assert {kind for kind, _ in EVENT_STRING_FIELDS} <= set(FIRST)
+    assert len(EVENT_STRING_FIELDS) >= 25
+
+
+@pytest.mark.parametrize(("kind", "field"), EVENT_STRING_FIELDS, ids=[f"{k}.{f}" for k, f in EVENT_STRING_FIELDS])
+def test_every_string_field_of_every_event_kind_is_safe_once_read(tmp_path, kind, field):
+    name, number = FIRST[kind]
+    lines = _shipped_lines(name)[:number + 1]  # the trace up to that event: the checker reads a prefix
+    event = json.loads(lines[number])
+    event[field] = [HOSTILE, *event[field][1:]] if isinstance(event[field], list) else event[field] + HOSTILE
+    lines[number] = json.dumps(event)
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    _check_read(path, f"{kind}.{field}")
+
+
+HEADER_STRING_FIELDS = sorted(key for key, (test, _) in HEADER_FIELDS.items() if test("x") or test(["x"]))
+
+
+def test_the_header_fields_that_take_text_are_known():
+    assert {"model", "model_type", "device", "description", "scenario", "prompts"} <= set(HEADER_STRING_FIELDS)
+
+
+@pytest.mark.parametrize("field", [*HEADER_STRING_FIELDS, "arrivals", "later_prompts", "unknown field", "a key"])
+def test_every_string_field_of_the_header_is_safe_once_read(tmp_path, field):
+    lines = _shipped_lines("cpu-tier")[:40]
+    header = json.loads(lines[0])
+    if field == "arrivals":
+        header["arrivals"] = [{"step": 3, "prompt": HOSTILE, "n": 1}]
+    elif field == "later_prompts":
+        header["later_prompts"] = [[3, HOSTILE]]
+    elif field == "unknown field":
+        header["notes"] = {"by": HOSTILE, "tags": [HOSTILE]}
+    elif field == "a key":
+        header[HOSTILE] = 1
+    elif HEADER_FIELDS[field][0](["x"]):
+        header[field] = [HOSTILE]
+    else:
+        header[field] = HOSTILE
+    lines[0] = json.dumps(header)
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    read = _check_read(path, field)
+    assert read or field not in ("model", "description", "prompts", "arrivals", "unknown field", "a key")
+
+
+def hostile_trace(tmp_path: Path, name: str = "fork-cow") -> Path:
+    """A shipped trace with the probe's fields made hostile: the header's model, prompts and
+    description, each request's prompt and prompt pieces, every sampled token's text and each
+    finish's detail."""
+    lines = _shipped_lines(name)
+    header = json.loads(lines[0])
+    header["model"] = "tiny " + HOSTILE
+    header["prompts"] = [p + HOSTILE for p in header["prompts"]]
+    header["description"] = HOSTILE
+    out = [json.dumps(header)]
+    for line in lines[1:]:
+        event = json.loads(line)
+        if event["type"] == "request_added":
+            event["prompt"] += HOSTILE
+            event["prompt_tokens_text"] = [HOSTILE] + event["prompt_tokens_text"][1:]
+        elif event["type"] == "token_generated":
+            event["text"] = PAYLOADS["clear"] if event["position"] % 2 else PAYLOADS["OSC title"] + PAYLOADS["C1"]
+        elif event["type"] == "sequence_finished":
+            event["detail"] = HOSTILE
+        out.append(json.dumps(event))
+    path = tmp_path / f"hostile-{name}.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_the_probes_trace_reads_with_every_string_safe(tmp_path):
+    trace = read_trace(hostile_trace(tmp_path))
+    assert trace.header["model"].startswith("tiny \\x1b[2J\\x1b[H INJECTED")
+    details = [e.detail for e in trace.events if isinstance(e, ev.SequenceFinished)]
+    assert details and all(d.startswith("\\x1b[2J\\x1b[H INJECTED") for d in details)
+    for text in strings_in(trace.header) + strings_in(trace.events):
+        assert NEVER.search(text) is None, text
+
+
+# ---------------------------------------------------------------- KV events: every string field
+
+
+KV_STRING_FIELDS = [(tag, name) for tag, cls in sorted(KNOWN_EVENTS.items()) for name, _ in _text_fields(cls)]
+
+
+def _wire(event) -> list:
+    """An event as a tagged array, as vLLM's encoder writes it."""
+    return [type(event).__name__, *msgspec.to_builtins(msgspec.structs.astuple(event))]
+
+
+@pytest.mark.parametrize(("tag", "field"), KV_STRING_FIELDS, ids=[f"{t}.{f}" for t, f in KV_STRING_FIELDS])
+def test_every_string_field_of_a_kv_event_is_safe_once_decoded(tag, field):
+    base = {"BlockStored": BlockStored((1,), None, (1, 2), 2), "BlockRemoved": BlockRemoved((1,))}[tag]
+    value = (HOSTILE, [HOSTILE, 3]) if field == "extra_keys" else HOSTILE
+    hostile = msgspec.structs.replace(base, **{field: value})
+    decoded = decode_event(_wire(hostile))
+    assert type(decoded) is type(base)
+    texts = strings_in(decoded)
+    assert texts and all(ONE_LINE_NEVER.search(text) is None for text in texts), texts
+    assert any("\\x1b[2J\\x1b[H INJECTED" in text for text in texts)
+
+
+def test_the_probes_kv_fields_and_an_unknown_tag_are_safe():
+    stored = decode_event(_wire(BlockStored((1,), None, (1, 2), 2, medium=HOSTILE, kv_cache_spec_kind=HOSTILE,
+                                            session_id=HOSTILE, group_idx=0)))
+    assert stored.medium == stored.kv_cache_spec_kind == stored.session_id == safe_line(HOSTILE)
+    assert ONE_LINE_NEVER.search(decode_event([PAYLOADS["clear"], 1]).type) is None
+    with pytest.raises(ProtocolError) as bad:
+        decode_event(["BlockStored", "not a list", None, [], 2])
+    assert ONE_LINE_NEVER.search(str(bad.value)) is None
+
+
+def test_a_struct_with_nothing_to_escape_is_returned_as_it_is():
+    stored = BlockStored((1,), None, (1, 2), 2, medium="GPU", session_id="chat-7")
+    assert safe_struct(stored) is stored
+    header = {"model": "gpt2", "prompts": ["ROMEO:\n"]}
+    assert safe_header(header) == header
