@@ -244,3 +244,61 @@ def test_a_struct_with_nothing_to_escape_is_returned_as_it_is():
     assert safe_struct(stored) is stored
     header = {"model": "gpt2", "prompts": ["ROMEO:\n"]}
     assert safe_header(header) == header
+
+
+# ---------------------------------------------------------------- the screens: Pilot
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _screen(app) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+@pytest.mark.anyio
+async def test_the_replay_screen_shows_the_probes_strings_as_escapes(tmp_path):
+    from blockviz.tui.app import BlockvizApp
+
+    app = BlockvizApp(trace=read_trace(hostile_trace(tmp_path)), deterministic=True, play=False)
+    screens = []
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        for keys in ((), ("s",) * 3, ("G",)):  # the start, a few steps in (prompts, tokens), the end (finishes)
+            await pilot.press(*keys)
+            await pilot.pause()
+            screens.append((_screen(app), app.export_screenshot()))
+    for text, svg in screens:
+        assert NEVER.search(text) is None and NEVER.search(svg) is None
+    drawn = " ".join(text for text, _ in screens)
+    assert "INJECTED" in drawn and "\\x1b[2J" in drawn
+
+
+@pytest.mark.anyio
+async def test_the_attach_screen_shows_a_publishers_strings_as_escapes():
+    """The probe's attach fields (kv_cache_spec_kind, medium, session_id) from a real publisher,
+    through the wire's decoding, on the screen."""
+    from blockviz.kvevents.publisher import KVEventPublisher
+    from blockviz.tui.attach_app import AttachApp
+    from test_kv_round_trip import WAIT_S, free_ports
+
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    events = [BlockStored((0xAB << 56,), None, (31, 32), 2, medium="GPU", group_idx=0,
+                          kv_cache_spec_kind=HOSTILE, session_id=HOSTILE),
+              BlockStored((0xCD << 56,), 0xAB << 56, (33, 34), 2, medium=HOSTILE, group_idx=1,
+                          kv_cache_spec_kind="sliding_window", session_id="chat-7")]
+    with KVEventPublisher(endpoint) as publisher:
+        app = AttachApp(endpoint)
+        async with app.run_test(size=(180, 40)) as pilot:
+            assert await asyncio.to_thread(publisher.wait_for_subscribers, 1, WAIT_S)
+            publisher.publish(events)
+            deadline = time.monotonic() + WAIT_S
+            while app.state.num_batches < 1 and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause()
+            text, svg = _screen(app), app.export_screenshot()
+    assert app.state.num_batches == 1
+    assert NEVER.search(text) is None and NEVER.search(svg) is None
+    assert "session \\x1b[2J" in text and "\\x1b[2J\\x1b[H INJECTED" in text
