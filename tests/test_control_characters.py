@@ -302,3 +302,48 @@ async def test_the_attach_screen_shows_a_publishers_strings_as_escapes():
     assert app.state.num_batches == 1
     assert NEVER.search(text) is None and NEVER.search(svg) is None
     assert "session \\x1b[2J" in text and "\\x1b[2J\\x1b[H INJECTED" in text
+
+
+# ---------------------------------------------------------------- a real terminal: tmux
+
+SGR = re.compile(r"\x1b\[[0-9;:]*m")
+TMUX_LIMIT_S = 120  # a cold start of blockviz replay on a loaded machine: a limit, not a measurement
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_a_real_terminal_running_replay_is_neither_cleared_nor_retitled(tmp_path):
+    """`blockviz replay` of the probe's trace in tmux at 100x30: the pane shows the escapes as text,
+    its title is not the trace's, and every escape sequence tmux keeps is its own colouring (SGR)."""
+    trace = hostile_trace(tmp_path)
+    socket = f"blockviz-test-{tmp_path.name}"
+    env = {**blockviz_env(), "TERM": "xterm-256color"}
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, env=env,
+                              timeout=30, check=True).stdout
+
+    tmux("new-session", "-d", "-x", "100", "-y", "30", "-s", "replay",
+         f"cd {REPO} && {sys.executable} -m blockviz replay {trace} ; sleep 600")
+    try:
+        deadline = time.monotonic() + TMUX_LIMIT_S
+        while "Quit" not in tmux("capture-pane", "-p", "-t", "replay"):  # the footer: the app is up
+            assert time.monotonic() < deadline, tmux("capture-pane", "-p", "-t", "replay")
+            time.sleep(0.5)
+        screens = []
+        for keys in ((), ("s", "s", "s"), ("G",)):
+            if keys:
+                tmux("send-keys", "-t", "replay", *keys)
+                time.sleep(2)
+            screens.append((tmux("capture-pane", "-p", "-t", "replay"), tmux("capture-pane", "-p", "-e", "-t", "replay")))
+        title = tmux("display-message", "-p", "-t", "replay", "#{pane_title}")
+        tmux("send-keys", "-t", "replay", "q")
+    finally:
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, env=env, timeout=30)
+    assert "PWNED" not in title
+    for plain, coloured in screens:
+        assert NEVER.search(plain) is None
+        assert NEVER.search(SGR.sub("", coloured)) is None, [m.group() for m in re.finditer(r"\x1b.{0,12}", coloured)]
+    drawn = "\n".join(plain for plain, _ in screens)
+    # on rows of the panels that draw them (a token's spaces as '·'), the screen around them whole
+    assert any(re.search(r"\\x1b\[2J\\x1b\[H[ ·]INJECTE", line) for line in drawn.splitlines()), drawn
+    assert all("Quit" in plain and "GPU pool" in plain for plain, _ in screens), drawn
