@@ -347,3 +347,49 @@ def test_a_real_terminal_running_replay_is_neither_cleared_nor_retitled(tmp_path
     # on rows of the panels that draw them (a token's spaces as '·'), the screen around them whole
     assert any(re.search(r"\\x1b\[2J\\x1b\[H[ ·]INJECTE", line) for line in drawn.splitlines()), drawn
     assert all("Quit" in plain and "GPU pool" in plain for plain, _ in screens), drawn
+
+
+# ---------------------------------------------------------------- serve's websocket stream
+
+CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+POINTER_SHAPE = re.compile(r"\x1b\]22;[\w-]*(?:\x07|\x1b\\)")  # Textual's own OSC 22: the mouse pointer's shape
+SERVE_LIMIT_S = 60  # limits on waits, never measurements
+
+
+def test_serve_sends_a_browser_terminal_none_of_the_traces_control_characters(tmp_path):
+    """`blockviz serve replay` of the probe's trace: what the visitor's terminal receives (the app's
+    screen, over the websocket) holds the probe's strings as escapes, and no escape sequence but
+    the app's own (CSI, and OSC 22 for the pointer's shape)."""
+    import aiohttp
+    from serve_fixtures import serve
+
+    trace = hostile_trace(tmp_path)
+
+    async def visit(url: str) -> bytes:
+        received = []
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url + "/ws?width=120&height=40", origin=url) as ws:
+                for keys in ("", "sss", "G"):
+                    if keys:
+                        await ws.send_str(json.dumps(["stdin", keys]))
+                    deadline = time.monotonic() + (SERVE_LIMIT_S if not keys else 3)
+                    while time.monotonic() < deadline:
+                        try:
+                            message = await ws.receive(timeout=1 if received else SERVE_LIMIT_S)
+                        except asyncio.TimeoutError:
+                            if received:
+                                break
+                            continue
+                        if message.type == aiohttp.WSMsgType.BINARY:
+                            received.append(message.data)
+                        elif message.type != aiohttp.WSMsgType.TEXT:
+                            break
+        return b"".join(received)
+
+    with serve("replay", str(trace), log_dir=tmp_path) as served:
+        stream = asyncio.run(asyncio.wait_for(visit(served.url), SERVE_LIMIT_S * 3)).decode("utf-8", "replace")
+    assert "\x1b[H INJECTED" not in stream and "\x1b]0;PWNED" not in stream and "\x1b]8;;" not in stream
+    bare = POINTER_SHAPE.sub("", CSI.sub("", stream))
+    assert re.search("[\x07\x08\x1b\x7f-\x9f\u202a-\u202e]", bare) is None, \
+        [m.group() for m in re.finditer(r"[\x07\x08\x1b\x7f-\x9f\u202a-\u202e].{0,16}", bare)][:5]
+    assert "INJECTE" in bare and "x1b[2J" in bare
