@@ -393,3 +393,27 @@ def test_serve_sends_a_browser_terminal_none_of_the_traces_control_characters(tm
     assert re.search("[\x07\x08\x1b\x7f-\x9f\u202a-\u202e]", bare) is None, \
         [m.group() for m in re.finditer(r"[\x07\x08\x1b\x7f-\x9f\u202a-\u202e].{0,16}", bare)][:5]
     assert "INJECTE" in bare and "x1b[2J" in bare
+
+
+# ---------------------------------------------------------------- the notebook's frames and the SVG
+
+
+def test_the_notebooks_frames_and_the_exported_picture_hold_only_escapes(tmp_path):
+    from blockviz.jupyter.visualizer import Visualizer
+    from blockviz.model.export import trace_frame, trace_title
+    from blockviz.model.svg import frame_svg
+    from blockviz.model.timeline import Timeline
+
+    trace = read_trace(hostile_trace(tmp_path))
+    viz = Visualizer.from_trace(trace)
+    timeline = Timeline.for_trace(trace)
+    drawn = []
+    for position in (len(trace.events) // 3, len(trace.events) // 2, len(trace.events)):
+        viz.timeline.seek(position)
+        timeline.seek(position)
+        frame = trace_frame(timeline, trace.header, trace_title(trace))
+        drawn += [json.dumps(viz.frame(), ensure_ascii=False), frame_svg(frame, title=trace_title(trace))]
+    for text in drawn:
+        assert NEVER.search(text) is None
+    assert any("INJECTE" in text and "\\x1b[2J" in text for text in drawn[1::2])  # the picture
+    assert any("INJECTE" in text for text in drawn[0::2])  # the notebook's frame
