@@ -417,3 +417,39 @@ def test_the_notebooks_frames_and_the_exported_picture_hold_only_escapes(tmp_pat
         assert NEVER.search(text) is None
     assert any("INJECTE" in text and "\\x1b[2J" in text for text in drawn[1::2])  # the picture
     assert any("INJECTE" in text for text in drawn[0::2])  # the notebook's frame
+
+
+# ---------------------------------------------------------------- a live run: a user's prompt, a tokenizer's pieces
+
+
+def test_a_live_sessions_events_and_header_hold_only_escapes():
+    from blockviz.session.engine_session import EngineSession
+    from blockviz.session.spec import EngineSpec
+    from test_tui_fake_engine import FakeEngine
+
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: " + HOSTILE,), n=2, max_tokens=4, seed=7)
+    session = EngineSession(spec, engine=FakeEngine())
+    batches = []
+    session.start()
+    session.run_to_completion(on_events=batches.append)
+    session.close()
+    events = [e for batch in batches for e in batch]
+    added = [e for e in events if isinstance(e, ev.RequestAdded)]
+    assert added and all(e.prompt.startswith("ROMEO: \\x1b[2J\\x1b[H INJECTED") for e in added)
+    for text in strings_in(events) + strings_in(session.header):
+        assert NEVER.search(text) is None, text
+
+
+@pytest.mark.anyio
+async def test_a_toast_quoting_data_holds_only_escapes():
+    """The TUI's last guard: a notification (an engine's refusal quotes the prompt) is made safe."""
+    from blockviz.model.trace import load_trace
+    from blockviz.tui.app import BlockvizApp
+
+    app = BlockvizApp(trace=load_trace("fork-cow"), deterministic=True, play=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.notify(f"the engine refused {HOSTILE}", title=PAYLOADS["OSC title"], severity="error", markup=False)
+        await pilot.pause()
+        shown = [(n.message, n.title) for n in app._notifications]
+    assert len(shown) == 1 and shown[0][0].startswith("the engine refused \\x1b[2J\\x1b[H INJECTED")
+    assert all(NEVER.search(text) is None for text in shown[0])
