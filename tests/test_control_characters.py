@@ -453,3 +453,12 @@ async def test_a_toast_quoting_data_holds_only_escapes():
         shown = [(n.message, n.title) for n in app._notifications]
     assert len(shown) == 1 and shown[0][0].startswith("the engine refused \\x1b[2J\\x1b[H INJECTED")
     assert all(NEVER.search(text) is None for text in shown[0])
+
+
+def test_attachs_tokenizer_pieces_are_drawn_with_escapes():
+    from blockviz.kvevents.tokens import TokenText
+
+    pieces = {1: PAYLOADS["clear"], 2: PAYLOADS["C1"], 3: PAYLOADS["bidi"], 4: " ok\n"}
+    drawn = TokenText(pieces.__getitem__, "hostile").text([1, 2, 3, 4])
+    assert NEVER.search(drawn) is None and "\r" not in drawn
+    assert drawn.startswith("\\x1b[2J\\x1b[H·INJECTED") and drawn.endswith("·ok⏎")
