@@ -13,6 +13,7 @@ import sys
 
 from blockviz.commands.options import OneLineParser, check_attention_backend
 from blockviz.errors import UsageError, in_flags, near_model
+from blockviz.model.safe_text import safe_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         check_attention_backend(args)
         return commands.dispatch(args)
     except UsageError as exc:
-        print(f"blockviz: error: {in_flags(str(exc))}{near_model(getattr(args, 'model', None), str(exc))}", file=sys.stderr)
+        message = safe_line(f"{in_flags(str(exc))}{near_model(getattr(args, 'model', None), str(exc))}")
+        print(f"blockviz: error: {message}", file=sys.stderr)  # control characters written visibly
         return 2
     except KeyboardInterrupt:
         return 130

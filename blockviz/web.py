@@ -110,7 +110,9 @@ RETRY_S = 10
 LOOPBACK_NAMES = ("localhost",)
 # What one visitor may cost (docs/serve.md, "Security"): limits, not measurements.
 MAX_MESSAGE_BYTES = 16 * 1024  # one websocket message from a page (a paste); a larger one ends the session
-INPUT_BURST, INPUT_RATE_S = 4096, 64  # input events (a key, a mouse report, a pasted character) the app queues
+# input events (a key, a mouse report, a pasted character) the app queues: a burst holds one message
+# at the cap, so a paste of up to MAX_MESSAGE_BYTES is admitted whole
+INPUT_BURST, INPUT_RATE_S = MAX_MESSAGE_BYTES, 64
 MESSAGE_BURST, MESSAGE_RATE_S = 512, 64  # websocket messages of any kind (a key, a mouse move, a resize)
 APP_QUIT_S = 2  # how long an app may take to quit, then to stop on SIGTERM, before SIGKILL
 SEND_LIMIT_S = 10  # how long a message to the app (or a pong to the page) may wait to be taken
@@ -457,13 +459,17 @@ class VisitorSession:
 
 MESSAGE_KINDS = ("stdin", "resize", "ping", "blur", "focus")  # what textual-serve's page sends
 ESCAPE_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|O.|.)?", re.DOTALL)  # a CSI or SS3 sequence, or Alt+key
+# a bracketed paste (the page wraps a paste in these when the app asked for mode 2004, as Textual
+# does), to its end marker or to the end of the message
+BRACKETED_PASTE = re.compile(r"\x1b\[200~.*?(?:\x1b\[201~|$)", re.DOTALL)
 
 
 def count_input_events(keys: str) -> int:
-    """How many events the app makes of this terminal input: one per escape sequence (an arrow
-    key, a mouse report) and one per other character. The app queues them all at once, so this,
-    not the bytes, is what a visitor's input costs it."""
-    return len(ESCAPE_SEQUENCE.sub("e", keys))
+    """How many events the app makes of this terminal input: one per bracketed paste (Textual's
+    XTermParser makes one Paste event of it), one per escape sequence (an arrow key, a mouse
+    report) and one per other character. The app queues them all at once, so this, not the bytes,
+    is what a visitor's input costs it."""
+    return len(ESCAPE_SEQUENCE.sub("e", BRACKETED_PASTE.sub("p", keys)))
 
 
 def parse_message(text: str) -> tuple[str, Any]:

@@ -327,10 +327,43 @@ def test_a_write_that_fails_part_way_leaves_the_old_file_whole(tmp_path, capsys,
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", disk_full_on_the_third)
-    _key_refused(capsys, ["--force", str(source), str(out)], "No space left on device")
+    line = _key_refused(capsys, ["--force", str(source), str(out)], "No space left on device")
+    assert f"cannot write {out / LESSONS[2].name}:" in line  # the file, not the folder
     assert _snapshot(out)[LESSONS[2].name] == before[LESSONS[2].name]  # the old copy, whole
     assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temporary file left
     json.loads((out / LESSONS[2].name).read_text())
+
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_the_key_writes_notebooks_with_the_users_umask(tmp_path, capsys, umask):
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    old = os.umask(umask)
+    try:
+        assert key_main([str(source), str(out)]) == 0
+        (tmp_path / "plain.txt").write_text("as open() makes it\n")
+    finally:
+        os.umask(old)
+    expected = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    assert expected == 0o666 & ~umask
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {p.name: expected for p in LESSONS}
+
+
+def test_a_file_the_key_cannot_create_is_named(tmp_path, capsys, monkeypatch):
+    """A temporary file refused (EACCES, as a folder the user may not write gives any user but
+    root) is one line naming the notebook that was being written."""
+    source, out = _copy_lessons(tmp_path), tmp_path / "solved"
+    real_open = os.open
+
+    def refused_for_the_second(path, flags, mode=0o777, **kwargs):
+        if Path(path).name.startswith(f".{LESSONS[1].name}."):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, mode, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused_for_the_second)
+    line = _key_refused(capsys, [str(source), str(out)], "Permission denied")
+    assert f"cannot write {out / LESSONS[1].name}:" in line
+    assert [p.name for p in out.iterdir()] == [LESSONS[0].name]  # no temporary file left
 
 
 # ---------------------------------------------------------------- 5: exports bounded by the file

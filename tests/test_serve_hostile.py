@@ -88,7 +88,7 @@ async def _visit(served, *messages: str) -> tuple[int | None, int]:
     # before the client reads the close
     ([json.dumps(["stdin", "x" * 3_900_000])], (1009, 1006), "exceeds limit"),
     ([json.dumps(["stdin", "x"])] * 20_000, (1008,), "messages a second"),
-    ([json.dumps(["stdin", "sb" * (INPUT_BURST // 2)])] * 3, (1008,), "keys a second"),
+    ([json.dumps(["stdin", "sb" * (INPUT_BURST // 4)])] * 3, (1008,), "keys a second"),
 ], ids=["one 3.9 MB message", "20,000 keys", "pasted keys"])
 def test_a_flooding_visitor_is_ended_with_its_app_under_the_memory_bound(served, messages, codes, logged):
     before = served.log()
@@ -97,6 +97,35 @@ def test_a_flooding_visitor_is_ended_with_its_app_under_the_memory_bound(served,
     assert _watch_until_gone(pid, END_LIMIT_S) < APP_MEMORY_BOUND_KIB
     lines = _new_lines(served, before)
     assert len(lines) == 1 and logged in lines[0] and "session ended" in lines[0], lines
+
+
+PASTE = "".join(chr(ord("a") + i % 26) if i % 80 else "\n" for i in range(16_000))  # under the 16 KiB cap
+
+
+@pytest.mark.parametrize("paste", [PASTE, "\x1b[200~" + PASTE + "\x1b[201~"], ids=["plain", "bracketed"])
+def test_a_paste_up_to_the_message_cap_keeps_the_session(served, paste):
+    """A 16,000-character paste (one message under MAX_MESSAGE_BYTES) is admitted: the session and
+    its app outlive it, and the server logs nothing."""
+    message = json.dumps(["stdin", paste])
+    assert len(message.encode()) <= MAX_MESSAGE_BYTES and count_input_events(paste) <= INPUT_BURST
+    before = served.log()
+
+    async def paste_and_stay() -> tuple[bool, int]:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(served.url + "/ws", origin=served.url) as ws:
+                await _first_bytes(ws)
+                pid = _wait_for(served.app_processes, "the visitor's app process")[0]
+                await ws.send_str(message)
+                deadline = time.monotonic() + 3
+                while not ws.closed and time.monotonic() < deadline:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await ws.receive(timeout=0.5)
+                return ws.closed, pid
+
+    closed, pid = _run(paste_and_stay())
+    assert not closed
+    _watch_until_gone(pid, END_LIMIT_S)  # the tab closed: the app ends as usual
+    assert "session ended" not in served.log()[len(before):]
 
 
 @pytest.mark.parametrize("message", ["{not json", json.dumps(["stdin", 12]), json.dumps(["resize", {}]),
@@ -271,7 +300,9 @@ def test_a_token_bucket_allows_a_burst_then_the_rate():
 def test_input_is_counted_in_the_events_the_app_makes_of_it():
     assert count_input_events("x") == 1 and count_input_events("hello") == 5
     assert count_input_events("\x1b[A") == 1 and count_input_events("\x1b[<35;10;20M\x1b[<35;11;20M") == 2
-    assert count_input_events("\x1b[200~hi\x1b[201~") == 4  # a bracketed paste
+    assert count_input_events("\x1b[200~hi\x1b[201~") == 1  # a bracketed paste: one Paste event
+    assert count_input_events("a\x1b[200~" + "x" * 20_000 + "\x1b[201~b\x1b[A") == 4
+    assert count_input_events("\x1b[200~" + "x" * 20_000) == 1  # a paste the next message ends
 
 
 def test_messages_are_parsed_as_the_page_sends_them():

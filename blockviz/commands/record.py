@@ -14,10 +14,12 @@ blockviz/model/trace.py. Progress goes to stderr. The file appears only once the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from blockviz.commands.options import add_engine_options
 from blockviz.errors import UsageError
@@ -41,7 +43,7 @@ class Recording:
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
                  between_steps: Callable[[Any, int], None] | None = None,
                  extra_header: dict[str, Any] | None = None, max_steps: int = 100_000,
-                 overwrite: bool = True) -> Recording:
+                 overwrite: bool = True, publishing: Callable[[], ContextManager] = contextlib.nullcontext) -> Recording:
     """Run `spec`'s requests to completion in an engine session (on `engine`, built from spec when
     None) and write the trace to `out`. `between_steps(session, steps_done)` may act on the
     engine through the session (add a request, fork, preempt); `extra_header` adds fields to the
@@ -50,7 +52,8 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
     work left) raises and leaves no trace behind. An existing `out` is replaced only if `overwrite`
-    (else a TraceError); the trace is fsync'ed before it is renamed into place."""
+    (else a TraceError); the trace is fsync'ed before it is renamed into place, inside
+    `publishing()` (the CLI holds SIGINT and SIGTERM there: blockviz/commands/signals.py)."""
     from blockviz.model.trace import TraceError, TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
     from blockviz.session.engine_session import EngineSession
@@ -81,7 +84,8 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         raise
     finally:
         session.close()
-    writer.commit()
+    with publishing():
+        writer.commit()
     return Recording(header, writer.num_events, session.num_steps, state)
 
 
@@ -136,6 +140,23 @@ def scenario_spec(name: str, args):
 
 
 def execute(args) -> int:
+    """Record, with SIGINT and SIGTERM stopping the run in one line: no trace is written (its
+    partial file is removed) and the exit code is the shell's (130, 143); a signal that arrives
+    while the finished trace is renamed into place lets it finish, and the line says it is whole."""
+    from blockviz.commands.signals import StopOnSignals, Stopped
+
+    with StopOnSignals() as stop:
+        try:
+            code = _record(args, stop)
+        except Stopped as exc:
+            end_progress = "\n" if sys.stderr.isatty() else ""
+            print(f"{end_progress}blockviz: record stopped by {exc.name}: no trace written, nothing left behind",
+                  file=sys.stderr)
+            return exc.exit_code
+    return code
+
+
+def _record(args, stop) -> int:
     from blockviz.session.spec import EngineSpec, one_line, quiet_model_loading
 
     from blockviz.model.narration import plural
@@ -162,7 +183,8 @@ def execute(args) -> int:
         raise UsageError(one_line(exc)) from None
     try:
         recording = record_trace(spec, out, engine=engine, progress=progress, overwrite=args.force,
-                                 extra_header={"scenario": args.scenario} if args.scenario else None)
+                                 extra_header={"scenario": args.scenario} if args.scenario else None,
+                                 publishing=stop.finishing)
     except ValueError as exc:  # a prompt the engine refuses, --out taken meanwhile, a full disk: nothing written
         raise UsageError(one_line(exc)) from None
     except RuntimeError as exc:
@@ -172,6 +194,10 @@ def execute(args) -> int:
         return 1
     if tty:
         print(file=sys.stderr)
-    print(f"recorded {plural(recording.num_events, 'event')} over {plural(recording.num_steps, 'step')} to {out}",
-          file=sys.stderr)
+    recorded = f"recorded {plural(recording.num_events, 'event')} over {plural(recording.num_steps, 'step')} to {out}"
+    if stop.signum is not None:  # it came while the finished trace was renamed into place
+        name = signal.Signals(stop.signum).name
+        print(f"{recorded} ({name} arrived as it was saved: the trace is whole)", file=sys.stderr)
+        return 128 + stop.signum
+    print(recorded, file=sys.stderr)
     return 0

@@ -41,6 +41,8 @@ from typing import Any, Union
 
 import msgspec
 
+from blockviz.model.safe_text import safe_line, safe_struct
+
 BlockHash = Union[int, bytes]
 """vLLM's ExternalBlockHash: an int (low 64 bits) or the hash's bytes."""
 
@@ -237,16 +239,18 @@ def decode_event(raw: Any) -> AnyEvent:
         tag, fields = raw["type"], {k: v for k, v in raw.items() if k != "type"}
     else:
         raise ProtocolError(f"an event must be a tagged array or a map with a 'type', got {raw!r:.60}")
+    tag = safe_line(tag[:64])  # quoted in errors and counted by name: written visibly (safe_text.py)
     cls = KNOWN_EVENTS.get(tag)
     if cls is None:
-        return UnknownEvent(tag[:64])
+        return UnknownEvent(tag)
     values = _as_fields(fields, _FIELD_NAMES[tag], tag)
     if _depth(values.get("extra_keys"), MAX_EXTRA_KEYS_DEPTH) > MAX_EXTRA_KEYS_DEPTH:
         raise ProtocolError(f"bad {tag}: extra_keys nested deeper than {MAX_EXTRA_KEYS_DEPTH}")
     try:
-        return msgspec.convert(values, cls, strict=True)
+        event = msgspec.convert(values, cls, strict=True)
     except msgspec.ValidationError as exc:
         raise ProtocolError(f"bad {tag}: {exc}") from None
+    return safe_struct(event)  # every string a publisher sent (medium, session_id, ...) made safe to draw
 
 
 def decode_batch(payload: bytes) -> EventBatch:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from blockviz.model.palette import show_tokens
+from blockviz.model.safe_text import safe_token
 
 
 class TokenText:
@@ -27,10 +28,11 @@ class TokenText:
         return self._piece is not None
 
     def text(self, token_ids: Sequence[int]) -> str:
-        """The tokens' text with spaces and newlines made visible, or the ids joined by spaces."""
+        """The tokens' text with spaces and newlines made visible, or the ids joined by spaces. A
+        tokenizer's pieces are data: each is made safe to draw first (safe_text.safe_token)."""
         if self._piece is None:
             return " ".join(str(t) for t in token_ids)
-        return "".join(show_tokens([self._piece(t) for t in token_ids]))
+        return "".join(show_tokens([safe_token(self._piece(t)) for t in token_ids]))
 
 
 def load_tokenizer(name_or_path: str) -> TokenText:

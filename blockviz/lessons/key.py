@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +125,12 @@ def _check_target(target: Path, force: bool) -> None:
 
 
 def _write_atomically(target: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `target`, sync it, then rename it over `target`:
-    a reader sees the old file or the whole new one, never half of one."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    """Write `text` to a new temporary file beside `target`, sync it, then rename it over `target`:
+    a reader sees the old file or the whole new one, never half of one. The file is created with
+    mode 0o666 less the user's umask, as `open(target, "w")` would create it (tempfile.mkstemp's
+    0o600 would hide a teacher's solved copies from the people they share a folder with)."""
+    temporary = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
@@ -135,7 +138,7 @@ def _write_atomically(target: Path, text: str) -> None:
             os.fsync(stream.fileno())
         os.replace(temporary, target)
     finally:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
 
 
 def write_solved(source: Path, out: Path, *, force: bool = False) -> list[Path]:
@@ -153,10 +156,13 @@ def write_solved(source: Path, out: Path, *, force: bool = False) -> list[Path]:
         _check_target(target, force)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for target, text in solved:
-            _write_atomically(target, text)
     except OSError as exc:
-        raise KeyWriteError(f"cannot write {out}: {exc.strerror or exc}") from None
+        raise KeyWriteError(f"cannot make {out}: {exc.strerror or exc}") from None
+    for target, text in solved:
+        try:
+            _write_atomically(target, text)
+        except OSError as exc:
+            raise KeyWriteError(f"cannot write {target}: {exc.strerror or exc}") from None
     return [target for target, _ in solved]
 
 

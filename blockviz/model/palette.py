@@ -73,12 +73,13 @@ def block_tint(device: str, number: int, shade: int = 0) -> str:
 @functools.lru_cache(maxsize=1 << 16)  # a run's pieces come back every frame (the block tables redraw them)
 def show_token(text: str) -> str:
     """A token's text with spaces, newlines and tabs made visible ('·', '⏎', '⇥'); byte-level BPE
-    markers (Ġ, Ċ), control characters and U+FFFD never reach the screen raw."""
+    markers (Ġ, Ċ), control characters (C0, DEL and C1: a piece that completes a split character
+    can be one) and U+FFFD never reach the screen raw."""
     out = []
     for ch in text:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
-        elif ord(ch) < 32 or ch == "\x7f":
+        elif ord(ch) < 32 or 0x7f <= ord(ch) <= 0x9f:
             out.append(f"\\x{ord(ch):02x}")
         elif ch == "\ufffd":  # part of a multi-byte character (an old trace's text): never drawn as �
             out.append("◌")

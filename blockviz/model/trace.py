@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from blockviz.model.design import attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name
+from blockviz.model.safe_text import safe_header, safe_struct
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
@@ -558,7 +559,7 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
         raise TraceError(f"{name} is not a blockviz trace (it is empty)" if empty
                          else f"{name} is not a blockviz trace (line 1 must be a {FORMAT_NAME!r} header)")
     header = parse_header(first[1], name, file_bytes)
-    trace = Trace(header, [], path)
+    trace = Trace(safe_header(header), [], path)  # every string made safe to draw (safe_text.py)
     try:
         checker = TraceChecker(header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
                                vocab_size=header.get("vocab_size"), file_bytes=file_bytes,
@@ -573,7 +574,7 @@ def _read_stream(stream: IO[bytes], name: str, path: str, file_bytes: int) -> Tr
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TraceError(f"{name} line {number} is corrupted: {reason}") from None
-        trace.events.append(event)
+        trace.events.append(safe_struct(event))
     return trace
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import msgspec
 
+from blockviz.model.safe_text import safe_header, safe_struct
 from blockviz.session.scenario import admit_arrivals
 from blockviz.session.spec import EngineSpec, one_line
 from engine.designs import DEFAULT, get_design
@@ -112,7 +113,7 @@ class EngineSession:
         if engine is None:
             engine = (make_engine or self.spec.make_engine)()
         self.engine = engine
-        self.header = trace_header(engine)
+        self.header = safe_header(trace_header(engine))  # strings made safe to draw (safe_text.py)
         self.num_steps = 0  # engine steps this session took
         self.finished: dict[str, Any] = {}  # request id -> its final RequestOutput
         self.keep_finished = keep_finished
@@ -205,13 +206,14 @@ class EngineSession:
     def take_events(self) -> list[Event]:
         """The events emitted since the last call, in order. With the digests held back
         (digest_per_step(False)) the batch ends with the K/V digests of the blocks written since
-        the last batch, so a batch never leaves a block's digest out of date."""
+        the last batch, so a batch never leaves a block's digest out of date. Every string in
+        them (a prompt, a tokenizer's pieces) is made safe to draw (blockviz/model/safe_text.py)."""
         if not self._digests_per_step:
             self.engine.emit_kv_digests()
         batch = self._buffer[:]
         self._buffer.clear()
-        return [self._with_prompt_texts(e) if isinstance(e, RequestAdded) and not e.prompt_tokens_text else e
-                for e in batch]
+        return [safe_struct(self._with_prompt_texts(e) if isinstance(e, RequestAdded) and not e.prompt_tokens_text
+                            else e) for e in batch]
 
     def _with_prompt_texts(self, event: RequestAdded) -> RequestAdded:
         """The request's event with each prompt token's text, which the engine leaves to the views

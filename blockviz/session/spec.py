@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from blockviz.errors import UsageError
+from blockviz.model.safe_text import safe_line
 from engine.designs import get_design
 from blockviz.session.scenario import Arrival, scenario
 from blockviz.session.tiny_hybrid import TINY_HYBRID, resolve
@@ -27,9 +28,10 @@ ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_block
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one line of text (its first line, else its type)."""
+    """An exception as one line of text (its first line, else its type), every control character
+    in it written visibly (blockviz/model/safe_text.py: a message may quote data)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return safe_line(text.splitlines()[0]) if text else type(exc).__name__
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from blockviz.model.insights import Insights, ledger_totals, memory_truth
 from blockviz.model.design import design_of
 from blockviz.model.narration import end_of_trace_note, narrate, narrate_step, step_label
 from blockviz.model.viewer import Viewer
+from blockviz.model.safe_text import safe_line, safe_text
 from blockviz.model.trace import Trace, engine_title
 from blockviz.session.scenario import story_cards
 from blockviz.tui.bridge import Bridge
@@ -272,9 +273,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def notify(self, message: str, *, title: str = "", severity: str = "information",
                timeout: float | None = None, markup: bool = True) -> None:
-        """One toast at a time: a new one replaces the one shown."""
+        """One toast at a time: a new one replaces the one shown. A toast may quote data (an
+        engine's refusal of a prompt): its control characters are written visibly (safe_text.py)."""
         self.clear_notifications()
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+        super().notify(safe_text(message), title=safe_line(title), severity=severity, timeout=timeout, markup=markup)
 
     def _moved(self) -> None:
         self.note = ""
