@@ -97,7 +97,6 @@ def write_atomic(path: Path, text: str, *, overwrite: bool = True) -> Path:
 def trace_page(trace: Any, *, projector: bool = False) -> str:
     """The page of a trace (a Trace, a path or a shipped trace's name)."""
     from blockviz.jupyter.visualizer import Visualizer
-    from blockviz.webpage.frames import page_data
 
     viz = Visualizer.from_trace(trace, projector=projector)
     try:
