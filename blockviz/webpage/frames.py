@@ -46,13 +46,16 @@ class PageData:
     _key_index: dict[str, int] = field(default_factory=dict)
     _value_index: dict[str, int] = field(default_factory=dict)
 
-    def value(self, value: Any) -> int:
+    _families: list[str] = field(default_factory=list)  # per value: the kind of key that added it
+
+    def value(self, value: Any, family: str = "") -> int:
         """The index of `value` in `values`, added once."""
         text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         index = self._value_index.get(text)
         if index is None:
             index = self._value_index[text] = len(self.values)
             self.values.append(value)
+            self._families.append(family)
         return index
 
     def key(self, name: str) -> int:
@@ -64,7 +67,7 @@ class PageData:
 
     def add_position(self, parts: dict[str, Any], previous: dict[int, int]) -> dict[int, int]:
         """Record the parts of the next position; returns them by key index (the next `previous`)."""
-        now = {self.key(name): self.value(value) for name, value in parts.items()}
+        now = {self.key(name): self.value(value, name.split(":")[0]) for name, value in parts.items()}
         delta = []
         for key, value in now.items():
             if previous.get(key) != value:
@@ -75,7 +78,13 @@ class PageData:
         return now
 
     def to_json(self) -> dict[str, Any]:
-        return {"meta": self.meta, "keys": self.keys, "values": self.values, "deltas": self.deltas}
+        """The parts with the values of one kind of key side by side (gzip's window then finds
+        their repeats), the deltas renumbered to match."""
+        order = sorted(range(len(self.values)), key=lambda i: (self._families[i], i))
+        renumber = {old: new for new, old in enumerate(order)}
+        deltas = [[v if k % 2 == 0 or v == ABSENT else renumber[v] for k, v in enumerate(delta)]
+                  for delta in self.deltas]
+        return {"meta": self.meta, "keys": self.keys, "values": [self.values[i] for i in order], "deltas": deltas}
 
 
 def page_data(viz: Visualizer) -> PageData:
