@@ -150,3 +150,35 @@ def test_exporting_a_page_imports_no_torch_transformers_or_textual(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / "p.html").read_text().startswith("<!doctype html>")
+
+
+def test_viz_save_html_writes_the_page_of_its_timeline(tmp_path):
+    viz = Visualizer.from_trace("prefix-hit")
+    try:
+        viz.seek(20)
+        path = viz.save(tmp_path / "lesson.html")
+        assert viz.position == viz.timeline.landing(20)  # the cursor is left where it was
+        text = path.read_text()
+        assert text.startswith("<!doctype html>") and '<script type="text/plain" id="bv-esm">' in text
+        with pytest.raises(ValueError, match="at="):
+            viz.save(tmp_path / "other.html", at=3)
+        with pytest.raises(FileNotFoundError):
+            viz.save(tmp_path / "none" / "x.html")
+    finally:
+        viz.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lesson.html"]
+
+
+def test_record_html_writes_the_trace_and_its_page(tmp_path, tiny_gpt2_dir):
+    out, page = tmp_path / "run.jsonl", tmp_path / "run.html"
+    assert main(["record", "--out", str(out), "--html", str(page), "--model", str(tiny_gpt2_dir),
+                 "--prompt", "KV", "--max-tokens", "2"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.html", "run.jsonl"]
+    assert 'id="bv-data"' in page.read_text()
+
+
+def test_record_html_refuses_a_page_path_before_loading_a_model(tmp_path, capsys):
+    assert main(["record", "--out", str(tmp_path / "t.jsonl"), "--html", str(tmp_path / "none" / "t.html"),
+                 "--model", str(tmp_path / "no-model")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

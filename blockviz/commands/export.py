@@ -185,17 +185,25 @@ def write_page(text: str, path: Path, *, overwrite: bool) -> None:
 def execute_html(args) -> int:
     """`export TRACE --html FILE`: the trace checked, every frame computed, one page written."""
     from blockviz.commands.replay import check
-    from blockviz.webpage.page import PageError, trace_page
 
     for option in ("out", "at", "frames", "blocks"):
         if getattr(args, option) is not None:
             raise UsageError(f"--html writes a page of the whole trace: leave out --{option}")
     path = check_html_path(Path(args.html), overwrite=args.force)
     _, trace = check(args)
-    try:
-        text = trace_page(trace, projector=args.projector)
-    except PageError as exc:
-        raise UsageError(f"{args.trace}: {exc}") from None
-    write_page(text, path, overwrite=args.force)
-    print(f"wrote {path} ({len(text.encode('utf-8')) / 1024:.0f} KiB)", file=sys.stdout)
+    print(html_of_trace(trace, path, overwrite=args.force, projector=args.projector, name=args.trace),
+          file=sys.stdout)
     return 0
+
+
+def html_of_trace(trace, path: Path, *, overwrite: bool, projector: bool = False, name: str = "") -> str:
+    """Write the page of `trace` (a Trace or a trace file) to `path`; returns the line saying so.
+    A page too big is one UsageError line with the size it would have been."""
+    from blockviz.webpage.page import PageError, trace_page
+
+    try:
+        text = trace_page(trace, projector=projector)
+    except PageError as exc:
+        raise UsageError(f"{name or trace}: {exc}") from None
+    write_page(text, path, overwrite=overwrite)
+    return f"wrote {path} ({len(text.encode('utf-8')) / 1024:.0f} KiB)"

@@ -116,3 +116,11 @@ def visualizer_page(viz: Any) -> str:
         viz.timeline.seek(back)
     data.meta["zoom"], data.meta["projector"] = viz.zoom, viz.projector
     return page_html(data.to_json(), viz.title or "blockviz")
+
+
+def save_page(viz: Any, path: str | Path, *, overwrite: bool = True) -> Path:
+    """Write `viz`'s page (visualizer_page) to `path` through a temporary file; `Visualizer.save("x.html")`."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{str(path)!r}: directory {str(path.parent)!r} does not exist")
+    return write_atomic(path, visualizer_page(viz), overwrite=overwrite)
