@@ -192,3 +192,30 @@ def test_a_picked_block_is_inspected_and_the_log_filters(pages, offline_page):
     finally:
         viz.close()
     assert page.refused == [] and page.errors == []
+
+
+def test_a_200000_block_pool_plays_zoomed_out(tmp_path, offline_page):
+    """The big-pool trace (tests/big_pool_fixtures.py) exports, and its page draws the GPU pool
+    zoomed out: the cells' states and used counts are the frame's, and a click on a cell selects
+    nothing (the page holds no frames of a zoomed-in range)."""
+    from big_pool_fixtures import big_pool_trace
+    from blockviz.webpage.page import visualizer_page, write_atomic
+
+    viz = Visualizer.from_trace(big_pool_trace())
+    try:
+        path = write_atomic(tmp_path / "big.html", visualizer_page(viz))
+        viz.timeline.seek(len(viz.timeline))
+        gpu = viz.frame()["pools"]["gpu"]
+    finally:
+        viz.close()
+    assert gpu["per_cell"] > 1
+    page = offline_page
+    open_page(page, path)
+    slide_to(page, page.evaluate("window.blockvizPage.meta.length"))
+    canvas = page.locator(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu']")
+    assert int(canvas.get_attribute("data-per-cell")) == gpu["per_cell"]
+    assert canvas.get_attribute("data-states") == gpu["state"]
+    assert canvas.get_attribute("data-used") == ",".join(map(str, gpu["cells"]["used"]))
+    canvas.click(position={"x": 8, "y": 8})
+    assert page.get_attribute(".bv-inspector", "data-block") is None
+    assert page.refused == [] and page.errors == []
