@@ -65,7 +65,7 @@ def offline_page(chromium_browser):
 def open_page(page, path) -> None:
     page.goto(path.as_uri())
     page.wait_for_function("() => { const r = document.getElementById('bv-page');"
-                           " return r.dataset.ready === 'true' || r.dataset.error; }")
+                           " return r.dataset.values === 'true' || r.dataset.error; }")
     assert page.get_attribute("#bv-page", "data-error") is None
 
 

@@ -63,7 +63,8 @@ function bisectRight(list, x) {
 class Controller {
   constructor(data, esm) {
     const meta = (this.meta = data.meta);
-    this.values = data.values;
+    this.values = null;  // all of them once unpacked (main); until then `first`, position 0's
+    this.first = data.first;
     this.keyIndex = Object.fromEntries(data.keys.map((k, i) => [k, i]));
     // every position's value index per key, built from the deltas (-1: the key is absent)
     this.index = [];
@@ -96,7 +97,7 @@ class Controller {
     const k = this.keyIndex[key];
     if (k === undefined) return undefined;
     const v = this.index[position][k];
-    return v < 0 ? undefined : this.values[v];
+    return v < 0 ? undefined : this.values ? this.values[v] : this.first[v];
   }
 
   palette() { return this.projector ? this.meta.projector_palette : this.meta.palette; }
@@ -196,6 +197,7 @@ class Controller {
   // ------------------------------------------------------------------ the views' messages (buttons.py)
 
   handle(message) {
+    if (!this.values) { this.ready.then(() => this.handle(message)); return; }  // still unpacking
     const meta = this.meta, length = meta.length;
     switch (message.event) {
       case "action": {
@@ -237,6 +239,7 @@ class Controller {
   }
 
   saved(model, keys) {
+    if (!this.values) { this.ready.then(() => this.saved(model, keys)); return; }
     if (keys.includes("filter")) { this.filter = model.get("filter"); this.show(); }
     if (keys.includes("break_on")) {  // Player.break_on's setter: playing stops at them from now on
       this.breakOn = (model.get("break_on") || []).slice();
@@ -387,7 +390,12 @@ async function main() {
   const url = URL.createObjectURL(new Blob([esmText], { type: "text/javascript" }));
   const [esm, data] = await Promise.all([import(url).then((m) => m.default), unpack("bv-data")]);
   URL.revokeObjectURL(url);
-  window.blockvizPage = new Controller(data, esm);
+  // the first frame from the small part; every other value once the browser has unpacked them
+  const controller = (window.blockvizPage = new Controller(data, esm));
+  const painted = new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve)));
+  controller.ready = painted.then(() => unpack("bv-values")).then((values) => { controller.values = values; });
+  await controller.ready;
+  root.dataset.values = "true";
 }
 
 main().catch((error) => {

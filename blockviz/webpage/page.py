@@ -43,6 +43,15 @@ def pack(data: dict[str, Any]) -> str:
     return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
 
 
+def first_values(data: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """`data` in two: everything but the values, with the values position 0 draws (`first`: index
+    -> value), and all the values. The page draws its first frame from the first, small part while
+    the browser unpacks the rest."""
+    deltas = data.get("deltas") or [[]]
+    first = {str(v): data["values"][v] for v in deltas[0][1::2] if v >= 0}
+    return {key: value for key, value in data.items() if key != "values"} | {"first": first}, data["values"]
+
+
 def _script(kind: str, element_id: str, text: str) -> str:
     if "</script" in text.lower():
         raise PageError(f"{element_id}: text that would end its script element")
@@ -52,7 +61,7 @@ def _script(kind: str, element_id: str, text: str) -> str:
 def page_html(data: dict[str, Any], title: str) -> str:
     """The page: the notebook's front end over `data` (frames.PageData.to_json()). Raises PageError
     when it would weigh more than MAX_PAGE_BYTES."""
-    packed = pack(data)
+    start, values = first_values(data)
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -64,7 +73,8 @@ def page_html(data: dict[str, Any], title: str) -> str:
         '<div id="bv-page" class="blockviz" data-ready="false">'
         '<noscript>This page draws with JavaScript: turn it on to play the trace.</noscript></div>',
         _script("text/plain", "bv-esm", ESM),
-        _script("application/octet-stream", "bv-data", packed),
+        _script("application/octet-stream", "bv-data", pack(start)),
+        _script("application/octet-stream", "bv-values", pack(values)),
         _script("module", "bv-controller", CONTROLLER.read_text(encoding="utf-8")),
         "</body></html>",
     ]
