@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from blockviz.jupyter.widgets import CSS, ESM, ESM_FILES  # noqa: F401 (ESM_FILES: what ESM is made of)
+from blockviz.jupyter.widgets import CSS, ESM
 
 CONTROLLER = Path(__file__).resolve().parent / "page.js"
 PAGE_CSS = Path(__file__).resolve().parent / "page.css"
