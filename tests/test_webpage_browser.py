@@ -219,3 +219,23 @@ def test_a_200000_block_pool_plays_zoomed_out(tmp_path, offline_page):
     canvas.click(position={"x": 8, "y": 8})
     assert page.get_attribute(".bv-inspector", "data-block") is None
     assert page.refused == [] and page.errors == []
+
+
+def test_breakpoints_by_kind_land_where_run_until_and_back_to_land(pages, offline_page):
+    page = offline_page
+    open_page(page, pages["swap"])
+    viz = Visualizer.from_trace("swap")
+    try:
+        page.check(".bv-view-breaks input[data-kind='swap_out']")
+        page.check(".bv-view-breaks input[data-kind='swap_in']")
+        for direction, call in (("next", lambda: viz.run_until("swap_out,swap_in")),
+                                ("next", lambda: viz.run_until("swap_out,swap_in")),
+                                ("previous", lambda: viz.back_to("swap_out,swap_in"))):
+            page.click(f".bv-view-breaks button >> text={'next ▸' if direction == 'next' else '◂ previous'}")
+            event = call()
+            assert event is not None and position(page) == viz.position, direction
+            assert f"stopped at event {viz.position}: {event.type}" in page.inner_text(".bv-view-breaks")
+            check_at(page, viz, viz.position)
+    finally:
+        viz.close()
+    assert page.refused == [] and page.errors == []
