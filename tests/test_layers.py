@@ -16,7 +16,7 @@ from engine.events import EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT_ENDS = ("blockviz.tui", "blockviz.jupyter", "blockviz.kvevents", "blockviz.commands", "blockviz.cli",
-              "blockviz.web", "blockviz.web_listener")
+              "blockviz.web", "blockviz.web_listener", "blockviz.webpage")
 UI_LIBRARIES = ("textual", "ipywidgets", "anywidget")
 # What each layer may not import (any module whose name starts with one of these).
 FORBIDDEN = {
@@ -25,6 +25,7 @@ FORBIDDEN = {
     "blockviz.session": FRONT_ENDS + UI_LIBRARIES,
     "blockviz.tui": ("blockviz.jupyter", "blockviz.commands", "ipywidgets", "anywidget"),
     "blockviz.jupyter": ("blockviz.tui", "blockviz.commands", "textual"),
+    "blockviz.webpage": ("blockviz.tui", "blockviz.commands", "textual", "torch"),  # a page is made with no engine
 }
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib
 
-COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "serve", "publish", "attach", "export")
+COMMANDS = ("generate", "run", "record", "replay", "explain", "compare", "serve", "publish", "attach", "export",
+            "site")
 
 
 def _module(name: str):

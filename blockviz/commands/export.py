@@ -1,5 +1,6 @@
 """`blockviz export TRACE --at N --out step.svg [--frames A:B] [--blocks START-END] [--projector] [--force]`:
-the picture at a cursor of a trace, for a slide.
+the picture at a cursor of a trace, for a slide; `blockviz export TRACE --html lesson.html`: one page
+that plays the whole trace in a browser, offline (blockviz/webpage/page.py).
 
 No model and no torch: the trace's events are folded to the cursor (event N: N events applied, as
 `Visualizer.seek(N)` and the status bar's "event N/total"; N inside an engine operation lands at its
@@ -38,7 +39,9 @@ def add_parser(subparsers) -> None:
                                                   "(default: the end)")
     parser.add_argument("--frames", metavar="A:B", help="one picture per event from A to B (both included), "
                                                         "numbered after --out's name")
-    parser.add_argument("--out", required=True, metavar="FILE", help="the picture: a .svg or .png name")
+    parser.add_argument("--out", metavar="FILE", help="the picture: a .svg or .png name")
+    parser.add_argument("--html", metavar="FILE", help="instead of a picture, one .html page that plays the whole "
+                                                       "trace with the notebook's views, offline (no Python to open it)")
     parser.add_argument("--blocks", metavar="START-END", help="draw blocks START to END of the GPU pool (both "
                                                               "included); default the whole pool, zoomed out when big")
     parser.add_argument("--projector", action="store_true", help="big cells, the projector palette")
@@ -103,6 +106,10 @@ def _check_pictures(frames, what: str | None, *, png: bool, projector: bool) -> 
 
 
 def execute(args) -> int:
+    if args.html is not None:
+        return execute_html(args)
+    if args.out is None:
+        raise UsageError("give --out FILE (a picture) or --html FILE (a page that plays the trace)")
     from blockviz.commands.replay import check
     from blockviz.model.export import ExportError, check_out_path, png_bytes, save_frame, trace_frame, trace_title
     from blockviz.model.timeline import Timeline
@@ -146,3 +153,57 @@ def execute(args) -> int:
     where = str(paths[0]) if len(paths) == 1 else f"{len(paths)} pictures, {paths[0]} to {paths[-1]}"
     print(f"wrote {where}", file=sys.stdout)
     return 0
+
+
+def check_html_path(path: Path, *, overwrite: bool) -> Path:
+    """UsageError when a page cannot be written at `path`: not an .html name, a directory, a missing
+    directory, or an existing file and not `overwrite`."""
+    from blockviz.model.trace import TraceError, check_new_trace_path
+
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--html {str(path)!r}: give a page name ending in .html")
+    try:
+        check_new_trace_path(path, overwrite=overwrite, example="lesson.html")
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    return path
+
+
+def write_page(text: str, path: Path, *, overwrite: bool) -> None:
+    """Write a page through a temporary file renamed into place (webpage.page.write_atomic); an
+    OSError is one UsageError line and leaves nothing behind."""
+    from blockviz.webpage.page import write_atomic
+
+    try:
+        write_atomic(path, text, overwrite=overwrite)
+    except FileExistsError:
+        raise UsageError(f"{str(path)!r} already exists: give another name, or --force to overwrite it") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def execute_html(args) -> int:
+    """`export TRACE --html FILE`: the trace checked, every frame computed, one page written."""
+    from blockviz.commands.replay import check
+
+    for option in ("out", "at", "frames", "blocks"):
+        if getattr(args, option) is not None:
+            raise UsageError(f"--html writes a page of the whole trace: leave out --{option}")
+    path = check_html_path(Path(args.html), overwrite=args.force)
+    _, trace = check(args)
+    print(html_of_trace(trace, path, overwrite=args.force, projector=args.projector, name=args.trace),
+          file=sys.stdout)
+    return 0
+
+
+def html_of_trace(trace, path: Path, *, overwrite: bool, projector: bool = False, name: str = "") -> str:
+    """Write the page of `trace` (a Trace or a trace file) to `path`; returns the line saying so.
+    A page too big is one UsageError line with the size it would have been."""
+    from blockviz.webpage.page import PageError, trace_page
+
+    try:
+        text = trace_page(trace, projector=projector)
+    except PageError as exc:
+        raise UsageError(f"{name or trace}: {exc}") from None
+    write_page(text, path, overwrite=overwrite)
+    return f"wrote {path} ({len(text.encode('utf-8')) / 1024:.0f} KiB)"

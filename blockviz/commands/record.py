@@ -95,7 +95,9 @@ def add_parser(subparsers) -> None:
         description="Run the engine to completion with no UI and write every event to a JSON-lines "
                     "trace that `blockviz replay` opens without a model.")
     parser.add_argument("--out", required=True, metavar="FILE.jsonl", help="where to write the trace")
-    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    parser.add_argument("--force", action="store_true", help="overwrite --out (and --html) if it exists")
+    parser.add_argument("--html", metavar="FILE", help="also write one .html page that plays the run offline "
+                                                       "(as `blockviz export TRACE --html FILE`)")
     from blockviz.session.scenario import DEFAULT_SCENARIO_OPTIONS, SCENARIOS
 
     parser.add_argument("--scenario", choices=sorted(SCENARIOS),
@@ -167,6 +169,10 @@ def _record(args, stop) -> int:
         check_new_trace_path(out, overwrite=args.force)  # before the model loads; again at the rename
     except TraceError as exc:
         raise UsageError(f"--out {exc}") from None
+    if args.html is not None:
+        from blockviz.commands.export import check_html_path
+
+        check_html_path(Path(args.html), overwrite=args.force)
     spec = scenario_spec(args.scenario, args) if args.scenario else EngineSpec.from_args(engine_args(args))
     spec.check_all()
     tty = sys.stderr.isatty()
@@ -200,4 +206,8 @@ def _record(args, stop) -> int:
         print(f"{recorded} ({name} arrived as it was saved: the trace is whole)", file=sys.stderr)
         return 128 + stop.signum
     print(recorded, file=sys.stderr)
+    if args.html is not None:
+        from blockviz.commands.export import html_of_trace
+
+        print(html_of_trace(out, Path(args.html), overwrite=args.force), file=sys.stderr)
     return 0

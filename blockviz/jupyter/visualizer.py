@@ -526,7 +526,16 @@ class Visualizer(LiveCommands):
     def save(self, path: str | Path, at: int | None = None, *, overwrite: bool = True) -> Path:
         """Write the picture at the cursor (or at `at`) to `path` for a slide: "step.svg", or
         "step.png" with the [export] extra; the pools, tables and hash chains the widget draws
-        (snapshot(at).save). Returns the path."""
+        (snapshot(at).save). "lesson.html": one page that plays every event known so far with these
+        views, offline (blockviz.webpage.page, as `blockviz export --html`). Returns the path."""
+        if Path(path).suffix.lower() in (".html", ".htm"):
+            from blockviz.webpage.page import save_page
+
+            if at is not None:
+                raise ValueError("a page plays every event: leave out at=")
+            self.pause()
+            with self._lock:
+                return save_page(self, path, overwrite=overwrite)
         return self.snapshot(at).save(path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ display

@@ -76,6 +76,7 @@ function drawCollapsed(pool, data, expanded) {
   if (collapsed && canvas) {
     canvas.dataset.states = data.state;
     canvas.dataset.refs = data.ref.join(",");
+    canvas.bvWritten = data;  // what the canvas's next paint compares with (pool_canvas.js)
   }
 }
 

@@ -160,9 +160,10 @@ function canvasGrid(model, device, n, start = 0) {
     }
     if (!painted || painted.shown !== shown) {
       const { data, touched, selected } = shown;
-      const before = painted && painted.shown.data;
+      const before = canvas.bvWritten;  // the record data-states / data-refs were last written from
       if (!before || before.state !== data.state) canvas.dataset.states = data.state;
       if (!before || data.ref.some((ref, i) => ref !== before.ref[i])) canvas.dataset.refs = data.ref.join(",");
+      canvas.bvWritten = data;
       canvas.dataset.touched = [...touched].join(",");
       canvas.dataset.selected = selected >= 0 ? String(selected) : "";
       canvas.dataset.head = shown.head >= 0 ? String(shown.head) : "";

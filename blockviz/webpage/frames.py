@@ -1,0 +1,168 @@
+"""The frames an exported page plays: what `Visualizer.frame()` draws at every position of a trace.
+
+A page has no kernel, so everything the notebook's front end could be sent is computed here, once:
+the frame at every event position (the Visualizer's own `frame()`, with the ledger and memory
+panels), the inspector of every block and the explainer of every request and sequence at every
+position, the log's rows, and the tables the in-page controller (webpage/page.js) moves the cursor
+with (Timeline.landing, the step ends, the guide's card stops, each event's kind).
+
+Frames repeat themselves from one position to the next, so they are stored as parts: each part of a
+frame (its pools, its tables, its cursor line, block 3's inspector ...) is a key, each distinct value
+of a key is kept once, and each position lists only the keys whose value changed since the position
+before it (`PageData.deltas`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from blockviz.jupyter.insight_views import INSIGHT_PARTS
+from blockviz.jupyter.visualizer import Visualizer
+from blockviz.jupyter.widgets import BREAK_KINDS, PALETTE, PROJECTOR_PALETTE, PROJECTOR_ZOOM, ZOOMS
+from blockviz.model.insight_view import explain_record
+from blockviz.model.narration import FILTERS
+from blockviz.model.player import GUIDE_SLOW_EVENTS, GUIDE_SLOW_SPEED, SPEEDS
+from blockviz.model.pool_zoom import MAX_BLOCK_CELLS
+from blockviz.model.reducer import touched_blocks
+from blockviz.model.trace import kv_geometry
+from blockviz.model.view import MAX_LOG_ROWS, MAX_LOG_SCAN, inspect_block, log_row
+
+# A pool of more blocks than this is drawn zoomed out (pool_zoom.MAX_BLOCK_CELLS): a click on a cell
+# zooms in rather than selecting a block, so the page carries no inspector for it.
+MAX_INSPECTED_BLOCKS = MAX_BLOCK_CELLS
+ABSENT = -1  # a key a position does not have (an explainer of a sequence not yet there)
+
+
+@dataclass
+class PageData:
+    """A trace's frames as parts (`keys`, `values`, `deltas`) and what the controller moves with (`meta`)."""
+
+    meta: dict[str, Any]
+    keys: list[str] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    deltas: list[list[int]] = field(default_factory=list)  # per position: key, value, key, value ...
+    _key_index: dict[str, int] = field(default_factory=dict)
+    _value_index: dict[str, int] = field(default_factory=dict)
+
+    _families: list[str] = field(default_factory=list)  # per value: the kind of key that added it
+
+    def value(self, value: Any, family: str = "") -> int:
+        """The index of `value` in `values`, added once."""
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        index = self._value_index.get(text)
+        if index is None:
+            index = self._value_index[text] = len(self.values)
+            self.values.append(value)
+            self._families.append(family)
+        return index
+
+    def key(self, name: str) -> int:
+        index = self._key_index.get(name)
+        if index is None:
+            index = self._key_index[name] = len(self.keys)
+            self.keys.append(name)
+        return index
+
+    def add_position(self, parts: dict[str, Any], previous: dict[int, int]) -> dict[int, int]:
+        """Record the parts of the next position; returns them by key index (the next `previous`)."""
+        now = {self.key(name): self.value(value, name.split(":")[0]) for name, value in parts.items()}
+        delta = []
+        for key, value in now.items():
+            if previous.get(key) != value:
+                delta += [key, value]
+        for key in previous.keys() - now.keys():
+            delta += [key, ABSENT]
+        self.deltas.append(delta)
+        return now
+
+    def to_json(self) -> dict[str, Any]:
+        """The parts with the values of one kind of key side by side (gzip's window then finds
+        their repeats), the deltas renumbered to match."""
+        order = sorted(range(len(self.values)), key=lambda i: (self._families[i], i))
+        renumber = {old: new for new, old in enumerate(order)}
+        deltas = [[v if k % 2 == 0 or v == ABSENT else renumber[v] for k, v in enumerate(delta)]
+                  for delta in self.deltas]
+        return {"meta": self.meta, "keys": self.keys, "values": [self.values[i] for i in order], "deltas": deltas}
+
+
+def page_data(viz: Visualizer) -> PageData:
+    """Every frame `viz` (a replayed trace's Visualizer) can draw, by position; the cursor is left at the end.
+
+    Frame parts: the Visualizer's frame() with no block selected and the log left out (the page
+    builds the log from `meta["log"]` as view.event_log does), the ledger and memory panels, the
+    explainer of no one ("explain"), of each request ("explain r:ID") and of each sequence
+    ("explain s:SEQ", the selected block's first owner's), and each block's inspector
+    ("inspector gpu:3") for pools of at most MAX_INSPECTED_BLOCKS blocks."""
+    timeline = viz.timeline
+    length = len(timeline)
+    insights = viz.insight.insights
+    geometry = kv_geometry(viz.header)
+    data = PageData(meta=_meta(viz))
+    previous: dict[int, int] = {}
+    viz.selected = None
+    viz.insight.picked = None
+    for position in range(length + 1):
+        timeline.seek(position)
+        frame = viz.frame()
+        frame.pop("log", None)
+        frame.update(viz.insight.parts(("ledger", "memory")))
+        frame["touched playing"] = {device: sorted(blocks)  # while playing no card is up (Player.card)
+                                    for device, blocks in touched_blocks(timeline.current_event).items()}
+        state = timeline.state
+        explained = dict(events=timeline.events, vocab=timeline.token_texts)
+        frame["explain"] = explain_record(insights, position, state=state, **explained).to_json()
+        for request in frame["explain"]["requests"]:
+            frame[f"explain r:{request}"] = explain_record(insights, position, state=state, request_id=request,
+                                                           **explained).to_json()
+        for seq_id in state.tables:
+            frame[f"explain s:{seq_id}"] = explain_record(insights, position, state=state, seq_id=seq_id,
+                                                          **explained).to_json()
+        for device, pool in state.pools.items():
+            if len(pool) <= MAX_INSPECTED_BLOCKS:
+                for number in range(len(pool)):
+                    frame[f"inspector {device}:{number}"] = inspect_block(
+                        state, device, number, vocab=timeline.token_texts, geometry=geometry).to_json()
+        previous = data.add_position(frame, previous)
+    return data
+
+
+def _meta(viz: Visualizer) -> dict[str, Any]:
+    """What the controller needs besides the frames: the timeline's landings, step ends and card
+    stops, the log's rows and filters, the controls' choices and palettes."""
+    timeline, player = viz.timeline, viz.player
+    length = len(timeline)
+    guide = player.scan_guide()
+    stops = [guide.stop_of(card) for card in guide.cards] if guide is not None else []
+    spans = [[card.start - guide.offset, guide.stop_of(card)] for card in guide.cards] if guide is not None else []
+    op_start = []
+    for position in range(length + 1):
+        op = timeline.operation_at(position)
+        op_start.append(-1 if op is None else op.start)
+    return {
+        "title": viz.title,
+        "length": length,
+        "guided": bool(player.guide is not None and player.guided),
+        "speed_index": player.speed_index,
+        "speeds": [None if s == float("inf") else s for s in SPEEDS],
+        "speed_labels": ["max" if s == float("inf") else f"{s:g} ev/s" for s in SPEEDS],
+        "guide_slow_events": GUIDE_SLOW_EVENTS,
+        "guide_slow_speed": GUIDE_SLOW_SPEED,
+        "zooms": list(ZOOMS),
+        "projector_zoom": PROJECTOR_ZOOM,
+        "palette": PALETTE,
+        "projector_palette": PROJECTOR_PALETTE,
+        "break_kinds": list(BREAK_KINDS),
+        "filters": {name: None if kinds is None else sorted(cls.type for cls in kinds) for name, kinds in FILTERS.items()},
+        "max_log_rows": MAX_LOG_ROWS,
+        "max_log_scan": MAX_LOG_SCAN,
+        "log": [log_row(event, timeline.token_texts) for event in timeline.events],
+        "landing": [timeline.landing(position) for position in range(length + 1)],
+        "op_start": op_start,
+        "step_ends": list(timeline.step_ends),
+        "stops": stops,
+        "spans": spans,
+        "insight_parts": list(INSIGHT_PARTS),
+        "inspected": all(len(pool) <= MAX_INSPECTED_BLOCKS for pool in timeline.state.pools.values()),
+    }
