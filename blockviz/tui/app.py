@@ -251,7 +251,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         if card is not None:
             note = ""  # the card says it
         elif player.at_break:
-            note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
+            note = player.break_note()
         elif (inside := timeline.operation_at()) is not None:  # `.` stepped into an engine operation
             note = inside.label(timeline.position)
         self._status.show(
