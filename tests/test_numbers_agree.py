@@ -3,6 +3,8 @@ block two sequences share once (a fork's shared last block is one block, its emp
 
 from __future__ import annotations
 
+import pytest
+
 from blockviz.model.insights import max_tokens_of, memory_truth
 from blockviz.model.reducer import ReducerState
 from blockviz.model.trace import load_trace
@@ -25,3 +27,30 @@ def test_a_shared_last_block_is_counted_once():
     assert truth.seqs[parent].empty_in_last_block == truth.seqs[child].empty_in_last_block == empty
     assert truth.internal_fragmentation == sum(
         s.empty_in_last_block for seq_id, s in truth.seqs.items() if seq_id != child)
+
+
+@pytest.mark.parametrize("name", ["recompute", "swap", "v1-story", "hybrid", "cpu-tier"])
+def test_a_table_never_says_waiting_beside_blocks_it_holds(name):
+    """At every event of the shipped trace, a sequence whose tables hold a block (the null block
+    aside) is not "waiting" in its table row: its status word says why it holds them (swapped,
+    preempted with its frees to come, loading from the CPU tier, scheduled before its step)."""
+    from blockviz.model.view import tables
+
+    trace = load_trace(name)
+    state = ReducerState.from_header(trace.header)
+    words = set()
+    for event in trace.events:
+        state.apply(event)
+        for row in tables(state, limit=None):
+            held = [b for blocks in [row.blocks, *(g.blocks for g in row.groups)] for b in blocks
+                    if state.pools[b[0]][b[1]].state != "null"]
+            if held:
+                assert row.status != "waiting", (event.seq_no, event.type, row.seq)
+                words.add(row.status)
+    assert words & {"scheduled", "running"}
+    if name == "recompute":
+        assert "preempted" in words  # stepped into a recompute preemption, before its frees
+    if name == "swap":
+        assert "swapped" in words
+    if name == "cpu-tier":
+        assert "loading" in words

@@ -81,6 +81,10 @@ class SeqState:
     num_cached_tokens: int = 0
     parent_seq_id: int | None = None
     num_computed_tokens: int = 0  # v1: tokens with K/V, from TokensScheduled (a chunked prefill's progress)
+    # why a waiting sequence holds blocks, until its next step: "preempted" (recompute: its frees
+    # follow the Preempted event), "loading" (vLLM's CPU tier copies its prefix back first: vLLM's
+    # RequestStatus.WAITING_FOR_REMOTE_KVS); "" otherwise
+    waits_on: str = ""
 
 
 class ReducerState:
@@ -501,7 +505,9 @@ class ReducerState:
 
     def _on_offload_load(self, e: ev.OffloadLoaded) -> None:
         """vLLM's CPU tier: each GPU block pinned for its load, holding its CPU block's K/V; each
-        block a prefix-cache hit served from the CPU."""
+        block a prefix-cache hit served from the CPU; the request waits for the load."""
+        if (seq := self.seqs.get(e.seq_id)) is not None:
+            seq.waits_on = "loading"
         for cpu_number, gpu_number in e.mapping:
             src, dst = self.pools["cpu"][cpu_number], self.pools["gpu"][gpu_number]
             dst.ref_count += 1
@@ -537,6 +543,7 @@ class ReducerState:
         for seq_id in e.seq_ids:
             if seq_id in self.seqs:
                 self.seqs[seq_id].status = "running"
+                self.seqs[seq_id].waits_on = ""
 
     def _on_token(self, e: ev.TokenGenerated) -> None:
         seq = self.seqs.get(e.seq_id)
@@ -552,6 +559,7 @@ class ReducerState:
                 self.seqs[seq_id].status = "swapped" if e.mode == "swap" else "waiting"
                 if e.mode != "swap":
                     self.seqs[seq_id].num_computed_tokens = 0
+                    self.seqs[seq_id].waits_on = "preempted"
 
     def _on_finished(self, e: ev.SequenceFinished) -> None:
         seq = self.seqs.get(e.seq_id)

@@ -315,7 +315,7 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
         blocks, skipped = _group_blocks(state, seq_id, state.tables.get(seq_id, ()), vocab)
-        row = TableRow(seq_id, seq.request_id if seq else "?", seq.status if seq else "?",
+        row = TableRow(seq_id, seq.request_id if seq else "?", status_word(state, seq_id),
                        (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
                        progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped)
         if groups:
@@ -325,6 +325,26 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
                           for g in range(1, state.num_kv_cache_groups)]
         rows.append(row)
     return rows
+
+
+def status_word(state: ReducerState, seq_id: int) -> str:
+    """A sequence's status as its table says it: the reducer's (vLLM's SequenceStatus /
+    RequestStatus words), except that a sequence holding blocks is never "waiting": "preempted"
+    while a recompute preemption's frees are still to come, "loading" while vLLM's CPU tier copies
+    its prefix back (WAITING_FOR_REMOTE_KVS), else "scheduled" (its blocks placed by this step's
+    schedule, before the step runs: vLLM's Scheduler.schedule makes it RUNNING there)."""
+    seq = state.seqs.get(seq_id)
+    if seq is None:
+        return "?"
+    if seq.status != "waiting" or not holds_blocks(state, seq_id):
+        return seq.status
+    return seq.waits_on or "scheduled"
+
+
+def holds_blocks(state: ReducerState, seq_id: int) -> bool:
+    """Whether any of the sequence's tables (every KV-cache group's) holds a block other than the null block."""
+    return any(state.pools[device][number].state != NULL
+               for table in state.seq_tables(seq_id) for device, number in table)
 
 
 def _group_blocks(state: ReducerState, seq_id: int, table, vocab: dict[int, str] | None) -> tuple[list[list], list[int]]:
@@ -620,7 +640,7 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     groups = state.num_kv_cache_groups
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
-        status = f"req {seq.request_id}, {seq.status}" if seq else "?"
+        status = f"req {seq.request_id}, {status_word(state, seq_id)}" if seq else "?"
         for group, table in enumerate(state.seq_tables(seq_id)):
             where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
                                            else "") for d, n in table)
