@@ -54,3 +54,26 @@ def test_a_table_never_says_waiting_beside_blocks_it_holds(name):
         assert "swapped" in words
     if name == "cpu-tier":
         assert "loading" in words
+
+
+@pytest.mark.parametrize("name", ["fork-cow", "swap", "v1-story", "prefix-hit"])
+def test_a_table_counts_the_tokens_its_slots_hold(name):
+    """A row's token count is the memory panel's (the tokens in the blocks it holds): the token
+    sampled this step, before the next step's append_slots gives it a slot, is not counted yet."""
+    from blockviz.model.view import tables
+
+    trace = load_trace(name)
+    state = ReducerState.from_header(trace.header)
+    events = list(trace.events)
+    max_tokens = max_tokens_of(events)
+    unslotted = 0
+    for event in events:
+        state.apply(event)
+        truth = memory_truth(state, max_tokens)
+        for row in tables(state, limit=None):
+            if row.seq in truth.seqs and truth.seqs[row.seq].num_blocks:
+                assert row.num_tokens == truth.seqs[row.seq].num_tokens, (event.seq_no, row.seq)
+                unslotted += row.num_tokens < len(state.seqs[row.seq].token_ids)
+            elif row.seq in state.seqs:
+                assert row.num_tokens == len(state.seqs[row.seq].token_ids)  # no blocks: the request's tokens
+    assert unslotted  # the case the count is about came up

@@ -285,7 +285,8 @@ class GroupTable(Record):
 @dataclass(slots=True)
 class TableRow(Record):
     """One sequence's block table: per logical block [device, block, ref count, the token text in
-    each slot]; `progress` in a design with chunked prefill (v1) while the sequence runs. In a run
+    each slot]; `num_tokens` the tokens in its slots (num_slotted_tokens); `progress` in a design
+    with chunked prefill (v1) while the sequence runs. In a run
     with several KV-cache groups `blocks` is group 0's table, `label` names group 0 (group_label),
     `groups` holds the other groups' tables (GroupTable); `skipped` the logical blocks of group 0
     that hold the null block."""
@@ -316,7 +317,7 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
         seq = state.seqs.get(seq_id)
         blocks, skipped = _group_blocks(state, seq_id, state.tables.get(seq_id, ()), vocab)
         row = TableRow(seq_id, seq.request_id if seq else "?", status_word(state, seq_id),
-                       (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
+                       (seq.finish_reason or "") if seq else "", num_slotted_tokens(state, seq_id), blocks,
                        progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped)
         if groups:
             row.label = group_label(state, 0)
@@ -339,6 +340,22 @@ def status_word(state: ReducerState, seq_id: int) -> str:
     if seq.status != "waiting" or not holds_blocks(state, seq_id):
         return seq.status
     return seq.waits_on or "scheduled"
+
+
+def num_slotted_tokens(state: ReducerState, seq_id: int) -> int:
+    """The tokens a table counts: while the sequence holds blocks, the tokens in their slots (a
+    token sampled this step has none until the next step's append_slots / allocate_slots gives it
+    one; a chunked prompt's later chunks none until scheduled), a slot a sliding window let go
+    (the null block) counted full; the most any of its KV-cache groups holds. A sequence holding
+    none (waiting, finished): all its tokens."""
+    seq = state.seqs.get(seq_id)
+    size = state.block_size
+    counts = [sum(size if block.state == NULL else len(block.token_ids)
+                  for block in (state.pools[device][number] for device, number in table))
+              for table in state.seq_tables(seq_id) if table]
+    if counts:
+        return max(counts)
+    return len(seq.token_ids) if seq is not None else 0
 
 
 def holds_blocks(state: ReducerState, seq_id: int) -> bool:
