@@ -77,3 +77,36 @@ def test_a_table_counts_the_tokens_its_slots_hold(name):
             elif row.seq in state.seqs:
                 assert row.num_tokens == len(state.seqs[row.seq].token_ids)  # no blocks: the request's tokens
     assert unslotted  # the case the count is about came up
+
+
+@pytest.mark.parametrize("name", ["v1-story", "hybrid", "cpu-tier"])
+def test_v1_hit_rate_counts_tokens_as_vllms_prefix_cache_stats(name):
+    """vLLM v1's PrefixCacheStats, recorded at each admission (Scheduler.schedule ->
+    KVCacheManager.record_prefix_cache_stats): a new request's lookup adds its num_tokens to
+    `queries` and the tokens the GPU's prefix cache served to `hits`; a preempted request's goes
+    apart. Every lookup's full blocks are looked up, a prompt block chunked prefill fills over two
+    steps too (it is allocated part-full)."""
+    from blockviz.model.explain import explain_requests
+    from blockviz.model.design import kv_cache_groups_of, kv_manager_of
+
+    trace = load_trace(name)
+    header = trace.header
+    state = ReducerState.from_header(header)
+    events = list(trace.events)
+    part_full = 0
+    for event in events:
+        state.apply(event)
+        part_full += isinstance(event, ev.BlockAllocated) and 0 < len(event.token_ids) < header["block_size"] \
+            and event.logical_index < state.seqs[event.seq_ids[0]].num_prompt_tokens // header["block_size"]
+    explained = explain_requests(events, header["block_size"], header["num_gpu_blocks"], header["num_cpu_blocks"],
+                                 bool(header.get("enable_prefix_caching", True)), kv_manager_of(header),
+                                 header.get("prefix_caching_hash_algo") or "sha256", kv_cache_groups_of(header))
+    new = [x for x in explained if not x.recomputed]
+    size = header["block_size"]
+    assert state.prefix_hit_unit == "tokens"
+    assert state.prefix_cache_queries == sum(x.num_prompt_tokens for x in new)
+    assert state.prefix_cache_hits == sum((x.num_hit_blocks - x.num_cpu_hit_blocks) * size for x in new)
+    assert state.num_prompt_blocks_looked_up == sum(x.num_prompt_tokens // size for x in explained)
+    assert state.prefix_hit_rate() == state.prefix_cache_hits / state.prefix_cache_queries
+    if name == "v1-story":
+        assert part_full  # a prompt block chunked prefill filled over two steps is among them
