@@ -348,7 +348,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             yield SystemCommand(description, f"key {keys}", partial(self.run_action, binding.action))
 
     def action_help(self) -> None:
+        wide = any(grid.big_cells for grid in self.query(PoolGrid))  # the legend in the marks the pool draws
         self.push_screen(HelpScreen(key_rows(self.BINDINGS) + [
             ("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
             ("z / Z", "a big pool (a cell per N blocks): zoom into the selected block's cell / out to the whole pool"),
-            ("ctrl+p", "command palette")]))
+            ("ctrl+p", "command palette")], wide=wide))
