@@ -17,14 +17,13 @@ from blockviz.jupyter import Visualizer
 from blockviz.model import view
 from blockviz.model.insight_view import explain_record, memory_record
 from blockviz.model.insights import Insights
-from blockviz.model.palette import group_mark
+from blockviz.model.palette import group_mark, ref_mark
 from blockviz.model.timeline import Timeline
 from blockviz.model.trace import load_trace, read_trace
 from blockviz.model.reducer import NULL
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.insight_panels import render_memory
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables
-from blockviz.model.palette import ref_mark
 from blockviz.tui.widgets.pool_grid import GROUP_LEGEND, PoolGrid
 from hybrid_fixtures import WINDOW, make_hybrid_llama, record_hybrid_trace, window_cursors
 from test_view_model import drawn
