@@ -240,7 +240,7 @@ class ReducerState:
     def prefix_hit_unit(self) -> str:
         """What the hit rate counts: tokens in vLLM v1 (PrefixCacheStats.queries and hits), prompt
         blocks in v0 (its allocator's block lookups)."""
-        return "tokens" if self.design.vllm_api == "v1" else "prompt blocks"
+        return "tokens" if self.design.vllm_api == "v1" else "blocks"
 
     def prefix_hit_rate(self) -> float:
         """Hits over lookups, in `prefix_hit_unit`: v1 as vLLM's PrefixCacheStats (new requests'

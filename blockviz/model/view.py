@@ -332,14 +332,14 @@ def status_word(state: ReducerState, seq_id: int) -> str:
     """A sequence's status as its table says it: the reducer's (vLLM's SequenceStatus /
     RequestStatus words), except that a sequence holding blocks is never "waiting": "preempted"
     while a recompute preemption's frees are still to come, "loading" while vLLM's CPU tier copies
-    its prefix back (WAITING_FOR_REMOTE_KVS), else "scheduled" (its blocks placed by this step's
-    schedule, before the step runs: vLLM's Scheduler.schedule makes it RUNNING there)."""
+    its prefix back (WAITING_FOR_REMOTE_KVS), else "running" (its blocks placed by this step's
+    schedule, before the step starts: vLLM's Scheduler.schedule makes it RUNNING there)."""
     seq = state.seqs.get(seq_id)
     if seq is None:
         return "?"
     if seq.status != "waiting" or not holds_blocks(state, seq_id):
         return seq.status
-    return seq.waits_on or "scheduled"
+    return seq.waits_on or "running"
 
 
 def num_slotted_tokens(state: ReducerState, seq_id: int) -> int:
