@@ -60,10 +60,30 @@ async def test_in_a_replay_the_key_plays_to_the_breakpoint_and_back():
         await _until(pilot, lambda: app.player.stopped_at is not None)
         assert app.player.timeline.position == positions_of(trace, "copy_on_write")[0]
         await pilot.pause()
-        assert "breakpoint: copy_on_write" in " ".join(screen_text(app).split())
+        position = app.player.timeline.position
+        assert f"breakpoint: event {position} copy_on_write" in " ".join(screen_text(app).split())
         await pilot.press("G", "left_square_bracket")  # from the end, back to the last one
         assert app.player.timeline.position == positions_of(trace, "copy_on_write")[-1]
         assert app.player.timeline.current_event.type == "copy_on_write"
+
+
+@pytest.mark.anyio
+async def test_the_breakpoint_line_names_the_event_the_cursor_is_on():
+    """A swap-out is drawn whole: the cursor stops after the frees that follow it, and the status
+    line names that event (its number and kind) as well as the swap-out the breakpoint was for."""
+    trace = load_trace("swap")
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, break_on=frozenset({ev.SwappedOut}))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.press("right_square_bracket")
+        await _until(pilot, lambda: app.player.stopped_at is not None, timeout=60)
+        await pilot.pause()
+        timeline = app.player.timeline
+        position = timeline.position
+        swap_out = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.SwappedOut)) + 1
+        assert position > swap_out  # the operation runs past the breakpoint's event
+        text = " ".join(screen_text(app).split())
+        assert f"breakpoint: event {position} {timeline.current_event.type}" in text
+        assert f"event {swap_out} swap_out" in text
 
 
 @pytest.mark.anyio

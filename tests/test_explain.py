@@ -147,3 +147,50 @@ def test_each_lookup_is_explained_n_gt_1_children_and_recomputed_requests_too(na
         children = [x for x in explained if x.request_id == "1"]
         assert [x.seq_id for x in children] == [1, 2] and children[1].num_hit_blocks == 4
         assert "again after a recompute preemption" in recomputed[0].lines()[0]
+
+
+def test_the_why_panel_names_the_window_slide_that_freed_a_window_tail_and_its_eviction_apart():
+    """The hybrid story's window-tail miss: the why panel names the window slide (the blocks_skipped
+    event whose blocks held the lost block's tokens, in its window group) and, separately, the
+    eviction that took the block afterwards."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from blockviz.model.explain import WINDOW_TAIL
+    from blockviz.model.insight_view import explain_record
+    from blockviz.model.insights import Insights
+    from blockviz.model.palette import event_number
+    from blockviz.model.reducer import ReducerState
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.trace import load_trace
+    from blockviz.tui.widgets.insight_panels import render_explain
+    from engine import events as ev
+
+    trace = load_trace("hybrid")
+    timeline = Timeline.for_trace(trace)
+    timeline.seek(len(timeline))
+    insights = Insights.for_header(trace.header)
+    insights.sync(timeline)
+    lookup = next(x for x in insights.explanations(len(timeline))
+                  if x.first_miss is not None and x.first_miss.verdict == WINDOW_TAIL)
+    miss = lookup.first_miss
+    group, lost = map(int, re.match(r"group (\d+) \(window \d+\) no longer caches L(\d+)", miss.detail).groups())
+    lost_hash = lookup.blocks[lost].block_hash
+    assert miss.freed_by is not None and miss.evicted_by is not None and miss.freed_by < miss.evicted_by
+    state = ReducerState.from_header(trace.header)
+    for event in trace.events[:[e.seq_no for e in trace.events].index(miss.freed_by)]:
+        state.apply(event)
+    slide = next(e for e in trace.events if e.seq_no == miss.freed_by)
+    assert isinstance(slide, ev.BlocksSkipped) and slide.group == group
+    assert lost_hash in {state.pools["gpu"][number].block_hash for number in slide.blocks}
+    evicted = next(e for e in trace.events if e.seq_no == miss.evicted_by)
+    assert isinstance(evicted, ev.BlockEvicted) and evicted.block_hash == lost_hash
+
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(render_explain(explain_record(insights, lookup.position, request_id=lookup.request_id,
+                                                events=timeline.events)))
+    row = next(line for line in console.export_text().splitlines() if WINDOW_TAIL in line)
+    assert f"window slide: event {event_number(slide.seq_no)}" in row
+    assert f"evicted: event {event_number(evicted.seq_no)}" in row

@@ -17,14 +17,14 @@ from blockviz.jupyter import Visualizer
 from blockviz.model import view
 from blockviz.model.insight_view import explain_record, memory_record
 from blockviz.model.insights import Insights
-from blockviz.model.palette import group_mark
+from blockviz.model.palette import group_mark, ref_mark
 from blockviz.model.timeline import Timeline
 from blockviz.model.trace import load_trace, read_trace
 from blockviz.model.reducer import NULL
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.insight_panels import render_memory
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables
-from blockviz.tui.widgets.pool_grid import GROUP_LEGEND, SUPERSCRIPTS, PoolGrid
+from blockviz.tui.widgets.pool_grid import GROUP_LEGEND, PoolGrid
 from hybrid_fixtures import WINDOW, make_hybrid_llama, record_hybrid_trace, window_cursors
 from test_view_model import drawn
 
@@ -155,7 +155,7 @@ async def test_the_tui_draws_each_group_the_freed_window_slot_and_the_group_mark
         for block in state.pools["gpu"]:
             mark = gpu.cell_text(block.number)[digits]
             if block.state == "used":
-                assert mark == (group_mark(block.group) if block.ref_count < 2 else SUPERSCRIPTS[block.ref_count])
+                assert mark == (group_mark(block.group) if block.ref_count < 2 else ref_mark(block.ref_count))
             elif view.block_state(block) == "cached":  # still its group's in the prefix cache
                 assert mark == group_mark(block.group)
             else:

@@ -48,8 +48,11 @@ def check_drawn(explain, ledger, memory, position: int) -> None:
             line = next(line for line in lines if line.startswith(f"L{row.index} "))
             assert (row.hash or "—") in line and "".join(row.tokens) in line
             assert (f"hit → gpu {row.block}" if row.verdict == "hit" else row.verdict) in line
+            if row.freed_by is not None:  # a window tail: the slide, and the eviction named apart
+                assert f"(window slide: event {row.freed_by.number})" in line
             if row.evicted_by is not None:
-                assert f"(event {row.evicted_by.number})" in line
+                evicted = f"event {row.evicted_by.number}"
+                assert (f"(evicted: {evicted})" if row.freed_by is not None else f"({evicted})") in line
         assert lines[-1].startswith(f"hit {explain.hit_blocks} block")
         if explain.first_miss is not None and explain.caching:
             assert f"first miss L{explain.first_miss.index}: {explain.first_miss.verdict}" in lines[-1]
@@ -103,7 +106,8 @@ def test_a_record_serialises_to_the_json_the_page_draws():
     explain = explain_record(insights, end, request_id="1", events=trace.events).to_json()
     assert set(explain) >= {"requests", "request", "seq", "num_prompt_tokens", "recomputed", "block_size", "blocks",
                             "hit_blocks", "hit_tokens", "first_miss", "caching"}
-    assert set(explain["blocks"][0]) == {"index", "hash", "tokens", "verdict", "block", "evicted_by", "detail"}
+    assert set(explain["blocks"][0]) == {"index", "hash", "tokens", "verdict", "block", "evicted_by", "detail",
+                                         "freed_by"}
     assert explain_record(insights, 0).to_json() == {"requests": [], "request": None}
     ledger = ledger_record(insights, end).to_json()
     assert ledger["count"] == len(ledger["rows"]) == 5 and isinstance(ledger["rows"][0]["seqs"], list)

@@ -331,6 +331,47 @@ async def test_a_pool_that_does_not_fit_says_which_blocks_are_in_view():
         assert grid(app).border_subtitle.endswith("-199 of 200 · ↑↓ scrolls")
 
 
+@pytest.mark.parametrize("projector", [False, True], ids=["narrow", "wide"])
+async def test_the_help_legend_is_in_the_marks_the_pool_draws(projector):
+    """The help's pool-grid legend and the pool's subtitle show a shared block's ref count and the
+    fill as the pool's own cells at that width draw them ("²" and "▁…█" narrow, "×2" and a bar wide)."""
+    import io
+
+    from rich.console import Console
+    from textual.widgets import Static
+
+    from blockviz.model.palette import FILL_GLYPHS, ref_mark
+    from blockviz.model.trace import load_trace
+    from blockviz.tui.widgets.screens import HelpScreen
+
+    trace = load_trace("fork-cow")
+    app = replay_app(trace, play=False, projector=projector)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.player.timeline.seek(first_index(trace, "fork") + 1)
+        app.render_views()
+        await pilot.pause()
+        pool = grid(app)
+        shared = next(b.number for b in app.player.timeline.state.pools["gpu"] if b.ref_count == 2)
+        cell = pool.cell_text(shared)
+        assert pool.big_cells == projector
+        drawn = "×2" if projector else "²"
+        other = "²" if projector else "×2"
+        assert drawn in cell and ref_mark(2, projector) == drawn
+        if projector:
+            assert "█" in cell or "░" in cell  # the wide cell's fill bar
+        else:
+            assert any(glyph in cell for glyph in FILL_GLYPHS[1:])
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(app.screen.query_one("#legend", Static).content)
+        legend = console.export_text()
+        assert drawn in legend and other not in legend
+        assert ("██░░" if projector else "▁…█") in legend
+        assert drawn in pool.border_subtitle and other not in pool.border_subtitle
+
+
 async def test_help_screen_lists_the_keys():
     app = replay_app()
     async with app.run_test(size=(100, 40)) as pilot:

@@ -21,6 +21,7 @@ import pytest
 
 from blockviz.model.design import kv_cache_groups_header, kv_cache_groups_of
 from blockviz.model.explain import HIT, LAST_BLOCK, WINDOW_TAIL, explain_requests
+from blockviz.model.palette import event_number
 from blockviz.model.insights import memory_truth, preemption_ledger
 from blockviz.model.reducer import NULL, ReducerState
 from reducer_checks import check_reducer_matches_v1
@@ -242,7 +243,11 @@ def test_the_explainer_names_a_hit_cut_short_by_the_window_groups_lost_tail():
     miss = b.blocks[2]
     (evicted,) = [e for e in run.events if isinstance(e, ev.BlockEvicted) and e.block_hash == miss.block_hash]
     assert evicted.group == 1 and miss.evicted_by == evicted.seq_no and "group 1 (window 4)" in miss.detail and "L2" in miss.detail
-    assert any("window tail freed: group 1" in line for line in b.lines())
+    (slide,) = [e for e in run.events if isinstance(e, ev.BlocksSkipped)]  # A's window slid past L0-L2
+    assert miss.freed_by == slide.seq_no != miss.evicted_by  # the slide named, and the eviction apart
+    (line,) = [line for line in b.lines() if "window tail freed: group 1" in line]
+    assert f"blocks_skipped, event {event_number(slide.seq_no)}" in line
+    assert f"block_evicted, event {event_number(evicted.seq_no)}" in line
     a = next(x for x in explained if x.request_id == "r0")
     assert a.num_hit_blocks == 0 and a.blocks[0].verdict != WINDOW_TAIL
 

@@ -12,12 +12,12 @@ from rich.console import Console
 
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
-from blockviz.model.palette import fill_glyph, group_mark
+from blockviz.model.palette import fill_glyph, group_mark, ref_mark
 from blockviz.model.trace import kv_geometry, load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.event_log import EventLog
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, HashChains
-from blockviz.tui.widgets.pool_grid import NULL_MARK, SUPERSCRIPTS, PoolGrid
+from blockviz.tui.widgets.pool_grid import NULL_MARK, PoolGrid
 
 
 @pytest.fixture
@@ -82,11 +82,11 @@ def check_tui(app, state, vocab, current) -> None:
                 filled = max(1, round(len(bar) * cell.fill / state.block_size)) if cell.fill else 0
                 assert bar == "█" * filled + "░" * (len(bar) - filled), (device, number, cell)
                 continue
-            mark = {"used": " " if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)], "cached": "c", "free": " ",
+            mark = {"used": ref_mark(cell.ref) or " ", "cached": "c", "free": " ",
                     "null": NULL_MARK}
             group = view.block_group(block) if view.has_groups(state) else -1
             if group >= 0:  # a run with groups: a used or cached block's mark is its group's (its refs where shared)
-                mark = {**mark, cell.state: group_mark(group) if cell.ref < 2 else SUPERSCRIPTS[min(cell.ref, 9)]}
+                mark = {**mark, cell.state: group_mark(group) if cell.ref < 2 else ref_mark(cell.ref)}
             glyph = fill_glyph(cell.fill, state.block_size) if cell.state in ("used", "cached") else " "
             assert text == f"{number:>{grid.digits}}{mark[cell.state]}{glyph}", (device, number, cell)
 

@@ -56,7 +56,8 @@ def execute(args) -> int:
             "num_hit_blocks": x.num_hit_blocks, "num_hit_tokens": x.num_hit_tokens,
             "blocks": [{"index": b.index, "num_tokens": len(b.token_ids), "block_hash": b.block_hash,
                         "verdict": b.verdict, "block": b.block, "evicted_by": b.evicted_by,
-                        **({"detail": b.detail} if b.detail else {})} for b in x.blocks],
+                        **({"detail": b.detail} if b.detail else {}),
+                        **({"freed_by": b.freed_by} if b.freed_by is not None else {})} for b in x.blocks],
         } for x in explanations], indent=2))
     else:
         for explanation in explanations:

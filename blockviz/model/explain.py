@@ -16,7 +16,8 @@ hit length in blocks and tokens, and for the first block that missed, the reason
   the next token reads (its last cdiv(sliding_window - 1, block_size) blocks), so the hit must end
   earlier: a prefix hit holds only as far as it holds in every group (vLLM
   HybridKVCacheCoordinator.find_longest_cache_hit, SlidingWindowManager.find_longest_cache_hit).
-  The detail names the group and the block, and the event that evicted it when one did.
+  The detail names the group and the block; the window slide that let the block go
+  (blocks_skipped) and the event that evicted it afterwards are named each, when there was one.
 Blocks after the first miss are not looked up (the engine stops at the first miss, as vLLM does),
 unless vLLM's CPU tier serves them (`--kv-manager vllm --kv-offloading-size`): the blocks an
 offload_load copies back from the tier are hits too, "hit from the CPU tier" (vLLM
@@ -58,6 +59,7 @@ class BlockVerdict:
     verdict: str  # HIT, CPU_HIT or one of the reasons above
     block: int | None = None  # the cached physical block it hit (a CPU block for CPU_HIT)
     evicted_by: int | None = None  # seq_no of the block_evicted event, for EVICTED (and WINDOW_TAIL, when one was)
+    freed_by: int | None = None  # for WINDOW_TAIL: seq_no of the window slide (blocks_skipped) that let the block go
     detail: str = ""  # for WINDOW_TAIL: which group lost which block; for CPU_HIT: where the copy went
 
 
@@ -100,6 +102,8 @@ class Explanation:
             what = f"hit: gpu block {b.block}" if b.verdict == HIT else b.verdict
             if b.detail:
                 what += f": {b.detail}"
+            if b.freed_by is not None:
+                what += f" (window slide: blocks_skipped, event {event_number(b.freed_by)})"
             if b.evicted_by is not None:
                 what += f" (block_evicted, event {event_number(b.evicted_by)})"
             out.append(f"  L{b.index} {digest:>9} {len(b.token_ids):>3} tokens  {what}")
@@ -149,6 +153,7 @@ class Explainer:
         self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}
         self._evicted_at: dict[int, int] = {}  # block_hash -> seq_no of its latest eviction (full attention)
         self._window_evicted_at: dict[tuple[int, int], int] = {}  # (block_hash, group) -> the same, in a window group
+        self._window_freed_at: dict[tuple[int, int], int] = {}  # (block_hash, group) -> seq_no of the slide that freed it
         self._fed = 0
 
     def rebase(self, shift: int) -> None:
@@ -179,7 +184,8 @@ class Explainer:
             if placed and self.kv_cache_groups:
                 seq_id, (request_id, tokens, recomputed) = placed[0]
                 explanation = _explain_groups(request_id, tokens, seq_id, state, self._evicted_at,
-                                              self._window_evicted_at, self.caching, self.hashes)
+                                              self._window_evicted_at, self.caching, self.hashes,
+                                              self._window_freed_at)
                 explanation.position, explanation.recomputed = self._fed, recomputed
                 self.explained.append(explanation)
             elif placed:  # sequences placed together share one lookup (v0's n > 1 before a fork)
@@ -190,6 +196,11 @@ class Explainer:
                 self.explained.append(explanation)
         elif isinstance(event, ev.OffloadLoaded):
             self._loaded_from_cpu(event, state)
+        elif isinstance(event, ev.BlocksSkipped):  # a window slide: the blocks it lets go, by hash
+            for number in event.blocks:
+                block_hash = state.pools["gpu"][number].block_hash
+                if block_hash is not None:
+                    self._window_freed_at[(block_hash, event.group)] = event.seq_no
         elif isinstance(event, ev.BlockEvicted) and self._is_window(event.group):
             self._window_evicted_at[(event.block_hash, event.group)] = event.seq_no
         elif isinstance(event, ev.BlockEvicted):
@@ -293,7 +304,7 @@ def _why_missed(chunk, block_hash: int, cached: int | None, state: ReducerState,
 
 def _explain_groups(request_id: str, tokens: tuple[int, ...], seq_id: int, state: ReducerState,
                     evicted_at: dict[int, int], window_evicted_at: dict[tuple[int, int], int], caching: bool,
-                    hashes) -> Explanation:
+                    hashes, window_freed_at: dict[tuple[int, int], int] | None = None) -> Explanation:
     """The lookup of a run with KV-cache groups (vLLM v1 get_computed_blocks through
     HybridKVCacheCoordinator): the hit is the longest prefix of at most num_tokens - 1 tokens that
     every group accepts (hybrid_hit_blocks). Its first missing block is a window-tail miss when
@@ -326,7 +337,8 @@ def _explain_groups(request_id: str, tokens: tuple[int, ...], seq_id: int, state
             row.verdict = LAST_BLOCK
         else:
             row.verdict = WINDOW_TAIL
-            row.detail, row.evicted_by = _window_tail(block_hashes, index + 1, state, window_evicted_at)
+            row.detail, row.evicted_by, row.freed_by = _window_tail(block_hashes, index + 1, state, window_evicted_at,
+                                                                    window_freed_at or {})
         explanation.blocks.append(row)
     return explanation
 
@@ -372,10 +384,11 @@ def _group_hit_blocks(block_hashes, max_blocks: int, group_ids: list[int], windo
     return run
 
 
-def _window_tail(block_hashes, end: int, state: ReducerState, window_evicted_at: dict[tuple[int, int], int]
-                 ) -> tuple[str, int | None]:
+def _window_tail(block_hashes, end: int, state: ReducerState, window_evicted_at: dict[tuple[int, int], int],
+                 window_freed_at: dict[tuple[int, int], int]) -> tuple[str, int | None, int | None]:
     """Which window group misses which of the blocks a hit ending at block `end` needs (the last
-    one it lacks), and the event that evicted it there, if one did."""
+    one it lacks), the event that evicted it there if one did, and the window slide (blocks_skipped)
+    that freed it if one did."""
     for g, group in enumerate(state.kv_cache_groups):
         if group.kind != SLIDING_WINDOW:
             continue
@@ -385,5 +398,5 @@ def _window_tail(block_hashes, end: int, state: ReducerState, window_evicted_at:
             if state.cached_block(block_hash, g) is None:
                 return (f"group {g} (window {group.sliding_window}) no longer caches L{index}; a hit ending after "
                         f"L{end - 1} needs its last {plural(needed, 'block')} there",
-                        window_evicted_at.get((block_hash, g)))
-    return "", None
+                        window_evicted_at.get((block_hash, g)), window_freed_at.get((block_hash, g)))
+    return "", None, None

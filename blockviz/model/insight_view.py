@@ -52,7 +52,8 @@ class EventReference(Record):
 class LookupRow(Record):
     """One logical block of a lookup: its short hash ("" for a partial block), tokens as text, the
     verdict (blockviz.model.explain), the physical block it hit, the event that evicted its twin,
-    and for a "window tail freed" miss `detail`: which KV-cache group lost which block."""
+    and for a "window tail freed" miss `detail`: which KV-cache group lost which block, and
+    `freed_by`: the window slide (blocks_skipped) that let it go."""
 
     index: int
     hash: str
@@ -61,6 +62,7 @@ class LookupRow(Record):
     block: int | None
     evicted_by: EventReference | None = None
     detail: str = ""
+    freed_by: EventReference | None = None
 
 
 @dataclass(slots=True)
@@ -113,7 +115,8 @@ def explain_record(insights: Insights, position: int, *, state: ReducerState | N
     rows = [LookupRow(b.index, short_hash(b.block_hash) if b.block_hash is not None else "",
                       [show_token(vocab.get(t, f"<{t}>")) for t in b.token_ids], b.verdict, b.block,
                       event_reference(events, b.evicted_by)
-                      if b.verdict in (EVICTED, WINDOW_TAIL) and b.evicted_by is not None else None, b.detail)
+                      if b.verdict in (EVICTED, WINDOW_TAIL) and b.evicted_by is not None else None, b.detail,
+                      event_reference(events, b.freed_by) if b.freed_by is not None else None)
             for b in chosen.blocks]
     miss = chosen.first_miss
     return ExplainRecord(requests, chosen.request_id, chosen.seq_id, chosen.num_prompt_tokens, chosen.recomputed,

@@ -138,6 +138,49 @@ def fill_glyph(num_tokens: int, block_size: int) -> str:
     return FILL_GLYPHS[level]
 
 
+_SUPERSCRIPT_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
+WIDE_FILL, WIDE_EMPTY = "█", "░"  # a wide cell's fill bar: slots holding tokens, then empty slots
+
+
+def ref_mark(ref: int, wide: bool = False) -> str:
+    """How a cell marks a shared block's ref count: a superscript in a one-character mark (the
+    TUI's narrow cells, the notebook's canvas, the SVG), "×N" in the TUI's wide cells; "" when the
+    block is not shared."""
+    if ref < 2:
+        return ""
+    if wide:
+        return f"×{ref}"
+    return _SUPERSCRIPT_DIGITS[ref] if ref < 10 else "⁺"
+
+
+def fill_sample(wide: bool = False) -> str:
+    """How a cell shows its fill (slots holding tokens / block_size), as the legend shows it: the
+    narrow cell's one glyph of eighths, the wide cell's bar."""
+    return f"{FILL_GLYPHS[1]}…{FILL_GLYPHS[8]}" if not wide else WIDE_FILL * 2 + WIDE_EMPTY * 2
+
+
+def legend_line(wide: bool = False) -> str:
+    """The pool grid's legend under it, in the marks its cells at that width draw."""
+    return f"{fill_sample(wide)} fill · {ref_mark(2, wide)} refs · c cached"
+
+
+def cell_legend(wide: bool = False) -> tuple[tuple[str, str], ...]:
+    """The help's pool-grid legend, (key, meaning) rows, in the marks the pool's cells at that width
+    draw (ref_mark, fill_sample): one source for the cells and every legend of them."""
+    shape = ("two lines: block number and ref count, then the fill bar" if wide
+             else "one line: block number, ref count, fill glyph")
+    return (
+        ("cell", f"{shape}; {ref_mark(2, wide)}, {ref_mark(3, wide)} = ref count when shared (more than one "
+                 f"block table points at it); {fill_sample(wide)} = slots holding tokens / block_size"),
+        ("colour", "the owning sequence; a shared block shows its first owner on the number and its second on the rest"),
+        ("grey", "free block (on the free list)"),
+        ("slate c", "free but cached: still in the prefix-cache hash map, a hit revives it "
+                    "(nano-vllm BlockManager.hash_to_block_id)"),
+        ("underline", "the block the last event touched"),
+        ("reverse", "the selected block (see the inspector)"),
+    )
+
+
 def event_number(seq_no: int) -> int:
     """The number every view shows for the event `seq_no`: counted from 1, as the status bar's
     "event N/total" and Visualizer.seek(N), which land just after it."""

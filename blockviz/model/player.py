@@ -51,6 +51,7 @@ class Player:
         self.play_stops_at_breaks = False
         self.to_break = False  # `]` is playing to the next breakpoint
         self.stopped_at: ev.Event | None = None  # the breakpoint event playback last stopped at
+        self.stopped_at_number = 0  # its number (1-based, as the status bar counts events)
         self.stop_position = -1  # where it stopped: the end of that event's operation
         self.guide: Guide | None = None  # the cards at the cursor (blockviz/model/guide.py)
         self.guided = False  # guided playback: it also stops at each card
@@ -122,11 +123,11 @@ class Player:
             self._budget -= landed - target  # ... and its extra events are paid for by the next frames
             target = landed
         stops = []
-        break_event = None
+        break_event, break_number = None, 0
         if self.break_on and (self.to_break or self.play_stops_at_breaks):
             stop = timeline.next_of(self.break_on, timeline.position, target)
             if stop is not None:
-                break_event = timeline.events[stop - 1]
+                break_event, break_number = timeline.events[stop - 1], stop
                 stop = timeline.operation_end(stop)  # the operation it is in, drawn whole
             spanning = guide.spanning(stop) if guide is not None and stop is not None else None
             # a breakpoint inside a card's idea (its second hit, a preemption's swap-out): its card
@@ -139,6 +140,7 @@ class Player:
         if stop is not None:
             self.playing = self.to_break = False
             self.stopped_at = break_event if break_event is not None and stop == timeline.position else None
+            self.stopped_at_number = break_number if self.stopped_at is not None else 0
             self.stop_position = timeline.position
             return moved
         if timeline.at_end and not self.live:
@@ -215,6 +217,18 @@ class Player:
     def at_break(self) -> bool:
         """Whether the cursor rests where playback stopped for a breakpoint (`stopped_at`)."""
         return self.stopped_at is not None and self.stop_position == self.timeline.position
+
+    def break_note(self) -> str:
+        """The status line at a breakpoint: the event the cursor is on, by its number and kind, and,
+        when the operation drawn whole runs past the breakpoint's event, that event too (a swap-out
+        whose frees follow it); "" when the cursor is not at a breakpoint."""
+        if not self.at_break:
+            return ""
+        position = self.timeline.position
+        on = f"event {position} {self.timeline.current_event.type}"
+        if self.stopped_at_number != position:
+            on += f" (ends event {self.stopped_at_number} {self.stopped_at.type}'s operation)"
+        return f"breakpoint: {on} · ] next, [ back"
 
     def run_to_break(self) -> None:
         """The next play (playing = True) runs to the next breakpoint event or, guided, the next card."""

@@ -81,6 +81,10 @@ class SeqState:
     num_cached_tokens: int = 0
     parent_seq_id: int | None = None
     num_computed_tokens: int = 0  # v1: tokens with K/V, from TokensScheduled (a chunked prefill's progress)
+    # why a waiting sequence holds blocks, until its next step: "preempted" (recompute: its frees
+    # follow the Preempted event), "loading" (vLLM's CPU tier copies its prefix back first: vLLM's
+    # RequestStatus.WAITING_FOR_REMOTE_KVS); "" otherwise
+    waits_on: str = ""
 
 
 class ReducerState:
@@ -136,8 +140,13 @@ class ReducerState:
         self.last_seq_no = -1
         self.step = 0
         self.step_kind = ""
-        self.num_prompt_blocks_looked_up = 0
-        self.num_prefix_hits = 0
+        self.num_prompt_blocks_looked_up = 0  # the full blocks of each lookup's tokens
+        self.num_prefix_hits = 0  # blocks served by the prefix cache (and vLLM's CPU tier)
+        # vLLM v1 PrefixCacheStats: tokens new requests' lookups asked for (queries) and found on the GPU (hits)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._lookups: dict[int, bool] = {}  # seq_id -> whether its coming lookup is a preempted request's
+        self._looked_up: dict[int, int] = {}  # seq_id of a new request's lookup, until it runs -> hit tokens so far
         self.num_preemptions = 0
         self.num_tokens_generated = 0
         self.step_time_s = 0.0
@@ -224,9 +233,36 @@ class ReducerState:
             for tables in self.group_tables.values():
                 tables.pop(seq_id, None)
             self.num_scheduled_tokens.pop(seq_id, None)
+            self._lookups.pop(seq_id, None)
+            self._looked_up.pop(seq_id, None)
+
+    @property
+    def prefix_hit_unit(self) -> str:
+        """What the hit rate counts: tokens in vLLM v1 (PrefixCacheStats.queries and hits), prompt
+        blocks in v0 (its allocator's block lookups)."""
+        return "tokens" if self.design.vllm_api == "v1" else "blocks"
 
     def prefix_hit_rate(self) -> float:
+        """Hits over lookups, in `prefix_hit_unit`: v1 as vLLM's PrefixCacheStats (new requests'
+        lookups at admission: their tokens queried, the tokens the GPU's prefix cache served), v0 the
+        full blocks of every lookup's tokens and those served."""
+        if self.design.vllm_api == "v1":
+            return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
+
+    def _note_lookup(self, seq_ids) -> None:
+        """A placement: the first of a lookup's (vLLM KVCacheManager.get_computed_blocks at admission;
+        sequences placed together share one) counts its tokens once, as queries in a new request's."""
+        placed = [seq_id for seq_id in seq_ids if seq_id in self._lookups]
+        if not placed:
+            return
+        preempted = [self._lookups.pop(seq_id) for seq_id in placed][0]
+        seq = self.seqs.get(placed[0])
+        num_tokens = len(seq.token_ids) if seq is not None else 0
+        self.num_prompt_blocks_looked_up += num_tokens // self.block_size
+        if not preempted:
+            self.prefix_cache_queries += num_tokens
+            self._looked_up.update(dict.fromkeys(placed, 0))
 
     def copy(self) -> "ReducerState":
         """An independent deep copy (through freeze and thaw)."""
@@ -324,10 +360,9 @@ class ReducerState:
         block.token_ids = e.token_ids
         block.state = USED
         block.group = e.group
+        self._note_lookup(e.seq_ids)
         for seq_id in e.seq_ids:
             self._place(seq_id, e.logical_index, e.device, e.block, e.group)
-        if len(e.token_ids) == self.block_size:  # a full prompt block the cache could have served
-            self.num_prompt_blocks_looked_up += 1
 
     def _on_hit(self, e: ev.PrefixCacheHit) -> None:
         block = self.pools[e.device][e.block]
@@ -338,11 +373,16 @@ class ReducerState:
         block.num_hits += 1
         block.group = e.group
         self.num_prefix_hits += 1
-        self.num_prompt_blocks_looked_up += 1
+        self._note_lookup(e.seq_ids)
+        served = (e.logical_index + 1) * self.block_size  # every group's hit ends at the same block
         for seq_id in e.seq_ids:
             self._place(seq_id, e.logical_index, e.device, e.block, e.group)
             if seq_id in self.seqs:
-                self.seqs[seq_id].num_cached_tokens = (e.logical_index + 1) * self.block_size
+                self.seqs[seq_id].num_cached_tokens = served
+        counted = [self._looked_up[seq_id] for seq_id in e.seq_ids if seq_id in self._looked_up]
+        if counted and served > counted[0]:
+            self.prefix_cache_hits += served - counted[0]
+            self._looked_up.update(dict.fromkeys((s for s in e.seq_ids if s in self._looked_up), served))
 
     def _on_hashed(self, e: ev.BlockHashed) -> None:
         block = self.pools[e.device][e.block]
@@ -501,7 +541,9 @@ class ReducerState:
 
     def _on_offload_load(self, e: ev.OffloadLoaded) -> None:
         """vLLM's CPU tier: each GPU block pinned for its load, holding its CPU block's K/V; each
-        block a prefix-cache hit served from the CPU."""
+        block a prefix-cache hit served from the CPU; the request waits for the load."""
+        if (seq := self.seqs.get(e.seq_id)) is not None:
+            seq.waits_on = "loading"
         for cpu_number, gpu_number in e.mapping:
             src, dst = self.pools["cpu"][cpu_number], self.pools["gpu"][gpu_number]
             dst.ref_count += 1
@@ -530,6 +572,7 @@ class ReducerState:
             self.seqs[seq_id] = SeqState(
                 seq_id, e.request_id, list(e.prompt_token_ids), list(texts), len(e.prompt_token_ids),
             )
+        self._lookups.update(dict.fromkeys(e.seq_ids, False))
 
     def _on_step(self, e: ev.StepStarted) -> None:
         self.step = e.step
@@ -537,6 +580,8 @@ class ReducerState:
         for seq_id in e.seq_ids:
             if seq_id in self.seqs:
                 self.seqs[seq_id].status = "running"
+                self.seqs[seq_id].waits_on = ""
+            self._looked_up.pop(seq_id, None)
 
     def _on_token(self, e: ev.TokenGenerated) -> None:
         seq = self.seqs.get(e.seq_id)
@@ -552,6 +597,8 @@ class ReducerState:
                 self.seqs[seq_id].status = "swapped" if e.mode == "swap" else "waiting"
                 if e.mode != "swap":
                     self.seqs[seq_id].num_computed_tokens = 0
+                    self.seqs[seq_id].waits_on = "preempted"
+                    self._lookups[seq_id] = True  # admitted again, it looks up all its tokens
 
     def _on_finished(self, e: ev.SequenceFinished) -> None:
         seq = self.seqs.get(e.seq_id)

@@ -19,7 +19,7 @@ import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD, group_colour
+from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD, group_colour, ref_mark
 from blockviz.model.pool_zoom import LEGEND as ZOOM_LEGEND, ZoomCells, cell_counts, cell_label, zoom_level
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
@@ -169,7 +169,7 @@ def _draw_legend(canvas: _Canvas, frame: dict[str, Any]) -> None:
         label = STATE_LABELS[name] + (" (a sequence's colour)" if name == "used" else "")
         canvas.text(x + size + 4, canvas.y, label, fill=canvas.dim)
         x += size + 4 + (len(label) + 3) * canvas.char
-    key = "cell: block number, ²/³ = ref count, c = cached, bar = slots filled"
+    key = f"cell: block number, {ref_mark(2)}/{ref_mark(3)} = ref count, c = cached, bar = slots filled"
     canvas.text(x, canvas.y, canvas.fit(key, max(canvas.char, canvas.width - PAD - x)), fill=canvas.dim)
     canvas.parts.append("</g>")
     canvas.y += canvas.line * 1.4

@@ -285,7 +285,8 @@ class GroupTable(Record):
 @dataclass(slots=True)
 class TableRow(Record):
     """One sequence's block table: per logical block [device, block, ref count, the token text in
-    each slot]; `progress` in a design with chunked prefill (v1) while the sequence runs. In a run
+    each slot]; `num_tokens` the tokens in its slots (num_slotted_tokens); `progress` in a design
+    with chunked prefill (v1) while the sequence runs. In a run
     with several KV-cache groups `blocks` is group 0's table, `label` names group 0 (group_label),
     `groups` holds the other groups' tables (GroupTable); `skipped` the logical blocks of group 0
     that hold the null block."""
@@ -315,8 +316,8 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
         blocks, skipped = _group_blocks(state, seq_id, state.tables.get(seq_id, ()), vocab)
-        row = TableRow(seq_id, seq.request_id if seq else "?", seq.status if seq else "?",
-                       (seq.finish_reason or "") if seq else "", len(seq.token_ids) if seq else 0, blocks,
+        row = TableRow(seq_id, seq.request_id if seq else "?", status_word(state, seq_id),
+                       (seq.finish_reason or "") if seq else "", num_slotted_tokens(state, seq_id), blocks,
                        progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped)
         if groups:
             row.label = group_label(state, 0)
@@ -325,6 +326,42 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
                           for g in range(1, state.num_kv_cache_groups)]
         rows.append(row)
     return rows
+
+
+def status_word(state: ReducerState, seq_id: int) -> str:
+    """A sequence's status as its table says it: the reducer's (vLLM's SequenceStatus /
+    RequestStatus words), except that a sequence holding blocks is never "waiting": "preempted"
+    while a recompute preemption's frees are still to come, "loading" while vLLM's CPU tier copies
+    its prefix back (WAITING_FOR_REMOTE_KVS), else "running" (its blocks placed by this step's
+    schedule, before the step starts: vLLM's Scheduler.schedule makes it RUNNING there)."""
+    seq = state.seqs.get(seq_id)
+    if seq is None:
+        return "?"
+    if seq.status != "waiting" or not holds_blocks(state, seq_id):
+        return seq.status
+    return seq.waits_on or "running"
+
+
+def num_slotted_tokens(state: ReducerState, seq_id: int) -> int:
+    """The tokens a table counts: while the sequence holds blocks, the tokens in their slots (a
+    token sampled this step has none until the next step's append_slots / allocate_slots gives it
+    one; a chunked prompt's later chunks none until scheduled), a slot a sliding window let go
+    (the null block) counted full; the most any of its KV-cache groups holds. A sequence holding
+    none (waiting, finished): all its tokens."""
+    seq = state.seqs.get(seq_id)
+    size = state.block_size
+    counts = [sum(size if block.state == NULL else len(block.token_ids)
+                  for block in (state.pools[device][number] for device, number in table))
+              for table in state.seq_tables(seq_id) if table]
+    if counts:
+        return max(counts)
+    return len(seq.token_ids) if seq is not None else 0
+
+
+def holds_blocks(state: ReducerState, seq_id: int) -> bool:
+    """Whether any of the sequence's tables (every KV-cache group's) holds a block other than the null block."""
+    return any(state.pools[device][number].state != NULL
+               for table in state.seq_tables(seq_id) for device, number in table)
 
 
 def _group_blocks(state: ReducerState, seq_id: int, table, vocab: dict[int, str] | None) -> tuple[list[list], list[int]]:
@@ -620,7 +657,7 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     groups = state.num_kv_cache_groups
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
-        status = f"req {seq.request_id}, {seq.status}" if seq else "?"
+        status = f"req {seq.request_id}, {status_word(state, seq_id)}" if seq else "?"
         for group, table in enumerate(state.seq_tables(seq_id)):
             where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
                                            else "") for d, n in table)

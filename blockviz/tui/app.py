@@ -252,7 +252,7 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         if card is not None:
             note = ""  # the card says it
         elif player.at_break:
-            note = f"breakpoint: {player.stopped_at.type} (] plays on to the next, [ goes back)"
+            note = player.break_note()
         elif (inside := timeline.operation_at()) is not None:  # `.` stepped into an engine operation
             note = inside.label(timeline.position)
         self._status.show(
@@ -350,7 +350,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
             yield SystemCommand(description, f"key {keys}", partial(self.run_action, binding.action))
 
     def action_help(self) -> None:
+        wide = any(grid.big_cells for grid in self.query(PoolGrid))  # the legend in the marks the pool draws
         self.push_screen(HelpScreen(key_rows(self.BINDINGS) + [
             ("arrows / click", "select a block in the focused pool"), ("tab", "next panel"),
             ("z / Z", "a big pool (a cell per N blocks): zoom into the selected block's cell / out to the whole pool"),
-            ("ctrl+p", "command palette")]))
+            ("ctrl+p", "command palette")], wide=wide))

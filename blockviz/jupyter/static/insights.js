@@ -30,13 +30,15 @@ function renderExplain(model, el) {
       `${x.block_size}, looked up when it was allocated` + (x.caching ? "" : " (prefix caching is off)");
     const rows = x.blocks.map((b) => {
       let what = b.verdict === "hit" ? `hit: gpu block ${b.block}` : b.verdict;
-      if (b.evicted_by) what += ` by event ${b.evicted_by.number ?? "?"}: ${b.evicted_by.text}`;
+      if (b.freed_by) what += ` · window slide: event ${b.freed_by.number ?? "?"}: ${b.freed_by.text}`;
+      if (b.evicted_by) what += `${b.freed_by ? " · evicted" : ""} by event ${b.evicted_by.number ?? "?"}: ${b.evicted_by.text}`;
       if (b.detail) what += ` · ${b.detail}`;  // a window tail's miss: which group lost which block
       const first = x.first_miss && x.first_miss.index === b.index;
       return h("tr", { class: "bv-verdict" + (b.verdict === "hit" ? " bv-hit-row" : first ? " bv-miss-row" : " bv-dim"),
         "data-index": b.index, "data-hash": b.hash, "data-verdict": b.verdict,
         "data-block": b.block === null ? "" : b.block,
-        "data-evicted-by": b.evicted_by ? b.evicted_by.number : "" },
+        "data-evicted-by": b.evicted_by ? b.evicted_by.number : "",
+        "data-freed-by": b.freed_by ? b.freed_by.number : "" },
         h("td", { text: `L${b.index}` }), h("td", { class: "bv-hash-id", text: b.hash ? `#${b.hash}` : "no hash" }),
         h("td", {}, h("span", { class: "bv-tokens" }, b.tokens.map((t) => h("span", { class: "bv-slot", text: t })))),
         h("td", { class: "bv-verdict-text", text: what }));

@@ -72,12 +72,19 @@ def _verdict(block: LookupRow) -> Text:
     if block.verdict == ex.HIT:
         return Text(f"hit → gpu {block.block}", VERDICT_STYLES[ex.HIT])
     text = Text(block.verdict, VERDICT_STYLES.get(block.verdict, "dim"))
+    if block.freed_by is not None:  # a window tail: the slide that let the block go, then its eviction
+        text.append(f" (window slide: {_event_words(block.freed_by)})", "dim")
     if block.evicted_by is not None:
-        ref = block.evicted_by
-        text.append(f" (event {ref.number})" if ref.number is not None else f" ({ref.text})", "dim")
+        evicted = _event_words(block.evicted_by)
+        text.append(f" (evicted: {evicted})" if block.freed_by is not None else f" ({evicted})", "dim")
     if block.detail:  # a window tail's miss: which group lost which block
         text.append(f" · {block.detail}", "dim")
     return text
+
+
+def _event_words(ref) -> str:
+    """An event as a panel names it: its number in the log, else its words (the log dropped it)."""
+    return f"event {ref.number}" if ref.number is not None else ref.text
 
 
 class LedgerPanel(StatePanel):

@@ -352,7 +352,7 @@ class StatusBar(Widget):
                   (1, Text(f"event {position}/{total}" + (" live" if live else "")))]
         if note:
             fields.append((1, Text(note, "italic")))
-        fields.append((4, Text(f"prefix hits {state.prefix_hit_rate():.0%}")))
+        fields.append((4, Text(f"prefix hits {state.prefix_hit_rate():.0%} of {state.prefix_hit_unit}")))
         for device, (used, cached, free) in (counts or pool_counts(state)).items():
             text = Text(f"{device.upper()} ", "bold")
             text.append(f"{used} used/{cached + free} free")

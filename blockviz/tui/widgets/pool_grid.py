@@ -45,7 +45,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Static
 
-from blockviz.model.palette import BLOCK_COLOURS, FILL_GLYPHS, fill_glyph, group_mark, seq_colour
+from blockviz.model.palette import (BLOCK_COLOURS, FILL_GLYPHS, WIDE_EMPTY, WIDE_FILL, fill_glyph, group_mark,
+                                    legend_line, ref_mark, seq_colour)
 from blockviz.model.pool_zoom import ZoomCells, cell_label, check_range, zoom_cells, zoom_level
 from blockviz.model.reducer import BlockState, ReducerState
 from blockviz.model.view import BlockCell, block_cell, block_group, free_queue, has_groups
@@ -54,11 +55,10 @@ from blockviz.tui.styles import (CACHED_STYLE, FREE_STYLE, NULL_STYLE, QUEUE_HEA
                                  TOUCHED_STYLE, group_style)
 
 GAP = Segment(" ")
-SUPERSCRIPTS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 FILL_GROUND = BLOCK_COLOURS["bar"]["used"]  # the ground a fill glyph is drawn on
 EMPTY_SLOTS_STYLE = Style(color="#4a4a4a", bgcolor=FILL_GROUND)
-LEGEND = "█ fill · ² refs · c cached"
-LEGEND_BIG = "█ fill · ×2 refs · c cached"
+LEGEND = legend_line(wide=False)
+LEGEND_BIG = legend_line(wide=True)
 GROUP_LEGEND = " · ₀₁ grp"  # after the legend in a run with several KV-cache groups (KV-cache group; fits 80x24)
 NULL_MARK = "∅"
 ZOOM_GROUNDS = {"free": FILL_GROUND, "cached": BLOCK_COLOURS["cached"], "null": BLOCK_COLOURS["null"]}
@@ -477,7 +477,7 @@ class PoolGrid(ScrollView, can_focus=True):
         if cell.state == "used":
             first = cell.owner if cell.owner >= 0 else None
             second = cell.owner2 if cell.owner2 >= 0 else first
-            mark = " " if cell.ref < 2 else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
+            mark = ref_mark(cell.ref) or " "
             return cell, 1, first, second, mark, selected, touched
         if cell.state == "cached":
             return cell, 2, None, None, "c", selected, touched
@@ -502,7 +502,7 @@ class PoolGrid(ScrollView, can_focus=True):
             if touched:
                 style += TOUCHED_STYLE
             self._look_styles[key] = style
-        mark = group_mark(group) if cell.ref < 2 or width > 1 or refs_shown else (SUPERSCRIPTS[cell.ref] if cell.ref < 10 else "⁺")
+        mark = group_mark(group) if cell.ref < 2 or width > 1 or refs_shown else ref_mark(cell.ref)
         return Segment(mark.rjust(width)[:width], style)
 
     def _number_role(self, block: BlockState) -> str:
@@ -525,7 +525,7 @@ class PoolGrid(ScrollView, can_focus=True):
         width = self.cell_width
         style = self._style
         if sub == 0:
-            ref = f"×{cell.ref}" if cell.ref > 1 else (f" {mark}" if kind in (2, 3) else "  ")
+            ref = ref_mark(cell.ref, wide=True) or (f" {mark}" if kind in (2, 3) else "  ")
             number = f" {block.number:>{self._digits}}"
             notch = self._group_segment(block, cell, selected, touched, refs_shown=True) if kind in (1, 2) else None
             rest = width - len(number) - (1 if notch else 0)
@@ -537,9 +537,9 @@ class PoolGrid(ScrollView, can_focus=True):
         filled = max(1, round(width * cell.fill / self.state.block_size)) if cell.fill else 0
         segments = []
         if filled:
-            segments.append(Segment("█" * filled, style(("fill", kind, second, selected, touched))))
+            segments.append(Segment(WIDE_FILL * filled, style(("fill", kind, second, selected, touched))))
         if width - filled:
-            segments.append(Segment("░" * (width - filled), style(("fill", 0, None, selected, touched))))
+            segments.append(Segment(WIDE_EMPTY * (width - filled), style(("fill", 0, None, selected, touched))))
         return segments
 
     # ------------------------------------------------------------------ selection

@@ -11,17 +11,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 from blockviz.model.glossary import BASICS, GLOSSARY
+from blockviz.model.palette import cell_legend
 
-LEGEND = (
-    ("cell", "block number, then the ref count as a superscript when shared (²), then the fill glyph ▁…█ (slots holding "
-             "tokens / block_size)"),
-    ("colour", "the owning sequence; a shared block shows its first owner on the number and its "
-               "second on the rest"),
-    ("grey", "free block (on the free list)"),
-    ("slate c", "free but cached: still in the prefix-cache hash map, a hit revives it (nano-vllm BlockManager.hash_to_block_id)"),
-    ("underline", "the block the last event touched"),
-    ("reverse", "the selected block (see the inspector)"),
-)
 
 def _table(title: str, rows) -> Table:
     """Two columns, the first bold: a key or term, then what it means."""
@@ -55,16 +46,18 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark,f1", "dismiss", "Close help"),
     ]
 
-    def __init__(self, bindings: list[tuple[str, str]]) -> None:
+    def __init__(self, bindings: list[tuple[str, str]], wide: bool = False) -> None:
+        """`wide`: the pool draws wide cells (×2, a bar), so the legend says those marks."""
         super().__init__()
         self.key_rows = bindings
+        self.wide = wide
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(Text("blockviz — every picture is the engine's real block-manager state", "bold"))
             yield Static(_table("The words, first", BASICS))
             yield Static(_table("Keys", self.key_rows))
-            yield Static(_table("Pool grid legend", LEGEND))
+            yield Static(_table("Pool grid legend", cell_legend(self.wide)), id="legend")
             yield Static(_table("What you are looking at", GLOSSARY))
             yield Static(Text("escape closes this help", "dim"))
 
