@@ -265,8 +265,8 @@ async def test_clicking_a_cell_selects_that_block():
         assert app.selection == ("gpu", 2)
         assert "Block inspector · gpu 2" in screen_text(app)
         assert app.selected_seq == 0  # the block's first owner
-        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if " seq 1 " in line)
-        await pilot.click(offset=(line.index(" seq 1 ") + 2, y))  # a sequence label is a link
+        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if "(seq 1) " in line)
+        await pilot.click(offset=(line.index("(seq 1) ") + 2, y))  # a sequence label is a link
         assert app.selected_seq == 1
 
 

@@ -28,6 +28,7 @@ import ipywidgets
 
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.viewer import Viewer
+from blockviz.model.names import RequestNames
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
@@ -460,7 +461,7 @@ class Visualizer(LiveCommands):
                             vocab=timeline.token_texts, geometry=kv_geometry(self.header), ranges=self.pool_ranges)
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
-                                             timeline.token_texts)}
+                                             timeline.token_texts, names=RequestNames(timeline.state))}
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)
