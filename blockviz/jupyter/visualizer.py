@@ -36,7 +36,7 @@ from blockviz.jupyter.moment import Moment
 from blockviz.model.pool_zoom import check_range
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
 from blockviz.model.narration import step_label
-from blockviz.session.scenario import is_story
+from blockviz.session.scenario import is_story, story_cards
 from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -178,6 +178,8 @@ class Visualizer(LiveCommands):
         guided = scenario is not None if guided is None else bool(guided)
         viz = cls(Viewer.live(header, keep_events, cards=True, guided=guided), llm=llm, session=session,
                   title=f"live {engine_title(header)}", projector=projector)
+        if viz.player.guide is not None and spec is not None:  # a live story counts its cards as its replay does
+            viz.player.guide.expected = story_cards({**header, **spec.run_header()})
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
