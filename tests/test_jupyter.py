@@ -362,7 +362,8 @@ def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
     event = viz.run_until("fork")
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
-    assert frame["cursor"]["current"].startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id}")
+    request = viz.state.seqs[event.parent_seq_id].request_id
+    assert frame["cursor"]["current"].startswith(f"fork request {request} (seq {event.parent_seq_id}) → seq {event.child_seq_id}")
 
 
 def test_a_frame_timer_that_fires_after_close_sends_nothing():
