@@ -534,3 +534,14 @@ def test_a_character_split_across_tokens_is_drawn_whole_in_the_tables_once_its_b
         drawn = show_tokens(list(pieces))
         assert "\\x" not in "".join(drawn) and "".join(drawn).replace("◌", "").replace("·", " ") == text
     assert show_tokens(["x", "\\xf0\\x9f", "y"])[1] == "\\xf0\\x9f"  # an incomplete character stays bytes
+
+
+def test_a_live_hybrid_story_counts_its_cards_from_its_checkpoint_directory():
+    """A live run of the hybrid story records tiny-hybrid's checkpoint directory as its model
+    (tiny_hybrid.resolve): its cards say "of 6" as its replay's do; another model's do not."""
+    from blockviz.session.scenario import STORY_CARDS, story_cards
+
+    header = load_trace("hybrid").header
+    assert story_cards(header) == STORY_CARDS["story-hybrid"]
+    assert story_cards(dict(header, model="/home/me/.cache/blockviz/tiny-hybrid-v1")) == STORY_CARDS["story-hybrid"]
+    assert story_cards(dict(header, model="/home/me/checkpoints/other-model")) is None

@@ -363,7 +363,8 @@ def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
     request = viz.state.seqs[event.parent_seq_id].request_id
-    assert frame["cursor"]["current"].startswith(f"fork request {request} (seq {event.parent_seq_id}) → seq {event.child_seq_id}")
+    assert frame["cursor"]["current"].startswith(f"fork request {request} (seq {event.parent_seq_id}) → "
+                                                 f"request {request} (seq {event.child_seq_id})")
 
 
 def test_a_frame_timer_that_fires_after_close_sends_nothing():

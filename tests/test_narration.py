@@ -34,7 +34,8 @@ def test_fork_and_copy_on_write_say_what_is_shared_and_what_is_copied():
     fork, fork_line, fork_log = lines["fork"]
     assert fork_line.startswith(fork_log + ": ")  # the log's text, then what it means
     request = timeline.state.seqs[fork.parent_seq_id].request_id  # the sequence named by its request (n is 2)
-    assert fork_line.startswith(f"fork request {request} (seq {fork.parent_seq_id}) → seq {fork.child_seq_id} shares ")
+    assert fork_line.startswith(f"fork request {request} (seq {fork.parent_seq_id}) → request {request} "
+                                f"(seq {fork.child_seq_id}) shares ")
     assert "nothing copied" in fork_line and "(ref 2)" in fork_line
     cow, cow_line, _ = lines["copy_on_write"]
     assert f"copied to block {cow.dst_block}" in cow_line and f"block {cow.src_block} keeps" in cow_line

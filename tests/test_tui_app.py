@@ -287,7 +287,8 @@ async def test_the_status_bar_says_what_just_happened_on_its_third_line():
         sentence = narrate(timeline.current_event, timeline.state)
         event = timeline.current_event
         request = timeline.state.seqs[event.parent_seq_id].request_id  # named as the tables name it (n is 2)
-        assert sentence.startswith(f"fork request {request} (seq {event.parent_seq_id}) → seq {event.child_seq_id} shares ")
+        assert sentence.startswith(f"fork request {request} (seq {event.parent_seq_id}) → request {request} "
+                                   f"(seq {event.child_seq_id}) shares ")
         status = app.query_one(StatusBar)
         assert status.size.height == 3
         assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 2]

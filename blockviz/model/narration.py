@@ -82,7 +82,7 @@ def _cow(e: ev.CopyOnWrite, vocab, names) -> str:
 
 
 def _fork(e: ev.Forked, vocab, names) -> str:
-    return f"fork {names((e.parent_seq_id,))} → seq {e.child_seq_id} shares {e.device} {_ids(e.blocks)}"
+    return f"fork {names((e.parent_seq_id,))} → {names((e.child_seq_id,))} shares {e.device} {_ids(e.blocks)}"
 
 
 def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab, names) -> str:
@@ -334,7 +334,7 @@ def _step_part(e: ev.Event, names: RequestNames) -> str | None:
     if isinstance(e, ev.CopyOnWrite):
         return f"{names((e.seq_id,))} copied block {e.src_block} on write (→ {e.dst_block})"
     if isinstance(e, ev.Forked):
-        return f"{names((e.parent_seq_id,))} forked seq {e.child_seq_id} (sharing {plural(len(e.blocks), 'block')})"
+        return f"{names((e.parent_seq_id,))} forked {names((e.child_seq_id,))} (sharing {plural(len(e.blocks), 'block')})"
     if isinstance(e, ev.Preempted):
         return f"request {e.request_id} preempted by {e.mode}"
     if isinstance(e, (ev.SwappedOut, ev.SwappedIn)):
