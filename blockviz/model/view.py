@@ -631,12 +631,12 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     names = RequestNames(state)
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
-        status = f"{names((seq_id,))}, {seq.status}" if seq else "?"
+        status = seq.status if seq else "?"
         for group, table in enumerate(state.seq_tables(seq_id)):
             where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
                                            else "") for d, n in table)
             label = f" group {group}" if groups > 1 else ""
-            lines.append(f"  seq {seq_id}{label} ({status}): {where or '-'}")
+            lines.append(f"  {names((seq_id,))}{label} ({status}): {where or '-'}")
     if len(state.tables) > max_tables:
         lines.append(f"  … {len(state.tables) - max_tables} more block tables")
     if state.hash_map:
