@@ -21,6 +21,7 @@ from blockviz.model.design import KV_DESIGNS
 from blockviz.model.explain import AFTER_A_MISS, CPU_HIT, Explainer
 from blockviz.model.guide import Guide
 from blockviz.model.narration import describe
+from blockviz.model.names import RequestNames
 from blockviz.model.operation import drawn_state_problems
 from blockviz.model.reducer import ReducerState
 from blockviz.model.timeline import Timeline
@@ -173,7 +174,7 @@ def test_the_load_is_hits_from_the_cpu_tier_in_the_why_panel_and_the_log_names_i
     assert "from the CPU tier" in lookup.lines()[-1]
     added = next(e for e in trace.events if isinstance(e, ev.RequestAdded) and load.seq_id in e.seq_ids)
     assert load.request_id == added.request_id  # not the vLLM request id (our seq id)
-    assert f"req {added.request_id} seq {load.seq_id}" in describe(load)
+    assert f"offload LOAD request {added.request_id}:" in describe(load, names=RequestNames(state))
 
 
 @pytest.fixture

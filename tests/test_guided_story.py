@@ -10,6 +10,7 @@ import pytest
 
 from blockviz.model.guide import Guide
 from blockviz.model.operation import drawn_state_problems
+from blockviz.model.names import RequestNames
 from blockviz.model.narration import cursor_step, describe, narrate_step
 from blockviz.model.player import GUIDE_SLOW_SPEED, SPEEDS, Player
 from blockviz.model.timeline import Timeline
@@ -206,7 +207,7 @@ def test_the_step_at_the_cursor_is_the_step_whose_events_are_on_screen():
     timeline.seek(timeline.step_ends[next(k for k, end in enumerate(ends) if end > cow)])
     said = narrate_step(timeline)
     e = trace.events[cow]
-    assert f"seq {e.seq_id} copied block {e.src_block} on write (→ {e.dst_block})" in said
+    assert f"request {timeline.state.seqs[e.seq_id].request_id} (seq {e.seq_id}) copied block {e.src_block} on write (→ {e.dst_block})" in said
     assert "so far" not in said and "1 tokens" not in said and "1 blocks" not in said
 
 
@@ -224,7 +225,7 @@ async def test_s_names_what_the_step_did_and_playing_narrates_steps():
         await pilot.press("full_stop")  # one event: that event's own sentence
         await pilot.pause()
         timeline = app.player.timeline
-        assert app._status.narration.startswith(describe(timeline.current_event, timeline.token_texts))
+        assert app._status.narration.startswith(describe(timeline.current_event, timeline.token_texts, RequestNames(timeline.state)))
         await pilot.press("space")  # playing: what the step has done so far, not each token
         await pilot.pause(0.3)
         assert app.player.playing and re.match(r"step \d+ \w+( so far)?(:|$)", app._status.narration)
@@ -459,7 +460,7 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
 
                     region = app.query_one(BlockTables).region
                     lines = screen_text(app).splitlines()[region.y:region.bottom]
-                    head = f"seq {card.seqs[0]} "
+                    head = f" {RequestNames(timeline.state)(card.seqs[:1])} · "  # its table's head, as the card names it
                     assert any(head in line[region.x:region.right] for line in lines), (name, card.idea, head)
     print(f"{size[0]}x{size[1]} {'projector' if projector else 'plain'}: {checked} cards, {shown}/{named} blocks")
     assert checked >= 17 and shown == named
@@ -533,3 +534,14 @@ def test_a_character_split_across_tokens_is_drawn_whole_in_the_tables_once_its_b
         drawn = show_tokens(list(pieces))
         assert "\\x" not in "".join(drawn) and "".join(drawn).replace("◌", "").replace("·", " ") == text
     assert show_tokens(["x", "\\xf0\\x9f", "y"])[1] == "\\xf0\\x9f"  # an incomplete character stays bytes
+
+
+def test_a_live_hybrid_story_counts_its_cards_from_its_checkpoint_directory():
+    """A live run of the hybrid story records tiny-hybrid's checkpoint directory as its model
+    (tiny_hybrid.resolve): its cards say "of 6" as its replay's do; another model's do not."""
+    from blockviz.session.scenario import STORY_CARDS, story_cards
+
+    header = load_trace("hybrid").header
+    assert story_cards(header) == STORY_CARDS["story-hybrid"]
+    assert story_cards(dict(header, model="/home/me/.cache/blockviz/tiny-hybrid-v1")) == STORY_CARDS["story-hybrid"]
+    assert story_cards(dict(header, model="/home/me/checkpoints/other-model")) is None

@@ -15,6 +15,7 @@ import pytest
 
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
+from blockviz.model.names import RequestNames
 from blockviz.model.insight_view import explain_record, memory_record
 from blockviz.model.insights import Insights
 from blockviz.model.palette import group_mark, ref_mark
@@ -135,7 +136,7 @@ async def test_the_tui_draws_each_group_the_freed_window_slot_and_the_group_mark
         width = len(str(len(state.pools["gpu"]) - 1))
         nulls = 0
         for seq_id, groups in expected_tables(state).items():
-            start = next(i for i, line in enumerate(lines) if f" seq {seq_id} " in line)
+            start = next(i for i, line in enumerate(lines) if f" {RequestNames(state)((seq_id,))} · " in line)
             for g, (label, slots) in enumerate(groups):
                 at = next(i for i in range(start, len(lines)) if lines[i].strip() == f"{group_mark(g)} {label}")
                 block_lines = [line.strip() for line in lines[at + 1:] if line.strip().startswith("L")][:len(slots)]

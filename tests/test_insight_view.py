@@ -42,7 +42,8 @@ def check_drawn(explain, ledger, memory, position: int) -> None:
     if explain.request is None:
         assert lines[0].startswith("no request allocated yet")
     else:
-        assert lines[0].startswith(f"request {explain.request}  seq {explain.seq} ")
+        assert explain.name.startswith(f"request {explain.request}")  # the tables' name (its seq where n > 1)
+        assert lines[0].startswith(f" {explain.name}   ")
         assert f"{explain.num_prompt_tokens} " in lines[0] and f"of {explain.block_size}" in lines[0]
         for row in explain.blocks:
             line = next(line for line in lines if line.startswith(f"L{row.index} "))
@@ -62,7 +63,9 @@ def check_drawn(explain, ledger, memory, position: int) -> None:
     else:
         assert lines[0] == ledger.totals and len(lines) == 2 + len(ledger.rows)
         for line, row in zip(lines[2:], ledger.rows):
-            assert line.split()[:4] == [str(row.step), row.request, ",".join(map(str, row.seqs)), row.mode]
+            assert row.name.startswith(f"request {row.request}")  # the tables' name (its seqs where n > 1)
+            assert line.split()[0] == str(row.step) and f" {row.name} " in line
+            assert line[line.index(row.name) + len(row.name):].split()[0] == row.mode
     lines = text_of(render_memory(memory, position))
     assert lines[0] == memory_line(memory)
     table = lines[3:]

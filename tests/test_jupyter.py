@@ -362,7 +362,9 @@ def test_the_controls_say_what_the_last_event_did_as_the_tui_does():
     event = viz.run_until("fork")
     frame = viz.frame()
     assert frame["cursor"]["current"] == narrate(event, viz.state)
-    assert frame["cursor"]["current"].startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id}")
+    request = viz.state.seqs[event.parent_seq_id].request_id
+    assert frame["cursor"]["current"].startswith(f"fork request {request} (seq {event.parent_seq_id}) → "
+                                                 f"request {request} (seq {event.child_seq_id})")
 
 
 def test_a_frame_timer_that_fires_after_close_sends_nothing():
@@ -533,11 +535,17 @@ def test_the_breakpoints_bar_with_nothing_ticked_goes_to_the_next_card_when_guid
 
 
 def test_a_live_story_is_guided_by_default_and_stops_on_its_first_card():
+    """A live story opens on card 1 and counts its cards as its replay does ("card 2 of 7": the
+    story's known count, scenario.STORY_CARDS, before the run has ended)."""
+    from blockviz.session.scenario import STORY_CARDS
+
     viz = Visualizer.live({"device": "cpu"}, scenario="story")
     try:
         assert viz.player.guided and viz.frame()["cursor"]["guided"]
+        assert viz.frame()["card"]["counter"] == f"card 1 of {STORY_CARDS['story']}"
         card = viz.next_card()  # steps the engine until the first idea's operation has ended
         assert card is not None and card.idea == "forking" and viz.position == card.position
-        assert viz.frame()["card"]["counter"] == "card 2"  # live: the total is not known yet (1: the opening)
+        assert not viz.player.guide.settled  # the run goes on: the count is the story's
+        assert viz.frame()["card"]["counter"] == f"card 2 of {STORY_CARDS['story']}"
     finally:
         viz.close()

@@ -86,6 +86,11 @@ def test_step_buttons_draw_the_kernels_state_and_a_click_inspects(jupyter_server
         shown = page.eval_on_selector_all(f".bv-table-row[data-seq='{seq_id}'] .bv-lblock",
                                           "(nodes) => nodes.map((n) => Number(n.dataset.block))")
         assert shown == blocks
+    # each table's head names its request as every panel does (blockviz.model.names)
+    names = kernel_json(page, "{str(r['seq']): r['name'] for r in viz.frame()['tables']}")
+    for seq_id, name in names.items():
+        label = page.locator(f".bv-table-row[data-seq='{seq_id}'] .bv-table-label").first.text_content()
+        assert name.startswith("request ") and label.startswith(f"{name} · ")
     assert page.locator(".bv-error").is_hidden()
 
 

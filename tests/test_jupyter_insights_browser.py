@@ -52,6 +52,9 @@ def test_ledger_sparkline_and_explainer_draw_the_kernels_parts(jupyter_server, l
     wait_until_equal(page, PAGE_LEDGERS, ledger)
     assert page.locator(".bv-view-ledger .bv-ledger-totals").first.text_content() == kernel_json(
         page, "viz.insight.parts(('ledger',))['ledger']['totals']")
+    names = kernel_json(page, "[r['name'] for r in viz.insight.parts(('ledger',))['ledger']['rows']]")
+    drawn = page.eval_on_selector_all(".bv-view-ledger .bv-ledger-row", "(rows) => rows.map((r) => r.cells[2].textContent)")
+    assert names and all(name.startswith("request ") for name in names) and drawn[:len(names)] == names
 
     series = kernel_json(page, "viz.insight.parts(('memory',))['memory']['series']")
     assert len(series) > 10

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from blockviz.model.names import RequestNames
 from blockviz.model.timeline import Timeline
 from blockviz.model.narration import describe, narrate
 from blockviz.model.trace import load_trace, resolve_trace_path, shipped_traces
@@ -28,12 +29,15 @@ def test_fork_and_copy_on_write_say_what_is_shared_and_what_is_copied():
     while timeline.forward():
         event = timeline.current_event
         if event.type in ("fork", "copy_on_write") and event.type not in lines:
-            lines[event.type] = (event, narrate(event, timeline.state))
-    fork, fork_line = lines["fork"]
-    assert fork_line.startswith(describe(fork) + ": ")  # the log's text, then what it means
-    assert fork_line.startswith(f"fork seq {fork.parent_seq_id} → seq {fork.child_seq_id} shares ")
+            lines[event.type] = (event, narrate(event, timeline.state),
+                                 describe(event, names=RequestNames(timeline.state)))
+    fork, fork_line, fork_log = lines["fork"]
+    assert fork_line.startswith(fork_log + ": ")  # the log's text, then what it means
+    request = timeline.state.seqs[fork.parent_seq_id].request_id  # the sequence named by its request (n is 2)
+    assert fork_line.startswith(f"fork request {request} (seq {fork.parent_seq_id}) → request {request} "
+                                f"(seq {fork.child_seq_id}) shares ")
     assert "nothing copied" in fork_line and "(ref 2)" in fork_line
-    cow, cow_line = lines["copy_on_write"]
+    cow, cow_line, _ = lines["copy_on_write"]
     assert f"copied to block {cow.dst_block}" in cow_line and f"block {cow.src_block} keeps" in cow_line
 
 

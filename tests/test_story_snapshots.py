@@ -30,7 +30,7 @@ MOMENTS = {"fork": ("fork-cow", 1, "forking"), "copy-on-write": ("fork-cow", 2, 
            "v1-recompute": ("v1-story", 3, "recompute"), "v1-eviction": ("v1-story", 4, "eviction")}
 SIZES = [(80, 24), (200, 60)]
 # What a block-table line starts with: a sequence's head, its placement, a logical block, or none
-TABLE_ROW = re.compile(r"^(\s*$|[ ▶] seq \d+ |    blocks |    no blocks|    prefill \d|    \d+/\d+ computed|[ ◀] L\d)")
+TABLE_ROW = re.compile(r"^(\s*$|[ ▶] (request \S+|seq \d+) |    blocks |    no blocks|    prefill \d|    \d+/\d+ computed|[ ◀] L\d)")
 
 
 def moment_app(name: str) -> BlockvizApp:

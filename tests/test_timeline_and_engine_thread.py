@@ -347,3 +347,14 @@ def test_a_driver_sends_what_the_engine_emitted_before_saying_it_stopped():
     while driver.step():
         driver.flush()
     assert not driver.session.has_unfinished_requests() and not driver.step()
+
+
+def test_the_ready_header_holds_the_runs_arrivals_so_a_live_story_counts_its_cards(bridge_run):
+    """The header a live view gets holds the spec's run settings (its arrivals): scenario.story_cards
+    reads them to say "card 2 of 7" before the run ends."""
+    from blockviz.session.scenario import Arrival
+
+    spec = EngineSpec.of(model="fake", prompts=("ROMEO: hi",), arrivals=(Arrival(1, "JULIET:"),), max_tokens=3)
+    got = bridge_run(EngineBridge(spec, make_engine=FakeEngine))
+    assert got.header["arrivals"] == [{"step": 1, "prompt": "JULIET:", "n": 1}]
+    assert "block_size" in got.header and "num_gpu_blocks" in got.header  # the engine's settings too

@@ -265,8 +265,8 @@ async def test_clicking_a_cell_selects_that_block():
         assert app.selection == ("gpu", 2)
         assert "Block inspector · gpu 2" in screen_text(app)
         assert app.selected_seq == 0  # the block's first owner
-        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if " seq 1 " in line)
-        await pilot.click(offset=(line.index(" seq 1 ") + 2, y))  # a sequence label is a link
+        y, line = next((y, line) for y, line in enumerate(screen_text(app).splitlines()) if "(seq 1) " in line)
+        await pilot.click(offset=(line.index("(seq 1) ") + 2, y))  # a sequence label is a link
         assert app.selected_seq == 1
 
 
@@ -286,7 +286,9 @@ async def test_the_status_bar_says_what_just_happened_on_its_third_line():
         assert timeline.current_event.type == "fork"
         sentence = narrate(timeline.current_event, timeline.state)
         event = timeline.current_event
-        assert sentence.startswith(f"fork seq {event.parent_seq_id} → seq {event.child_seq_id} shares ")
+        request = timeline.state.seqs[event.parent_seq_id].request_id  # named as the tables name it (n is 2)
+        assert sentence.startswith(f"fork request {request} (seq {event.parent_seq_id}) → request {request} "
+                                   f"(seq {event.child_seq_id}) shares ")
         status = app.query_one(StatusBar)
         assert status.size.height == 3
         assert f"▸ {sentence}" in screen_text(app).splitlines()[status.region.y + 2]

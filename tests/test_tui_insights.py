@@ -10,6 +10,7 @@ import pytest
 
 from blockviz.model.explain import explain_requests
 from blockviz.model.insights import ledger_totals, max_tokens_of, memory_truth, preemption_ledger
+from blockviz.model.names import RequestNames
 from blockviz.model.trace import load_trace
 from blockviz.tui.app import BlockvizApp
 from blockviz.tui.widgets.insight_panels import memory_line
@@ -73,11 +74,13 @@ async def test_the_ledger_panel_and_status_totals_follow_the_cursor():
             if not entries:
                 assert "no preemptions yet" in text
                 continue
-            row = re.compile(r"^\s*(\d+)\s+(\S+)\s+\S+\s+(\w+)\s+(\d+) (to CPU|freed)\s+(\d+)\s+(waiting|\+\d+ steps)$")
+            row = re.compile(r"^\s*(\d+)\s+(request \S+(?: \(seqs? [\d, ]+\))?)\s+(\w+)\s+(\d+) (to CPU|freed)\s+(\d+)"
+                             r"\s+(waiting|\+\d+ steps)$")
             lines = [line.rstrip() for line in text.splitlines()[2:] if line.strip()]
             assert all(row.match(line) for line in lines), text
             rows = [row.match(line).groups() for line in lines]
-            assert rows == [(str(e.step), e.request_id, e.mode,
+            names = RequestNames(app.player.timeline.state)  # each request as the tables name it
+            assert rows == [(str(e.step), names.request(e.request_id, e.seq_ids), e.mode,
                              str(e.blocks_swapped if e.mode == "swap" else e.blocks_freed),
                              "to CPU" if e.mode == "swap" else "freed", str(e.tokens_lost),
                              "waiting" if e.steps_until_resumed is None else f"+{e.steps_until_resumed} steps")

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from blockviz.jupyter import Visualizer
 from blockviz.model import view
+from blockviz.model.names import RequestNames
 from blockviz.model.palette import fill_glyph, group_mark, ref_mark
 from blockviz.model.trace import kv_geometry, load_trace, shipped_traces
 from blockviz.tui.app import BlockvizApp
@@ -44,7 +45,8 @@ def check_tui(app, state, vocab, current) -> None:
     width = len(str(len(state.pools["gpu"]) - 1))
     tables = drawn(app.query_one(BlockTables))
     for row in view.tables(state, limit=None, vocab=vocab):
-        assert has_line(tables, f" seq {row.seq} ", f"req {row.request} · {row.status}")
+        assert row.name.startswith(f"request {row.request}")
+        assert has_line(tables, f" {row.name} · {row.status}")
         for group in [(row.blocks, row.skipped)] + [(g.blocks, g.skipped) for g in row.groups]:
             blocks, skipped = group
             for index, (device, number, ref, texts) in enumerate(blocks):
@@ -124,7 +126,7 @@ def check_notebook(viz, state, vocab, current, position) -> None:
         assert {key: frame["pools"][device][key] for key in columns} == columns
         assert (frame["pools"][device]["used"], frame["pools"][device]["cached"],
                 frame["pools"][device]["free"]) == view.pool_counts(state)[device]
-    assert frame["log"]["rows"] == view.event_log(viz.events, position, vocab=vocab)
+    assert frame["log"]["rows"] == view.event_log(viz.events, position, vocab=vocab, names=RequestNames(state))
 
 
 @pytest.mark.anyio
@@ -146,7 +148,8 @@ async def test_the_tui_and_the_notebook_draw_the_same_records(name):
                 state, vocab, current = timeline.state, timeline.token_texts, timeline.current_event
                 check_tui(app, state, vocab, current)
                 log = app.query_one(EventLog).lines()
-                rows = view.event_log(timeline.events, position, vocab=vocab, limit=len(trace.events) + 1)
+                rows = view.event_log(timeline.events, position, vocab=vocab, limit=len(trace.events) + 1,
+                                      names=RequestNames(state))
                 assert log == [f"{number:>6} {words}" for number, _, words in rows]
                 check_notebook(viz, state, vocab, current, position)
                 check_inspector(app, state, vocab, kv_geometry(trace.header))

@@ -274,7 +274,7 @@ async def test_the_tui_draws_the_cpu_tier_and_the_load(tiny_gpt2_dir, tmp_path):
         assert "CPU pool" in text and "never used" not in text
         await pilot.press("v", "v", "v")  # to the event log
         await pilot.pause()
-        assert f"offload LOAD req {load.request_id} seq {load.seq_id}" in screen_text(app)
+        assert f"offload LOAD request {load.request_id}:" in screen_text(app)  # as the tables name it
         hits_then = state.num_prefix_hits
         app.player.timeline.seek(len(trace.events))
         app.render_views()

@@ -81,7 +81,7 @@ class InsightPanel:
             out["explain"] = explain_record(self.insights, position, state=timeline.state, **self.asked(),
                                             events=timeline.events, vocab=timeline.token_texts).to_json()
         if "ledger" in names:
-            out["ledger"] = ledger_record(self.insights, position).to_json()
+            out["ledger"] = ledger_record(self.insights, position, timeline.state).to_json()
         if "memory" in names:
             out["memory"] = memory_record(self.insights, timeline.state, position).to_json()
         return out

@@ -28,6 +28,7 @@ import ipywidgets
 
 from blockviz.model.timeline import LIVE_MAX_EVENTS, Timeline
 from blockviz.model.viewer import Viewer
+from blockviz.model.names import RequestNames
 from blockviz.jupyter.buttons import Buttons
 from blockviz.jupyter.insight_views import InsightPanel, event_kinds
 from blockviz.jupyter.live_commands import LiveCommands
@@ -35,7 +36,7 @@ from blockviz.jupyter.moment import Moment
 from blockviz.model.pool_zoom import check_range
 from blockviz.model.view import card_record, cursor_line, event_log, snapshot, summary_text
 from blockviz.model.narration import step_label
-from blockviz.session.scenario import is_story
+from blockviz.session.scenario import is_story, story_cards
 from blockviz.jupyter.playback import FrameThrottle, PlayerDriver, play_loop
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.spec import EngineSpec
@@ -177,6 +178,8 @@ class Visualizer(LiveCommands):
         guided = scenario is not None if guided is None else bool(guided)
         viz = cls(Viewer.live(header, keep_events, cards=True, guided=guided), llm=llm, session=session,
                   title=f"live {engine_title(header)}", projector=projector)
+        if viz.player.guide is not None and spec is not None:  # a live story counts its cards as its replay does
+            viz.player.guide.expected = story_cards({**header, **spec.run_header()})
         if spec is not None:
             viz._default_params = None  # the scenario's sampling
             viz._request_ids += session.start()  # and the arrivals due before the first step
@@ -460,7 +463,7 @@ class Visualizer(LiveCommands):
                             vocab=timeline.token_texts, geometry=kv_geometry(self.header), ranges=self.pool_ranges)
             snap["log"] = {"filter": self.log.filter,
                            "rows": event_log(timeline.events, timeline.position, self.log.filter,
-                                             timeline.token_texts)}
+                                             timeline.token_texts, names=RequestNames(timeline.state))}
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)

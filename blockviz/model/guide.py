@@ -39,6 +39,7 @@ from blockviz.model.design import (
 )
 from blockviz.model.explain import WINDOW_TAIL, Explainer, Explanation
 from blockviz.model.glossary import terms_in
+from blockviz.model.names import request_name
 from blockviz.model.narration import plural, were
 from blockviz.model.operation import Operations
 from engine import events as ev
@@ -112,7 +113,7 @@ def _who(ctx: _Context, seq_id: int) -> str:
     request = ctx.request_of.get(seq_id)
     if request is None:
         return f"seq {seq_id}"
-    return f"request {request}" + (f" (seq {seq_id})" if len(ctx.siblings.get(seq_id, ())) > 1 else "")
+    return request_name(request, (seq_id,), len(ctx.siblings.get(seq_id, ())))
 
 
 def _whose(ctx: _Context, seq_ids) -> str:
@@ -445,7 +446,7 @@ def _window_tail_words(e, events, ctx):
 def _store_words(e: ev.OffloadStored, events, ctx):
     """vLLM's CPU tier taking its first copies (SimpleCPUOffloadScheduler, eager stores)."""
     seqs = _seqs_of(e, ctx)
-    whose = f" of seq {', '.join(map(str, seqs))}" if seqs else ""
+    whose = f" of {_whose(ctx, seqs)}" if seqs else ""
     n = len(e.mapping)
     return ("Store to the CPU tier",
             f"{plural(n, 'full block')}{whose} computed in an earlier step {were(n)} copied to vLLM's CPU tier: GPU "
@@ -464,7 +465,7 @@ def _load_words(e: ev.OffloadLoaded, events, ctx):
            else "none of its prefix was left on the GPU")
     n = len(e.mapping)
     return ("Loaded back from the CPU tier",
-            f"request {e.request_id} (seq {e.seq_id}) {came}: {gpu}; the CPU tier held copies of "
+            f"{_who(ctx, e.seq_id)} {came}: {gpu}; the CPU tier held copies of "
             f"{plural(n, 'block')}, CPU {_numbers(c for c, _ in e.mapping)}, copied into its new GPU blocks "
             f"{_numbers(g for _, g in e.mapping)}: {plural(e.num_tokens, 'token')} count as prefix hits, not computed again",
             "v0 swapped a preempted request out and back in; v1 frees and recomputes, and the tier's copies "

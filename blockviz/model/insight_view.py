@@ -22,6 +22,7 @@ from typing import Any
 
 from blockviz.model.explain import EVICTED, WINDOW_TAIL, Explanation
 from blockviz.model.insights import Insights, MemoryTruth, ledger_totals, memory_truth
+from blockviz.model.names import RequestNames
 from blockviz.model.narration import describe
 from blockviz.model.narration import plural
 from blockviz.model.palette import event_number, short_hash, show_token
@@ -75,7 +76,8 @@ class FirstMiss(Record):
 class ExplainRecord(Record):
     """The explainer at a cursor: the requests explained by then (to pick from) and the chosen
     request's lookup (`request` None: nothing allocated yet). `fallback`: a request was asked for
-    but had no lookup by the cursor, so the newest is shown."""
+    but had no lookup by the cursor, so the newest is shown. `name`: the lookup's sequence as the
+    tables name it (blockviz.model.names)."""
 
     requests: list[str]
     request: str | None = None
@@ -89,6 +91,7 @@ class ExplainRecord(Record):
     first_miss: FirstMiss | None = None
     caching: bool = True
     fallback: bool = False
+    name: str = ""
 
     def to_json(self) -> dict[str, Any]:
         if self.request is None:
@@ -122,7 +125,9 @@ def explain_record(insights: Insights, position: int, *, state: ReducerState | N
     return ExplainRecord(requests, chosen.request_id, chosen.seq_id, chosen.num_prompt_tokens, chosen.recomputed,
                          chosen.block_size, rows, chosen.num_hit_blocks, chosen.num_hit_tokens,
                          None if miss is None else FirstMiss(miss.index, miss.verdict),
-                         insights.explainer.caching, fallback)
+                         insights.explainer.caching, fallback,
+                         RequestNames(state).request(chosen.request_id, (chosen.seq_id,)) if state is not None
+                         else f"request {chosen.request_id}")
 
 
 def chosen_lookup(insights: Insights, position: int, *, state: ReducerState | None = None,
@@ -166,6 +171,7 @@ class LedgerRow(Record):
     resumed_step: int | None
     steps_until_resumed: int | None
     state: str  # where the request stands at the cursor, in words: every front end draws this one
+    name: str = ""  # the request as the tables name it (blockviz.model.names), its sequences where it has several
 
 
 def preempted_state(entry) -> str:
@@ -185,11 +191,14 @@ class LedgerRecord(Record):
     totals: str
 
 
-def ledger_record(insights: Insights, position: int) -> LedgerRecord:
-    """The preemption ledger at `position` (`insights` synced)."""
+def ledger_record(insights: Insights, position: int, state: ReducerState | None = None) -> LedgerRecord:
+    """The preemption ledger at `position` (`insights` synced); `state`, the reducer state there,
+    names each request as the tables do (blockviz.model.names)."""
     entries = insights.ledger(position)
+    names = RequestNames(state)
     rows = [LedgerRow(e.seq_no, e.step, e.request_id, list(e.seq_ids), e.mode, e.reason, e.blocks_swapped,
-                      e.blocks_freed, e.tokens_lost, e.resumed_step, e.steps_until_resumed, preempted_state(e))
+                      e.blocks_freed, e.tokens_lost, e.resumed_step, e.steps_until_resumed, preempted_state(e),
+                      names.request(e.request_id, e.seq_ids))
             for e in entries[-MAX_LEDGER_ROWS:]]
     return LedgerRecord(rows, len(entries), ledger_totals(entries))
 

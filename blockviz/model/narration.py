@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from blockviz.model.names import RequestNames
 from blockviz.model.palette import short_hash, show_token
 from blockviz.model.reducer import ReducerState
 from engine import events as ev
@@ -34,63 +35,62 @@ def _ids(ids) -> str:
     return ",".join(str(i) for i in ids)
 
 
-def _seqs(seq_ids) -> str:
-    seq_ids = list(seq_ids)
-    return ("seq " if len(seq_ids) == 1 else "seqs ") + ", ".join(str(s) for s in seq_ids)
-
-
 # ---------------------------------------------------------------------------------- the text
 
 
-def describe(event: ev.Event, vocab: dict[int, str] | None = None) -> str:
+def describe(event: ev.Event, vocab: dict[int, str] | None = None, names: RequestNames | None = None) -> str:
     """One line of plain words for an event (the log's line; the narration starts with it).
-    `vocab` (token id -> text) words a slot's token."""
+    `vocab` (token id -> text) words a slot's token; `names` (blockviz.model.names) names its
+    sequences by their requests as the tables at the cursor do ("seq 4" without)."""
     text = _TEXTS.get(type(event))
-    line = text(event, vocab or {}) if text is not None else event.type.replace("_", " ")
+    line = text(event, vocab or {}, names or _NO_NAMES) if text is not None else event.type.replace("_", " ")
     group = getattr(event, "group", 0)  # a run with KV-cache groups: which table or cache
     return f"{line} [group {group}]" if group and not isinstance(event, ev.BlocksSkipped) else line
 
 
-def _skipped(e: ev.BlocksSkipped, vocab) -> str:
+_NO_NAMES = RequestNames()
+
+
+def _skipped(e: ev.BlocksSkipped, vocab, names) -> str:
     slots = ", ".join(f"L{index}" for index in e.logical_indices)
-    return f"window of seq {e.seq_id} [group {e.group}] lets go of gpu {_ids(e.blocks)}: {slots} now the null block"
+    return f"window of {names((e.seq_id,))} [group {e.group}] lets go of gpu {_ids(e.blocks)}: {slots} now the null block"
 
 
-def _allocated(e: ev.BlockAllocated, vocab) -> str:
-    return (f"allocate {e.device} {e.block} → seq {_ids(e.seq_ids)} L{e.logical_index} "
+def _allocated(e: ev.BlockAllocated, vocab, names) -> str:
+    return (f"allocate {e.device} {e.block} → {names(e.seq_ids)} L{e.logical_index} "
             f"ref {e.ref_count} ({plural(len(e.token_ids), 'token')})")
 
 
-def _hit(e: ev.PrefixCacheHit, vocab) -> str:
-    return (f"prefix-cache HIT {e.device} {e.block} #{short_hash(e.block_hash)} → seq {_ids(e.seq_ids)} "
+def _hit(e: ev.PrefixCacheHit, vocab, names) -> str:
+    return (f"prefix-cache HIT {e.device} {e.block} #{short_hash(e.block_hash)} → {names(e.seq_ids)} "
             f"L{e.logical_index} ref {e.ref_count}")
 
 
-def _hashed(e: ev.BlockHashed, vocab) -> str:
+def _hashed(e: ev.BlockHashed, vocab, names) -> str:
     parent = f"#{short_hash(e.parent_hash)}" if e.parent_hash is not None else "root"
     return (f"hash {e.device} {e.block} #{short_hash(e.block_hash)} ← {parent}"
             + ("" if e.registered else " (duplicate: map unchanged)"))
 
 
-def _slot(e: ev.SlotAppended, vocab) -> str:
+def _slot(e: ev.SlotAppended, vocab, names) -> str:
     piece = show_token(vocab.get(e.token_id, f"<{e.token_id}>"))
-    return f"append_slot seq {e.seq_id} L{e.logical_index} → {e.device} {e.block}[{e.offset}] '{piece}'"
+    return f"append_slot {names((e.seq_id,))} L{e.logical_index} → {e.device} {e.block}[{e.offset}] '{piece}'"
 
 
-def _cow(e: ev.CopyOnWrite, vocab) -> str:
-    return (f"copy-on-write seq {e.seq_id} L{e.logical_index}: {e.device} {e.src_block} → "
+def _cow(e: ev.CopyOnWrite, vocab, names) -> str:
+    return (f"copy-on-write {names((e.seq_id,))} L{e.logical_index}: {e.device} {e.src_block} → "
             f"{e.device} {e.dst_block} (src ref {e.src_ref_count})")
 
 
-def _fork(e: ev.Forked, vocab) -> str:
-    return f"fork seq {e.parent_seq_id} → seq {e.child_seq_id} shares {e.device} {_ids(e.blocks)}"
+def _fork(e: ev.Forked, vocab, names) -> str:
+    return f"fork {names((e.parent_seq_id,))} → {names((e.child_seq_id,))} shares {e.device} {_ids(e.blocks)}"
 
 
-def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab) -> str:
+def _swap(e: ev.SwappedOut | ev.SwappedIn, vocab, names) -> str:
     src, dst = ("gpu", "cpu") if isinstance(e, ev.SwappedOut) else ("cpu", "gpu")
     pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
     revived = f" (found by hash: {dst} {_ids(e.revived)})" if e.revived else ""
-    return f"{e.type} req {e.request_id} seq {_ids(e.seq_ids)}: {src}→{dst} {pairs}{revived}"
+    return f"{e.type} {names.request(e.request_id, e.seq_ids)}: {src}→{dst} {pairs}{revived}"
 
 
 def _swap_means(e: ev.SwappedOut | ev.SwappedIn, state) -> str:
@@ -101,36 +101,36 @@ def _swap_means(e: ev.SwappedOut | ev.SwappedIn, state) -> str:
             "the rest of the K/V is copied")
 
 
-def _offload(e: ev.OffloadStored | ev.OffloadLoaded, vocab) -> str:
+def _offload(e: ev.OffloadStored | ev.OffloadLoaded, vocab, names) -> str:
     pairs = " ".join(f"{a}→{b}" for a, b in e.mapping)
     if isinstance(e, ev.OffloadStored):
         return f"offload store gpu→{e.medium.lower()} {pairs}"
-    return f"offload LOAD req {e.request_id} seq {e.seq_id}: {e.medium.lower()}→gpu {pairs} ({plural(e.num_tokens, 'token')})"
+    return f"offload LOAD {names.request(e.request_id, (e.seq_id,))}: {e.medium.lower()}→gpu {pairs} ({plural(e.num_tokens, 'token')})"
 
 
-def _freed(e: ev.BlockFreed, vocab) -> str:
+def _freed(e: ev.BlockFreed, vocab, names) -> str:
     left = "free-but-cached" if e.cached and e.ref_count == 0 else ("free" if e.ref_count == 0 else "kept")
     if e.seq_id < 0:  # vLLM's CPU tier releasing the pin of a copy
         return f"free {e.device} {e.block} by the CPU tier's copy: ref {e.ref_count} ({left})"
-    return f"free {e.device} {e.block} by seq {e.seq_id}: ref {e.ref_count} ({left})"
+    return f"free {e.device} {e.block} by {names((e.seq_id,))}: ref {e.ref_count} ({left})"
 
 
-def _request(e: ev.RequestAdded, vocab) -> str:
+def _request(e: ev.RequestAdded, vocab, names) -> str:
     prompt = show_token(e.prompt)[:40]
     return (f"request {e.request_id} added: '{prompt}' ({plural(len(e.prompt_token_ids), 'token')}, "
             f"seq {_ids(e.seq_ids)}, n {e.n}, max {e.max_tokens})")
 
 
-def _preempted(e: ev.Preempted, vocab) -> str:
-    return (f"PREEMPT req {e.request_id} seq {_ids(e.seq_ids)} by {e.mode}: {e.reason}"
+def _preempted(e: ev.Preempted, vocab, names) -> str:
+    return (f"PREEMPT {names.request(e.request_id, e.seq_ids)} by {e.mode}: {e.reason}"
             + (f" ({plural(e.num_tokens_lost, 'token')} to recompute)" if e.num_tokens_lost else ""))
 
 
-def _scheduled(e: ev.TokensScheduled, vocab) -> str:
+def _scheduled(e: ev.TokensScheduled, vocab, names) -> str:
     parts = []
     for seq_id, done, new, total in zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens):
         kind = "chunk" if done + new < total else "decode" if is_decode(done, new, total) else "prefill"
-        parts.append(f"seq {seq_id} {done}+{new}/{total} {kind}")
+        parts.append(f"{names((seq_id,))} {done}+{new}/{total} {kind}")
     return f"step {e.step} schedules " + ", ".join(parts)
 
 
@@ -146,17 +146,17 @@ _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.OffloadStored: _offload,
     ev.OffloadLoaded: _offload,
     ev.BlockFreed: _freed,
-    ev.SequenceFreed: lambda e, vocab: f"seq {e.seq_id}: block table freed",
+    ev.SequenceFreed: lambda e, vocab, names: f"{names((e.seq_id,))}: block table freed",
     ev.BlocksSkipped: _skipped,
-    ev.BlockEvicted: lambda e, vocab: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
+    ev.BlockEvicted: lambda e, vocab, names: f"evict {e.device} {e.block} #{short_hash(e.block_hash)} (LRU)",
     ev.RequestAdded: _request,
-    ev.StepStarted: lambda e, vocab: f"step {e.step} {e.kind}: seq {_ids(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
+    ev.StepStarted: lambda e, vocab, names: f"step {e.step} {e.kind}: {names(e.seq_ids)} ({plural(e.num_tokens, 'token')})",
     ev.TokensScheduled: _scheduled,
-    ev.TokenGenerated: lambda e, vocab: f"seq {e.seq_id} sampled '{show_token(e.text)}' at position {e.position}",
+    ev.TokenGenerated: lambda e, vocab, names: f"{names((e.seq_id,))} sampled '{show_token(e.text)}' at position {e.position}",
     ev.Preempted: _preempted,
-    ev.SequenceFinished: lambda e, vocab: f"seq {e.seq_id} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
-    ev.KVDigest: lambda e, vocab: f"K/V digest {e.device} {e.block} = {e.digest}",
-    ev.StepFinished: lambda e, vocab: f"step {e.step} {e.kind} done ({plural(e.num_tokens, 'token')})",
+    ev.SequenceFinished: lambda e, vocab, names: f"{names((e.seq_id,))} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+    ev.KVDigest: lambda e, vocab, names: f"K/V digest {e.device} {e.block} = {e.digest}",
+    ev.StepFinished: lambda e, vocab, names: f"step {e.step} {e.kind} done ({plural(e.num_tokens, 'token')})",
 }
 
 
@@ -168,7 +168,7 @@ def narrate(event: ev.Event | None, state: ReducerState, vocab: dict[int, str] |
     after it ("" before the first event)."""
     if event is None:
         return ""
-    text = describe(event, vocab or {})
+    text = describe(event, vocab or {}, RequestNames(state))
     meaning = _MEANINGS.get(type(event))
     sentence = meaning(event, state) if meaning is not None else ""
     return f"{text}: {sentence}" if sentence else text
@@ -176,7 +176,7 @@ def narrate(event: ev.Event | None, state: ReducerState, vocab: dict[int, str] |
 
 def _allocated_means(e: ev.BlockAllocated, state: ReducerState) -> str:
     if e.ref_count > 1:
-        return f"{_seqs(e.seq_ids)} share it from the start"
+        return f"{RequestNames(state)(e.seq_ids)} share it from the start"
     return f"{len(e.token_ids)}/{state.block_size} slots used"
 
 
@@ -198,7 +198,7 @@ def _slot_means(e: ev.SlotAppended, state: ReducerState) -> str:
 
 def _cow_means(e: ev.CopyOnWrite, state: ReducerState) -> str:
     copied = "was" if len(e.token_ids) == 1 else "were"
-    return (f"seq {e.seq_id} was about to write into a block it shared, so its "
+    return (f"{RequestNames(state)((e.seq_id,))} was about to write into a block it shared, so its "
             f"{plural(len(e.token_ids), 'token')} {copied} copied to block {e.dst_block}, which it owns alone; "
             f"block {e.src_block} keeps {plural(e.src_ref_count, 'other reference')}")
 
@@ -222,7 +222,7 @@ def _scheduled_means(e: ev.TokensScheduled, state: ReducerState) -> str:
               zip(e.seq_ids, e.num_computed_tokens, e.num_new_tokens, e.num_tokens) if done + new < total]
     if not chunks:
         return "one token budget, every sequence gets all it needs"
-    return f"one token budget: {_seqs(chunks)} prefill a chunk now and the rest in later steps"
+    return f"one token budget: {RequestNames(state)(chunks)} prefill a chunk now and the rest in later steps"
 
 
 def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
@@ -303,7 +303,8 @@ def narrate_step(timeline) -> str:
         return ""
     events = timeline.events[start:timeline.position]
     done = isinstance(timeline.current_event, ev.StepFinished)
-    parts = [part for e in events if (part := _step_part(e)) is not None]
+    names = RequestNames(timeline.state)
+    parts = [part for e in events if (part := _step_part(e, names)) is not None]
     counts = [(kind_, count) for kind_, count in _step_counts(events) if count]
     said = parts + [plural(count, word) + rest for (word, rest), count in counts]
     head = f"step {step} {kind}".rstrip() + ("" if done or kind == "scheduling" else " so far")
@@ -329,12 +330,12 @@ def _step_counts(events) -> list[tuple[tuple[str, str], int]]:
     return [(words, counts[cls]) for cls, words in _COUNTED] + [(("GPU block", " freed"), freed)]
 
 
-def _step_part(e: ev.Event) -> str | None:
+def _step_part(e: ev.Event, names: RequestNames) -> str | None:
     """The events a step summary names one by one."""
     if isinstance(e, ev.CopyOnWrite):
-        return f"seq {e.seq_id} copied block {e.src_block} on write (→ {e.dst_block})"
+        return f"{names((e.seq_id,))} copied block {e.src_block} on write (→ {e.dst_block})"
     if isinstance(e, ev.Forked):
-        return f"seq {e.parent_seq_id} forked seq {e.child_seq_id} (sharing {plural(len(e.blocks), 'block')})"
+        return f"{names((e.parent_seq_id,))} forked {names((e.child_seq_id,))} (sharing {plural(len(e.blocks), 'block')})"
     if isinstance(e, ev.Preempted):
         return f"request {e.request_id} preempted by {e.mode}"
     if isinstance(e, (ev.SwappedOut, ev.SwappedIn)):
@@ -343,7 +344,7 @@ def _step_part(e: ev.Event) -> str | None:
     if isinstance(e, ev.RequestAdded):
         return f"request {e.request_id} arrived"
     if isinstance(e, ev.SequenceFinished):
-        return f"seq {e.seq_id} finished ({e.reason})"
+        return f"{names((e.seq_id,))} finished ({e.reason})"
     return None
 
 

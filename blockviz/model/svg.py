@@ -375,13 +375,13 @@ def _draw_tables(canvas: _Canvas, frame: dict[str, Any]) -> None:
         return
     block_size = frame.get("block_size") or 1
     for row in rows[:MAX_TABLE_ROWS]:
-        chip = f"seq {row['seq']}"
+        chip = row.get("name") or f"seq {row['seq']}"
         chip_w = len(chip) * canvas.char + 8
         canvas.parts.append(f'<g class="table" data-seq="{row["seq"]}">')
         canvas.parts.append(f'<rect x="{PAD}" y="{canvas.y - 1:.1f}" width="{chip_w:.1f}" height="{canvas.line}" rx="3" '
                             f'fill="{canvas.colour(row["seq"])}"/>')
         canvas.text(PAD + 4, canvas.y + 1, chip, fill="#000000")
-        label = f" req {row['request']} · {row['status']}" + (f" ({row['finish']})" if row.get("finish") else "")
+        label = f" · {row['status']}" + (f" ({row['finish']})" if row.get("finish") else "")
         canvas.text(PAD + chip_w, canvas.y + 1, label, fill=canvas.dim)
         canvas.y += canvas.line + 2
         tables = [(0, row.get("label", ""), row["blocks"], row.get("skipped", [])),

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from blockviz.model.design import SLIDING_WINDOW
 from blockviz.model.glossary import DEFINITIONS
+from blockviz.model.names import RequestNames
 from blockviz.model.narration import FILTERS, describe, narrate, step_label
 from blockviz.model.palette import event_number, group_colour, group_mark, short_hash, show_tokens
 from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, cell_counts, check_range, zoom_level
@@ -289,7 +290,8 @@ class TableRow(Record):
     with chunked prefill (v1) while the sequence runs. In a run
     with several KV-cache groups `blocks` is group 0's table, `label` names group 0 (group_label),
     `groups` holds the other groups' tables (GroupTable); `skipped` the logical blocks of group 0
-    that hold the null block."""
+    that hold the null block; `name` the sequence as every panel names it (blockviz.model.names:
+    "request 3", "request 3 (seq 4)" where the request has several)."""
 
     seq: int
     request: str
@@ -301,6 +303,7 @@ class TableRow(Record):
     label: str = ""
     skipped: list[int] = field(default_factory=list)
     groups: list[GroupTable] = field(default_factory=list)
+    name: str = ""
 
 
 def tables(state: ReducerState, limit: int | None = MAX_TABLES,
@@ -313,12 +316,14 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
         seq_ids = sorted(seq_ids, key=lambda s: (s not in state.tables, s))[:limit]
     rows = []
     groups = has_groups(state)
+    names = RequestNames(state)
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
         blocks, skipped = _group_blocks(state, seq_id, state.tables.get(seq_id, ()), vocab)
         row = TableRow(seq_id, seq.request_id if seq else "?", status_word(state, seq_id),
                        (seq.finish_reason or "") if seq else "", num_slotted_tokens(state, seq_id), blocks,
-                       progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped)
+                       progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped,
+                       name=names((seq_id,)))
         if groups:
             row.label = group_label(state, 0)
             row.groups = [GroupTable(g, group_label(state, g),
@@ -511,6 +516,7 @@ class BlockInfo(Record):
     queue: str | None = None
     group: str | None = None  # the KV-cache group holding it (group_label), in a run with several
     kv_cache_group_id: int | None = None  # that group's number (vLLM kv_cache_group_id)
+    owner_names: list[str] = field(default_factory=list)  # each owner as the tables name it (blockviz.model.names)
 
 
 def inspect_block(state: ReducerState, device: str, number: int,
@@ -533,6 +539,8 @@ def inspect_block(state: ReducerState, device: str, number: int,
         block.registered, block.num_hits,
         show_tokens(block_token_texts(state, block, vocab)) if filled else [],
         block.digest or "", block.digest_slots, block.digest_slots == filled, same, geometry)
+    names = RequestNames(state)
+    info.owner_names = [names((seq_id,)) for seq_id in info.owners]
     if has_groups(state) and block_group(block) >= 0:
         info.group, info.kv_cache_group_id = group_label(state, block.group), block.group
     if block.state == NULL:  # vLLM v1's null block
@@ -593,9 +601,10 @@ def log_keeps(kinds: frozenset[type[ev.Event]] | None, event: ev.Event) -> bool:
     return kinds is None or type(event) in kinds
 
 
-def log_row(event: ev.Event, vocab: dict[int, str] | None = None) -> list[Any]:
-    """One line of the log: [event number (palette.event_number), kind, words (narration.describe)]."""
-    return [event_number(event.seq_no), event.type, describe(event, vocab)]
+def log_row(event: ev.Event, vocab: dict[int, str] | None = None, names: RequestNames | None = None) -> list[Any]:
+    """One line of the log: [event number (palette.event_number), kind, words (narration.describe,
+    its sequences named by `names`, the requests at the cursor, as the tables name them)]."""
+    return [event_number(event.seq_no), event.type, describe(event, vocab, names)]
 
 
 class LogIndex:
@@ -620,16 +629,17 @@ class LogIndex:
 
 
 def event_log(events: list[ev.Event], position: int, filter_name: str = "all events",
-              vocab: dict[int, str] | None = None, limit: int = MAX_LOG_ROWS) -> list[list[Any]]:
+              vocab: dict[int, str] | None = None, limit: int = MAX_LOG_ROWS,
+              names: RequestNames | None = None) -> list[list[Any]]:
     """The last `limit` events up to the cursor that the filter (a narration.FILTERS name) keeps,
-    oldest first, as log rows (log_row)."""
+    oldest first, as log rows (log_row; `names`: RequestNames of the state at the cursor)."""
     kinds = FILTERS.get(filter_name)
     rows = []
     stop = max(0, position - MAX_LOG_SCAN)
     for index in range(position - 1, stop - 1, -1):
         event = events[index]
         if log_keeps(kinds, event):
-            rows.append(log_row(event, vocab))
+            rows.append(log_row(event, vocab, names))
             if len(rows) >= limit:
                 break
     rows.reverse()
@@ -655,21 +665,22 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
             f"{number}{'c' if cached else ''}" for number, cached in queue.blocks) or "empty")
             + (f" … +{more}" if more > 0 else ""))
     groups = state.num_kv_cache_groups
+    names = RequestNames(state)
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
-        status = f"req {seq.request_id}, {status_word(state, seq_id)}" if seq else "?"
+        status = status_word(state, seq_id) if seq else "?"
         for group, table in enumerate(state.seq_tables(seq_id)):
             where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
                                            else "") for d, n in table)
             label = f" group {group}" if groups > 1 else ""
-            lines.append(f"  seq {seq_id}{label} ({status}): {where or '-'}")
+            lines.append(f"  {names((seq_id,))}{label} ({status}): {where or '-'}")
     if len(state.tables) > max_tables:
         lines.append(f"  … {len(state.tables) - max_tables} more block tables")
     if state.hash_map:
         lines.append(f"prefix cache: {len(state.hash_map)} hashes · hits {state.num_prefix_hits}"
                      f"/{state.num_prompt_blocks_looked_up} prompt blocks")
     if current is not None:
-        lines.append(f"last event: {describe(current)}")
+        lines.append(f"last event: {describe(current, names=names)}")
     return "\n".join(lines)
 
 

@@ -181,7 +181,7 @@ class EngineBridge:
             listener.failed(one_line(exc))
             return None
         self.session = session
-        listener.ready(dict(session.header))
+        listener.ready({**session.header, **spec.run_header()})  # the run's arrivals too: a live story counts its cards
         return session
 
     def _serve(self, driver: EngineDriver) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from blockviz.model.design import has_random_weights
 from blockviz.session.tiny_hybrid import TINY_HYBRID
 from engine.model_source import DEFAULT_MODEL
 
@@ -132,8 +133,10 @@ STORY_CARDS = {"story": 7, "story-v1": 5, "story-hybrid": 6, "story-cpu-tier": 7
 
 def story_cards(header: dict) -> int | None:
     """The number of cards a run shows (STORY_CARDS) when its header is a story's (its arrivals)
-    played with that story's model and settings (every setting the header records); None otherwise."""
+    played with that story's model and settings (every setting the header records; a live run's
+    tiny-hybrid checkpoint directory is "tiny-hybrid", design.has_random_weights); None otherwise."""
     arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
+    header = {**header, "model": TINY_HYBRID} if has_random_weights(header) else header
     for name, (story, options) in SCENARIOS.items():
         if arrivals == [a.prompt for a in story] and name in STORY_CARDS and all(
                 header.get(key) in (None, value) for key, value in {"model": DEFAULT_MODEL, **options}.items()):

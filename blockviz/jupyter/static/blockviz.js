@@ -74,8 +74,9 @@ function groupBadge(palette, group) {
     style: { background: groupColour(palette, group) } });
 }
 
-function seqChip(palette, seqId) {
-  return h("span", { class: "bv-chip", style: { background: seqColour(palette, seqId) }, text: `seq ${seqId}` });
+// a sequence's chip in its colour, worded by the view model's name ("request 3 (seq 4)") where it sends one
+function seqChip(palette, seqId, name) {
+  return h("span", { class: "bv-chip", style: { background: seqColour(palette, seqId) }, text: name || `seq ${seqId}` });
 }
 
 // ------------------------------------------------------------------ pools
@@ -330,8 +331,8 @@ function renderTables(model, el) {
           h("div", { class: "bv-group-label" }, groupBadge(palette, group), ` ${label}`), drawn) : drawn;
       });
       return h("div", { class: "bv-table-row", "data-seq": row.seq },
-        h("div", { class: "bv-table-label" }, seqChip(palette, row.seq),
-          h("span", { class: "bv-dim", text: ` req ${row.request} · ${row.status}` +
+        h("div", { class: "bv-table-label" }, seqChip(palette, row.seq, row.name),
+          h("span", { class: "bv-dim", text: ` · ${row.status}` +
             (row.finish ? ` (${row.finish})` : "") })),
         row.progress ? h("div", { class: "bv-progress" + (row.progress.prefilling ? " bv-prefilling" : ""),
           "data-computed": row.progress.computed, "data-num-tokens": row.progress.num_tokens,
@@ -418,7 +419,7 @@ function renderInspector(model, el) {
       ...(b.note ? [row("what", b.note)] : []),
       ...(b.queue ? [row("free queue", b.queue)] : []),
       row("ref count", String(b.ref)),
-      row("owners", b.owners.length ? b.owners.map((s) => seqChip(palette, s)) : "none"),
+      row("owners", b.owners.length ? b.owners.map((s, i) => seqChip(palette, s, (b.owner_names || [])[i])) : "none"),
       row("fill", `${b.fill}/${b.block_size} slots`),
     ];
     if (b.hash) {

@@ -25,7 +25,7 @@ function renderExplain(model, el) {
     body.dataset.request = x.request;
     body.dataset.hitBlocks = String(x.hit_blocks);
     body.dataset.hitTokens = String(x.hit_tokens);
-    head.textContent = `seq ${x.seq} · ${x.num_prompt_tokens} ` +
+    head.textContent = `${x.name || "seq " + x.seq} · ${x.num_prompt_tokens} ` +
       `${x.recomputed ? "tokens again after a recompute preemption" : "prompt tokens"} in ${x.blocks.length} blocks of ` +
       `${x.block_size}, looked up when it was allocated` + (x.caching ? "" : " (prefix caching is off)");
     const rows = x.blocks.map((b) => {
@@ -65,7 +65,7 @@ function renderLedger(model, el) {
       "data-request": r.request, "data-mode": r.mode, "data-swapped": r.blocks_swapped, "data-freed": r.blocks_freed,
       "data-lost": r.tokens_lost, "data-resumed": r.steps_until_resumed === null ? "" : r.steps_until_resumed },
       h("td", { text: String(r.seq_no + 1) }), h("td", { text: String(r.step) }),
-      h("td", { text: `req ${r.request} (seq ${r.seqs.join(",")})` }), h("td", { text: r.mode, title: r.reason }),
+      h("td", { text: r.name }), h("td", { text: r.mode, title: r.reason }),
       // a swap copies its blocks out and then frees them: one count, said once
       h("td", { text: r.mode === "swap" ? `${r.blocks_swapped} to CPU` : `${r.blocks_freed} freed` }),
       h("td", { text: String(r.tokens_lost) }),

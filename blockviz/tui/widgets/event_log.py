@@ -17,6 +17,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Select
 
+from blockviz.model.names import RequestNames
 from blockviz.model.narration import FILTERS
 from blockviz.model.view import LogIndex, log_row
 from blockviz.tui.widgets.panels import DrawnWhenShown
@@ -51,6 +52,7 @@ class EventLog(ScrollView, can_focus=True):
         self.events: list[ev.Event] = []
         self.position = 0
         self.vocab: dict[int, str] = {}
+        self.names = RequestNames()
         self._index = LogIndex()  # the events passing the filter
         self._visible = 0
 
@@ -62,11 +64,14 @@ class EventLog(ScrollView, can_focus=True):
         self._index = LogIndex(kinds)
         self._update()
 
-    def show(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
+    def show(self, events: list[ev.Event], position: int, vocab: dict[int, str],
+             names: RequestNames | None = None) -> None:
+        """`names`: the requests at the cursor (blockviz.model.names), naming each line's sequences."""
         if events is not self.events:
             self.events, self._index = events, LogIndex(self._index.kinds)
         self.position = position
         self.vocab = vocab
+        self.names = names or RequestNames()
         self._update()
 
     def _update(self) -> None:
@@ -90,7 +95,7 @@ class EventLog(ScrollView, can_focus=True):
         return [self._text(self._index.indices[i]) for i in range(self._visible)]
 
     def _text(self, index: int) -> str:
-        number, _, words = log_row(self.events[index], self.vocab)
+        number, _, words = log_row(self.events[index], self.vocab, self.names)
         return f"{number:>6} {words}"
 
     def render_line(self, y: int) -> Strip:
@@ -138,6 +143,7 @@ class EventLogPanel(DrawnWhenShown, Vertical):
         event.stop()
         self.log_view.set_filter(FILTERS.get(str(event.value)))
 
-    def draw(self, events: list[ev.Event], position: int, vocab: dict[int, str]) -> None:
+    def draw(self, events: list[ev.Event], position: int, vocab: dict[int, str],
+             names: RequestNames | None = None) -> None:
         """Show events up to `position` (DrawnWhenShown.show calls this once the panel is visible)."""
-        self.log_view.show(events, position, vocab)
+        self.log_view.show(events, position, vocab, names)

@@ -45,8 +45,7 @@ def render_explain(record: ExplainRecord) -> RenderableType:
     """The explainer's record as Rich text: a head line, one line per block, the hit summary."""
     if record.request is None:
         return Text("no request allocated yet: each one's lookup shows here once it is", style="dim")
-    head = Text(f"request {record.request} ")
-    head.append(f" seq {record.seq} ", seq_style(record.seq))
+    head = Text(f" {record.name} ", seq_style(record.seq))
     what = "tokens again after a recompute preemption" if record.recomputed else "prompt tokens"
     head.append(f"  {record.num_prompt_tokens} {what} in {len(record.blocks)} "
                 f"block{'s' if len(record.blocks) != 1 else ''} of {record.block_size}"
@@ -94,8 +93,8 @@ class LedgerPanel(StatePanel):
 
     TITLE = "Preemption ledger"
 
-    def draw(self, insights: Insights, position: int) -> None:
-        self.set_body(render_ledger(ledger_record(insights, position)))
+    def draw(self, insights: Insights, position: int, state: ReducerState | None = None) -> None:
+        self.set_body(render_ledger(ledger_record(insights, position, state)))
 
 
 def render_ledger(record: LedgerRecord) -> RenderableType:
@@ -104,10 +103,10 @@ def render_ledger(record: LedgerRecord) -> RenderableType:
         return Text("no preemptions yet: they come when the GPU pool runs out (try --num-gpu-blocks 16)",
                     style="dim")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    for column in ("step", "request", "seqs", "mode", "GPU blocks", "tokens lost", "resumed"):
-        table.add_column(column, justify="left" if column in ("request", "mode", "seqs") else "right")
+    for column in ("step", "request", "mode", "GPU blocks", "tokens lost", "resumed"):
+        table.add_column(column, justify="left" if column in ("request", "mode") else "right")
     for row in record.rows:
-        table.add_row(str(row.step), row.request, ",".join(map(str, row.seqs)),
+        table.add_row(str(row.step), row.name,
                       Text(row.mode, "bold red" if row.mode != "swap" else "yellow"),
                       # a swap copies its blocks out, then frees them: one count, said once
                       f"{row.blocks_swapped} to CPU" if row.mode == "swap" else f"{row.blocks_freed} freed",

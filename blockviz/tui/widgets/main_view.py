@@ -8,6 +8,7 @@ from functools import cached_property
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
+from blockviz.model.names import RequestNames
 from blockviz.model.timeline import Timeline
 from blockviz.model.view import pool_counts, touched_blocks, v1_notes
 from blockviz.model.insights import Insights, MemoryTruth
@@ -89,7 +90,7 @@ class MainView(Horizontal):
         text.show(state, seq_id)
         hashes.show(state, timeline.current_event, vocab)
         inspector.show(state, selection, vocab)
-        log.show(timeline.events, position, vocab)
+        log.show(timeline.events, position, vocab, RequestNames(state))
         self.query_one(ExplainPanel).show(insights, state, position, seq_id, timeline.events, vocab)
-        self.query_one(LedgerPanel).show(insights, position)
+        self.query_one(LedgerPanel).show(insights, position, state)
         self.query_one(MemoryPanel).show(insights, state, truth, position)

@@ -121,10 +121,10 @@ class BlockTables(StatePanel):
         for row in tables(state, limit=None, vocab=vocab):
             seq_id = row.seq
             head = _row("▶" if seq_id == selected_seq else " ")
-            head.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
+            head.append(f" {row.name} ", seq_style(seq_id) + _select_seq_style(seq_id))
             if seq_id in about[:1]:  # the card's own sequence: its head in view above its blocks
                 first_marked = len(parts) + 2
-            head.append(f" req {row.request} · {row.status}"
+            head.append(f"· {row.status}"
                         + (f" ({row.finish})" if row.finish else "")
                         + f" · {plural(row.num_tokens, 'token')}", style="bold" if seq_id == selected_seq else "")
             parts.append(head)
@@ -284,8 +284,8 @@ class BlockInspector(StatePanel):
             grid.add_row("free queue", info.queue)
         grid.add_row("ref count", str(info.ref))
         owners = Text()
-        for seq_id in info.owners:
-            owners.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
+        for seq_id, name in zip(info.owners, info.owner_names):
+            owners.append(f" {name} ", seq_style(seq_id) + _select_seq_style(seq_id))
             owners.append(" ")
         grid.add_row("owners", owners if info.owners else Text("none", "dim"))
         filled, size = info.fill, info.block_size

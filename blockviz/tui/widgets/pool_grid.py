@@ -26,7 +26,7 @@ and the tables name exact blocks.
 
 While a guide card is up in a small terminal, a pool can be drawn focused (`focus_on`): only the
 rows that hold the card's blocks, in one-line cells when `compact`, so the card and every block it
-names fit on one screen; the subtitle says how many blocks the hidden rows hold ("card's rows ·
+names fit on one screen; every row when the whole pool fits in the room its column leaves it; the subtitle says how many blocks the hidden rows hold ("card's rows ·
 24 blocks hidden").
 """
 
@@ -208,12 +208,30 @@ class PoolGrid(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width or self.size.width or 80
         gap = self.pitch - self.cell_width
         self._columns = max(1, (width + gap) // self.pitch)
-        self._focus_rows = sorted({p // self._columns for p in map(self._position, self.focused or ()) if p is not None})
-        rows = -(-self.num_positions // self._columns) if self.num_blocks else len(self._note_lines())
+        total_rows = -(-self.num_positions // self._columns)
+        if self.focused is not None and self._room() >= total_rows * self.cell_height:
+            self._focus_rows = list(range(total_rows))  # the whole pool fits beside the card: every row
+        else:
+            self._focus_rows = sorted({p // self._columns for p in map(self._position, self.focused or ())
+                                       if p is not None})
+        rows = total_rows if self.num_blocks else len(self._note_lines())
         if self.focused is not None and self.num_blocks:
             rows = len(self._focus_rows)
-        self.virtual_size = Size(self._columns * self.pitch, rows * self.cell_height)
+        size = Size(self._columns * self.pitch, rows * self.cell_height)
+        grew = self.focused is not None and size.height != self.virtual_size.height
+        self.virtual_size = size
+        if grew:  # a focused pool's box is as tall as its rows
+            self.refresh(layout=True)
         self._show_page()
+
+    def _room(self) -> int:
+        """The lines of content this pool may take in its column: the column's height less its other
+        shown children's and this pool's border (0 before a layout)."""
+        column = self.parent
+        if column is None or not column.size.height:
+            return 0
+        others = sum(child.outer_size.height for child in column.children if child is not self and child.display)
+        return column.size.height - others - self.styles.gutter.height
 
     def _show_page(self) -> None:
         """The legend under the grid; when the pool does not fit, which blocks are in view."""
@@ -258,13 +276,14 @@ class PoolGrid(ScrollView, can_focus=True):
         self._resize_cells()
 
     def focus_on(self, numbers: frozenset[int] | None) -> None:
-        """Draw only the rows that hold `numbers` (a guide card's blocks, in a small terminal);
-        None: every row again."""
+        """Draw only the rows that hold `numbers` (a guide card's blocks, in a small terminal), or
+        every row where the whole pool fits in its column's room; None: every row again."""
         if numbers == self.focused:
             return
         self.focused = numbers
         if numbers is not None:
             self.scroll_to(y=0, animate=False, immediate=True)
+            self.call_after_refresh(self._relayout)  # again in the column's new room (a card's height)
         self._relayout()
         self.refresh(layout=True)
 
