@@ -27,6 +27,7 @@ from blockviz.model.player import GUIDE_SLOW_EVENTS, GUIDE_SLOW_SPEED, SPEEDS
 from blockviz.model.pool_zoom import MAX_BLOCK_CELLS
 from blockviz.model.reducer import touched_blocks
 from blockviz.model.trace import kv_geometry
+from blockviz.model.names import RequestNames
 from blockviz.model.view import MAX_LOG_ROWS, MAX_LOG_SCAN, inspect_block, log_row
 
 # A pool of more blocks than this is drawn zoomed out (pool_zoom.MAX_BLOCK_CELLS): a click on a cell
@@ -136,6 +137,12 @@ def _meta(viz: Visualizer) -> dict[str, Any]:
     guide = player.scan_guide()
     stops = [guide.stop_of(card) for card in guide.cards] if guide is not None else []
     spans = [[card.start - guide.offset, guide.stop_of(card)] for card in guide.cards] if guide is not None else []
+    # the log's rows name requests as the notebook's do at the trace's end (every request and its
+    # sequences known); the page keeps one text per event
+    here = timeline.position
+    timeline.seek(length)
+    names = RequestNames(timeline.state)
+    timeline.seek(here)
     op_start = []
     for position in range(length + 1):
         op = timeline.operation_at(position)
@@ -157,7 +164,7 @@ def _meta(viz: Visualizer) -> dict[str, Any]:
         "filters": {name: None if kinds is None else sorted(cls.type for cls in kinds) for name, kinds in FILTERS.items()},
         "max_log_rows": MAX_LOG_ROWS,
         "max_log_scan": MAX_LOG_SCAN,
-        "log": [log_row(event, timeline.token_texts) for event in timeline.events],
+        "log": [log_row(event, timeline.token_texts, names) for event in timeline.events],
         "landing": [timeline.landing(position) for position in range(length + 1)],
         "op_start": op_start,
         "step_ends": list(timeline.step_ends),
