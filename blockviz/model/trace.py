@@ -238,6 +238,30 @@ class TraceWriter:
             self.discard()
             raise
 
+    def verify(self) -> None:
+        """Read the temporary file back as every reader reads a trace (read_trace: each event
+        through the trace checker) before commit(); a TraceError (one line, naming the trace's
+        path) says the first line its readers would refuse."""
+        partial, target, _ = self._published()
+        self._stream.flush()
+        try:
+            read_trace(partial)
+        except TraceError as exc:
+            raise TraceError(str(exc).replace(repr(str(partial)), repr(str(target)))) from None
+
+    def set_aside(self) -> Path:
+        """Keep the temporary file as NAME.rejected.jsonl beside the trace's path (replacing an
+        older one) instead of publishing it; returns that path."""
+        partial, target, _ = self._published()
+        rejected = target.with_name(f"{target.name.removesuffix('.jsonl')}.rejected.jsonl")
+        try:
+            self._stream.close()
+            os.replace(partial, rejected)
+        except OSError as exc:
+            self.discard()
+            raise TraceError(f"cannot write {str(rejected)!r}: {exc.strerror or exc}") from None
+        return rejected
+
     def discard(self) -> None:
         """Close and remove the temporary file: nothing is published. The file goes even when the
         close fails (its flush meets a full disk, ENOSPC, or a file-size limit, EFBIG)."""
@@ -527,6 +551,10 @@ def _event(text: str, checker: TraceChecker) -> Event:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     event = event_from_dict(data)
+    unknown = data.keys() - set(event.__struct_fields__) - {"type"}
+    if unknown:  # a field the event kind does not have (a `group` on an event of no group) is refused, not dropped
+        name = min(unknown)
+        raise ValueError(f"{event.type} has no field {name[:40] + '…' if len(name) > 40 else name!r}")
     checker.check(event)
     return event
 
