@@ -118,13 +118,15 @@ def tiny_hybrid():
     return _LOADED["tiny-hybrid"]
 
 
-def fuzz_one(config: FuzzConfig, out_dir: Path) -> int:
+def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     """Run `config` to completion with every check; raise AssertionError (or the checker's
-    TraceError) at the first failure. Returns the number of steps."""
+    TraceError) at the first failure. Returns what the run did: steps, preemptions, chunked prefill
+    steps (a prompt computed over several steps), blocks a window let go, aborts, refusals."""
     from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
     from blockviz.model.trace import make_header, read_trace, write_trace
     from blockviz.session.engine_session import trace_header
     from engine import SamplingParams
+    from engine import events as ev
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
@@ -165,24 +167,34 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> int:
     assert ReducerState.from_header(trace.header).apply_all(trace.events).freeze() == reducer.freeze(), (
         "the trace read back replays to another state")
     out.unlink()
-    return steps
+    done = Counter(steps=steps)
+    for e in events:
+        done["preemptions"] += isinstance(e, ev.Preempted)
+        done["skipped_blocks"] += len(e.blocks) if isinstance(e, ev.BlocksSkipped) else 0
+        done["aborts"] += isinstance(e, ev.SequenceFinished) and e.reason == "abort"
+        done["refusals"] += isinstance(e, ev.SequenceFinished) and e.reason == "ignored"
+        if isinstance(e, ev.TokensScheduled):
+            done["chunked_prefills"] += sum(done_ > 0 and new > 1 for done_, new in zip(e.num_computed_tokens,
+                                                                                      e.num_new_tokens))
+    return done
 
 
-def run(seeds, say=print) -> tuple[int, list[tuple[FuzzConfig, str]]]:
-    """Fuzz each seed's configuration; returns (configurations run, failures)."""
+def run(seeds, say=print) -> tuple[int, list[tuple[FuzzConfig, str]], Counter]:
+    """Fuzz each seed's configuration; returns (configurations run, failures, runs that did each thing)."""
     failures: list[tuple[FuzzConfig, str]] = []
     count = 0
+    covered: Counter = Counter()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             config = draw(seed)
             count += 1
             try:
-                fuzz_one(config, Path(tmp))
+                covered.update({what for what, number in fuzz_one(config, Path(tmp)).items() if number})
             except Exception as exc:  # every failure is a finding: report it and go on
                 text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 failures.append((config, text))
                 say(f"FAIL seed {seed}: {text} | {asdict(config)}")
-    return count, failures
+    return count, failures, covered
 
 
 def main(argv=None) -> int:
@@ -202,10 +214,11 @@ def main(argv=None) -> int:
     import logging
 
     logging.disable(logging.WARNING)
-    count, failures = run(seeds())
+    count, failures, covered = run(seeds())
     designs = Counter(draw(seed).kv_manager for seed in range(args.seed, args.seed + count))
     print(f"configurations: {count} ({', '.join(f'{k} {v}' for k, v in sorted(designs.items()))}), "
           f"failures: {len(failures)}, {time.monotonic() - start:.0f} s")
+    print("runs with " + ", ".join(f"{what} {number}" for what, number in sorted(covered.items()) if what != "steps"))
     return 1 if failures else 0
 
 

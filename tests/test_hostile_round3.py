@@ -116,3 +116,178 @@ def test_a_group_field_on_an_event_of_no_group_is_refused(tmp_path, kind):
 def test_an_unknown_field_is_quoted_short(tmp_path):
     text = _refused(_edited(tmp_path, HYBRID, "request_added", **{"k" * 100_000: 1}), "has no field")
     assert len(text) < 300
+
+
+# ---------------------------------------------------------------- item 2: record publishes only what loads
+
+def test_record_reads_its_trace_back_and_keeps_a_refused_one_aside(tmp_path, tiny_gpt2_dir, monkeypatch, capsys):
+    """A checker that refuses the run's first sequence_finished (as it refused N1's second
+    sequence_freed): `record` says which line fails in one line, exits 1, publishes nothing at --out
+    and keeps the file as NAME.rejected.jsonl, which read_trace refuses the same way."""
+    from blockviz.cli import main
+    from blockviz.model import trace_check
+    from engine import events as ev
+
+    def refuse(checker, event):
+        raise ValueError(f"seq {event.seq_id} is refused here")
+
+    monkeypatch.setitem(trace_check._RULES, ev.SequenceFinished, refuse)
+    out = tmp_path / "run.jsonl"
+    code = main(["record", "--out", str(out), "--model", str(tiny_gpt2_dir), "--prompt", "ROMEO:", "--max-tokens", "3"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("blockviz: error")]
+    assert code == 1 and len(err) == 1, err
+    rejected = tmp_path / "run.rejected.jsonl"
+    assert "is corrupted: seq 0 is refused here" in err[0] and repr(str(rejected)) in err[0], err[0]
+    assert not out.exists() and rejected.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [rejected.name]  # no .part left behind
+    _refused(rejected, "seq 0 is refused here")
+
+
+def test_record_publishes_a_trace_that_passes_its_check(tmp_path, tiny_gpt2_dir, capsys):
+    from blockviz.cli import main
+
+    out = tmp_path / "run.jsonl"
+    assert main(["record", "--out", str(out), "--model", str(tiny_gpt2_dir), "--prompt", "ROMEO:",
+                 "--max-tokens", "3"]) == 0
+    assert "recorded" in capsys.readouterr().err and read_trace(out).events
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+# ---------------------------------------------------------------- item 2: lifecycle events once, the fuzz
+
+def _fuzz_traces():
+    spec = importlib.util.spec_from_file_location("fuzz_traces", ROOT / "scripts" / "fuzz_traces.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fuzz_traces():
+    pytest.importorskip("vllm", reason="vLLM 0.33 is not installed")
+    return _fuzz_traces()
+
+
+def test_a_waiting_request_left_an_empty_table_by_vllm_is_aborted_without_a_second_free(fuzz_traces, tmp_path):
+    """vLLM's req_to_blocks is a defaultdict: SlidingWindowManager.remove_skipped_blocks, reached by
+    allocate_slots for a preempted request that hits the cache past its window and still does not
+    fit, leaves an empty entry. Aborting (or refusing) that waiting request ends no table: the tap
+    emits no sequence_freed for it (N1 emitted one, and its trace failed to load)."""
+    from blockviz.model.reducer import ReducerState
+    from blockviz.model.trace import make_header, write_trace
+    from blockviz.session.engine_session import trace_header
+    from engine import SamplingParams
+    from engine import events as ev
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    path, loaded = fuzz_traces.tiny_hybrid()
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", kv_manager="vllm", block_size=4, num_gpu_blocks=33,
+                                    max_num_seqs=1), loaded=loaded)
+    header = make_header(trace_header(engine))
+    events: list = []
+    engine.events.subscribe(events.append)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.add_request("To be, or not to be", params)
+    waiting = engine.add_request("that is the question", params)
+    engine.step()
+    (seq_id,) = engine._groups[waiting].seq_ids
+    managers = engine.scheduler.vllm.kv_cache_manager.coordinator.single_type_managers
+    for manager in managers:
+        assert manager.req_to_blocks[str(seq_id)] == []  # the defaultdict's lookup, as vLLM's own
+    engine.abort_request(waiting)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not [e for e in events if isinstance(e, ev.SequenceFreed) and e.seq_id == seq_id]
+    assert [e.seq_id for e in events if isinstance(e, ev.SequenceFinished)].count(seq_id) == 1
+    out = tmp_path / "aborted.jsonl"
+    write_trace(out, header, events)
+    assert read_trace(out).events[-1] == events[-1]
+    assert ReducerState.from_header(header).apply_all(events).tables == {}
+
+
+# Seeds whose drawn configurations cover both designs, tiny-hybrid's groups, chunked prefill and
+# preemption (test_the_suites_seeds_cover_what_the_fuzz_is_for checks what they drew).
+SUITE_SEEDS = (3, 5, 6, 9)
+
+
+def test_the_suites_seeds_cover_what_the_fuzz_is_for(fuzz_traces):
+    drawn = [fuzz_traces.draw(seed) for seed in SUITE_SEEDS]
+    assert {c.kv_manager for c in drawn} == {"v1", "vllm"}
+    assert any(c.max_num_batched_tokens for c in drawn) and any(c.n > 1 for c in drawn)
+    assert [fuzz_traces.draw(seed) for seed in SUITE_SEEDS] == drawn  # seeded: the same draw each time
+
+
+@pytest.mark.parametrize("seed", SUITE_SEEDS)
+def test_fuzzed_runs_record_traces_that_load_with_the_reducer_equal_to_the_engine(fuzz_traces, tmp_path, seed):
+    config = fuzz_traces.draw(seed)
+    config.max_tokens = min(config.max_tokens, 24)  # bounded in time: each run stays a few dozen steps
+    assert fuzz_traces.fuzz_one(config, tmp_path) > 0
+
+
+# ---------------------------------------------------------------- item 3: a pool past memory is one line
+
+@pytest.fixture(scope="module")
+def loaded(tiny_gpt2_dir):
+    from engine.model_loader import load_model
+
+    return load_model(str(tiny_gpt2_dir), "cpu", None)
+
+
+def _engine(loaded, path, **options):
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(path), device="cpu", **options), loaded=loaded)
+
+
+@pytest.mark.parametrize("kv_manager", ["v0", "v1", "vllm"])
+def test_a_device_pool_past_memory_is_one_line_under_every_design(loaded, tiny_gpt2_dir, kv_manager):
+    if kv_manager == "vllm":
+        pytest.importorskip("vllm")
+    with pytest.raises(ValueError) as caught:
+        _engine(loaded, tiny_gpt2_dir, kv_manager=kv_manager, num_gpu_blocks=10**9, max_num_seqs=8)
+    text = str(caught.value)
+    assert "\n" not in text and "device pool of 1,000,000,000 blocks" in text and "--num-gpu-blocks" in text, text
+
+
+def test_a_swap_pool_past_memory_is_one_line(loaded, tiny_gpt2_dir):
+    with pytest.raises(ValueError, match=r"CPU pool of 1,000,000,000,000 blocks needs .* lower --num-cpu-blocks"):
+        _engine(loaded, tiny_gpt2_dir, kv_manager="v0", num_gpu_blocks=8, num_cpu_blocks=10**12)
+
+
+def test_a_cpu_pool_past_an_address_space_limit_is_one_line(monkeypatch):
+    """`ulimit -v` counts: what is left under RLIMIT_AS bounds the CPU pool."""
+    import resource
+
+    import torch
+
+    from engine import mem_utils
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 30, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert mem_utils.available_bytes(torch.device("cpu")) < 1 << 30
+    with pytest.raises(ValueError, match="more than the .* free on cpu"):
+        mem_utils.check_pool_fits("CPU pool", 2048, 1 << 20, torch.device("cpu"), "--num-cpu-blocks")
+
+
+@pytest.mark.parametrize("size, expected", [(1e12, "CPU pool of"), (1e-12, "holds 0 blocks")])
+def test_a_cpu_tier_past_memory_or_of_no_block_is_refused_at_start(loaded, tiny_gpt2_dir, size, expected):
+    pytest.importorskip("vllm")
+    with pytest.raises(ValueError) as caught:
+        _engine(loaded, tiny_gpt2_dir, kv_manager="vllm", num_gpu_blocks=16, max_num_seqs=8,
+                vllm_options={"kv_offloading_size": size})
+    text = str(caught.value)
+    assert "\n" not in text and expected in text, text
+
+
+@pytest.mark.parametrize("command", ["generate", "record"])
+def test_generate_and_record_say_a_pool_past_memory_in_one_line_exit_2(tmp_path, tiny_gpt2_dir, capsys, command):
+    from blockviz.cli import main
+
+    argv = [command, "--model", str(tiny_gpt2_dir), "--num-gpu-blocks", "1000000000", "--prompt", "ROMEO:",
+            "--max-tokens", "2"]
+    code = main(argv + (["--out", str(tmp_path / "run.jsonl")] if command == "record" else []))
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1 and "device pool of 1,000,000,000 blocks" in err[0], err
+    assert not list(tmp_path.iterdir())
