@@ -67,9 +67,9 @@ def draw(seed: int) -> FuzzConfig:
     budget = rng.choice((None, 8, 16, 32))
     if budget is not None:
         budget = max(budget, max_num_seqs)
-    # pools from "one request at a time, preempting" up to "everything fits"
-    longest = (len(OPENING) + 40) // 3 + max_tokens  # a rough token count: small pools preempt
-    blocks_per_group = rng.randint(longest // block_size // 2 + 2, 3 * longest // block_size + 4)
+    # pools from "too small for the longest request" (refused) through "preempting" to "everything fits"
+    longest = 24 + max_tokens  # a rough token count of the longest request
+    blocks_per_group = rng.randint(3, 2 * longest // block_size + 4)
     return FuzzConfig(seed=seed, kv_manager=kv_manager, block_size=block_size,
                       num_gpu_blocks=2 * blocks_per_group + 1, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=budget, enable_prefix_caching=rng.random() < 0.8,

@@ -291,3 +291,55 @@ def test_generate_and_record_say_a_pool_past_memory_in_one_line_exit_2(tmp_path,
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert code == 2 and len(err) == 1 and "device pool of 1,000,000,000 blocks" in err[0], err
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- item 3: --vllm-option
+
+def test_a_budget_option_alone_caps_the_engines_max_num_seqs(loaded, tiny_gpt2_dir):
+    """docs/vllm-core.md: max_num_seqs is capped at the token budget, the option's too."""
+    pytest.importorskip("vllm")
+    engine = _engine(loaded, tiny_gpt2_dir, kv_manager="vllm", num_gpu_blocks=16,
+                     vllm_options={"max_num_batched_tokens": 16})
+    scheduler_config = engine.vllm_config.scheduler_config
+    assert (scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs) == (16, 16)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"max_num_seqs": 64, "max_num_batched_tokens": 16}, ("max_num_seqs=64", "max_num_batched_tokens=16")),
+    ({"enable_chunked_prefill": False, "max_num_batched_tokens": 16}, ("max_model_len=128", "enable_chunked_prefill=False")),
+])
+def test_a_cross_field_refusal_names_the_values_in_force(loaded, tiny_gpt2_dir, options, named):
+    pytest.importorskip("vllm")
+    from engine.vllm_core.config import check_options
+
+    check_options(options)  # no model yet: only each field alone
+    with pytest.raises(ValueError) as caught:
+        _engine(loaded, tiny_gpt2_dir, kv_manager="vllm", num_gpu_blocks=16, vllm_options=options)
+    text = str(caught.value)
+    assert "\n" not in text and "?" not in text and "1048576" not in text, text
+    assert text.startswith("vLLM refused the options together") and all(part in text for part in named), text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("watermark=" + "[" * 5000 + "]" * 5000, "characters long"),
+    ("watermark=" + "[" * 2000 + "]" * 2000, "more than 64 lists or objects"),
+    ("policy=" + "x" * 100_000, "characters long"),
+    ("k" * 100_000, "takes KEY=VALUE"),
+], ids=["5000-deep", "2000-deep", "100-KB-value", "100-KB-key"])
+def test_a_vllm_option_is_bounded_before_it_is_parsed(capsys, text, expected):
+    from blockviz.cli import main
+
+    with pytest.raises(SystemExit) as caught:  # argparse's one line, exit 2
+        main(["generate", "--kv-manager", "vllm", "--vllm-option", text])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and len(err[-1]) < 400 and expected in err[-1], err[-1][:500]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_a_long_unknown_option_name_is_cut_in_its_line():
+    pytest.importorskip("vllm")
+    from engine.vllm_core.config import check_options
+
+    with pytest.raises(ValueError) as caught:
+        check_options({"k" * 100_000: 1})
+    assert "unknown vllm option" in str(caught.value) and len(str(caught.value)) < 300
