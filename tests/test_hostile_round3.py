@@ -208,7 +208,7 @@ def test_a_waiting_request_left_an_empty_table_by_vllm_is_aborted_without_a_seco
 
 # Seeds whose drawn configurations cover both designs, tiny-hybrid's groups, chunked prefill and
 # preemption (test_the_suites_seeds_cover_what_the_fuzz_is_for checks what they drew).
-SUITE_SEEDS = (3, 5, 6, 9)
+SUITE_SEEDS = (3, 7, 10, 11)
 
 
 def test_the_suites_seeds_cover_what_the_fuzz_is_for(fuzz_traces):
@@ -343,3 +343,108 @@ def test_a_long_unknown_option_name_is_cut_in_its_line():
     with pytest.raises(ValueError) as caught:
         check_options({"k" * 100_000: 1})
     assert "unknown vllm option" in str(caught.value) and len(str(caught.value)) < 300
+
+
+# ---------------------------------------------------------------- item 3: config.json checked before transformers
+
+def _checkpoint(tmp_path: Path, **changes) -> Path:
+    """tiny-hybrid's checkpoint copied, its config.json changed (a value None removes nothing: it is written)."""
+    import shutil
+
+    from blockviz.session.tiny_hybrid import tiny_hybrid_checkpoint
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_hybrid_checkpoint(), path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _config_refused(path: Path, *expected: str) -> str:
+    from engine.model_source import check_model
+
+    with pytest.raises(ValueError) as caught:
+        check_model(str(path), "v1")
+    text = str(caught.value)
+    assert "\n" not in text and len(text) < 400, text
+    for part in expected:
+        assert part in text, text
+    return text
+
+
+def _numeric_fields() -> list[str]:
+    from blockviz.session.tiny_hybrid import CONFIG
+
+    return sorted(name for name, value in CONFIG.items()  # the window: test_sliding_window.py's refusals
+                  if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "sliding_window")
+
+
+def test_the_checkpoint_these_cases_change_is_accepted(tmp_path):
+    from engine.model_source import check_model
+
+    check_model(str(_checkpoint(tmp_path)), "v1")
+    assert len(_numeric_fields()) >= 10
+
+
+@pytest.mark.parametrize("bad", ["4", 2.5, [], {}, True, -1, 10**30, float("nan")], ids=repr)
+def test_every_numeric_config_field_of_a_bad_type_or_range_is_one_line(tmp_path, bad):
+    """Every numeric field of tiny-hybrid's config.json, each given each bad value in turn."""
+    from blockviz.session.tiny_hybrid import CONFIG
+    from engine.model_source import check_config_values
+
+    config = json.loads((_checkpoint(tmp_path) / "config.json").read_text())
+    for name in _numeric_fields():
+        real = isinstance(CONFIG[name], float)
+        if name.endswith("token_id") and bad == [] or real and bad in (2.5, 10**30):
+            continue  # a list of token ids is transformers' own form; 2.5 and 1e30 are real numbers
+        with pytest.raises(ValueError, match=f"config.json field '{name}'") as caught:
+            check_config_values({**config, name: bad})
+        assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("num_hidden_layers", "4", "a whole number in 1.."),
+    ("num_hidden_layers", 2.0, "a whole number in 1.."),
+    ("num_hidden_layers", None, "a whole number in 1.."),
+    ("num_hidden_layers", 10**9, "at most 4096 layers"),
+    ("max_position_embeddings", "256", "a whole number in 1.."),
+    ("use_sliding_window", "yes", "true or false"),
+    ("num_attention_heads", 0, "a whole number in 1.."),
+    ("num_key_value_heads", 0, "a whole number in 1.."),
+    ("head_dim", -16, "a whole number in 1.."),
+    ("rms_norm_eps", 0, "a finite number > 0"),
+])
+def test_the_probes_config_values_are_one_line(tmp_path, name, value, expected):
+    _config_refused(_checkpoint(tmp_path, **{name: value}), name, expected)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[1, 2]", "holds a JSON list"),
+    ("not json", "is not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nests too deep"),
+    ('"model"', "holds a JSON str"),
+])
+def test_an_unreadable_or_non_object_config_is_one_line(tmp_path, text, expected):
+    path = _checkpoint(tmp_path)
+    (path / "config.json").write_text(text)
+    assert "model_type None" not in _config_refused(path, expected)
+
+
+def test_a_config_naming_more_layers_than_the_weights_hold_is_refused(tmp_path):
+    layer_types = ["sliding_attention", "full_attention"] * 4
+    path = _checkpoint(tmp_path, num_hidden_layers=8, layer_types=layer_types)
+    _config_refused(path, "names 8 layers but the weights", "hold 4")
+    from engine.model_loader import load_model
+
+    with pytest.raises(ValueError, match="names 8 layers but the weights"):  # the loader checks it too
+        load_model(str(path), "cpu", None)
+
+
+def test_generate_refuses_a_bad_config_in_one_line_exit_2(tmp_path, capsys):
+    from blockviz.cli import main
+
+    path = _checkpoint(tmp_path, num_attention_heads=0)
+    assert main(["generate", "--model", str(path), "--kv-manager", "v1", "--prompt", "hi", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "num_attention_heads" in err[0], err
