@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,7 @@ def test_record_publishes_a_trace_that_passes_its_check(tmp_path, tiny_gpt2_dir,
 def _fuzz_traces():
     spec = importlib.util.spec_from_file_location("fuzz_traces", ROOT / "scripts" / "fuzz_traces.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
