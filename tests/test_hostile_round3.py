@@ -450,3 +450,23 @@ def test_generate_refuses_a_bad_config_in_one_line_exit_2(tmp_path, capsys):
     assert main(["generate", "--model", str(path), "--kv-manager", "v1", "--prompt", "hi", "--max-tokens", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "num_attention_heads" in err[0], err
+
+
+# ---------------------------------------------------------------- item 4: groups a header declares, capped
+
+@pytest.mark.parametrize("num_groups", [65, 84_001])
+def test_a_header_declaring_more_kv_cache_groups_than_any_model_has_is_refused(tmp_path, capsys, num_groups):
+    """The probe's 84,001 groups (a 4 MB header) cost export 1.3 GB: the header is refused in one
+    line before any view builds a table per group, in the reader and at the CLI (exit 2)."""
+    from blockviz.cli import main
+    from blockviz.model.trace import MAX_KV_CACHE_GROUPS
+
+    lines = _lines(HYBRID)
+    header = json.loads(lines[0])
+    header["kv_cache_groups"] += [{"kind": "full_attention", "layer_names": []}] * (num_groups - 2)
+    path = _write(tmp_path / "groups.jsonl", [json.dumps(header), *lines[1:]])
+    _refused(path, "kv_cache_groups", f"at most {MAX_KV_CACHE_GROUPS}")
+    assert main(["export", str(path), "--out", str(tmp_path / "out.svg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "kv_cache_groups" in err[0] and len(err[0]) < 600, err[0][:600]
+    assert not (tmp_path / "out.svg").exists()

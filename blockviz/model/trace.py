@@ -48,6 +48,7 @@ BOM = b"\xef\xbb\xbf"
 # Limits on what a trace may ask of the reader (see the module docstring). Limits, not measurements.
 MAX_LINE_BYTES = 4 << 20  # a swap of a whole pool, a prompt of 100k tokens fit
 MAX_NESTING = 16  # an event nests 3 deep (a swap's mapping), a header a few more
+MAX_KV_CACHE_GROUPS = 64  # vLLM groups a model's layers by spec: a hybrid model has a handful
 MAX_BLOCK_SIZE = 1 << 12  # tokens per block (vLLM's largest are a few hundred)
 MIN_POOL_BLOCKS = 1 << 17  # GPU + CPU blocks any trace may declare, however short
 FILE_BYTES_PER_BLOCK = 64  # ... and one more block per this many bytes of a longer file
@@ -410,7 +411,7 @@ def _is_arrival(value: Any) -> bool:
 def _is_kv_cache_groups(value: Any) -> bool:
     """design.kv_cache_groups_header's list: one or more {"kind", "sliding_window" (a window's
     only), "layer_names"}, not one full-attention group alone (a header without the field)."""
-    return (isinstance(value, list) and len(value) >= 1 and all(map(_is_kv_cache_group, value))
+    return (isinstance(value, list) and 1 <= len(value) <= MAX_KV_CACHE_GROUPS and all(map(_is_kv_cache_group, value))
             and (len(value) > 1 or value[0]["kind"] != "full_attention"))
 
 
@@ -459,7 +460,7 @@ HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                  'a list of {"step": integer, "prompt": string, "n": integer}'),
     "later_prompts": (lambda value: _is_list_of(value, _is_later_prompt), "a list of [step, prompt] pairs"),
     "kv_cache_groups": (_is_kv_cache_groups,
-                        'a list of {"kind": "full_attention" or "sliding_window", '
+                        f'a list of at most {MAX_KV_CACHE_GROUPS} {{"kind": "full_attention" or "sliding_window", '
                         '"sliding_window": integer (a window\'s only), "layer_names": [string, ...]}, not one full_attention group alone'),
 }
 
