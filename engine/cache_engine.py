@@ -72,6 +72,10 @@ class CacheEngine:
         self.layer_pages = kv_cache_layer_pages(num_layers, kv_cache_groups)  # layer -> its page in a block
         self.num_pages = max(self.layer_pages) + 1
         pin = self.device.type == "cuda"
+        block_bytes = math.prod(self._shape(1)) * torch.empty((), dtype=dtype).element_size()
+        mem_utils.check_pool_fits("device pool", num_gpu_blocks, block_bytes, self.device, "--num-gpu-blocks")
+        mem_utils.check_pool_fits("CPU pool", num_cpu_blocks, block_bytes, torch.device("cpu"),
+                                  "--num-cpu-blocks or --kv-offloading-size")
         # (num_pages, 2, num_kv_heads, num_blocks, block_size, head_dim): head-major storage
         self._gpu_kv = torch.zeros(self._shape(num_gpu_blocks), dtype=dtype, device=self.device)
         self._cpu_kv = torch.zeros(self._shape(num_cpu_blocks), dtype=dtype, device="cpu", pin_memory=pin)

@@ -87,6 +87,10 @@ class LLMEngine:
             num_cpu_blocks=None if cpu_tier else config.num_cpu_blocks if self.design.swap else 0,
             max_num_seqs=config.max_num_seqs, attention_backend=config.attention_backend, kv_cache_groups=groups,
         )
+        if cpu_tier is not None and self.budget.num_cpu_blocks < 2:  # vLLM's tier is a BlockPool: block 0 is null
+            raise ValueError(f"kv_offloading_size {config.vllm_options['kv_offloading_size']:g} GiB holds "
+                             f"{self.budget.num_cpu_blocks} blocks of {self.budget.block_bytes:,} bytes: the CPU tier "
+                             f"needs at least 2 (its null block and one to copy into)")
         # a block holds every layer's page, or with several groups one page per layer of the largest group
         self.cache_engine = CacheEngine(
             model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, config.block_size,

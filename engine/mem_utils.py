@@ -57,3 +57,41 @@ def device_memory(device: torch.device) -> MemoryQuery | None:
 def format_gib(num_bytes: float) -> str:
     """Bytes as GiB with two decimals, "73.60 GiB" (vLLM `format_gib`)."""
     return f"{num_bytes / GiB:.2f} GiB"
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """The bytes a new tensor on `device` can take now: CUDA's free memory; on the CPU the kernel's
+    MemAvailable (/proc/meminfo), within what is left under this process's address-space limit
+    (RLIMIT_AS, `ulimit -v`). None where neither can be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            with open("/proc/self/statm", encoding="ascii") as statm:
+                in_use = int(statm.read().split()[0]) * resource.getpagesize()
+            found.append(max(0, limit - in_use))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else None
+
+
+def check_pool_fits(what: str, num_blocks: int, block_bytes: int, device: torch.device, option: str) -> None:
+    """A ValueError (one line naming the pool, its size, the memory free and `option`, the way
+    out) when `num_blocks` blocks of `block_bytes` cannot be allocated on `device` now, before
+    torch tries (a pool past memory is otherwise a torch traceback, or an overflow of its size)."""
+    needed = num_blocks * block_bytes
+    free = available_bytes(device)
+    if free is not None and needed > free:
+        raise ValueError(f"the {what} of {num_blocks:,} blocks needs {format_gib(needed)}, more than the "
+                         f"{format_gib(free)} free on {device.type}: lower {option}")

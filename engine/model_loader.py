@@ -34,6 +34,7 @@ from engine.model_source import (  # noqa: F401 - re-exported: the torch-free ha
     _read_config,
     check_model,
     check_model_config,
+    check_weights_hold_the_layers,
     check_model_type,
     checkpoint_file,
     resolve_model,
@@ -100,7 +101,9 @@ def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype:
 
     config_path = checkpoint_file(source, "config.json")
     if config_path is not None:  # before transformers sees a type or layer layout it may refuse in many lines
-        check_model_config(_read_config(config_path))
+        settings = _read_config(config_path)
+        check_model_config(settings)
+        check_weights_hold_the_layers(source, settings)
     hf_config = _from_pretrained(AutoConfig, source, kwargs)
     check_model_type(hf_config.model_type)
     model_cls, config_cls = MODEL_REGISTRY[hf_config.model_type]

@@ -93,7 +93,9 @@ def check_model(name_or_path: str | os.PathLike | None = None, kv_manager: str |
         _hub_kwargs(source)
     config = checkpoint_file(source, "config.json") if not _is_gguf(source) else None
     if config is not None:
-        check_model_config(_read_config(config), kv_manager)
+        settings = _read_config(config)
+        check_model_config(settings, kv_manager)
+        check_weights_hold_the_layers(source, settings)
     return source
 
 
@@ -103,6 +105,7 @@ def check_model_config(config: dict, kv_manager: str | None = None) -> None:
     under a block manager that serves them (`check_kv_manager`). Read before transformers sees
     the config, whose own refusals span several lines."""
     check_model_type(config.get("model_type"))
+    check_config_values(config)
     if config.get("model_type") != "gpt2" and isinstance(config.get("num_hidden_layers"), int):
         layer_types, _ = attention_layer_types(config.get)
         check_kv_manager(kv_manager, layer_types)
@@ -196,15 +199,114 @@ def check_model_type(model_type) -> None:
                          f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KB; a tokenizer's vocabulary lives elsewhere
+MAX_COUNT = (1 << 31) - 1  # a count or token id torch indexes with (int32 in its kernels)
+MAX_LAYERS = 4096  # per-layer lists (layer_types, KV-cache groups, the pool's pages) are built from this
+# config.json's numeric fields (transformers' names, GPT-2's in brackets): what a model here reads
+# as a count (a whole number >= 1, or >= 0), a positive real, or a switch. None is allowed where
+# transformers allows it (head_dim: hidden_size // heads; sliding_window: no window).
+_COUNTS = ("num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "hidden_size", "n_embd",
+           "vocab_size", "max_position_embeddings", "n_positions", "intermediate_size", "n_inner",
+           "num_key_value_heads", "head_dim")  # sliding_window: attention_layer_types, where a layer slides
+_NON_NEGATIVE_COUNTS = ("max_window_layers", "bos_token_id", "eos_token_id", "pad_token_id")
+_POSITIVE_REALS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")
+_NON_NEGATIVE_REALS = ("initializer_range", "attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout")
+_SWITCHES = ("use_sliding_window", "tie_word_embeddings", "attention_bias", "mlp_bias", "scale_attn_weights")
+_NULLABLE = ("head_dim", "n_inner", "bos_token_id", "eos_token_id", "pad_token_id",
+             "num_key_value_heads", "intermediate_size")
+
+
+def check_config_values(config: dict) -> None:
+    """ValueError (one line naming the field and its value) unless each numeric field of
+    config.json is of its type and range: counts whole numbers >= 1 (heads, head_dim, layers,
+    widths, the context), at most MAX_LAYERS layers; epsilons and rope_theta finite and > 0;
+    switches true or false. Before transformers or torch sees them (a string count, zero heads or a
+    billion layers are otherwise a traceback, a division by zero or minutes of lists)."""
+    import math
+
+    def bad(name: str, value, wanted: str) -> ValueError:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
+        return ValueError(f"config.json field {name!r} is {shown}: it must be {wanted}")
+
+    def is_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def is_real(value) -> bool:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+    for name in (*_COUNTS, *_NON_NEGATIVE_COUNTS, *_POSITIVE_REALS, *_NON_NEGATIVE_REALS, *_SWITCHES):
+        if name not in config or (config[name] is None and name in _NULLABLE):
+            continue
+        value = config[name]
+        if name in _COUNTS and not (is_int(value) and 1 <= value <= MAX_COUNT):
+            raise bad(name, value, f"a whole number in 1..{MAX_COUNT}")
+        if name in _NON_NEGATIVE_COUNTS and not (is_int(value) and 0 <= value <= MAX_COUNT) and not (
+                name.endswith("token_id") and isinstance(value, list) and all(is_int(v) and 0 <= v <= MAX_COUNT
+                                                                              for v in value)):
+            raise bad(name, value, f"a whole number in 0..{MAX_COUNT}")
+        if name in _POSITIVE_REALS and not (is_real(value) and value > 0):
+            raise bad(name, value, "a finite number > 0")
+        if name in _NON_NEGATIVE_REALS and not (is_real(value) and value >= 0):
+            raise bad(name, value, "a finite number >= 0")
+        if name in _SWITCHES and not isinstance(value, bool):
+            raise bad(name, value, "true or false")
+    for name in ("num_hidden_layers", "n_layer"):
+        if config.get(name, 0) > MAX_LAYERS:
+            raise bad(name, config[name], f"at most {MAX_LAYERS} layers")
+
+
+def check_weights_hold_the_layers(source: str | Path, config: dict) -> None:
+    """ValueError (one line) when the checkpoint's safetensors weights hold another number of
+    layers than config.json names: transformers would fill the missing layers with random weights
+    (a wrong answer, with no error) or drop the extra ones. Reads only the safetensors headers (or
+    the index's weight map); a checkpoint without safetensors is not checked here."""
+    import json
+    import re
+
+    directory = Path(source)
+    if not directory.is_dir():
+        return
+    num_layers = config.get("num_hidden_layers", config.get("n_layer"))
+    if not isinstance(num_layers, int):
+        return
+    names: list[str] = []
+    index = directory / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text()).get("weight_map", {}))
+        elif (directory / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(directory / "model.safetensors"), framework="numpy") as weights:
+                names = list(weights.keys())
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable weights: transformers says so when it loads them
+    layers = {int(match.group(1)) for name in names if (match := re.search(r"(?:^|\.)(?:layers|h)\.(\d+)\.", name))}
+    if names and len(layers) != num_layers:
+        raise ValueError(f"config.json names {num_layers} layers but the weights in {str(directory)!r} hold "
+                         f"{len(layers)}: the checkpoint's config and weights disagree")
+
+
 def _read_config(config_path: Path) -> dict:
-    """A checkpoint's config.json as a dict ({} when it cannot be read as a JSON object)."""
+    """A checkpoint's config.json as a dict; a ValueError (one line) when it cannot be read, is
+    larger than MAX_CONFIG_BYTES, nests too deep to parse or is not a JSON object."""
     import json
 
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{str(config_path)!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model's config")
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{str(config_path)!r} nests too deep to be a model's config") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(config_path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(config_path)!r} is not UTF-8 text: not a model's config") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(config_path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{str(config_path)!r} holds a JSON {type(config).__name__}, not an object of a model's settings")
+    return config
 
 
 def _is_gguf(source: str | Path) -> bool:

@@ -153,13 +153,24 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help="no CUDA graphs for decode steps (on CUDA they are on by default; the CPU never uses them)")
 
 
+MAX_VLLM_OPTION_CHARS = 4096  # KEY=VALUE: vLLM's scheduler and cache fields are numbers, names and short lists
+MAX_VLLM_OPTION_NESTING = 64
+
+
 def _vllm_option(text: str) -> tuple[str, object]:
     """KEY=VALUE with the value as JSON reads it (true, 0.01, 8) or else as text (priority)."""
     import json
 
     key, sep, value = text.partition("=")
+    shown = text if len(text) <= 60 else text[:60] + "…"
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"--vllm-option takes KEY=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--vllm-option takes KEY=VALUE, got {shown!r}")
+    if len(text) > MAX_VLLM_OPTION_CHARS:
+        raise argparse.ArgumentTypeError(f"--vllm-option {shown!r} is {len(text):,} characters long: "
+                                         f"at most {MAX_VLLM_OPTION_CHARS:,}")
+    if value.count("[") + value.count("{") > MAX_VLLM_OPTION_NESTING:  # only then can it nest too deep to parse
+        raise argparse.ArgumentTypeError(f"--vllm-option {shown!r} opens more than {MAX_VLLM_OPTION_NESTING} "
+                                         "lists or objects: vLLM's scheduler and cache options are plain values")
     try:
         return key.strip(), json.loads(value)
     except ValueError:

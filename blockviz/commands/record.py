@@ -40,6 +40,10 @@ class Recording:
     state: Any
 
 
+class TraceRejected(RuntimeError):
+    """The trace a run wrote fails the trace checker its readers run: it is kept aside, not published."""
+
+
 def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str], None] | None = None,
                  between_steps: Callable[[Any, int], None] | None = None,
                  extra_header: dict[str, Any] | None = None, max_steps: int = 100_000,
@@ -52,8 +56,11 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     Every prompt is checked before the run (a ValueError names the bad one). The file appears only
     when every request has finished: a run cut short (an error, Ctrl-C, `max_steps` reached with
     work left) raises and leaves no trace behind. An existing `out` is replaced only if `overwrite`
-    (else a TraceError); the trace is fsync'ed before it is renamed into place, inside
-    `publishing()` (the CLI holds SIGINT and SIGTERM there: blockviz/commands/signals.py)."""
+    (else a TraceError); before that the file is read back through the trace checker
+    (TraceWriter.verify), as replay, export and the notebook read it: a trace they would refuse is
+    kept aside as NAME.rejected.jsonl and TraceRejected (one line) says which line fails and why.
+    The trace is fsync'ed before it is renamed into place, inside `publishing()` (the CLI holds
+    SIGINT and SIGTERM there: blockviz/commands/signals.py)."""
     from blockviz.model.trace import TraceError, TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
     from blockviz.session.engine_session import EngineSession
@@ -84,6 +91,12 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         raise
     finally:
         session.close()
+    try:
+        writer.verify()
+    except TraceError as exc:
+        rejected = writer.set_aside()
+        raise TraceRejected(f"the recorded trace fails the check its readers run ({exc}); kept aside as "
+                            f"{str(rejected)!r}, no trace written to {str(out)!r}") from None
     with publishing():
         writer.commit()
     return Recording(header, writer.num_events, session.num_steps, state)

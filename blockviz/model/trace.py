@@ -49,6 +49,7 @@ BOM = b"\xef\xbb\xbf"
 # Limits on what a trace may ask of the reader (see the module docstring). Limits, not measurements.
 MAX_LINE_BYTES = 4 << 20  # a swap of a whole pool, a prompt of 100k tokens fit
 MAX_NESTING = 16  # an event nests 3 deep (a swap's mapping), a header a few more
+MAX_KV_CACHE_GROUPS = 64  # vLLM groups a model's layers by spec: a hybrid model has a handful
 MAX_BLOCK_SIZE = 1 << 12  # tokens per block (vLLM's largest are a few hundred)
 MIN_POOL_BLOCKS = 1 << 17  # GPU + CPU blocks any trace may declare, however short
 FILE_BYTES_PER_BLOCK = 64  # ... and one more block per this many bytes of a longer file
@@ -239,6 +240,30 @@ class TraceWriter:
             self.discard()
             raise
 
+    def verify(self) -> None:
+        """Read the temporary file back as every reader reads a trace (read_trace: each event
+        through the trace checker) before commit(); a TraceError (one line, naming the trace's
+        path) says the first line its readers would refuse."""
+        partial, target, _ = self._published()
+        self._stream.flush()
+        try:
+            read_trace(partial)
+        except TraceError as exc:
+            raise TraceError(str(exc).replace(repr(str(partial)), repr(str(target)))) from None
+
+    def set_aside(self) -> Path:
+        """Keep the temporary file as NAME.rejected.jsonl beside the trace's path (replacing an
+        older one) instead of publishing it; returns that path."""
+        partial, target, _ = self._published()
+        rejected = target.with_name(f"{target.name.removesuffix('.jsonl')}.rejected.jsonl")
+        try:
+            self._stream.close()
+            os.replace(partial, rejected)
+        except OSError as exc:
+            self.discard()
+            raise TraceError(f"cannot write {str(rejected)!r}: {exc.strerror or exc}") from None
+        return rejected
+
     def discard(self) -> None:
         """Close and remove the temporary file: nothing is published. The file goes even when the
         close fails (its flush meets a full disk, ENOSPC, or a file-size limit, EFBIG)."""
@@ -387,7 +412,7 @@ def _is_arrival(value: Any) -> bool:
 def _is_kv_cache_groups(value: Any) -> bool:
     """design.kv_cache_groups_header's list: one or more {"kind", "sliding_window" (a window's
     only), "layer_names"}, not one full-attention group alone (a header without the field)."""
-    return (isinstance(value, list) and len(value) >= 1 and all(map(_is_kv_cache_group, value))
+    return (isinstance(value, list) and 1 <= len(value) <= MAX_KV_CACHE_GROUPS and all(map(_is_kv_cache_group, value))
             and (len(value) > 1 or value[0]["kind"] != "full_attention"))
 
 
@@ -436,7 +461,7 @@ HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
                  'a list of {"step": integer, "prompt": string, "n": integer}'),
     "later_prompts": (lambda value: _is_list_of(value, _is_later_prompt), "a list of [step, prompt] pairs"),
     "kv_cache_groups": (_is_kv_cache_groups,
-                        'a list of {"kind": "full_attention" or "sliding_window", '
+                        f'a list of at most {MAX_KV_CACHE_GROUPS} {{"kind": "full_attention" or "sliding_window", '
                         '"sliding_window": integer (a window\'s only), "layer_names": [string, ...]}, not one full_attention group alone'),
 }
 
@@ -528,6 +553,10 @@ def _event(text: str, checker: TraceChecker) -> Event:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     event = event_from_dict(data)
+    unknown = data.keys() - set(event.__struct_fields__) - {"type"}
+    if unknown:  # a field the event kind does not have (a `group` on an event of no group) is refused, not dropped
+        name = min(unknown)
+        raise ValueError(f"{event.type} has no field {name[:40] + '…' if len(name) > 40 else name!r}")
     checker.check(event)
     return event
 

@@ -27,6 +27,7 @@ import math
 from engine import events as ev
 from blockviz.model.reducer import CACHED, FREE, NULL, OFFLOAD_PIN, USED, ReducerState
 from blockviz.model.design import KV_DESIGNS, KVCacheGroup
+from engine.vllm_core.offload import MEDIUM_CPU
 
 MAX_ID = (1 << 63) - 1  # ids, counts, positions: a signed 64-bit integer's range, without negatives
 MAX_HASH = (1 << 64) - 1  # block hashes are unsigned 64-bit (xxh64)
@@ -294,11 +295,32 @@ class TraceChecker:
             raise ValueError(f"blocks_skipped in group {e.group}, which is not a sliding-window group")
         if len(e.logical_indices) != len(e.blocks) or not e.blocks:
             raise ValueError("blocks_skipped lists differ in length, or are empty")
+        if len(set(e.blocks)) != len(e.blocks) or len(set(e.logical_indices)) != len(e.logical_indices):
+            raise ValueError("blocks_skipped lists a block or a logical index twice")
         for index, number in zip(e.logical_indices, e.blocks):
             if self._logical(e.seq_id, index, e.group) != ("gpu", number) or self._block("gpu", number).state != USED:
                 raise ValueError(f"seq {e.seq_id}'s logical block {index} in group {e.group} is not gpu block {number}")
+        # the window the header names: only a block wholly before the last `window` tokens goes
+        # (vLLM SlidingWindowManager.get_num_skipped_tokens: num_computed_tokens - window + 1)
+        window = self.state.kv_cache_groups[e.group].sliding_window
+        seq = self.state.seqs[e.seq_id]
+        num_skippable = max(0, len(seq.token_ids) - window + 1) // self.state.block_size
+        if max(e.logical_indices) >= num_skippable:
+            raise ValueError(f"blocks_skipped lets logical block {max(e.logical_indices)} of seq {e.seq_id} go, "
+                             f"which the header's window of {window} tokens still reads")
+
+    def _offload(self, e) -> None:
+        """Offload events come only from vLLM's CPU tier: the vllm design with a CPU pool, its medium."""
+        if not (self.state.design.cpu_tier and len(self.state.pools["cpu"])):
+            raise ValueError(f"{e.type} in a {self.state.design.name} run without a CPU tier "
+                             "(only kv_manager \"vllm\" with --kv-offloading-size offloads)")
+        if e.medium != MEDIUM_CPU:
+            raise ValueError(f"{e.type} medium {_cut(e.medium)!r} is not the CPU tier's {MEDIUM_CPU!r}")
+        if not e.mapping:
+            raise ValueError(f"{e.type} maps no blocks")
 
     def _offload_store(self, e: ev.OffloadStored) -> None:
+        self._offload(e)
         if not len(e.mapping) == len(e.block_hashes) == len(e.parent_hashes) == len(e.token_ids):
             raise ValueError("offload_store lists differ in length")
         for (gpu_number, cpu_number), block_hash, token_ids in zip(e.mapping, e.block_hashes, e.token_ids):
@@ -311,7 +333,15 @@ class TraceChecker:
             self._fits(token_ids, "the stored block")
 
     def _offload_load(self, e: ev.OffloadLoaded) -> None:
+        self._offload(e)
         self._known_seqs(e)
+        request_id = self.state.seqs[e.seq_id].request_id
+        if e.request_id != request_id:
+            raise ValueError(f"offload_load names request {_cut(e.request_id)!r} for seq {e.seq_id}, "
+                             f"which is request {_cut(request_id)!r}'s")
+        if not 1 <= e.num_tokens <= len(e.mapping) * self.state.block_size:
+            raise ValueError(f"offload_load brings back {e.num_tokens} tokens in {len(e.mapping)} blocks of "
+                             f"{self.state.block_size} slots")
         table = self._table(e.seq_id)
         for cpu_number, gpu_number in e.mapping:
             if self._block("cpu", cpu_number, "cpu block").state != CACHED:
@@ -357,6 +387,11 @@ class TraceChecker:
         for seq_id in getattr(e, "seq_ids", None) or (e.seq_id,):
             if seq_id not in self.state.seqs:
                 raise ValueError(f"seq {seq_id} was never added")
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    """A string from a trace as an error line quotes it: at most `limit` characters."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 _RULES = {

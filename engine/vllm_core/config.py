@@ -88,24 +88,44 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
         elif name in cache_fields:
             cache[name] = value
         else:
-            raise ValueError(f"unknown vllm option {name!r}: not a field of vLLM's SchedulerConfig or CacheConfig")
+            raise ValueError(f"unknown vllm option {_cut(name)!r}: not a field of vLLM's SchedulerConfig or CacheConfig")
     return sched, cache
 
 
-def _refused(error: Exception) -> ValueError:
-    """vLLM's validation error as one line (pydantic's first error: field and message)."""
+def _cut(text: str, limit: int = 60) -> str:
+    """A name as an error line quotes it: at most `limit` characters."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _refused(error: Exception, in_force: dict[str, Any] | None = None) -> ValueError:
+    """vLLM's validation error as one line: pydantic's first error, its field and message; an error
+    across fields (no field of its own) names `in_force`, the values vLLM checked together (the
+    engine's and the options')."""
     errors = getattr(error, "errors", None)
     if callable(errors):
         first = errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "?"
-        return ValueError(f"vllm option {where}: vLLM refused it: {first.get('msg', error)}")
-    text = str(error).strip().splitlines()
-    return ValueError(f"vLLM refused the options: {text[0] if text else type(error).__name__}")
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        message = str(first.get("msg", error)).removeprefix("Value error, ")
+        if where:
+            return ValueError(f"vllm option {_cut(where)}: vLLM refused it: {message}")
+    else:
+        text = str(error).strip().splitlines()
+        message = text[0] if text else type(error).__name__
+    values = ", ".join(f"{_cut(name)}={_cut(repr(value))}" for name, value in (in_force or {}).items())
+    return ValueError(f"vLLM refused the options together ({values}): {message}" if values
+                      else f"vLLM refused the options: {message}")
+
+
+def _is_cross_field(error: Exception) -> bool:
+    """A pydantic error of a check across fields (a model validator: no field of its own)."""
+    errors = getattr(error, "errors", None)
+    return callable(errors) and not errors()[0].get("loc")
 
 
 def check_options(options: dict[str, Any] | None) -> None:
     """What can be checked without a model: each name (split_options) and each value vLLM's
-    configs refuse field by field (pydantic); checks across fields wait for build_vllm_config."""
+    configs refuse field by field (pydantic); checks across fields wait for build_vllm_config,
+    which knows the values in force (the engine's max_num_seqs, the model's context)."""
     from vllm.config import CacheConfig, SchedulerConfig
 
     sched_options, cache_options = split_options(options)
@@ -115,7 +135,7 @@ def check_options(options: dict[str, Any] | None) -> None:
         try:
             make()
         except (ValueError, TypeError) as error:
-            if callable(getattr(error, "errors", None)):  # a field's own validation
+            if callable(getattr(error, "errors", None)) and not _is_cross_field(error):  # a field's own validation
                 raise _refused(error) from None
 
 
@@ -136,6 +156,9 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
 
     sched_options, cache_options = split_options(options)
     disable_hybrid = sched_options.pop("disable_hybrid_kv_cache_manager", None)
+    budget = sched_options.get("max_num_batched_tokens")
+    if "max_num_seqs" not in sched_options and isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+        max_num_seqs = min(max_num_seqs, budget)  # the engine's cap on its own max_num_seqs, under the option's budget
     model_dir = str(model_dir)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ValueError(f"kv_manager 'vllm' needs a local checkpoint directory with a config.json, got {model_dir!r}")
@@ -163,7 +186,9 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
                                  kv_transfer_config=offload_transfer_config(offloading_size) if offloading else None)
         cache.kv_offloading_size = offloading_size  # as given; vLLM's post-init has nothing left to make of it
     except (ValueError, TypeError, AssertionError) as error:
-        raise _refused(error) from None
+        in_force = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                    "max_model_len": max_model_len, **sched_options, **cache_options}
+        raise _refused(error, in_force) from None
     if disable_hybrid is None and vllm_config.kv_transfer_config is not None:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 

@@ -328,7 +328,10 @@ class VllmEventTap:
 
     def _free(self, original):
         def free(request):
-            had_blocks = any(request.request_id in manager.req_to_blocks for manager in self.managers)
+            # a table with a block in it: vLLM's req_to_blocks is a defaultdict, and a lookup that
+            # allocates nothing (a preempted request tried again at the head of waiting) leaves an
+            # empty entry behind, which holds no table that SequenceFreed could end
+            had_blocks = any(manager.req_to_blocks.get(request.request_id) for manager in self.managers)
             with self.calling("free", seq_id=int(request.request_id)):
                 original(request)
             if had_blocks and self.events.active:
