@@ -97,6 +97,9 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         rejected = writer.set_aside()
         raise TraceRejected(f"the recorded trace fails the check its readers run ({exc}); kept aside as "
                             f"{str(rejected)!r}, no trace written to {str(out)!r}") from None
+    except BaseException:  # a signal while it is read back: nothing is left behind
+        writer.discard()
+        raise
     with publishing():
         writer.commit()
     return Recording(header, writer.num_events, session.num_steps, state)
