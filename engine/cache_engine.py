@@ -23,11 +23,14 @@ runner's views, `kv_cache_interface.create_kv_cache_views`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 import xxhash
+
+from engine import mem_utils
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 BlockPairs = Sequence[tuple[int, int]]
