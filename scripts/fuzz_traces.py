@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):  # the project, and the reducer-vs-engine checks the tests use
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 OPENING = "To be, or not to be, that is the question: "
 PROMPTS = ("whether tis nobler in the mind", "to suffer the slings", "and arrows of outrageous fortune",
@@ -122,7 +123,8 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     """Run `config` to completion with every check; raise AssertionError (or the checker's
     TraceError) at the first failure. Returns what the run did: steps, preemptions, chunked prefill
     steps (a prompt computed over several steps), blocks a window let go, aborts, refusals."""
-    from blockviz.model.reducer import ReducerState, check_reducer_matches_v1
+    from blockviz.model.reducer import ReducerState
+    from reducer_checks import check_reducer_matches_v1
     from blockviz.model.trace import make_header, read_trace, write_trace
     from blockviz.session.engine_session import trace_header
     from engine import SamplingParams
