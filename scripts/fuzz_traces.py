@@ -124,6 +124,7 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     TraceError) at the first failure. Returns what the run did: steps, preemptions, chunked prefill
     steps (a prompt computed over several steps), blocks a window let go, aborts, refusals."""
     from blockviz.model.reducer import ReducerState
+    from blockviz.model.safe_text import safe_struct
     from reducer_checks import check_reducer_matches_v1
     from blockviz.model.trace import make_header, read_trace, write_trace
     from blockviz.session.engine_session import trace_header
@@ -142,8 +143,9 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     header = make_header(trace_header(engine), title=f"fuzz {config.seed}")
     reducer = ReducerState.from_header(header)
     events: list = []
-    engine.events.subscribe(events.append)
-    engine.events.subscribe(reducer.apply)
+    # the events made safe to draw as EngineSession makes them (safe_text.py), as the trace holds them
+    engine.events.subscribe(lambda event: events.append(safe_struct(event)))
+    engine.events.subscribe(lambda event: reducer.apply(events[-1]))
     if config.kv_manager == "vllm":
         check = lambda: check_reducer_matches_vllm(reducer, engine.scheduler.vllm)  # noqa: E731
     else:
