@@ -64,7 +64,9 @@ class Design:
     enable_prefix_caching: bool  # the default of EngineConfig.enable_prefix_caching (off in v0, on in v1)
     vllm_options: bool  # takes vLLM SchedulerConfig / CacheConfig fields (EngineConfig.vllm_options)
     requires: str | None  # the package it needs installed (None: nothing beyond the engine's)
-    async_scheduling: bool  # may run vLLM's asynchronous order (AsyncScheduler; its scheduler's `async_scheduling` says whether this run does)
+    # may schedule in vLLM's asynchronous order (AsyncScheduler, two batches in flight); whether a
+    # run does is its scheduler's `async_scheduling` (LLMEngine.async_scheduling)
+    async_scheduling: bool
     vllm_api: str  # whose vLLM function names its operations carry, "v0" or "v1" (the guide's cards name them)
     build_kv_cache_groups: Callable[[DesignBuild, int], list | None]
     build_scheduler: Callable[[DesignBuild, Any, list | None], tuple[Any, Any, list | None]]
