@@ -114,7 +114,8 @@ def test_record_refuses_an_output_directory_that_does_not_exist(tmp_path, capsys
 
 
 @pytest.mark.parametrize("fields, expected", [
-    ({"kv_manager": "vllm", "async_scheduling": True}, True), ({"kv_manager": "vllm", "async_scheduling": False}, False),
+    ({"kv_manager": "vllm", "async_scheduling": True}, True),
+    ({"kv_manager": "vllm", "async_scheduling": False}, False),
     ({"kv_manager": "vllm"}, False),  # recorded before the field: the synchronous order it ran
     ({"kv_manager": "v1", "async_scheduling": True}, False),  # a design without vLLM's asynchronous order
 ])

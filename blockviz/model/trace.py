@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import async_scheduling_of, attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name
+from blockviz.model.design import (
+    async_scheduling_of, attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name,
+)
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
 from engine.events import Event, event_from_dict
