@@ -393,6 +393,8 @@ DISABLED = {
     "update_state_after_alloc": ("cpu", _disable("offload", "CpuTier", "_update_state_after_alloc")),
     "update_connector_output": ("cpu", _disable("offload", "CpuTier", "_update_connector_output")),
     "CPU evictions (metrics hook)": ("cpu", _disable_evictions("cpu")),
+    # async scheduling: the slots given to tokens in flight, drawn when they are sampled
+    "fill_slots": ("shared", _disable("event_tap", "VllmEventTap", "fill_slots", lambda self, *args: None)),
 }
 
 
