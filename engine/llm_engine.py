@@ -34,7 +34,7 @@ from engine.model_runner import ModelRunner
 from engine.output_processor import Detokenizer, OutputProcessor, StopChecker
 from engine.sampler import make_generator, sample
 from engine.scheduler import SchedulerConfig
-from engine.scheduler_output import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput, step_kind
 from engine.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus, as_token_ids
 from engine.v1.kv_cache_interface import kv_cache_specs
 from engine.vllm_core.config import offloading_bytes
@@ -103,6 +103,10 @@ class LLMEngine:
                                         config.attention_backend,
                                         self.kv_cache_groups,
                                         max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager)
+        # vLLM's asynchronous order (a design that has it, as this run's scheduler resolved it): a
+        # plan and its sampled tokens wait in flight for the next step's update_from_output
+        self.async_scheduling = self.design.async_scheduling and self.scheduler.async_scheduling
+        self._in_flight: tuple[SchedulerOutput, list[list[int]]] | None = None
         self._request_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}  # unfinished requests
         self.num_steps = 0
@@ -204,7 +208,7 @@ class LLMEngine:
         return request_id in self._groups
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_seqs()
+        return self.scheduler.has_unfinished_seqs() or self._in_flight is not None
 
     def abort_request(self, request_id: str, reason: str = "aborted by the caller") -> None:
         """Finish the request's unfinished sequences as aborted and free every block it holds."""
@@ -250,7 +254,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step (nano-vllm LLMEngine.step; vLLM v1 EngineCore.step): schedule, move blocks
         between and within the pools, run the model over the plan and sample, then one
-        update_from_output with the sampled tokens (appends, stop checks, v0's forks, frees)."""
+        update_from_output with the sampled tokens (appends, stop checks, v0's forks, frees).
+        Under async scheduling (`async_scheduling`), the order of vLLM's batch queue instead
+        (`_step_async`)."""
+        if self.async_scheduling:
+            return self._step_async()
         start = time.perf_counter()
         plan = self.scheduler.schedule()
         finished = self._finish_ignored(plan.ignored_seq_groups)
@@ -265,6 +273,42 @@ class LLMEngine:
             self.emit_kv_digests()
         self._end_step(plan, start)
         return self._outputs(plan.scheduled_seq_groups, finished)
+
+    def _step_async(self) -> list[RequestOutput]:
+        """One step in vLLM's asynchronous order (vLLM EngineCore.step_with_batch_queue with two
+        batches, AsyncScheduler): the next plan is scheduled while the last one's sampled tokens are
+        still in flight (vLLM's output placeholders stand in for them), then the last plan's one
+        update_from_output takes those tokens, then the new plan runs and samples, its tokens in
+        flight until the next step. The model runner has the last plan's tokens already, so the new
+        forward runs after their update and reads them from the sequences, as vLLM's runner feeds
+        them from the previous batch's sampled ids; a row whose request finished in that update is
+        not run (vLLM discards its output). The outputs are the requests of the plan whose tokens
+        were processed; the first step processes none."""
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        finished = self._finish_ignored(plan.ignored_seq_groups)
+        processed: list[SequenceGroup] = []
+        if self._in_flight is not None:
+            last, sampled, self._in_flight = *self._in_flight, None
+            finished += self.scheduler.update_from_output(last, sampled)
+            processed = last.scheduled_seq_groups
+        self._move_blocks(plan)
+        live = [s for s in plan.scheduled if not s.seq.is_finished()]
+        if len(live) < len(plan.scheduled):
+            plan.scheduled = live
+            plan.kind = step_kind(live)
+        if not plan.scheduled:
+            self._store_blocks(plan)
+            if plan.design_output is not None:  # every row finished: vLLM takes the batch back empty
+                finished += self.scheduler.update_from_output(plan, [])
+            return self._outputs(processed, finished)
+        plan.kind = step_kind(plan.scheduled)  # the in-flight tokens are the sequences' now
+        self._start_step(plan)
+        self._in_flight = (plan, self._run(plan))
+        if self._kv_digests_per_step:
+            self.emit_kv_digests()
+        self._end_step(plan, start)
+        return self._outputs(processed, finished)
 
     def _finish_ignored(self, ignored: list[tuple[SequenceGroup, str, list[Sequence]]]) -> list[SequenceGroup]:
         """Requests the scheduler refused for good end now, with its reason (each request once, though

@@ -237,10 +237,11 @@ def test_a_request_larger_than_the_pool_waits_with_the_gate_on():
 
 
 def test_the_order_a_step_runs_in_and_when_a_window_block_goes():
-    """vLLM 0.33 schedules asynchronously by default; blockviz steps vLLM's plain Scheduler
-    synchronously (no token in flight at allocate_slots), so lesson 11's window block goes in the
-    second step; with a step's tokens still in flight vLLM's allocate_slots keeps it (the third step
-    under async scheduling). The lesson and docs/vllm-core.md say which order a run used."""
+    """vLLM 0.33 schedules asynchronously by default, and kv_manager="vllm" runs that order
+    (vLLM's AsyncScheduler, the next step scheduled with a step's tokens in flight), so lesson 11's
+    window block goes in the third step; with async_scheduling=false (vLLM's
+    --no-async-scheduling, engine/v1's order) no token is in flight at allocate_slots and it goes in
+    the second. The lesson and docs/vllm-core.md say which order a run used."""
     for text in (" ".join(lesson_text("11").split()), doc("vllm-core.md")):
         assert "--no-async-scheduling" in text and "num_in_flight_tokens" in text and "third step" in text
     need_vllm()
@@ -262,12 +263,15 @@ def test_the_order_a_step_runs_in_and_when_a_window_block_goes():
         manager.allocate_slots(request, 1)
         kept[in_flight] = manager.get_block_ids("3")[1][0] != 0
     assert kept == {0: False, 10: True}
-    with fresh({**lesson11.hybrid_options(32), "kv_manager": "vllm"}) as viz:
-        scheduler = viz.llm.engine.scheduler.vllm
-        assert not isinstance(scheduler, AsyncScheduler)
-        viz.add_request(lesson11.prompt_ids(viz.llm.engine.encode, 10), SamplingParams(max_tokens=12, ignore_eos=True))
-        skipped = viz.run_until(ev.BlocksSkipped.type)
-        events = list(viz.events)
-        steps_before = sum(isinstance(e, ev.StepStarted) for e in events[:events.index(skipped)])
-        assert skipped.logical_indices == (0,) and steps_before == 1  # at the second step's allocate_slots
-        assert all(r.num_in_flight_tokens == 0 for r in scheduler.requests.values())
+    for options, steps in (({}, 2), ({"async_scheduling": False}, 1)):
+        with fresh({**lesson11.hybrid_options(32), "kv_manager": "vllm", "vllm_options": options}) as viz:
+            scheduler = viz.llm.engine.scheduler.vllm
+            assert isinstance(scheduler, AsyncScheduler) is (steps == 2)
+            viz.add_request(lesson11.prompt_ids(viz.llm.engine.encode, 10),
+                            SamplingParams(max_tokens=12, ignore_eos=True))
+            skipped = viz.run_until(ev.BlocksSkipped.type)
+            events = list(viz.events)
+            steps_before = sum(isinstance(e, ev.StepStarted) for e in events[:events.index(skipped)])
+            assert skipped.logical_indices == (0,) and steps_before == steps  # at that step's allocate_slots
+            in_flight = [r.num_in_flight_tokens for r in scheduler.requests.values()]
+            assert in_flight == ([1] if steps == 2 else [0])  # the step still running: its one token

@@ -65,7 +65,7 @@ BAD_VALUES = {
     "head_dim": True, "kv_manager": "v2", "prefix_caching_hash_algo": "md5",
     "prompts": ["ok", 3], "n": 0, "max_tokens": None, "seed": 1 << 64, "temperature": float("nan"),
     "arrivals": [{"step": -1, "prompt": "x"}], "later_prompts": [[2]],
-    "kv_cache_groups": [{"kind": "chunked_local_attention", "layer_names": ["0"]}],
+    "kv_cache_groups": [{"kind": "chunked_local_attention", "layer_names": ["0"]}], "async_scheduling": "yes",
 }
 
 

@@ -28,7 +28,7 @@ import torch
 from blockviz.model.reducer import ReducerState
 from engine import LLM, SamplingParams
 from engine.designs import VLLM
-from engine.events import BlockFreed, PrefixCacheHit, Preempted, SequenceFreed
+from engine.events import BlockFreed, BlocksSkipped, PrefixCacheHit, Preempted, SequenceFreed, StepStarted
 from engine.v1.kv_cache_interface import get_kv_cache_groups
 from test_sliding_window import (  # noqa: F401 (checkpoint_root: a module fixture)
     ARCHS, DEVICE, PROMPTS, checkpoint_root, engine_llm, needs_triton, reference,
@@ -266,6 +266,45 @@ def test_vllm_hybrid_prefix_hit_and_preemption(arch):
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
+ORDERS = {"async": {}, "sync": {"async_scheduling": False}}  # vLLM 0.33's default order, --no-async-scheduling
+
+
+def first_window_free_step(events, window_group: int) -> int:
+    """The step whose scheduling let the request's first window block go: 1 + the steps started
+    before its BlocksSkipped (a step's allocate_slots runs before its StepStarted)."""
+    skipped = next(e for e in events if isinstance(e, BlocksSkipped) and e.group == window_group)
+    return 1 + sum(isinstance(e, StepStarted) for e in events[:events.index(skipped)])
+
+
+@needs_vllm
+def test_vllm_async_scheduling_gives_sync_tokens_and_lets_a_window_block_go_a_step_later():
+    """kv_manager="vllm" schedules in vLLM 0.33's asynchronous order by default (AsyncScheduler: the
+    next step scheduled while the last one's token is in flight); async_scheduling=false gives the
+    synchronous order. Greedy tokens equal transformers' under both. A 10-token prompt, window 4,
+    blocks of 4: allocate_slots frees the window's first block on the processed-token basis, at the
+    second step's scheduling in the synchronous order and the third's in the asynchronous one, as
+    the events show; in both, the tables and reducer equal vLLM's after every step."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    prompt = {"prompt_token_ids": [(7 * i + 3) % 200 + 5 for i in range(10)]}
+    got, freed_at = {}, {}
+    for order, options in ORDERS.items():
+        llm = engine_llm("llama", 4, kv_manager=VLLM.name, block_size=4, num_gpu_blocks=32, vllm_options=options)
+        engine = llm.engine
+        assert engine.async_scheduling is (order == "async")
+        assert isinstance(engine.scheduler.vllm, AsyncScheduler) is (order == "async")
+        watch = VllmWatch(llm)
+        outputs = llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True), on_step=watch.step)
+        got[order] = outputs[0].outputs[0].token_ids
+        window = next(i for i, g in enumerate(engine.kv_cache_groups) if is_window(g.kv_cache_spec))
+        freed_at[order] = first_window_free_step(watch.events, window)
+        assert watch.num_checks > 0 and not engine.has_unfinished_requests()
+        pool = engine.scheduler.block_pool
+        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+    assert got["async"] == got["sync"] == reference("llama", 4, tuple(prompt["prompt_token_ids"]), 8)
+    assert freed_at == {"sync": 2, "async": 3}
+
+
 @needs_vllm
 def test_vllm_option_disable_hybrid_kv_cache_manager_runs_one_full_group():
     """vLLM's own switch: with the hybrid manager off, vLLM makes every window full attention
@@ -425,13 +464,19 @@ def test_the_tiny_hybrid_40_token_prompt_is_admitted_or_refused_alike_under_v1_a
                                   on_step=lambda engine: steps.append(engine.num_steps))[0].outputs[0]
             managers = llm.engine.scheduler.kv_cache_manager.coordinator.single_type_managers
             caps = [m.max_admission_blocks_per_request for m in managers]
-            runs[kv_manager, gate] = (output, len(steps), events, caps)
+            runs[kv_manager, gate] = (output, len(steps), events, caps, llm.engine.async_scheduling)
     for kv_manager in ("v1", "vllm"):
-        output, num_steps, events, _ = runs[kv_manager, False]
+        output, num_steps, events, _, in_flight = runs[kv_manager, False]
         assert output.finish_reason == "length" and len(output.token_ids) == 4, (kv_manager, output.finish_detail)
-        assert num_steps == 5 + 3  # 40 prompt tokens in chunks of 8, then 3 decodes
+        assert in_flight is (kv_manager == "vllm")  # vLLM's default order is the asynchronous one
+        # synchronously: 40 prompt tokens in chunks of 8, then 3 decodes; asynchronously the window's
+        # blocks go back a batch later, this pool runs short and vLLM preempts (steps that run
+        # nothing), and a last step takes the last token back
+        assert num_steps == 5 + 3 if not in_flight else num_steps > 5 + 3, (kv_manager, num_steps)
+        assert any(isinstance(e, ev.Preempted) for e in events) is in_flight
+        assert sum(isinstance(e, ev.StepStarted) for e in events) == 5 + 3
         assert any(isinstance(e, ev.BlocksSkipped) for e in events)
-        output, num_steps, events, caps = runs[kv_manager, True]
+        output, num_steps, events, caps, _ = runs[kv_manager, True]
         window_cap = next(cap for cap in caps if cap is not None)
         assert output.finish_reason == "ignored" and num_steps == 1
         assert re.fullmatch(rf"needs {window_cap + 10} blocks for 40 tokens \({window_cap} \+ 10 in its 2 KV-cache "

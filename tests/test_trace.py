@@ -111,3 +111,14 @@ def test_record_refuses_an_output_directory_that_does_not_exist(tmp_path, capsys
     assert main(["record", "--out", str(tmp_path / "no" / "such" / "t.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"kv_manager": "vllm", "async_scheduling": True}, True),
+    ({"kv_manager": "vllm", "async_scheduling": False}, False),
+    ({"kv_manager": "vllm"}, False),  # recorded before the field: the synchronous order it ran
+    ({"kv_manager": "v1", "async_scheduling": True}, False),  # a design without vLLM's asynchronous order
+])
+def test_the_header_says_which_scheduling_order_ran(tmp_path, fields, expected):
+    path = _bad(tmp_path, "order.jsonl", _good_header(**fields) + "\n" + GOOD_EVENT + "\n")
+    assert read_trace(path).async_scheduling is expected

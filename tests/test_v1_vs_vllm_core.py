@@ -20,7 +20,12 @@ scheduler_reserve_full_isl=True)` and EngineConfig's field), and the admission w
 (`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`). One workload in four
 sets the gate off or a watermark, on both sides alike, so the other settings are compared too.
 
-Deliberate differences, each set to vLLM's side here so the rest can be compared:
+Deliberate differences, each set to vLLM's side here so the rest can be compared, but the first,
+set to engine/v1's:
+- Scheduling order: engine/v1 schedules a step only after the last one's output is processed, vLLM's
+  order with `async_scheduling=False` (its plain `Scheduler`), which the vLLM side runs here. vLLM
+  0.33's default, the asynchronous order (`AsyncScheduler`, the next step scheduled with the last
+  one's tokens in flight), has no counterpart in engine/v1 (docs/vllm-core.md says what differs).
 - vLLM's `long_prefill_token_threshold` has no counterpart in engine/v1: it stays at vLLM's default, 0.
 - vLLM requires `max_num_batched_tokens >= max_num_seqs` (`SchedulerConfig.verify_max_model_len`);
   engine/v1 does not, so the workloads draw budgets within vLLM's rule.
@@ -120,10 +125,16 @@ def v1_side(w: Workload, events: EventBus):
     return scheduler, lambda: [b.block_id for b in manager.block_pool.free_block_queue]
 
 
-def vllm_side(w: Workload, events: EventBus, model_dir):
+def spec_of(w: Workload):
+    """The one full-attention layer spec both sides' pools are made of."""
     import torch
 
     from engine.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(w.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
+
+
+def vllm_side(w: Workload, events: EventBus, model_dir):
     from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config, make_block_hasher
     from engine.vllm_core.scheduler import VllmScheduler
 
@@ -131,10 +142,11 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
                                prefix_caching_hash_algo=w.hash_algo,
-                               options={name: value for name, value in (("scheduler_reserve_full_isl", w.reserve_full_isl),
-                                                                        ("watermark", w.watermark)) if value is not None})
-    spec = FullAttentionSpec(w.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
-    vllm = build_scheduler(config, build_kv_cache_config(config, [spec], w.num_gpu_blocks), w.block_size)
+                               options={"async_scheduling": False, **{
+                                   name: value for name, value in (("scheduler_reserve_full_isl", w.reserve_full_isl),
+                                                                   ("watermark", w.watermark)) if value is not None}})
+    vllm = build_scheduler(config, build_kv_cache_config(config, [spec_of(w)], w.num_gpu_blocks), w.block_size)
+    assert type(vllm).__name__ == "Scheduler"  # vLLM's synchronous order, engine/v1's
     scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
     pool = scheduler.block_pool
     return scheduler, lambda: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]

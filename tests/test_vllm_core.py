@@ -332,6 +332,33 @@ def test_a_bad_vllm_option_is_one_line(loaded, tiny_gpt2_dir, options, match):
         EngineConfig(kv_manager=V1.name, vllm_options=options)
 
 
+def test_async_scheduling_is_vllms_default_order_and_the_option_or_the_cpu_tier_makes_it_sync(loaded, tiny_gpt2_dir,
+                                                                                                caplog):
+    """vLLM 0.33's default order (VllmConfig resolves async_scheduling to True: its AsyncScheduler)
+    unless async_scheduling=false; the CPU tier runs synchronously, saying so in one warning line
+    when the option asked for async; the trace header records the order that ran."""
+    import logging
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from blockviz.session.engine_session import trace_header
+    from engine.vllm_core.config import CPU_TIER_SYNC
+
+    tier = {"kv_offloading_size": 16 * 2 * 2 * 4 * 16 * 4 * 4 / (1 << 30)}  # 16 blocks of 4 of the tiny GPT-2
+    cases = [({}, True, 0), ({"async_scheduling": False}, False, 0), (tier, False, 0),
+             ({**tier, "async_scheduling": True}, False, 1), ({**tier, "async_scheduling": False}, False, 0)]
+    for options, expected, warnings in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="engine"):
+            engine = make_engine(loaded, tiny_gpt2_dir, block_size=4, num_gpu_blocks=64, vllm_options=options)
+        said = [r.getMessage() for r in caplog.records if r.name == "engine"]
+        assert said == [CPU_TIER_SYNC] * warnings and all("\n" not in line for line in said), (options, said)
+        assert engine.async_scheduling is expected and isinstance(engine.scheduler.vllm, AsyncScheduler) is expected
+        assert trace_header(engine)["async_scheduling"] is expected
+    assert "async_scheduling" not in trace_header(make_engine(loaded, tiny_gpt2_dir, V1.name, block_size=4,
+                                                              num_gpu_blocks=64))
+
+
 def test_v1_traits_apply_to_vllm():
     assert EngineConfig(kv_manager=VLLM.name).enable_prefix_caching is True
     with pytest.raises(ValueError, match="recompute only"):

@@ -203,6 +203,16 @@ class TapCrossCheck:
             found = pool.cached_block_hash_to_block.get_one_block(key)
             block_hash = external_block_hash(get_block_hash(key))
             assert reducer.cached_block(block_hash, get_group_id(key)) == found.block_id, "hash map differs"
+        bs = self.block_size
+        for request in scheduler.vllm.requests.values():  # each slot holds its token, once it is sampled
+            slotted = min(request.num_computed_tokens, request.num_tokens)
+            for group in range(len(managers)):
+                for index, (_, block_id) in enumerate(reducer.tables_of(group).get(int(request.request_id), ())):
+                    if block_id and index * bs < slotted:
+                        expected = tuple(request.all_token_ids[index * bs : min(slotted, (index + 1) * bs)])
+                        assert tuple(view[block_id].token_ids) == expected, (
+                            f"request {request.request_id} block {block_id}: tokens {view[block_id].token_ids}, "
+                            f"vLLM's {expected}")
         for request_id, block_ids in scheduler.block_ids.items():  # as vLLM's GPU model runner keeps them
             held = self.manager.get_block_ids(request_id)
             assert [len(ids) for ids in block_ids] == [len(ids) for ids in held]
@@ -282,18 +292,25 @@ def hybrid_dir(tmp_path_factory):
     return make_hybrid_llama(tmp_path_factory.mktemp("tiny-hybrid"))
 
 
-def run_workload(name: str, tiny_gpt2_dir, loaded_model, hybrid_dir) -> TapCrossCheck:
-    """One workload's seeds, each on a fresh engine, cross-checked after every step; returns the
-    last check (its `kinds` summed over the seeds)."""
+ORDERS = {"async": {}, "sync": {"async_scheduling": False}}  # vLLM 0.33's default order, and --no-async-scheduling
+
+
+def run_workload(name: str, tiny_gpt2_dir, loaded_model, hybrid_dir, order: str = "async") -> TapCrossCheck:
+    """One workload's seeds, each on a fresh engine in scheduling `order`, cross-checked after every
+    step; returns the last check (its `kinds` summed over the seeds)."""
     if name == "hybrid":
         options, seeds = dict(block_size=4, num_gpu_blocks=28, max_num_batched_tokens=8,
                               vllm_options={"scheduler_reserve_full_isl": False}), (6, 7)
         path, model = hybrid_dir, None
     else:
         (options, seeds), path, model = WORKLOADS[name], tiny_gpt2_dir, loaded_model
+    options = {**options, "vllm_options": {**options.get("vllm_options", {}), **ORDERS[order]}}
     kinds: Counter = Counter()
     for seed in seeds:
         engine = make_engine(path, model, **options)
+        # the CPU tier runs synchronously whatever the order asked
+        assert engine.async_scheduling is (order == "async" and name != "cpu")
+        assert engine.scheduler.vllm.scheduler_config.async_scheduling is engine.async_scheduling
         checked = TapCrossCheck(engine)
         drive(engine, seeded_requests(seed), checked.check)
         checked.done()
@@ -312,9 +329,11 @@ EXERCISED = {
 }
 
 
+@pytest.mark.parametrize("order", list(ORDERS))
 @pytest.mark.parametrize("name", list(EXERCISED))
-def test_tap_events_equal_vllms_own_kv_events_and_state_after_every_step(name, tiny_gpt2_dir, loaded, hybrid_dir):
-    checked = run_workload(name, tiny_gpt2_dir, loaded, hybrid_dir)
+def test_tap_events_equal_vllms_own_kv_events_and_state_after_every_step(name, order, tiny_gpt2_dir, loaded,
+                                                                         hybrid_dir):
+    checked = run_workload(name, tiny_gpt2_dir, loaded, hybrid_dir, order)
     missing = [kind for kind in EXERCISED[name] if not checked.kinds[kind]]
     assert not missing, f"the {name} workloads never had {missing}"
     if name == "cpu":
@@ -374,6 +393,8 @@ DISABLED = {
     "update_state_after_alloc": ("cpu", _disable("offload", "CpuTier", "_update_state_after_alloc")),
     "update_connector_output": ("cpu", _disable("offload", "CpuTier", "_update_connector_output")),
     "CPU evictions (metrics hook)": ("cpu", _disable_evictions("cpu")),
+    # async scheduling: the slots given to tokens in flight, drawn when they are sampled
+    "fill_slots": ("shared", _disable("event_tap", "VllmEventTap", "fill_slots", lambda self, *args: None)),
 }
 
 

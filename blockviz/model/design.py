@@ -60,6 +60,13 @@ def has_cpu_tier(header: dict[str, Any]) -> bool:
     return design_of(header).cpu_tier and bool(header.get("num_cpu_blocks"))
 
 
+def async_scheduling_of(header: dict[str, Any]) -> bool:
+    """Whether a run scheduled in vLLM's asynchronous order (the header's "async_scheduling", a
+    design that has the order; False for a header without it: every other design, and runs
+    recorded before the field)."""
+    return design_of(header).async_scheduling and header.get("async_scheduling") is True
+
+
 def upstream_of(header: dict[str, Any]) -> str:
     """The project and release whose own scheduler and KV-cache manager drove a run ("vLLM 0.33.0":
     the design's `upstream` and the header's "<design>_version"), "" for blockviz's own designs."""

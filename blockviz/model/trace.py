@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from blockviz.model.design import attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name
+from blockviz.model.design import (
+    async_scheduling_of, attribution_title, design_of, kv_cache_groups_of, kv_manager_of, model_name,
+)
 from blockviz.model.safe_text import safe_header, safe_struct
 from blockviz.model.trace_check import TraceChecker
 from engine.config import HASH_ALGOS, KV_MANAGERS, PreemptionMode
@@ -79,6 +81,11 @@ class Trace:
     @property
     def num_cpu_blocks(self) -> int:
         return int(self.header["num_cpu_blocks"])
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the run scheduled in vLLM's asynchronous order (design.async_scheduling_of)."""
+        return async_scheduling_of(self.header)
 
 
 def engine_title(header: dict[str, Any]) -> str:
@@ -451,6 +458,7 @@ HEADER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_model_len": _or_null(_POSITIVE), "vocab_size": _POSITIVE,
     "num_layers": _POSITIVE, "num_heads": _POSITIVE, "num_kv_heads": _POSITIVE, "head_dim": _POSITIVE,
     "kv_manager": _one_of(*KV_MANAGERS),
+    "async_scheduling": (lambda value: isinstance(value, bool), "true or false"),
     "prefix_caching_hash_algo": _one_of(*HASH_ALGOS),
     "prompts": (lambda value: _is_list_of(value, _TEXT[0]), "a list of strings"),
     "n": _POSITIVE, "max_tokens": _POSITIVE,

@@ -49,7 +49,14 @@ def trace_header(engine: Any) -> dict[str, Any]:
         "model_type": model.model_type, "num_layers": model.num_layers, "num_heads": model.num_heads,
         "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim,
         **_profiled_fields(budget), **_kv_manager_fields(config), **_kv_cache_group_fields(engine),
+        **_scheduling_fields(engine),
     }
+
+
+def _scheduling_fields(engine: Any) -> dict[str, Any]:
+    """Which order a design that has vLLM's asynchronous scheduling ran in ("async_scheduling":
+    true or false, LLMEngine.async_scheduling); nothing for the others, which run synchronously."""
+    return {"async_scheduling": engine.async_scheduling} if engine.design.async_scheduling else {}
 
 
 def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:

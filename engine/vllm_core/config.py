@@ -32,6 +32,7 @@ threads side by side.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,12 @@ from typing import Any
 import torch
 
 # Fields the engine sets itself (its pool, its block size, its model), or that need what no CPU
-# run here has (a worker, an offloading backend other than vLLM's native CPU tier, asynchronous output,
-# a hash unit finer than a block).
+# run here has (a worker, an offloading backend other than vLLM's native CPU tier, a hash unit finer
+# than a block).
 OWNED = {
     "block_size": "the engine option block_size", "num_gpu_blocks_override": "the engine option num_gpu_blocks",
     "max_model_len": "the model's context", "runner_type": None, "is_multimodal_model": None,
-    "is_encoder_decoder": None, "scheduler_cls": None, "async_scheduling": None, "prefix_match_unit": None,
+    "is_encoder_decoder": None, "scheduler_cls": None, "prefix_match_unit": None,
     "kv_offloading_backend": None, "cache_dtype": None, "sliding_window": None,
     "gpu_memory_utilization": "the engine option gpu_memory_utilization",
 }
@@ -166,13 +167,12 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
         model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32",
                             seed=0, max_model_len=max_model_len)
         offloading = offloading_bytes(options) is not None
-        # with the CPU tier, one batch in flight, as our engine runs: vLLM would otherwise defer every
-        # free a step for a second batch (Scheduler.defer_block_free) that never exists here
-        sync = {"async_scheduling": False} if offloading else {}
+        if offloading:
+            sched_options["async_scheduling"] = cpu_tier_scheduling(sched_options.get("async_scheduling"))
         scheduler = SchedulerConfig(**{
             "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
             "max_model_len": max_model_len, "enable_chunked_prefill": True, "is_encoder_decoder": False,
-            **sync, **sched_options})
+            **sched_options})
         offloading_size = cache_options.pop("kv_offloading_size", None)
         cache = CacheConfig(**{"block_size": block_size, "cache_dtype": "auto",
                                "enable_prefix_caching": enable_prefix_caching,
@@ -195,6 +195,28 @@ def build_vllm_config(model_dir: str | Path, *, block_size: int, num_gpu_blocks:
         disable_hybrid = not KVConnectorFactory.supports_hma_config(vllm_config.kv_transfer_config)
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = bool(disable_hybrid)
     return vllm_config
+
+
+CPU_TIER_SYNC = ("kv_offloading_size runs vLLM's synchronous order (async_scheduling=false): the CPU tier's "
+                 "copies are reported done in the step that issued them, one batch in flight")
+
+
+def cpu_tier_scheduling(asked: Any) -> bool:
+    """The CPU tier's scheduling order: synchronous, whatever `asked` (the async_scheduling option).
+    vLLM with two batches in flight defers every free a step behind a KV consumer
+    (Scheduler.defer_block_free) for a second batch our worker side never overlaps; an explicit
+    async_scheduling=true is overridden with one warning line (CPU_TIER_SYNC), the default
+    (None: vLLM's async) quietly, as the run's header records."""
+    if asked is True:
+        logging.getLogger("engine").warning(CPU_TIER_SYNC)
+    return False
+
+
+def uses_async_scheduling(vllm_config) -> bool:
+    """Whether vLLM's order for this config is the asynchronous one (VllmConfig resolves
+    SchedulerConfig.async_scheduling None to True wherever nothing rules it out; its
+    get_scheduler_cls then names AsyncScheduler)."""
+    return bool(vllm_config.scheduler_config.async_scheduling)
 
 
 def offload_transfer_config(kv_offloading_size: float):
@@ -295,12 +317,15 @@ def build_kv_cache_config(vllm_config, layer_specs, num_gpu_blocks: int, block_b
 
 def build_scheduler(vllm_config, kv_cache_config, block_size: int):
     """vLLM's v1 Scheduler (which builds its KVCacheManager, coordinator and BlockPool), hashing at
-    the block size so every hash covers one whole block (no partial-block prefix entries)."""
+    the block size so every hash covers one whole block (no partial-block prefix entries): the
+    AsyncScheduler under async scheduling, as vLLM's SchedulerConfig.get_scheduler_cls picks it."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
+    cls = AsyncScheduler if uses_async_scheduling(vllm_config) else Scheduler
     try:
-        return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                          structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
                          hash_block_size=block_size, log_stats=False)
     except (ValueError, TypeError, AssertionError) as error:

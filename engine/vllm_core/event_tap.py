@@ -124,6 +124,9 @@ class VllmEventTap:
         self._external_block_hash = external_block_hash
         self._calls: list[TapCall] = []  # the wrapped calls in progress, outermost first
         self.hashed: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # block id -> (parent hash, tokens)
+        # under async scheduling, slots allocated for a token still in flight (vLLM's output
+        # placeholder): (seq id, position) -> [(group, block id)], filled when the token is sampled
+        self.pending_slots: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for owner, name in self.WRAPPED:
             obj = getattr(self, owner)
             setattr(obj, name, getattr(self, "_" + name.lstrip("_"))(getattr(obj, name)))
@@ -377,7 +380,11 @@ class VllmEventTap:
         bs = self.block_size
         seq_id = int(request.request_id)
         token_ids = request.all_token_ids
+        known = len(token_ids)  # past it, slots for tokens in flight (async scheduling's placeholders)
         for pos in range(start, min(end, num_old_blocks * bs)):
+            if pos >= known:
+                self.pending_slots.setdefault((seq_id, pos), []).append((group, blocks[pos // bs].block_id))
+                continue
             self.events.emit(SlotAppended, seq_id=seq_id, device=GPU, logical_index=pos // bs,
                              block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_ids[pos])
         for index in range(num_old_blocks, len(blocks)):
@@ -386,6 +393,29 @@ class VllmEventTap:
             self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq_id,),
                              logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held,
                              group=group)
+            for pos in range(max(start, index * bs, known), min(end, (index + 1) * bs)):
+                self.pending_slots.setdefault((seq_id, pos), []).append((group, block.block_id))
+
+    def fill_slots(self, seq_id: int, pos: int, token_id: int) -> None:
+        """The token at `pos` of sequence `seq_id` was sampled: SlotAppended for each slot
+        allocate_slots gave it while it was in flight (vLLM's AsyncScheduler allocates for its
+        output placeholders), in every group whose table still holds that block there (a slot a
+        preemption, an abort or a window let go since is dropped)."""
+        slots = self.pending_slots.pop((seq_id, pos), ())
+        if not slots or not self.events.active:
+            return
+        bs = self.block_size
+        for group, block_id in slots:
+            table = self.managers[group].req_to_blocks.get(str(seq_id)) or ()
+            index = pos // bs
+            if index < len(table) and table[index].block_id == block_id:
+                self.events.emit(SlotAppended, seq_id=seq_id, device=GPU, logical_index=index, block=block_id,
+                                 offset=pos % bs, token_id=token_id)
+
+    def forget_slots(self, seq_id: int) -> None:
+        """Drop a finished sequence's slots for tokens it will never take."""
+        for key in [key for key in self.pending_slots if key[0] == seq_id]:
+            del self.pending_slots[key]
 
 
 class PoolHook:

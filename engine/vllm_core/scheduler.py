@@ -54,6 +54,9 @@ class VllmScheduler:
         from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
         self.vllm = scheduler
+        # vLLM's order (VllmConfig's async_scheduling): the next step is scheduled before the last
+        # one's output is processed, its tokens in flight (vLLM's AsyncScheduler and batch queue)
+        self.async_scheduling = bool(scheduler.scheduler_config.async_scheduling)
         self.kv_cache_manager = scheduler.kv_cache_manager
         self.block_pool = self.kv_cache_manager.block_pool
         self.block_size = scheduler.block_size
@@ -144,6 +147,7 @@ class VllmScheduler:
         self._forget(str(seq.seq_id))
 
     def _forget(self, request_id: str) -> None:
+        self.tap.forget_slots(int(request_id))
         self.seqs.pop(request_id, None)
         self.groups.pop(request_id, None)
         self.block_ids.pop(request_id, None)
@@ -203,10 +207,22 @@ class VllmScheduler:
         computed its tokens; each sampled token is appended and stop-checked
         (OutputProcessor.process_outputs), a stopped sequence finished in vLLM at once; then vLLM's
         own update_from_output takes the plan's vLLM SchedulerOutput with the newest token of each
-        request still running. Returns the requests that finished."""
-        for s in plan.scheduled:
-            s.seq.num_computed_tokens = s.num_tokens
-        finished = self.output_processor.process_outputs(plan, sampled_token_ids, self._finish_stopped)
+        request still running. Returns the requests that finished.
+
+        Under async scheduling the next plan was scheduled first (vLLM EngineCore.step_with_batch_queue):
+        a row whose sequence ended since (aborted) takes no token, and a sequence that plan preempted
+        keeps its reset count of computed tokens while it takes its token (vLLM delivers a preempted
+        request's in-flight output as stale, `num_stale_output_tokens`)."""
+        rows = [(s, token_ids) for s, token_ids in zip(plan.scheduled, sampled_token_ids) if not s.seq.is_finished()]
+        for s, _ in rows:
+            if s.seq.status is SequenceStatus.RUNNING:
+                s.seq.num_computed_tokens = max(s.seq.num_computed_tokens, s.num_tokens)
+        for s, token_ids in rows:  # the slots allocated for these tokens while they were in flight
+            if token_ids:
+                self.tap.fill_slots(s.seq.seq_id, s.seq.get_len(), token_ids[0])
+        live = SchedulerOutput([s for s, _ in rows], plan.kind) if len(rows) < len(plan.scheduled) else plan
+        finished = self.output_processor.process_outputs(live, [token_ids for _, token_ids in rows],
+                                                         self._finish_stopped)
         if plan.design_output is None:  # a plan that runs nothing: vLLM took its output in schedule()
             return finished
         self._update_vllm(plan.design_output, {str(s.seq.seq_id): token_ids[:1]
