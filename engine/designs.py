@@ -67,6 +67,9 @@ class Design:
     # may schedule in vLLM's asynchronous order (AsyncScheduler, two batches in flight); whether a
     # run does is its scheduler's `async_scheduling` (LLMEngine.async_scheduling)
     async_scheduling: bool
+    # prefix-cache hits counted in tokens, queried once per new request (v1 PrefixCacheStats); v0
+    # counts its allocator's full-block lookups
+    prefix_stats_in_tokens: bool
     vllm_api: str  # whose vLLM function names its operations carry, "v0" or "v1" (the guide's cards name them)
     build_kv_cache_groups: Callable[[DesignBuild, int], list | None]
     build_scheduler: Callable[[DesignBuild, Any, list | None], tuple[Any, Any, list | None]]
@@ -158,17 +161,20 @@ def _vllm_scheduler(build: DesignBuild, budget: Any, groups: list) -> tuple[Any,
 V0 = Design("v0", "vLLM v0's BlockSpaceManager and Scheduler", fork=True, copy_on_write=True, swap=True,
             cpu_tier=False, fans_out_n=False, null_block=False, free_queue=False, shared_hashes=False,
             chunked_prefill=False, groups=False, hash_collision_guard=True, run_hash_algo=False,
-            enable_prefix_caching=False, vllm_options=False, requires=None, async_scheduling=False, vllm_api="v0",
+            enable_prefix_caching=False, vllm_options=False, requires=None, async_scheduling=False,
+            prefix_stats_in_tokens=False, vllm_api="v0",
             build_kv_cache_groups=_no_groups, build_scheduler=_v0_scheduler)
 V1 = Design("v1", "vLLM v1's KVCacheManager and Scheduler (engine/v1/)", fork=False, copy_on_write=False,
             swap=False, cpu_tier=False, fans_out_n=True, null_block=True, free_queue=True, shared_hashes=True,
             chunked_prefill=True, groups=True, hash_collision_guard=False, run_hash_algo=True,
-            enable_prefix_caching=True, vllm_options=False, requires=None, async_scheduling=False, vllm_api="v1",
+            enable_prefix_caching=True, vllm_options=False, requires=None, async_scheduling=False,
+            prefix_stats_in_tokens=True, vllm_api="v1",
             build_kv_cache_groups=_v1_groups, build_scheduler=_v1_scheduler)
 VLLM = Design("vllm", "vLLM 0.33's own Scheduler and KVCacheManager (engine/vllm_core/)", fork=False,
               copy_on_write=False, swap=False, cpu_tier=True, fans_out_n=True, null_block=True, free_queue=True,
               shared_hashes=True, chunked_prefill=True, groups=True, hash_collision_guard=False, run_hash_algo=True,
-              enable_prefix_caching=True, vllm_options=True, requires="vllm", async_scheduling=True, vllm_api="v1",
+              enable_prefix_caching=True, vllm_options=True, requires="vllm", async_scheduling=True,
+              prefix_stats_in_tokens=True, vllm_api="v1",
               build_kv_cache_groups=_vllm_groups, build_scheduler=_vllm_scheduler, upstream="vLLM")
 
 DESIGNS: dict[str, Design] = {design.name: design for design in (V0, V1, VLLM)}

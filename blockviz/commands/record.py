@@ -61,7 +61,7 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
     kept aside as NAME.rejected.jsonl and TraceRejected (one line) says which line fails and why.
     The trace is fsync'ed before it is renamed into place, inside `publishing()` (the CLI holds
     SIGINT and SIGTERM there: blockviz/commands/signals.py)."""
-    from blockviz.model.trace import TraceError, TraceWriter, make_header
+    from blockviz.model.trace import TraceError, TraceWriteError, TraceWriter, make_header
     from blockviz.model.reducer import ReducerState
     from blockviz.session.engine_session import EngineSession
 
@@ -93,6 +93,8 @@ def record_trace(spec, out: str | Path, *, engine=None, progress: Callable[[str]
         session.close()
     try:
         writer.verify()
+    except TraceWriteError:
+        raise
     except TraceError as exc:
         rejected = writer.set_aside()
         raise TraceRejected(f"the recorded trace fails the check its readers run ({exc}); kept aside as "

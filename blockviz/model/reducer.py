@@ -240,13 +240,13 @@ class ReducerState:
     def prefix_hit_unit(self) -> str:
         """What the hit rate counts: tokens in vLLM v1 (PrefixCacheStats.queries and hits), prompt
         blocks in v0 (its allocator's block lookups)."""
-        return "tokens" if self.design.vllm_api == "v1" else "blocks"
+        return "tokens" if self.design.prefix_stats_in_tokens else "blocks"
 
     def prefix_hit_rate(self) -> float:
         """Hits over lookups, in `prefix_hit_unit`: v1 as vLLM's PrefixCacheStats (new requests'
         lookups at admission: their tokens queried, the tokens the GPU's prefix cache served), v0 the
         full blocks of every lookup's tokens and those served."""
-        if self.design.vllm_api == "v1":
+        if self.design.prefix_stats_in_tokens:
             return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
         return self.num_prefix_hits / self.num_prompt_blocks_looked_up if self.num_prompt_blocks_looked_up else 0.0
 

@@ -62,6 +62,10 @@ class TraceError(ValueError):
     """A trace cannot be read; str() is one line naming the file (and line) and the problem."""
 
 
+class TraceWriteError(TraceError):
+    """The trace could not be written (a full disk, a file-size limit): nothing is left behind."""
+
+
 @dataclass(slots=True)
 class Trace:
     """A header and the events that follow it."""
@@ -252,7 +256,11 @@ class TraceWriter:
         through the trace checker) before commit(); a TraceError (one line, naming the trace's
         path) says the first line its readers would refuse."""
         partial, target, _ = self._published()
-        self._stream.flush()
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self.discard()
+            raise TraceWriteError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
         try:
             read_trace(partial)
         except TraceError as exc:

@@ -56,7 +56,7 @@ def trace_header(engine: Any) -> dict[str, Any]:
 def _scheduling_fields(engine: Any) -> dict[str, Any]:
     """Which order a design that has vLLM's asynchronous scheduling ran in ("async_scheduling":
     true or false, LLMEngine.async_scheduling); nothing for the others, which run synchronously."""
-    return {"async_scheduling": engine.async_scheduling} if engine.design.async_scheduling else {}
+    return {"async_scheduling": engine.async_scheduling} if engine.config.design.async_scheduling else {}
 
 
 def _kv_cache_group_fields(engine: Any) -> dict[str, Any]:
