@@ -14,21 +14,13 @@ from pathlib import Path
 import pytest
 
 from blockviz.model.trace import TraceError, read_trace, resolve_trace_path
+from test_hostile_inputs import _lines, _write
 
 ROOT = Path(__file__).resolve().parents[1]
 HYBRID = resolve_trace_path("hybrid")
 CPU_TIER = resolve_trace_path("cpu-tier")
 V1_STORY = resolve_trace_path("v1-story")
 V0_PREFIX = resolve_trace_path("prefix-hit")
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
-
-
-def _write(path: Path, lines: list[str]) -> Path:
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def _first(lines: list[str], kind: str) -> int:
