@@ -265,8 +265,8 @@ def _hit_words(e: ev.PrefixCacheHit, events, ctx):
     owners = {seq for h in hits for seq in ctx.siblings.get(h.seq_ids[0], ())} - set(e.seq_ids)
     if not ctx.design.copy_on_write and owners:  # vLLM v1: no fork; n samples share their prompt through the cache
         return ("n = 2 without a fork: the prompt shared through the cache",
-                f"{_whose(ctx, e.seq_ids)} is another sample of the same request as seq "
-                f"{', '.join(map(str, sorted(owners)))}: vLLM v1 runs each sample as its own request, and this one "
+                f"{_whose(ctx, e.seq_ids)} is another sample of the same request as "
+                f"{_whose(ctx, sorted(owners))}: vLLM v1 runs each sample as its own request, and this one "
                 f"found {plural(len(blocks), 'block')} ({e.device} {_numbers(blocks)}) of the prompt by their hash, "
                 f"so {plural(tokens, 'token')} {'is' if tokens == 1 else 'are'} not computed again",
                 "v1 has no fork: the prefix cache does the sharing, block by full block (vLLM 0.33 copies a block "
