@@ -141,7 +141,8 @@ def test_the_shipped_cpu_tier_trace_has_each_card_where_its_event_is():
     assert set(cards["offload-store"].blocks) == {("gpu", g) for g, _ in store.mapping} | {("cpu", c) for _, c in store.mapping}
     assert set(cards["offload-load"].blocks) == {("cpu", c) for c, _ in load.mapping}  # its GPU blocks: its table
     assert cards["offload-load"].seqs == (load.seq_id,) and "came back after its preemption" in cards["offload-load"].what
-    assert f"request {load.request_id} (seq {load.seq_id})" in cards["offload-load"].what
+    # one name per request (blockviz.model.names): its sequence only where the request has several
+    assert re.search(rf"request {load.request_id}\b(?! \(seq)", cards["offload-load"].what)
     assert "SimpleCPUOffloadScheduler" in cards["offload-store"].function
     assert "get_num_new_matched_tokens" in cards["offload-load"].function
     assert "CPU tier" in cards["recompute"].why and "v0" in cards["offload-load"].why
@@ -327,3 +328,18 @@ async def test_a_vllm_run_says_whose_code_drives_it_in_the_tui_notebook_and_svg(
         assert short in screen_text(app)
     opening = Guide("v1", opening=True, header=v1.header).cards[0]
     assert "vLLM" not in opening.what.split(".")[0] and "drive this run" not in opening.what
+
+
+def test_a_vllm_runs_opening_card_says_which_scheduling_order_it_ran():
+    """vLLM 0.33 schedules asynchronously by default; the CPU tier runs the synchronous order: the
+    attribution sentence (card 1, the notebook's and TUI's opening) names the order the header
+    records, and blockviz's own designs, which have one order, say nothing of it."""
+    from blockviz.model.design import attribution
+
+    header = load_trace("cpu-tier").header
+    assert header["async_scheduling"] is False
+    assert "vLLM's synchronous order (async_scheduling=false, as the CPU tier needs)" in attribution(header)
+    no_tier = {k: v for k, v in header.items() if k not in ("kv_offloading_size", "num_cpu_blocks", "kv_offloading")}
+    asynchronous = attribution({**no_tier, "async_scheduling": True})
+    assert "default asynchronous order" in asynchronous and "vLLM's synchronous" not in asynchronous
+    assert "order" not in attribution(load_trace("v1-story").header)

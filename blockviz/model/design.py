@@ -86,7 +86,20 @@ def attribution(header: dict[str, Any]) -> str:
         return ""
     tier = " (and its SimpleCPUOffloadScheduler the CPU tier)" if has_cpu_tier(header) else ""
     ours = "the model runner, the K/V tensors and their copies" if tier else "the model runner and the K/V tensors"
-    return f"{who}'s Scheduler, KVCacheManager and BlockPool drive this run{tier}; {ours} are blockviz's"
+    return (f"{who}'s Scheduler, KVCacheManager and BlockPool drive this run{tier}; {ours} are blockviz's. "
+            + scheduling_order(header))
+
+
+def scheduling_order(header: dict[str, Any]) -> str:
+    """Which order a vLLM-driven run scheduled in, in one sentence ("" for a design with one
+    order): vLLM 0.33's default asynchronous one (EngineCore.step_with_batch_queue: the next step
+    scheduled before the last one's output is processed) or the synchronous one."""
+    if not design_of(header).async_scheduling:
+        return ""
+    if async_scheduling_of(header):
+        return "It schedules in vLLM's default asynchronous order (blocks a step frees go back a step later)"
+    return ("It schedules in vLLM's synchronous order (async_scheduling=false"
+            + (", as the CPU tier needs" if has_cpu_tier(header) else "") + ")")
 
 
 def attribution_title(header: dict[str, Any]) -> str:
