@@ -131,3 +131,14 @@ def test_compare_refuses_bad_managers_in_one_line(tiny_gpt2_dir, capsys, argv, m
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+
+def test_the_hit_rate_says_its_unit_where_v0_and_v1_count_differently(tiny_gpt2_dir, capsys):
+    """v0's hit rate counts prompt blocks, v1's tokens (vLLM's PrefixCacheStats): compared side by
+    side, the table's hit% and the differences line name each run's unit."""
+    assert main(["compare", "--model", str(tiny_gpt2_dir), *N2_OPTIONS, "--kv-manager", "v0,v1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] in (["v0"], ["v1"])}
+    assert "% blo" in rows["v0"] and "% tok" in rows["v1"]
+    assert "hit rate (of blocks | tokens):" in out

@@ -154,7 +154,7 @@ def _print_table(runs: list[dict], at_step: int) -> None:
                                                  "recomp", f"@{at_step}", "same"]
     rows = [[shown(run[key]) for key, _, shown in varying]
             + [str(run["steps"]), str(run["peak_blocks"]), f"{run['token_utilization_at_peak']:.0%}",
-               str(run["prefix_hits"]), f"{run['prefix_hit_rate']:.0%}", str(run["forks"]), str(run["copies_on_write"]),
+               str(run["prefix_hits"]), f"{run['prefix_hit_rate']:.0%} {run['prefix_hit_unit'][:3]}", str(run["forks"]), str(run["copies_on_write"]),
                str(run["preemptions"]), str(run["tokens_recomputed"]), str(run["gpu_used_at_step"]),
                "yes" if run["same_text_as_first"] else "no"] for run in runs]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
@@ -163,7 +163,8 @@ def _print_table(runs: list[dict], at_step: int) -> None:
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
     print(textwrap.fill(
         f"peak: most GPU blocks in use; util: token utilization then; hits: prompt blocks found in the prefix "
-        f"cache; forks, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
+        f"cache; hit%: hits over lookups, of prompt blocks (blo: v0) or of tokens (tok: v1, as vLLM's "
+        f"PrefixCacheStats); forks, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
         f"@{at_step}: GPU blocks in use after step {at_step}; same: the same text as the first run", width=100))
 
 

@@ -74,6 +74,9 @@ def differences(runs: list["CompareRun"]) -> list[tuple[str, list]]:
     for key, name in COMPARED:
         values = [run.figures.get(key) for run in runs]
         if len(set(map(repr, values))) > 1:
+            if key == "prefix_hit_rate":  # v0 counts prompt blocks, v1 tokens (reducer.prefix_hit_unit)
+                units = [run.figures.get("prefix_hit_unit", "blocks") for run in runs]
+                name = f"{name} (of {' | '.join(units) if len(set(units)) > 1 else units[0]})"
             out.append((name, values))
     return out
 
@@ -162,6 +165,7 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
         "prefix_caching": config.enable_prefix_caching, "steps": session.num_steps,
         "peak_blocks": recorder.peak_used, "token_utilization_at_peak": round(recorder.token_utilization_at_peak, 4),
         "prefix_hits": state.num_prefix_hits, "prefix_hit_rate": round(state.prefix_hit_rate(), 4),
+        "prefix_hit_unit": state.prefix_hit_unit,
         "forks": work.forks, "copies_on_write": work.copies_on_write,
         "preemptions": state.num_preemptions, "tokens_recomputed": work.tokens_recomputed,
         "tokens_computed": work.tokens_computed, "tokens": state.num_tokens_generated,
