@@ -72,7 +72,8 @@ def check_drawn(explain, ledger, memory, position: int) -> None:
     for device, pool in memory.pools.items():
         assert any(line.split()[:2] == [device.upper(), f"{pool.used_blocks}/{pool.num_blocks}"] for line in table)
     for seq in memory.seqs:
-        assert any(line.split()[:3] == ["seq", str(seq.seq), str(seq.num_blocks)]
+        assert seq.name.startswith("request ")  # the tables' name (its seq where n > 1)
+        assert any(line.strip().startswith(f"{seq.name} ") and line[len(seq.name) + 1:].split()[0] == str(seq.num_blocks)
                    and line.split()[-1] == str(seq.empty_in_last_block) for line in table)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from blockviz.jupyter.visualizer import Visualizer
-from blockviz.model.insight_view import explain_record, ledger_record
+from blockviz.model.insight_view import explain_record, ledger_record, memory_record
 from blockviz.model.names import RequestNames, request_name
 from blockviz.model.trace import load_trace
 from blockviz.model.view import event_log, inspect_block, tables
@@ -63,6 +63,9 @@ def test_every_surface_names_a_cards_request_as_the_card_does(story_trace_path):
                 why = explain_record(viz.viewer.insights, position, state=state, seq_id=seq_id)
                 if why.seq == seq_id:
                     assert why.name == name
+                memory = memory_record(viz.viewer.insights, state, position)
+                assert all(seq.name == names((seq.seq,)) for seq in memory.seqs)
+                assert any(seq.name == name for seq in memory.seqs) or seq_id not in state.tables
                 for entry in ledger_record(viz.viewer.insights, position, state).rows:
                     if entry.request == request:
                         assert entry.name.startswith(f"request {request}")

@@ -223,6 +223,7 @@ class SeqMemory(Record):
     num_blocks: int
     empty_in_last_block: int
     reserved_slots: int
+    name: str = ""  # the sequence as every panel names it (blockviz.model.names)
 
 
 @dataclass(slots=True)
@@ -263,7 +264,9 @@ def memory_record(insights: Insights, state: ReducerState, position: int,
     truth = truth if truth is not None else memory_truth(state, insights.max_tokens)
     pools = {device: PoolMemory(p.num_blocks, p.used_blocks, p.slots_used, p.slots_allocated, p.block_utilization,
                                 p.token_utilization) for device, p in truth.pools.items()}
-    seqs = [SeqMemory(s.seq_id, s.num_tokens, s.num_blocks, s.empty_in_last_block, s.reserved_slots)
+    names = RequestNames(state)
+    seqs = [SeqMemory(s.seq_id, s.num_tokens, s.num_blocks, s.empty_in_last_block, s.reserved_slots,
+                      names((s.seq_id,)))
             for s in sorted(truth.seqs.values(), key=lambda s: s.seq_id)[:MAX_MEMORY_SEQS]]
     return MemoryRecord(state.block_size, pools, seqs, len(truth.seqs), truth.internal_fragmentation,
                         truth.reserved_slots, sum(s.num_tokens for s in truth.seqs.values()),

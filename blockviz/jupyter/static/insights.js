@@ -124,7 +124,7 @@ function renderMemory(model, el) {
       h("td", { text: `${device.toUpperCase()} pool` }), h("td", { text: `${p.used_blocks}/${p.num_blocks} (${pct(p.block_utilization)})` }),
       h("td", { text: `${p.slots_used}/${p.slots_allocated} (${pct(p.token_utilization)})` }), h("td", { text: "" })));
     const seqRows = m.seqs.map((s) => h("tr", { class: "bv-mem-seq", "data-seq": s.seq, "data-empty": s.empty_in_last_block },
-      h("td", { text: `seq ${s.seq}` }), h("td", { text: `${s.num_blocks} blocks` }),
+      h("td", { text: s.name || `seq ${s.seq}` }), h("td", { text: `${s.num_blocks} blocks` }),
       h("td", { text: `${s.num_tokens}/${s.num_blocks * m.block_size} slots` }),
       h("td", { text: `${s.empty_in_last_block} empty in last · reserve ${s.reserved_slots}` })));
     const palette = model.get("palette") || {};

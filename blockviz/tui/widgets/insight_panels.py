@@ -159,7 +159,7 @@ def render_memory(record: MemoryRecord, position: int) -> RenderableType:
                       f"{pool.token_utilization:.0%}" if pool.slots_allocated else "—", "")
     for seq in record.seqs:
         used = seq.num_tokens / (seq.num_blocks * record.block_size) if seq.num_blocks else 0.0
-        table.add_row(Text(f"seq {seq.seq}", seq_style(seq.seq)), str(seq.num_blocks), "",
+        table.add_row(Text(seq.name or f"seq {seq.seq}", seq_style(seq.seq)), str(seq.num_blocks), "",
                       f"{used:.0%}", str(seq.empty_in_last_block))
     if record.num_seqs > len(record.seqs):
         table.add_row(Text(f"… {record.num_seqs - len(record.seqs)} more", "dim"), "", "", "", "")

@@ -21,6 +21,7 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
 
+from blockviz.model.names import RequestNames
 from blockviz.model.narration import plural
 from blockviz.model.palette import block_tint, fill_glyph, group_mark, show_token
 from blockviz.model.reducer import ReducerState
@@ -187,11 +188,12 @@ class GeneratedText(StatePanel):
     def draw(self, state: ReducerState, selected_seq: int | None = None) -> None:
         parts: list[RenderableType] = []
         size = state.block_size
+        names = RequestNames(state)
         for seq_id in sorted(state.seqs):
             seq = state.seqs[seq_id]
             table = state.history_table(seq_id)
             line = Text("▶" if seq_id == selected_seq else " ")
-            line.append(f" seq {seq_id} ", seq_style(seq_id) + _select_seq_style(seq_id))
+            line.append(f" {names((seq_id,))} ", seq_style(seq_id) + _select_seq_style(seq_id))
             line.append(" ")
             for position, piece in enumerate(seq.token_texts):
                 index, offset = divmod(position, size)
