@@ -24,10 +24,13 @@ for want in sys.argv[1:]:
 EOF
 }
 
-# Debian's chromium for the real-browser tests (never `playwright install`); without it they skip.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+# Debian's chromium for the real-browser tests (never `playwright install`) and tmux for the
+# real-terminal ones; without them those tests skip.
+apt_wanted=""
+for tool in chromium tmux; do command -v "$tool" >/dev/null 2>&1 || apt_wanted="$apt_wanted $tool"; done
+if [ -n "$apt_wanted" ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)
+    apt-get install -y -q $apt_wanted || (apt-get update -q && apt-get install -y -q $apt_wanted)
 fi
 
 # torch first, so that nothing after it brings another build

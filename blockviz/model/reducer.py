@@ -597,7 +597,7 @@ class ReducerState:
                 self.seqs[seq_id].status = "swapped" if e.mode == "swap" else "waiting"
                 if e.mode != "swap":
                     self.seqs[seq_id].num_computed_tokens = 0
-                    self.seqs[seq_id].waits_on = "preempted"
+                    self.seqs[seq_id].waits_on = ev.Preempted.type  # "preempted": its frees are still to come
                     self._lookups[seq_id] = True  # admitted again, it looks up all its tokens
 
     def _on_finished(self, e: ev.SequenceFinished) -> None:
