@@ -19,6 +19,7 @@ from blockviz.jupyter.widgets import ESM
 from blockviz.webpage import page as page_module
 from blockviz.webpage.frames import ABSENT, page_data
 from blockviz.webpage.page import page_html, write_atomic
+from serve_fixtures import blockviz_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +111,7 @@ def test_write_atomic_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 def _export(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "blockviz", "export", *args], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, cwd=cwd)
+                          timeout=120, stdin=subprocess.DEVNULL, cwd=cwd, env=blockviz_env())
 
 
 @pytest.mark.parametrize(("case", "args", "expected"), [
@@ -146,7 +147,7 @@ def test_exporting_a_page_imports_no_torch_transformers_or_textual(tmp_path):
             f"assert main(['export', 'prefix-hit', '--html', {str(tmp_path / 'p.html')!r}]) == 0\n"
             "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            stdin=subprocess.DEVNULL, cwd=tmp_path)
+                            stdin=subprocess.DEVNULL, cwd=tmp_path, env=blockviz_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / "p.html").read_text().startswith("<!doctype html>")
