@@ -470,3 +470,12 @@ def test_attachs_tokenizer_pieces_are_drawn_with_escapes():
     drawn = TokenText(pieces.__getitem__, "hostile").text([1, 2, 3, 4])
     assert NEVER.search(drawn) is None and "\r" not in drawn
     assert drawn.startswith("\\x1b[2J\\x1b[H·INJECTED") and drawn.endswith("·ok⏎")
+
+
+@pytest.mark.parametrize("piece", ["\u2028", "\u2029", "\u202e", "\u2066"])
+def test_a_token_piece_holding_a_line_separator_or_bidi_control_is_drawn_escaped(piece):
+    """Hypothesis found U+2028 drawn raw in a token piece: line separators and bidi controls are
+    drawn as their escapes, as the other control characters are."""
+    from blockviz.model.palette import show_token, show_tokens
+
+    assert show_token(piece) == f"\\u{ord(piece):04x}" and show_tokens([piece]) == [f"\\u{ord(piece):04x}"]

@@ -74,13 +74,15 @@ def block_tint(device: str, number: int, shade: int = 0) -> str:
 def show_token(text: str) -> str:
     """A token's text with spaces, newlines and tabs made visible ('·', '⏎', '⇥'); byte-level BPE
     markers (Ġ, Ċ), control characters (C0, DEL and C1: a piece that completes a split character
-    can be one) and U+FFFD never reach the screen raw."""
+    can be one), Unicode line separators and bidi controls, and U+FFFD never reach the screen raw."""
     out = []
     for ch in text:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
         elif ord(ch) < 32 or 0x7f <= ord(ch) <= 0x9f:
             out.append(f"\\x{ord(ch):02x}")
+        elif ch in "\u2028\u2029" or 0x202a <= ord(ch) <= 0x202e or 0x2066 <= ord(ch) <= 0x2069:
+            out.append(f"\\u{ord(ch):04x}")  # line breaks and bidi controls a terminal would obey
         elif ch == "\ufffd":  # part of a multi-byte character (an old trace's text): never drawn as �
             out.append("◌")
         else:
