@@ -98,13 +98,13 @@ def execute(notebook, cwd: Path = LESSONS_DIR) -> float:
 # ---------------------------------------------------------------- the stored notebooks
 
 
-def test_eleven_lessons_and_their_index():
-    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 12)] == list(LESSON_NUMBERS)
+def test_twelve_lessons_and_their_index():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, 13)] == list(LESSON_NUMBERS)
     index = (LESSONS_DIR / "README.md").read_text()
     for path in LESSONS:
         assert f"({path.name})" in index, f"lessons/README.md does not list {path.name}"
         assert f"`{path.stem}`" in (ROOT / "README.md").read_text(), f"README.md does not list {path.name}"
-    assert "Eleven short notebooks" in index
+    assert "Twelve short notebooks" in index
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)

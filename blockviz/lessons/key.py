@@ -54,6 +54,16 @@ KEY: dict[str, str] = {
     "11.floor_hits": "my_floor_hits = 0  # 15 tokens never fill a 16-token block: nothing is cached",
     "11.big_block_hits": "my_big_block_hits = 0  # the first 64-token block holds the questions too: different tokens",
     "11.window_hit": "my_window_hit = 8  # the window group lost the block a 12-token hit ends on",
+    "12.concurrency": "my_concurrency = 2.5  # 40 blocks / cdiv(256, 16) = 16 blocks a request: vLLM logs 2.50x",
+    "12.pool_bytes": "my_pool_bytes = 5_242_880  # all 40 blocks of 131,072 B, allocated at start",
+    "12.estimated_len": "my_estimated_len = 128  # 1 MiB // 131,072 B = 8 whole blocks of 16 tokens",
+    "12.victim": "my_victim = \"C\"  # first come, first served: the last of the running list goes first",
+    "12.admitted_step": "my_admitted_step = 5  # A samples its 4 tokens in steps 1-4 and frees its blocks",
+    "12.usage_after": "my_usage_after = 0.0  # cached blocks no request holds are on the free queue",
+    "12.turn2_hits": "my_turn2_hits = 48  # 49 tokens computed: 3 full blocks; the fourth is partly filled",
+    "12.different": "my_different = 0  # the cache returns the numbers it computed; here the kernels agree too",
+    "12.hybrid_hits": "my_hybrid_hits = 12  # num_tokens - 1 = 15 tokens, in whole blocks of 4, in every group",
+    "12.kv_option": "my_kv_option = \"kv_offloading_size\"  # cpu_offload_gb moves weights",
 }
 
 

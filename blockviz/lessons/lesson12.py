@@ -115,8 +115,8 @@ def run_sizing() -> Sizing:
         return Sizing(**sizing, most_running=most)
 
 
-@exercise("12", "my_concurrency", "vLLM divides the pool's blocks by the blocks one request of max_model_len tokens "
-                                  "takes; both figures are printed above (answer as a number of requests).",
+@exercise("12", "my_concurrency", "the log line is worked out from blocks before any request runs; the section names "
+                                  "the function that computes it (answer as a number of requests).",
           slips=[Slip(lambda: run_sizing().most_running,
                       "that is how many ran at once on the engine; the log line is a ratio of blocks, not a count of "
                       "requests admitted."),
@@ -131,8 +131,8 @@ def check_concurrency():
     return max_concurrency(sizing.num_gpu_blocks, BLOCK_SIZE, sizing.max_model_len)
 
 
-@exercise("12", "my_pool_bytes", "the pool's tensors are made when the engine starts, before any request, with "
-                                 "every block of the budget (answer in bytes).",
+@exercise("12", "my_pool_bytes", "when does vLLM allocate its KV pool: as requests come, or before the first? "
+                                 "(answer in bytes)",
           slips=[Slip(0, "the pool is allocated at start, not as requests come: an idle engine already holds it."),
                  Slip(lambda: run_sizing().block_bytes, "that is one block; the engine allocates all of them at once.")],
           praise="the KV pool is taken whole at start: that is the memory nvidia-smi shows for an idle vLLM.")
@@ -195,11 +195,12 @@ def run_refusal() -> Refusal:
                        finished.reason, finished.detail)
 
 
-@exercise("12", "my_estimated_len", "vLLM counts the whole blocks the budget holds, block 0 among them, and the "
-                                    "tokens they hold (answer in tokens).",
+@exercise("12", "my_estimated_len", "vLLM's estimate is worked out from the budget's bytes, in whole blocks (answer in "
+                                    "tokens).",
           slips=[Slip(lambda: (run_refusal().num_gpu_blocks - 1) * BLOCK_SIZE,
                       "vLLM's estimate is made from the budget's bytes, before the pool sets block 0 aside."),
-                 Slip(lambda: run_refusal().max_model_len, "that is the model's max seq len, which does not fit.")],
+                 Slip(lambda: run_refusal().max_model_len, "that is the model's max seq len, which does not fit."),
+                 Slip(lambda: SMALL_BUDGET // run_refusal().block_bytes, "that counts blocks; give the tokens they hold.")],
           praise="vLLM refuses to start and names the length that would fit; `--max-model-len` at or below it starts.")
 def check_estimated_len():
     """The maximum model length vLLM's refusal would estimate for the small budget."""
@@ -292,8 +293,7 @@ def run_full_pool() -> FullPool:
         return full_pool_figures(viz)
 
 
-@exercise("12", "my_admitted_step", "D needs free blocks, and none come back until a request finishes; count the "
-                                    "steps A takes to sample its tokens, the prefill's step included (answer a step "
+@exercise("12", "my_admitted_step", "D needs free blocks, and none come back until a request finishes (answer a step "
                                     "number).",
           slips=[Slip(4, "A's blocks come back at the end of its last step; D is scheduled in the step after."),
                  Slip(2, "D waits until blocks are free: nothing is preempted for a waiting request.")],
@@ -356,8 +356,7 @@ def run_chat(kv_manager: str = "v1") -> Chat:
         return Chat(len(turn2), hits, viz.insight.explain(third).num_hit_tokens, edited_at)
 
 
-@exercise("12", "my_turn2_hits", "turn 1 computed K/V for every token but the one it sampled last, and only full "
-                                 "blocks of computed tokens are cached (answer in tokens).",
+@exercise("12", "my_turn2_hits", "which of turn 1's blocks got a hash? Look hard at the last one (answer in tokens).",
           slips=[Slip(TURN1_PROMPT + TURN1_SAMPLED, "the last block of turn 1 is partly filled: it has no hash."),
                  Slip(TURN1_PROMPT, "turn 1's answer is cached too: its blocks fill as it decodes."),
                  Slip(3, "that is a count of blocks; give the tokens they hold.")],
@@ -433,10 +432,11 @@ def run_hybrid(kv_manager: str = "v1") -> tuple[int, int]:
         return len(lesson11.A_PROMPT), viz.insight.explain(again).num_hit_tokens
 
 
-@exercise("12", "my_hybrid_hits", "every group must hold its part of the hit, and nothing evicted A's blocks; the "
-                                  "last prompt token is always computed (answer in tokens).",
+@exercise("12", "my_hybrid_hits", "nothing evicted the first request's blocks; recall what a hit can never include "
+                                  "(lesson 10) (answer in tokens).",
           slips=[Slip(0, "attention groups of a hybrid model are cached block by block, as a full model's."),
-                 Slip(16, "the last prompt token is always computed, and hits come in whole blocks of 4.")],
+                 Slip(16, "the last prompt token is always computed, and hits come in whole blocks of 4."),
+                 Slip(3, "that counts blocks; give the tokens they hold.")],
           praise="a hybrid attention model hits like a full one while its window blocks stay cached; Mamba layers "
                  "are the case vLLM treats apart (mamba_cache_mode).")
 def check_hybrid_hits():
