@@ -113,7 +113,7 @@ def test_the_concurrency_line_is_vllms(num_blocks, max_model_len, monkeypatch):
     assert logged == [lesson.concurrency_line(num_blocks, lesson.BLOCK_SIZE, max_model_len)]
 
 
-@pytest.mark.parametrize("budget", [lesson.SMALL_BUDGET, 3 * 2**20 + 5, 2**17 - 1, 2**20 // 3])
+@pytest.mark.parametrize("budget", [lesson.SMALL_BUDGET, 2 * 2**20 - 1, 2**17 - 1, 2**20 // 3])
 def test_the_refusal_is_vllms_words(budget):
     """`vllm_refusal` is the ValueError of vLLM's `_check_enough_kv_cache_memory`, with the length
     `estimate_max_model_len` finds, for the bundled model's layers and these budgets."""
