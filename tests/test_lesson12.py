@@ -187,6 +187,8 @@ def test_the_settings_and_names_the_lesson_states_are_vllms():
     assert kv.startswith('"""Size of the KV cache offloading buffer in GiB.') and "KV cache offloading to CPU" in kv
     assert lesson.OFFLOAD_OPTIONS["cpu_offload_gb"] == "model weights"
     assert lesson.check_kv_option.truth() == key_value("12.kv_option") == "kv_offloading_size"
+    offloading = inspect.getsource(importlib.import_module("vllm.config.vllm"))
+    assert 'config_connector = "OffloadingConnector"' in offloading and '"cpu_bytes_to_use": kv_offloading_size' in offloading
     assert "VLLM_BATCH_INVARIANT" in envs.environment_variables
     schedule = inspect.getsource(Scheduler.schedule)
     assert "preempted_req = self.running[-1]" in schedule
