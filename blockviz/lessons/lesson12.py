@@ -36,8 +36,9 @@ OFFLOAD_OPTIONS = {"cpu_offload_gb": "model weights", "kv_offloading_size": "KV 
 
 
 def options(**more) -> dict:
-    """The lesson's engine: the bundled model on engine/v1, blocks of 16, no CPU pool."""
-    return {"kv_manager": "v1", "block_size": BLOCK_SIZE, "num_cpu_blocks": 0, **more}
+    """The lesson's engine: the bundled model on engine/v1, blocks of 16, no CPU pool, on the CPU
+    (the figures, a block's bytes among them, are the CPU's on every machine)."""
+    return {"kv_manager": "v1", "block_size": BLOCK_SIZE, "num_cpu_blocks": 0, "device": "cpu", **more}
 
 
 def prompt(num_tokens: int, start: int = 100) -> dict:
@@ -423,7 +424,7 @@ def run_hybrid(kv_manager: str = "v1") -> tuple[int, int]:
     16-token request runs to the end, then comes again. Returns (its tokens, the tokens served)."""
     from blockviz.lessons import lesson11
 
-    with fresh({**lesson11.hybrid_options(32), "kv_manager": kv_manager}) as viz:
+    with fresh({**lesson11.hybrid_options(32), "kv_manager": kv_manager, "device": "cpu"}) as viz:
         first = {"prompt_token_ids": list(lesson11.A_PROMPT)}
         viz.add_request(first, params(2))
         viz.run_to_completion()
