@@ -219,7 +219,6 @@ class Pressure:
     """The pressure run: each preemption as (request name, mode, tokens whose K/V was lost)."""
 
     preemptions: tuple[tuple[str, str, int], ...]
-    names: dict
 
 
 @cache
@@ -231,8 +230,7 @@ def run_pressure(kv_manager: str = "v1") -> Pressure:
     with fresh(options(num_gpu_blocks=PRESSURE_BLOCKS, kv_manager=kv_manager)) as viz:
         names = {viz.add_request(prompt(40, 100 + 300 * k), params(16)): name for k, name in enumerate("ABC")}
         viz.run_to_completion()
-        return Pressure(tuple((names[e.request_id], e.mode, e.num_tokens_lost) for e in events_of(viz, ev.Preempted)),
-                        names)
+        return Pressure(tuple((names[e.request_id], e.mode, e.num_tokens_lost) for e in events_of(viz, ev.Preempted)))
 
 
 @exercise("12", "my_victim", "all three need a block in the same step; vLLM's scheduler (first come, first served) "
