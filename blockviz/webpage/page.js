@@ -385,6 +385,37 @@ class Controller {
   }
 }
 
+// The printed handout (page.css's print rules show only it): each card's text beside its frozen
+// picture, drawn in Python (page.py's moments), in a section the screen never shows.
+async function buildPrint() {
+  const { title, moments } = await unpack("bv-print");
+  const section = document.createElement("section");
+  section.className = "bv-print";
+  const heading = document.createElement("h1");
+  heading.textContent = title;
+  section.append(heading);
+  const loaded = [];
+  for (const moment of moments) {
+    const figure = document.createElement("figure");
+    figure.className = "bv-print-card";
+    figure.dataset.position = String(moment.position);
+    const caption = document.createElement("figcaption");
+    const name = document.createElement("h2");
+    name.textContent = moment.title;
+    caption.append(name);
+    for (const line of moment.lines) { const p = document.createElement("p"); p.textContent = line; caption.append(p); }
+    const img = document.createElement("img");
+    img.alt = `event ${moment.position}`;
+    loaded.push(new Promise((resolve) => { img.onload = img.onerror = resolve; }));
+    img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(moment.svg)}`;
+    figure.append(caption, img);
+    section.append(figure);
+  }
+  document.body.append(section);
+  await Promise.all(loaded);
+  root.dataset.print = "true";
+}
+
 async function main() {
   const esmText = document.getElementById("bv-esm").textContent;
   const url = URL.createObjectURL(new Blob([esmText], { type: "text/javascript" }));
@@ -396,6 +427,7 @@ async function main() {
   controller.ready = painted.then(() => unpack("bv-values")).then((values) => { controller.values = values; });
   await controller.ready;
   root.dataset.values = "true";
+  await buildPrint();
 }
 
 main().catch((error) => {
