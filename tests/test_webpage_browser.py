@@ -194,31 +194,58 @@ def test_a_picked_block_is_inspected_and_the_log_filters(pages, offline_page):
     assert page.refused == [] and page.errors == []
 
 
-def test_a_200000_block_pool_plays_zoomed_out(tmp_path, offline_page):
+def reducer_blocks(viz: Visualizer, at: int, device: str, start: int, stop: int) -> list[list]:
+    viz.timeline.seek(at)
+    return [[device, b.number, block_state(b), b.ref_count] for b in viz.timeline.state.pools[device][start:stop]]
+
+
+def test_a_200000_block_pool_plays_zoomed_out_and_zooms_into_a_cell(tmp_path, offline_page):
     """The big-pool trace (tests/big_pool_fixtures.py) exports, and its page draws the GPU pool
-    zoomed out: the cells' states and used counts are the frame's, and a click on a cell selects
-    nothing (the page holds no frames of a zoomed-in range)."""
-    from big_pool_fixtures import big_pool_trace
+    zoomed out: the cells' states and used counts are the frame's; a click on a cell draws its
+    blocks one by one as the reducer holds them, at that position and wherever the slider goes
+    next; "whole pool" zooms back out."""
+    from big_pool_fixtures import CACHED_BLOCKS, big_pool_trace
     from blockviz.webpage.page import visualizer_page, write_atomic
 
     viz = Visualizer.from_trace(big_pool_trace())
     try:
         path = write_atomic(tmp_path / "big.html", visualizer_page(viz))
-        viz.timeline.seek(len(viz.timeline))
+        length = len(viz.timeline)
+        viz.timeline.seek(length)
         gpu = viz.frame()["pools"]["gpu"]
+        page = offline_page
+        open_page(page, path)
+        slide_to(page, length)
+        canvas = page.locator(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu']")
+        assert int(canvas.get_attribute("data-per-cell")) == gpu["per_cell"] == 256
+        assert canvas.get_attribute("data-states") == gpu["state"]
+        assert canvas.get_attribute("data-used") == ",".join(map(str, gpu["cells"]["used"]))
+        cell = CACHED_BLOCKS.start // 256  # blocks 99,840-100,095: used, cached and free ones
+        centre = page.evaluate(CELL_CENTRE_JS, ["canvas.bv-zoom-canvas[data-device='gpu']", cell])
+        canvas.click(position=centre)
+        ranged = ".bv-view-pool canvas.bv-pool-canvas[data-device='gpu'][data-start='99840'][data-states]"
+        page.wait_for_selector(ranged)
+        drawn = [c for c in page_cells(page) if c[0] == "gpu"]
+        assert drawn == reducer_blocks(viz, length, "gpu", 99_840, 100_096)
+        assert {state for _, _, state, _ in drawn} == {"used", "cached", "free"}
+        for at in (viz.timeline.landing(length // 2), 0, length):  # the zoomed range follows the cursor
+            slide_to(page, at)
+            page.wait_for_function("(p) => document.querySelector('.bv-view-controls').dataset.position === String(p)", arg=at)
+            page.wait_for_selector(ranged)
+            assert [c for c in page_cells(page) if c[0] == "gpu"] == reducer_blocks(viz, at, "gpu", 99_840, 100_096), at
+        page.click(".bv-view-pool .bv-zoom-bar button.bv-zoom-out")
+        page.wait_for_selector(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu'][data-cells='782']")
     finally:
         viz.close()
-    assert gpu["per_cell"] > 1
-    page = offline_page
-    open_page(page, path)
-    slide_to(page, page.evaluate("window.blockvizPage.meta.length"))
-    canvas = page.locator(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu']")
-    assert int(canvas.get_attribute("data-per-cell")) == gpu["per_cell"]
-    assert canvas.get_attribute("data-states") == gpu["state"]
-    assert canvas.get_attribute("data-used") == ",".join(map(str, gpu["cells"]["used"]))
-    canvas.click(position={"x": 8, "y": 8})
-    assert page.get_attribute(".bv-inspector", "data-block") is None
     assert page.refused == [] and page.errors == []
+
+
+CELL_CENTRE_JS = """([sel, cell]) => {
+    const canvas = document.querySelector(sel), d = canvas.dataset;
+    const side = Number(d.cellWidth), pitch = side + Number(d.gap), cols = Number(d.cols), pad = Number(d.pad);
+    canvas.scrollIntoView();
+    return { x: pad + (cell % cols) * pitch + side / 2, y: pad + Math.floor(cell / cols) * pitch + side / 2 };
+}"""
 
 
 def test_breakpoints_by_kind_land_where_run_until_and_back_to_land(pages, offline_page):

@@ -92,9 +92,11 @@ def pack(data: dict[str, Any]) -> str:
 def first_values(data: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """`data` in two: everything but the values, with the values position 0 draws (`first`: index
     -> value), and all the values. The page draws its first frame from the first, small part while
-    the browser unpacks the rest."""
+    the browser unpacks the rest (a zoomed-in range's blocks among it: no view asks for them first)."""
     deltas = data.get("deltas") or [[]]
-    first = {str(v): data["values"][v] for v in deltas[0][1::2] if v >= 0}
+    keys = data.get("keys") or []
+    first = {str(v): data["values"][v] for k, v in zip(deltas[0][0::2], deltas[0][1::2])
+             if v >= 0 and not keys[k].startswith("zoom ")}
     return {key: value for key, value in data.items() if key != "values"} | {"first": first}, data["values"]
 
 
