@@ -36,9 +36,12 @@ def answer_texts(exercise: str) -> list[str]:
     return [t for t in texts if len(t) > 6 and t not in notebook]
 
 
-def test_every_lesson_notebook_is_found_and_every_one_has_recorded_runs():
+def test_every_lesson_notebook_is_found_and_its_recorded_runs_are_shipped_traces():
     assert len(NOTEBOOKS) >= 11 and list(NOTEBOOKS) == sorted(NOTEBOOKS)
     assert set(LESSON_TRACES) <= set(NOTEBOOKS)
+    from blockviz.model.trace import shipped_traces
+
+    assert {name for names in LESSON_TRACES.values() for name in names} <= set(shipped_traces())
 
 
 @pytest.mark.parametrize("number", sorted(NOTEBOOKS))
