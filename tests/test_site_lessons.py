@@ -98,3 +98,19 @@ def test_site_bad_lesson_input_is_one_line_exit_2(tmp_path, capsys, args, expect
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lesson_page_and_its_pictures_are_made_without_torch_transformers_or_textual():
+    import subprocess
+    import sys
+
+    from serve_fixtures import REPO, blockviz_env
+
+    code = ("import sys\nfrom blockviz.webpage.lesson import lesson_notebooks, lesson_page, trace_moments\n"
+            "page = lesson_page(lesson_notebooks()['04'], moments={'fork-cow': trace_moments('fork-cow')})\n"
+            "assert 'bv-moment' in page\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env=blockviz_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
