@@ -12,7 +12,7 @@ import pytest
 
 from blockviz.cli import main
 from blockviz.lessons.key import KEY
-from blockviz.webpage.lesson import LESSON_TRACES, lesson_notebooks, lesson_page, page_name
+from blockviz.webpage.lesson import LESSON_TRACES, lesson_goal, lesson_notebooks, lesson_page, page_name
 
 NOTEBOOKS = lesson_notebooks()
 
@@ -83,6 +83,8 @@ def test_site_no_answers_writes_no_answer_anywhere(tmp_path):
     assert secrets and not [s for s in secrets if s in everything or html.escape(s) in everything]
     index = (site / "index.html").read_text(encoding="utf-8")
     assert index.index(page_name("04")) > index.index(page_name("01"))  # in the lessons' order
+    goal = lesson_goal(NOTEBOOKS["04"])
+    assert goal.startswith("With n=2") and goal.endswith(".") and html.escape(goal) in index
     lesson04 = (site / page_name("04")).read_text(encoding="utf-8")
     assert 'data-trace="fork-cow"' in lesson04 and 'href="fork-cow.html"' in lesson04
     assert lesson04.count('<figure class="bv-moment"') >= 2  # fork-cow's cards

@@ -24,7 +24,8 @@ INDEX_CSS = """body { font-family: sans-serif; margin: 2em auto; max-width: 64em
 .bv-site-trace img { width: 24em; border: 1px solid #ddd; }
 .bv-site-trace h2 { margin: 0 0 0.3em; font-size: 1.2em; }
 .bv-site-story { font-size: 0.8em; color: #555; }
-.bv-site-lessons li { margin: 0.3em 0; }"""
+.bv-site-lessons li { margin: 0.5em 0; }
+.bv-site-goal { font-size: 0.9em; color: #444; }"""
 
 
 def add_parser(subparsers) -> None:
@@ -89,7 +90,7 @@ def _entry(name: str, folder: Path) -> tuple[bool, str]:
 def _lesson(number: str, path: Path, folder: Path, traces: list[str], answers: bool,
             cache: dict[str, list]) -> str:
     """Write lesson `number`'s page into `folder`; returns its index entry."""
-    from blockviz.webpage.lesson import LESSON_TRACES, lesson_page, lesson_title, page_name, trace_moments
+    from blockviz.webpage.lesson import LESSON_TRACES, lesson_goal, lesson_page, lesson_title, page_name, trace_moments
     from blockviz.webpage.page import write_atomic
 
     runs = {}
@@ -98,8 +99,9 @@ def _lesson(number: str, path: Path, folder: Path, traces: list[str], answers: b
             cache[name] = trace_moments(name)
         runs[name] = cache[name]
     write_atomic(folder / page_name(number), lesson_page(path, answers=answers, moments=runs, linked=set(traces)))
-    title = lesson_title(path)
-    return (f'<li data-lesson="{html.escape(number)}"><a href="{page_name(number)}">{html.escape(title)}</a></li>')
+    goal = lesson_goal(path)
+    return (f'<li data-lesson="{html.escape(number)}"><a href="{page_name(number)}">{html.escape(lesson_title(path))}</a>'
+            + (f'<br><span class="bv-site-goal">{html.escape(goal)}</span>' if goal else "") + "</li>")
 
 
 def index_html(entries: list[tuple[bool, str]], lessons: list[str] = ()) -> str:

@@ -132,6 +132,16 @@ def lesson_title(path: Path) -> str:
     return path.stem
 
 
+def lesson_goal(path: Path) -> str:
+    """The first sentence of the notebook's goal (its "**Goal.**" paragraph), as plain text; "" if none."""
+    for cell in json.loads(path.read_text(encoding="utf-8")).get("cells", []):
+        for paragraph in _source(cell).split("\n\n") if cell.get("cell_type") == "markdown" else ():
+            if paragraph.startswith("**Goal.**"):
+                text = re.sub(r"[*`]", "", paragraph[len("**Goal.**"):]).strip()
+                return re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    return ""
+
+
 def lesson_page(path: Path, *, answers: bool = True, moments: dict[str, list[Moment]] | None = None,
                 linked: set[str] = frozenset(), index: str | None = "index.html") -> str:
     """The page of lesson notebook `path`. `answers=False`: the student edition, with no answer
