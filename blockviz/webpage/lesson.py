@@ -41,7 +41,7 @@ LESSON_TRACES: dict[str, tuple[str, ...]] = {
     "10": ("v1-story",),
     "11": ("hybrid",),
 }
-MAX_MOMENTS = 8  # pictures per trace on a lesson page: its first card stops, then its end
+MAX_MOMENTS = 8  # pictures per trace on a lesson page: its first card stops (a trace with no card: its end)
 
 
 def lessons_dir() -> Path:
