@@ -13,6 +13,7 @@ import pytest
 from blockviz.cli import main
 from blockviz.model.trace import shipped_traces
 from blockviz.webpage.lesson import lesson_notebooks, page_name
+from site_fixtures import SITE_GROUP, offline_page, site  # noqa: F401 (fixtures)
 
 MM = 96 / 25.4  # CSS pixels per millimetre
 # the printable box of an A4 page, as page.css and lesson.css set its margins (width, height in mm)
@@ -24,36 +25,6 @@ PRINTED = """(selector) => [...document.querySelectorAll(selector)].filter((e) =
                   return { height: r.height, breakInside: s.breakInside }; })"""
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    site = tmp_path_factory.mktemp("site") / "class"
-    assert main(["site", str(site)]) == 0
-    return site
-
-
-@pytest.fixture
-def offline(chromium_browser):
-    """A browser context that lets file URLs through and refuses, and records, every other request."""
-    context = chromium_browser.new_context(viewport={"width": 1400, "height": 1000})
-    refused, errors = [], []
-
-    def route(request_route):
-        if request_route.request.url.startswith("file://"):
-            request_route.continue_()
-        else:
-            refused.append(request_route.request.url)
-            request_route.abort()
-
-    context.route("**", route)
-    page = context.new_page()
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        yield page, refused, errors
-    finally:
-        context.close()
-
-
 def wait_for_trace_page(page) -> None:
     page.wait_for_function("() => document.getElementById('bv-page').dataset.print === 'true'", timeout=60_000)
 
@@ -63,8 +34,9 @@ def pdf_pages(data: bytes) -> int:
     return len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data))
 
 
-def test_every_page_of_the_site_opens_offline_with_no_console_error(site, offline):
-    page, refused, errors = offline
+@SITE_GROUP
+def test_every_page_of_the_site_opens_offline_with_no_console_error(site, offline_page):
+    page = offline_page
     traces, lessons = shipped_traces(), lesson_notebooks()
     expected = (["index.html"] + [f"{n}.html" for n in traces] + [f"{n}.svg" for n in traces]
                 + [page_name(n) for n in lessons])
@@ -85,26 +57,28 @@ def test_every_page_of_the_site_opens_offline_with_no_console_error(site, offlin
         assert page.evaluate("[...document.images].every((i) => i.complete && i.naturalWidth > 0)"), link
         local = page.eval_on_selector_all("a[href]", "(links) => links.map((a) => a.href).filter((h) => h.startsWith('file:'))")
         assert all(h.split("#")[0] in trace_links + lesson_links + [(site / "index.html").as_uri()] for h in local), link
-    assert refused == [] and errors == []
+    assert page.refused == [] and page.errors == []
 
 
-def test_a_lessons_answer_opens_on_a_click(site, offline):
-    page, refused, errors = offline
+@SITE_GROUP
+def test_a_lessons_answer_opens_on_a_click(site, offline_page):
+    page = offline_page
     page.goto((site / page_name("04")).as_uri())
     answer = page.locator(".bv-exercise[data-exercise='04.ref_count'] details.bv-answer pre")
     assert not answer.is_visible()
     page.click(".bv-exercise[data-exercise='04.ref_count'] details.bv-answer summary")
     assert answer.is_visible() and answer.inner_text().startswith("my_ref_count = ")
-    assert refused == [] and errors == []
+    assert page.refused == [] and page.errors == []
 
 
+@SITE_GROUP
 @pytest.mark.parametrize(("name", "kind", "figures"), [
     ("v1-story.html", "trace", ".bv-print-card"),
     (page_name("06"), "lesson", "figure.bv-moment, .bv-exercise"),
     (page_name("11"), "lesson", "figure.bv-moment, .bv-exercise"),
 ])
-def test_a_page_prints_as_an_a4_handout_with_no_control_and_no_cut_figure(site, offline, name, kind, figures):
-    page, refused, errors = offline
+def test_a_page_prints_as_an_a4_handout_with_no_control_and_no_cut_figure(site, offline_page, name, kind, figures):
+    page = offline_page
     width, height = (side * MM for side in PRINT_BOX[kind])
     page.set_viewport_size({"width": round(width), "height": round(height)})
     page.goto((site / name).as_uri())
@@ -132,7 +106,7 @@ def test_a_page_prints_as_an_a4_handout_with_no_control_and_no_cut_figure(site, 
     # at least the pages the content fills; at most a page per figure more than that (a figure that
     # does not fit what is left of a page moves to the next one whole)
     assert total / height <= pages + 0.5 and pages <= total / height + len(printed) + 1, (pages, total / height)
-    assert refused == [] and errors == []
+    assert page.refused == [] and page.errors == []
 
 
 @pytest.mark.parametrize(("args", "expected"), [
