@@ -1,8 +1,10 @@
 """An exported page (`blockviz export TRACE --html`) in chromium, opened from a file URL with every
-other request refused: at every card stop and at 20 seeded random landings of the slider it draws
-what the notebook's Visualizer draws there (the pools' cells against the reducer state, the block
-tables, the card and the log against Visualizer.frame()), and its controls move the cursor where
-the Visualizer's do (one engine step, one event, guided play stopping at the next card)."""
+other request refused: for every shipped trace, at every card stop and at 20 seeded random landings
+of the slider it draws what the notebook's Visualizer draws there (the pools' cells against the
+reducer state, the block tables, the card and the log against Visualizer.frame()), and its controls
+move the cursor where the Visualizer's do (one engine step, one event, guided play stopping at the
+next card). The pages are the site's (tests/site_fixtures.py: built once, shared with
+tests/test_site_browser.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import pytest
 
 from blockviz.cli import main
 from blockviz.jupyter.visualizer import Visualizer
+from blockviz.model.trace import load_trace, shipped_traces
 from blockviz.model.view import block_state
+from blockviz.session.scenario import is_story
 from jupyter_fixtures import page_cells
+from site_fixtures import SITE_GROUP, offline_page, site  # noqa: F401 (fixtures)
 
-TRACES = ("swap", "v1-story", "hybrid")
+TRACES = shipped_traces()
 NUM_RANDOM = 20
 
 DRAWN_TABLES_JS = """() => [...document.querySelectorAll('.bv-view-tables .bv-table-row')].map((row) => [
@@ -27,39 +32,15 @@ DRAWN_CARD_JS = """() => { const c = document.querySelector('.bv-view-controls .
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Each trace's page, exported once through the CLI."""
-    out = tmp_path_factory.mktemp("pages")
-    paths = {}
-    for name in TRACES:
-        assert main(["export", name, "--html", str(out / f"{name}.html")]) == 0
-        paths[name] = out / f"{name}.html"
-    return paths
+def pages(site):
+    """Each shipped trace's page, as the site holds it."""
+    return {name: site / f"{name}.html" for name in TRACES}
 
 
-@pytest.fixture
-def offline_page(chromium_browser):
-    """A page in a fresh context where every request but a file URL is refused (and recorded)."""
-    context = chromium_browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.refused = []
-    page.errors = []
-
-    def route(request_route):
-        if request_route.request.url.startswith("file://"):
-            request_route.continue_()
-        else:
-            page.refused.append(request_route.request.url)
-            request_route.abort()
-
-    page.route("**", route)
-    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: page.errors.append(str(error)))
-    try:
-        yield page
-    finally:
-        context.close()
+@SITE_GROUP
+def test_the_sites_page_is_what_export_html_writes(pages, tmp_path):
+    assert main(["export", "fork-cow", "--html", str(tmp_path / "fork-cow.html")]) == 0
+    assert (tmp_path / "fork-cow.html").read_bytes() == pages["fork-cow"].read_bytes()
 
 
 def open_page(page, path) -> None:
@@ -108,6 +89,7 @@ def check_at(page, viz: Visualizer, at: int) -> None:
         assert want["card_title"] in got["card_text"] and want["card_why"] in got["card_text"]
 
 
+@SITE_GROUP
 @pytest.mark.parametrize("name", TRACES)
 def test_the_page_draws_what_the_notebook_draws_offline(pages, offline_page, name):
     page = offline_page
@@ -116,7 +98,7 @@ def test_the_page_draws_what_the_notebook_draws_offline(pages, offline_page, nam
     try:
         guide = viz.player.scan_guide()
         stops = [guide.stop_of(card) for card in guide.cards]
-        assert stops, "every shipped story here has cards"
+        assert stops or not is_story(load_trace(name).header), "a story has cards"
         if viz.player.guided:  # the "next idea ▸" button, card after card
             for stop in stops:
                 if stop == position(page):  # the opening card, at 0: there before any click
@@ -139,6 +121,7 @@ def test_the_page_draws_what_the_notebook_draws_offline(pages, offline_page, nam
     assert page.refused == [] and page.errors == []
 
 
+@SITE_GROUP
 def test_the_controls_move_as_the_visualizers_do(pages, offline_page):
     """One engine step, one event, back, and guided play at the fastest speed (it stops at the first card)."""
     page = offline_page
@@ -164,6 +147,7 @@ def test_the_controls_move_as_the_visualizers_do(pages, offline_page):
     assert page.refused == [] and page.errors == []
 
 
+@SITE_GROUP
 def test_a_picked_block_is_inspected_and_the_log_filters(pages, offline_page):
     page = offline_page
     open_page(page, pages["swap"])
@@ -194,33 +178,61 @@ def test_a_picked_block_is_inspected_and_the_log_filters(pages, offline_page):
     assert page.refused == [] and page.errors == []
 
 
-def test_a_200000_block_pool_plays_zoomed_out(tmp_path, offline_page):
+def reducer_blocks(viz: Visualizer, at: int, device: str, start: int, stop: int) -> list[list]:
+    viz.timeline.seek(at)
+    return [[device, b.number, block_state(b), b.ref_count] for b in viz.timeline.state.pools[device][start:stop]]
+
+
+def test_a_200000_block_pool_plays_zoomed_out_and_zooms_into_a_cell(tmp_path, offline_page):
     """The big-pool trace (tests/big_pool_fixtures.py) exports, and its page draws the GPU pool
-    zoomed out: the cells' states and used counts are the frame's, and a click on a cell selects
-    nothing (the page holds no frames of a zoomed-in range)."""
-    from big_pool_fixtures import big_pool_trace
+    zoomed out: the cells' states and used counts are the frame's; a click on a cell draws its
+    blocks one by one as the reducer holds them, at that position and wherever the slider goes
+    next; "whole pool" zooms back out."""
+    from big_pool_fixtures import CACHED_BLOCKS, big_pool_trace
     from blockviz.webpage.page import visualizer_page, write_atomic
 
     viz = Visualizer.from_trace(big_pool_trace())
     try:
         path = write_atomic(tmp_path / "big.html", visualizer_page(viz))
-        viz.timeline.seek(len(viz.timeline))
+        length = len(viz.timeline)
+        viz.timeline.seek(length)
         gpu = viz.frame()["pools"]["gpu"]
+        page = offline_page
+        open_page(page, path)
+        slide_to(page, length)
+        canvas = page.locator(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu']")
+        assert int(canvas.get_attribute("data-per-cell")) == gpu["per_cell"] == 256
+        assert canvas.get_attribute("data-states") == gpu["state"]
+        assert canvas.get_attribute("data-used") == ",".join(map(str, gpu["cells"]["used"]))
+        cell = CACHED_BLOCKS.start // 256  # blocks 99,840-100,095: used, cached and free ones
+        centre = page.evaluate(CELL_CENTRE_JS, ["canvas.bv-zoom-canvas[data-device='gpu']", cell])
+        canvas.click(position=centre)
+        ranged = ".bv-view-pool canvas.bv-pool-canvas[data-device='gpu'][data-start='99840'][data-states]"
+        page.wait_for_selector(ranged)
+        drawn = [c for c in page_cells(page) if c[0] == "gpu"]
+        assert drawn == reducer_blocks(viz, length, "gpu", 99_840, 100_096)
+        assert {state for _, _, state, _ in drawn} == {"used", "cached", "free"}
+        for at in (viz.timeline.landing(length // 2), 0, length):  # the zoomed range follows the cursor
+            slide_to(page, at)
+            page.wait_for_function("(p) => document.querySelector('.bv-view-controls').dataset.position === String(p)", arg=at)
+            page.wait_for_selector(ranged)
+            assert [c for c in page_cells(page) if c[0] == "gpu"] == reducer_blocks(viz, at, "gpu", 99_840, 100_096), at
+        page.click(".bv-view-pool .bv-zoom-bar button.bv-zoom-out")
+        page.wait_for_selector(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu'][data-cells='782']")
     finally:
         viz.close()
-    assert gpu["per_cell"] > 1
-    page = offline_page
-    open_page(page, path)
-    slide_to(page, page.evaluate("window.blockvizPage.meta.length"))
-    canvas = page.locator(".bv-view-pool canvas.bv-zoom-canvas[data-device='gpu']")
-    assert int(canvas.get_attribute("data-per-cell")) == gpu["per_cell"]
-    assert canvas.get_attribute("data-states") == gpu["state"]
-    assert canvas.get_attribute("data-used") == ",".join(map(str, gpu["cells"]["used"]))
-    canvas.click(position={"x": 8, "y": 8})
-    assert page.get_attribute(".bv-inspector", "data-block") is None
     assert page.refused == [] and page.errors == []
 
 
+CELL_CENTRE_JS = """([sel, cell]) => {
+    const canvas = document.querySelector(sel), d = canvas.dataset;
+    const side = Number(d.cellWidth), pitch = side + Number(d.gap), cols = Number(d.cols), pad = Number(d.pad);
+    canvas.scrollIntoView();
+    return { x: pad + (cell % cols) * pitch + side / 2, y: pad + Math.floor(cell / cols) * pitch + side / 2 };
+}"""
+
+
+@SITE_GROUP
 def test_breakpoints_by_kind_land_where_run_until_and_back_to_land(pages, offline_page):
     page = offline_page
     open_page(page, pages["swap"])

@@ -10,6 +10,12 @@ Frames repeat themselves from one position to the next, so they are stored as pa
 frame (its pools, its tables, its cursor line, block 3's inspector ...) is a key, each distinct value
 of a key is kept once, and each position lists only the keys whose value changed since the position
 before it (`PageData.deltas`).
+
+A pool of more blocks than pool_zoom.MAX_BLOCK_CELLS is drawn zoomed out, a cell per N blocks; a
+click on a cell asks for its N blocks one by one (the notebook's "zoom_pool" message). The page
+holds those too: for each cell's range the block columns of view.pool_record(state, device,
+start, stop) less the whole pool's counts ("zoom gpu:START"), a new value only at a position where
+one of its blocks may have changed (zoom_parts).
 """
 
 from __future__ import annotations
@@ -24,16 +30,18 @@ from blockviz.jupyter.widgets import BREAK_KINDS, PALETTE, PROJECTOR_PALETTE, PR
 from blockviz.model.insight_view import explain_record
 from blockviz.model.narration import FILTERS
 from blockviz.model.player import GUIDE_SLOW_EVENTS, GUIDE_SLOW_SPEED, SPEEDS
-from blockviz.model.pool_zoom import MAX_BLOCK_CELLS
+from blockviz.model.pool_zoom import MAX_BLOCK_CELLS, zoom_level
 from blockviz.model.reducer import touched_blocks
 from blockviz.model.trace import kv_geometry
 from blockviz.model.names import RequestNames
-from blockviz.model.view import MAX_LOG_ROWS, MAX_LOG_SCAN, inspect_block, log_row
+from blockviz.model.view import MAX_LOG_ROWS, MAX_LOG_SCAN, inspect_block, log_row, pool_record
 
 # A pool of more blocks than this is drawn zoomed out (pool_zoom.MAX_BLOCK_CELLS): a click on a cell
 # zooms in rather than selecting a block, so the page carries no inspector for it.
 MAX_INSPECTED_BLOCKS = MAX_BLOCK_CELLS
 ABSENT = -1  # a key a position does not have (an explainer of a sequence not yet there)
+# What a zoomed-in range's record takes from the whole pool's record at the same position (page.js merges them).
+POOL_COUNTS = ("n", "used", "cached", "free", "empty_line")
 
 
 @dataclass
@@ -48,6 +56,7 @@ class PageData:
     _value_index: dict[str, int] = field(default_factory=dict)
 
     _families: list[str] = field(default_factory=list)  # per value: the kind of key that added it
+    _table_blocks: set[tuple[str, int]] = field(default_factory=set)  # every table's blocks, the position before
 
     def value(self, value: Any, family: str = "") -> int:
         """The index of `value` in `values`, added once."""
@@ -66,9 +75,12 @@ class PageData:
             self.keys.append(name)
         return index
 
-    def add_position(self, parts: dict[str, Any], previous: dict[int, int]) -> dict[int, int]:
-        """Record the parts of the next position; returns them by key index (the next `previous`)."""
+    def add_position(self, parts: dict[str, Any], previous: dict[int, int],
+                     indexed: dict[int, int] | None = None) -> dict[int, int]:
+        """Record the parts of the next position (and `indexed`: parts already as key index ->
+        value index); returns them by key index (the next `previous`)."""
         now = {self.key(name): self.value(value, name.split(":")[0]) for name, value in parts.items()}
+        now.update(indexed or {})
         delta = []
         for key, value in now.items():
             if previous.get(key) != value:
@@ -102,6 +114,7 @@ def page_data(viz: Visualizer) -> PageData:
     geometry = kv_geometry(viz.header)
     data = PageData(meta=_meta(viz))
     previous: dict[int, int] = {}
+    zoomed: dict[int, int] = {}
     viz.selected = None
     viz.insight.picked = None
     for position in range(length + 1):
@@ -125,8 +138,49 @@ def page_data(viz: Visualizer) -> PageData:
                 for number in range(len(pool)):
                     frame[f"inspector {device}:{number}"] = inspect_block(
                         state, device, number, vocab=timeline.token_texts, geometry=geometry).to_json()
-        previous = data.add_position(frame, previous)
+        zoomed.update(zoom_parts(data, timeline, position))
+        previous = data.add_position(frame, previous, zoomed)
+    data.meta["zoomable"] = {device: zoom_ranges(len(pool)) for device, pool in timeline.state.pools.items()
+                             if zoom_ranges(len(pool))}
     return data
+
+
+def zoom_ranges(num_blocks: int) -> list[int]:
+    """The first block of each cell of a zoomed-out pool of `num_blocks` (its cells' ranges, as
+    pool_canvas.js's click sends them: start + i * per_cell to the next), when each range is drawn
+    one cell per block; [] for a pool drawn one cell per block, or one whose ranges are zoomed out too."""
+    per_cell = zoom_level(num_blocks)
+    if per_cell == 1 or per_cell > MAX_BLOCK_CELLS:
+        return []
+    return list(range(0, num_blocks, per_cell))
+
+
+def zoom_parts(data: PageData, timeline: Any, position: int) -> dict[int, int]:
+    """The zoomed-in ranges' parts (key index -> value index) that may differ at `position` (the
+    timeline's cursor) from the position before: at position 0 every range; then the ranges of
+    the blocks the last event touched (reducer.touched_blocks) and of every block a block table
+    holds before or after it (a fork or a slot changes ref counts and fills of a table's blocks)."""
+    state = timeline.state
+    held = {block for tables in (state.tables, *state.group_tables.values()) for table in tables.values()
+            for block in table}
+    parts = {}
+    for device, pool in state.pools.items():
+        starts = zoom_ranges(len(pool))
+        if not starts:
+            continue
+        per_cell = starts[1] - starts[0] if len(starts) > 1 else len(pool)
+        if position == 0:
+            dirty = set(starts)
+        else:
+            blocks = set(touched_blocks(timeline.events[position - 1]).get(device, ()))
+            blocks.update(number for where, number in data._table_blocks | held if where == device)
+            dirty = {number - number % per_cell for number in blocks if 0 <= number < len(pool)}
+        for start in sorted(dirty):
+            record = pool_record(state, device, start, min(start + per_cell, len(pool)))
+            part = {key: value for key, value in record.items() if key not in POOL_COUNTS}
+            parts[data.key(f"zoom {device}:{start}")] = data.value(part, "zoom")
+    data._table_blocks = held
+    return parts
 
 
 def _meta(viz: Visualizer) -> dict[str, Any]:

@@ -87,6 +87,7 @@ class Controller {
     this.playStopsAtBreaks = false;
     this.breakMessage = "";
     this.zoom = meta.zoom || 1;
+    this.poolRanges = {};  // device -> the first block of the zoomed-out cell drawn block by block (Visualizer.pool_ranges)
     this.projector = !!meta.projector;
     this.views = {};
     this.layout(esm);
@@ -148,6 +149,12 @@ class Controller {
     if (this.playing) {  // Player.card: no card while playback moves
       frame.card = null;
       frame.touched = this.part(p, "touched playing") || {};
+    }
+    for (const [where, start] of Object.entries(this.poolRanges)) {  // view.snapshot's ranges
+      const range = this.part(p, `zoom ${where}:${start}`), whole = frame.pools && frame.pools[where];
+      if (!range || !whole) continue;
+      const counts = Object.fromEntries(["n", "used", "cached", "free", "empty_line"].map((k) => [k, whole[k]]));
+      frame.pools = { ...frame.pools, [where]: { ...range, ...counts } };
     }
     const [device, number] = this.selected || [];
     const inspector = this.selected ? this.part(p, `inspector ${device}:${number}`) : undefined;
@@ -234,7 +241,14 @@ class Controller {
         break;
       case "pick": this.picked = String(message.request); this.show(); break;
       case "break": this.goToBreak(message.direction); break;
-      default: break;  // zoom_pool: the page holds no frames of a zoomed-in range
+      case "zoom_pool": {  // Visualizer.zoom_pool: a zoomed-out cell's blocks, or (no start) the whole pool
+        const device = String(message.device), start = message.start;
+        if (start === undefined || start === null) delete this.poolRanges[device];
+        else if (`zoom ${device}:${Number(start)}` in this.keyIndex) this.poolRanges[device] = Number(start);
+        this.show();
+        break;
+      }
+      default: break;
     }
   }
 
@@ -385,6 +399,37 @@ class Controller {
   }
 }
 
+// The printed handout (page.css's print rules show only it): each card's text beside its frozen
+// picture, drawn in Python (page.py's moments), in a section the screen never shows.
+async function buildPrint() {
+  const { title, moments } = await unpack("bv-print");
+  const section = document.createElement("section");
+  section.className = "bv-print";
+  const heading = document.createElement("h1");
+  heading.textContent = title;
+  section.append(heading);
+  const loaded = [];
+  for (const moment of moments) {
+    const figure = document.createElement("figure");
+    figure.className = "bv-print-card";
+    figure.dataset.position = String(moment.position);
+    const caption = document.createElement("figcaption");
+    const name = document.createElement("h2");
+    name.textContent = moment.title;
+    caption.append(name);
+    for (const line of moment.lines) { const p = document.createElement("p"); p.textContent = line; caption.append(p); }
+    const img = document.createElement("img");
+    img.alt = `event ${moment.position}`;
+    loaded.push(new Promise((resolve) => { img.onload = img.onerror = resolve; }));
+    img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(moment.svg)}`;
+    figure.append(caption, img);
+    section.append(figure);
+  }
+  document.body.append(section);
+  await Promise.all(loaded);
+  root.dataset.print = "true";
+}
+
 async function main() {
   const esmText = document.getElementById("bv-esm").textContent;
   const url = URL.createObjectURL(new Blob([esmText], { type: "text/javascript" }));
@@ -396,6 +441,7 @@ async function main() {
   controller.ready = painted.then(() => unpack("bv-values")).then((values) => { controller.values = values; });
   await controller.ready;
   root.dataset.values = "true";
+  await buildPrint();
 }
 
 main().catch((error) => {

@@ -20,6 +20,7 @@ import html
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,51 @@ PAGE_CSS = Path(__file__).resolve().parent / "page.css"
 MAX_PAGE_BYTES = 32 << 20
 CSP = ("default-src 'none'; script-src 'unsafe-inline' blob:; style-src 'unsafe-inline'; "
        "img-src data: blob:; font-src data:")
+
+
+@dataclass
+class Moment:
+    """A frozen picture of a recorded run at event position `position`, with what it shows."""
+
+    position: int
+    svg: str
+    title: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"position": self.position, "svg": self.svg, "title": self.title, "lines": self.lines}
+
+
+def moments(viz: Any, limit: int | None = None) -> list[Moment]:
+    """Pictures of a replay Visualizer's run (model/svg.py frame_svg of `viz.frame()`): one at each
+    card stop (Guide.stop_of, where guided play stops) with the card's title, what, why and vLLM
+    function, the first `limit` of them; a run with no card, its end. The cursor is put back."""
+    from blockviz.model.svg import frame_svg
+
+    timeline, back = viz.timeline, viz.timeline.position
+    guide = viz.player.scan_guide()
+    stops = [guide.stop_of(card) for card in guide.cards][:limit] if guide is not None else []
+    shots = []
+    try:
+        for stop in stops or [len(timeline)]:
+            timeline.seek(stop)
+            frame = viz.frame()
+            card = frame.get("card") or {}
+            lines = [text for text in (card.get("what"), card.get("why")) if text]
+            if card.get("function"):
+                lines.append(f"vLLM: {card['function']}")
+            if not card:
+                lines.append(f"the run's end, event {stop} of {len(timeline)}")
+            shots.append(Moment(stop, frame_svg(frame, title=viz.title or ""), card.get("title") or viz.title or "", lines))
+    finally:
+        timeline.seek(back)
+    return shots
+
+
+def picture(svg: str, alt: str) -> str:
+    """An <img> of `svg`, inline as a data URL (the pages' CSP allows data: images only)."""
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f'<img src="data:image/svg+xml;base64,{data}" alt="{html.escape(alt)}">'
 
 
 class PageError(ValueError):
@@ -46,9 +92,11 @@ def pack(data: dict[str, Any]) -> str:
 def first_values(data: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """`data` in two: everything but the values, with the values position 0 draws (`first`: index
     -> value), and all the values. The page draws its first frame from the first, small part while
-    the browser unpacks the rest."""
+    the browser unpacks the rest (a zoomed-in range's blocks among it: no view asks for them first)."""
     deltas = data.get("deltas") or [[]]
-    first = {str(v): data["values"][v] for v in deltas[0][1::2] if v >= 0}
+    keys = data.get("keys") or []
+    first = {str(v): data["values"][v] for k, v in zip(deltas[0][0::2], deltas[0][1::2])
+             if v >= 0 and not keys[k].startswith("zoom ")}
     return {key: value for key, value in data.items() if key != "values"} | {"first": first}, data["values"]
 
 
@@ -58,9 +106,10 @@ def _script(kind: str, element_id: str, text: str) -> str:
     return f'<script type="{kind}" id="{element_id}">{text}</script>'
 
 
-def page_html(data: dict[str, Any], title: str) -> str:
-    """The page: the notebook's front end over `data` (frames.PageData.to_json()). Raises PageError
-    when it would weigh more than MAX_PAGE_BYTES."""
+def page_html(data: dict[str, Any], title: str, prints: list[dict[str, Any]] = ()) -> str:
+    """The page: the notebook's front end over `data` (frames.PageData.to_json()), and `prints`
+    (Moment.to_json()s: what the page prints, each card's text beside its frozen picture). Raises
+    PageError when it would weigh more than MAX_PAGE_BYTES."""
     start, values = first_values(data)
     parts = [
         "<!doctype html>",
@@ -75,6 +124,7 @@ def page_html(data: dict[str, Any], title: str) -> str:
         _script("text/plain", "bv-esm", ESM),
         _script("application/octet-stream", "bv-data", pack(start)),
         _script("application/octet-stream", "bv-values", pack(values)),
+        _script("application/octet-stream", "bv-print", pack({"title": title, "moments": list(prints)})),
         _script("module", "bv-controller", CONTROLLER.read_text(encoding="utf-8")),
         "</body></html>",
     ]
@@ -125,7 +175,8 @@ def visualizer_page(viz: Any) -> str:
     finally:
         viz.timeline.seek(back)
     data.meta["zoom"], data.meta["projector"] = viz.zoom, viz.projector
-    return page_html(data.to_json(), viz.title or "blockviz")
+    prints = [shot.to_json() for shot in moments(viz)]
+    return page_html(data.to_json(), viz.title or "blockviz", prints)
 
 
 def save_page(viz: Any, path: str | Path, *, overwrite: bool = True) -> Path:
