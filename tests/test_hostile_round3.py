@@ -469,3 +469,59 @@ def test_a_header_declaring_more_kv_cache_groups_than_any_model_has_is_refused(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "kv_cache_groups" in err[0] and len(err[0]) < 600, err[0][:600]
     assert not (tmp_path / "out.svg").exists()
+
+
+def _declaring(tmp_path: Path, num_groups: int, num_lines: int | None = None) -> Path:
+    """The hybrid trace (2 groups used) with a header declaring `num_groups`, its first `num_lines` lines."""
+    lines = _lines(HYBRID)[:num_lines]
+    header = json.loads(lines[0])
+    header["kv_cache_groups"] += [{"kind": "full_attention", "layer_names": []}] * (num_groups - 2)
+    return _write(tmp_path / f"groups-{num_groups}.jsonl", [json.dumps(header), *lines[1:]])
+
+
+def test_views_build_tables_only_for_the_groups_that_hold_blocks(tmp_path):
+    """A header at the cap with the events using 2 groups: at every 25th cursor the view model's
+    frame (the records every front end draws) is the 2-group trace's, row for row."""
+    from blockviz.model.export import trace_frame
+    from blockviz.model.trace import MAX_KV_CACHE_GROUPS
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.view import summary_text, tables
+
+    declared, used = read_trace(_declaring(tmp_path, MAX_KV_CACHE_GROUPS)), read_trace(HYBRID)
+    timelines = [Timeline.for_trace(trace) for trace in (declared, used)]
+    assert timelines[0].state.num_kv_cache_groups == MAX_KV_CACHE_GROUPS
+    num_rows = 0
+    for position in range(0, len(used.events) + 1, 25):
+        frames = []
+        for timeline in timelines:
+            timeline.seek(position)
+            frames.append(json.dumps(trace_frame(timeline, used.header, "t")))
+            rows = tables(timeline.state)
+            assert all(len(row.groups) <= 1 for row in rows)
+            num_rows += len(rows)
+            assert len(timeline.state.groups_holding_blocks()) <= 2
+        assert frames[0] == frames[1], position
+        assert summary_text(timelines[0].state) == summary_text(timelines[1].state)
+    assert num_rows  # the cursors checked drew block tables
+
+
+def test_export_and_the_notebook_cost_what_is_drawn_not_what_is_declared(tmp_path):
+    """The SVG at one cursor, the page of every frame (the notebook's own front end, over the
+    frames the notebook's Visualizer computes) and its frames: a header at the cap with 2 groups
+    used comes out the size of the 2-group trace's (sizes, never times)."""
+    from blockviz.jupyter.visualizer import Visualizer
+    from blockviz.model.export import save_frame
+    from blockviz.model.trace import MAX_KV_CACHE_GROUPS
+    from blockviz.webpage.page import visualizer_page
+
+    sizes = {}
+    for num_groups in (2, MAX_KV_CACHE_GROUPS):
+        viz = Visualizer.from_trace(_declaring(tmp_path, num_groups, 220))
+        try:
+            viz.timeline.seek(len(viz.timeline))
+            frame = viz.frame()
+            svg = save_frame(frame, tmp_path / f"{num_groups}.svg")
+            sizes[num_groups] = (svg.stat().st_size, len(json.dumps(frame)), len(visualizer_page(viz)))
+        finally:
+            viz.close()
+    assert all(sizes[MAX_KV_CACHE_GROUPS][part] <= 1.05 * sizes[2][part] for part in range(3)), sizes
