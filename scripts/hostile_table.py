@@ -259,8 +259,12 @@ def _doubled_skip(folder: Path) -> Path:
 
 
 def _first_line(stderr: str) -> str:
-    """The first line of stderr that is not a library's warning (torch and transformers write some)."""
+    """blockviz's first line on stderr ("blockviz: ..."), else the first that is not a library's
+    warning (torch and transformers write some) or a progress line ("loading ...")."""
     lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("blockviz: ") or line.startswith("recorded "):
+            return line
     for line in lines:
         if "Warning" not in line and not line.startswith(" "):
             return line
