@@ -42,7 +42,7 @@ NOT_CLI = (
      "tests/test_kv_hostile.py::test_a_block_of_a_million_token_ids_per_frame_keeps_its_first_ones_and_counts_the_rest, "
      "::test_a_4mb_medium_per_frame_is_kept_cut_and_counted"),
     ("checker list: a 16,000-character paste into serve", "tests/test_serve_hostile.py"),
-    ("checker list: the answer key's file mode and error naming the file", "tests/test_lessons.py"),
+    ("checker list: the answer key's file mode and error naming the file", "tests/test_hostile_inputs.py"),
 )
 
 
