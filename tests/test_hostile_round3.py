@@ -653,3 +653,17 @@ def test_export_and_the_notebook_cost_what_is_drawn_not_what_is_declared(tmp_pat
         finally:
             viz.close()
     assert all(sizes[MAX_KV_CACHE_GROUPS][part] <= 1.05 * sizes[2][part] for part in range(3)), sizes
+
+
+def test_the_hostile_table_runs_the_probes_inputs_through_the_cli(capsys):
+    """scripts/hostile_table.py (the closing note's table), on its two header cases: each a
+    `python -m blockviz export` process, its exit code and line, no traceback."""
+    spec = importlib.util.spec_from_file_location("hostile_table", ROOT / "scripts" / "hostile_table.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.main(["--only", "groups declared", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| item 6")]
+    assert len(rows) == 2 and "| export | 2 | blockviz: error:" in rows[0] and "| export | 0 |" in rows[1], rows
+    assert "2 inputs, 0 with a traceback or a raw ESC." in out
