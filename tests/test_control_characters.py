@@ -479,3 +479,21 @@ def test_a_token_piece_holding_a_line_separator_or_bidi_control_is_drawn_escaped
     from blockviz.model.palette import show_token, show_tokens
 
     assert show_token(piece) == f"\\u{ord(piece):04x}" and show_tokens([piece]) == [f"\\u{ord(piece):04x}"]
+
+
+def test_generate_prints_a_prompt_and_its_completion_with_escapes(capsys):
+    """`blockviz generate` prints the engine's outputs (the prompt as given, the completion's
+    text), which no trace reader has made safe: they are written visibly there."""
+    from blockviz.cli import main
+
+    assert main(["generate", "--prompt", HOSTILE + "ROMEO:", "--max-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert not NEVER.search(out) and "\\x1b[2J" in out and "ROMEO:" in out, out[:300]
+
+
+def test_a_string_of_millions_of_control_characters_is_made_safe_in_one_pass():
+    """A 4 MiB trace line or KV event of ESC characters: escaped by str.translate (no Python call
+    per character), the same text as the per-character escape gives."""
+    text = "\x1b\u202e\x9b\r" * 1_000_000
+    safe = safe_line(text)
+    assert safe == "\\x1b\\u202e\\x9b\\r" * 1_000_000 and not ONE_LINE_NEVER.search(safe)

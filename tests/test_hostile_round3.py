@@ -201,6 +201,134 @@ def test_a_waiting_request_left_an_empty_table_by_vllm_is_aborted_without_a_seco
     assert ReducerState.from_header(header).apply_all(events).tables == {}
 
 
+def _lifecycle_run(fuzz, tmp_path: Path, kv_manager: str, drive, max_num_seqs: int = 2) -> list:
+    """tiny-hybrid under `kv_manager` with a pool of 4 blocks per group and a budget of 8 tokens, driven
+    by `drive(engine, events)` (which adds requests and steps), the reducer checked against the
+    engine after every step; then each lifecycle event once (fuzz_traces.check_lifecycle, one
+    sequence_finished and one request_added each) and the trace written loads to the same state."""
+    if kv_manager == "vllm":
+        pytest.importorskip("vllm")
+    from blockviz.model.reducer import ReducerState
+    from blockviz.model.safe_text import safe_struct
+    from blockviz.model.trace import make_header, write_trace
+    from blockviz.session.engine_session import trace_header
+    from engine import events as ev
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from reducer_checks import check_reducer_matches_v1
+
+    path, loaded = fuzz.tiny_hybrid()
+    engine = LLMEngine(EngineConfig(model=path, device="cpu", kv_manager=kv_manager, block_size=4, num_gpu_blocks=9,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=8), loaded=loaded)
+    header = make_header(trace_header(engine))
+    reducer = ReducerState.from_header(header)
+    events: list = []
+    engine.events.subscribe(lambda event: events.append(safe_struct(event)))
+    engine.events.subscribe(lambda event: reducer.apply(events[-1]))
+    real_step = engine.step
+
+    def step():
+        real_step()
+        if kv_manager == "vllm":
+            fuzz.check_reducer_matches_vllm(reducer, engine.scheduler.vllm)
+        else:
+            check_reducer_matches_v1(reducer, engine.kv_manager)
+
+    engine.step = step
+    drive(engine, events)
+    assert not engine.has_unfinished_requests() and not engine.events.errors, engine.events.errors
+    fuzz.check_lifecycle(events)
+    added = Counter(e.request_id for e in events if isinstance(e, ev.RequestAdded))
+    finished = Counter(e.seq_id for e in events if isinstance(e, ev.SequenceFinished))
+    assert set(added.values()) == {1} and set(finished.values()) == {1}
+    assert sorted(finished) == sorted(s for e in events if isinstance(e, ev.RequestAdded) for s in e.seq_ids)
+    out = tmp_path / f"{kv_manager}.jsonl"
+    write_trace(out, header, events)
+    trace = read_trace(out)
+    assert ReducerState.from_header(trace.header).apply_all(trace.events).freeze() == reducer.freeze()
+    return events
+
+
+def _finishes(events) -> dict[int, str]:
+    from engine import events as ev
+
+    return {e.seq_id: e.reason for e in events if isinstance(e, ev.SequenceFinished)}
+
+
+def _preempted(events) -> list[int]:
+    from engine import events as ev
+
+    return [seq_id for e in events if isinstance(e, ev.Preempted) for seq_id in e.seq_ids]
+
+
+def _params(max_tokens: int):
+    from engine import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+
+
+def _to_the_end(engine) -> None:
+    for _ in range(500):
+        if not engine.has_unfinished_requests():
+            return
+        engine.step()
+    raise AssertionError("the run did not finish in 500 steps")
+
+
+@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+def test_a_request_refused_after_it_was_preempted_finishes_and_is_freed_once(tmp_path, kv_manager):
+    """N1's path: two requests outgrow a pool of 4 blocks per group while decoding; each is
+    preempted and, once it cannot be admitted even into an empty pool, refused."""
+    def drive(engine, events):
+        for prompt in ("ROMEO: But soft", "JULIET: O Romeo"):
+            engine.add_request(prompt, _params(40))
+        _to_the_end(engine)
+
+    events = _lifecycle_run(_fuzz_traces(), tmp_path, kv_manager, drive)
+    refused = {seq_id for seq_id, reason in _finishes(events).items() if reason == "ignored"}
+    assert refused & set(_preempted(events)), (_finishes(events), _preempted(events))
+
+
+@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+def test_an_abort_of_a_preempted_request_finishes_it_once_and_frees_nothing_twice(tmp_path, kv_manager):
+    def drive(engine, events):
+        from engine import events as ev
+
+        request_of = {}
+        for prompt in ("ROMEO: But soft", "JULIET: O Romeo"):
+            request_id = engine.add_request(prompt, _params(40))
+            request_of.update({seq_id: request_id for seq_id in engine._groups[request_id].seq_ids})
+        for _ in range(500):
+            engine.step()
+            preempted = [seq_id for e in events if isinstance(e, ev.Preempted) for seq_id in e.seq_ids]
+            if preempted:
+                engine.abort_request(request_of[preempted[0]])
+                break
+        _to_the_end(engine)
+
+    events = _lifecycle_run(_fuzz_traces(), tmp_path, kv_manager, drive)
+    first = _preempted(events)[0]
+    assert _finishes(events)[first] == "abort"
+
+
+@pytest.mark.parametrize("kv_manager", ["v1", "vllm"])
+def test_requests_that_finish_while_waiting_emit_each_event_once(tmp_path, kv_manager):
+    """One request runs; one waits behind it and is aborted before it is ever scheduled; one
+    whose prompt no pool of this size holds is refused at the head of the queue."""
+    def drive(engine, events):
+        engine.add_request("ROMEO: But soft", _params(4))
+        waiting = engine.add_request("JULIET: O Romeo", _params(4))
+        engine.add_request("ROMEO: " * 12, _params(4))
+        engine.step()
+        assert engine.is_unfinished(waiting)
+        engine.abort_request(waiting)
+        _to_the_end(engine)
+
+    events = _lifecycle_run(_fuzz_traces(), tmp_path, kv_manager, drive, max_num_seqs=1)
+    assert sorted(_finishes(events).values()) == ["abort", "ignored", "length"], _finishes(events)
+    assert not _preempted(events)
+
+
 # Seeds whose drawn configurations cover both designs, tiny-hybrid's groups, chunked prefill and
 # preemption (test_the_suites_seeds_cover_what_the_fuzz_is_for checks what they drew).
 SUITE_SEEDS = (3, 7, 10, 11)
@@ -469,3 +597,73 @@ def test_a_header_declaring_more_kv_cache_groups_than_any_model_has_is_refused(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "kv_cache_groups" in err[0] and len(err[0]) < 600, err[0][:600]
     assert not (tmp_path / "out.svg").exists()
+
+
+def _declaring(tmp_path: Path, num_groups: int, num_lines: int | None = None) -> Path:
+    """The hybrid trace (2 groups used) with a header declaring `num_groups`, its first `num_lines` lines."""
+    lines = _lines(HYBRID)[:num_lines]
+    header = json.loads(lines[0])
+    header["kv_cache_groups"] += [{"kind": "full_attention", "layer_names": []}] * (num_groups - 2)
+    return _write(tmp_path / f"groups-{num_groups}.jsonl", [json.dumps(header), *lines[1:]])
+
+
+def test_views_build_tables_only_for_the_groups_that_hold_blocks(tmp_path):
+    """A header at the cap with the events using 2 groups: at every 25th cursor the view model's
+    frame (the records every front end draws) is the 2-group trace's, row for row."""
+    from blockviz.model.export import trace_frame
+    from blockviz.model.trace import MAX_KV_CACHE_GROUPS
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.view import summary_text, tables
+
+    declared, used = read_trace(_declaring(tmp_path, MAX_KV_CACHE_GROUPS)), read_trace(HYBRID)
+    timelines = [Timeline.for_trace(trace) for trace in (declared, used)]
+    assert timelines[0].state.num_kv_cache_groups == MAX_KV_CACHE_GROUPS
+    num_rows = 0
+    for position in range(0, len(used.events) + 1, 25):
+        frames = []
+        for timeline in timelines:
+            timeline.seek(position)
+            frames.append(json.dumps(trace_frame(timeline, used.header, "t")))
+            rows = tables(timeline.state)
+            assert all(len(row.groups) <= 1 for row in rows)
+            num_rows += len(rows)
+            assert len(timeline.state.groups_holding_blocks()) <= 2
+        assert frames[0] == frames[1], position
+        assert summary_text(timelines[0].state) == summary_text(timelines[1].state)
+    assert num_rows  # the cursors checked drew block tables
+
+
+def test_export_and_the_notebook_cost_what_is_drawn_not_what_is_declared(tmp_path):
+    """The SVG at one cursor, the page of every frame (the notebook's own front end, over the
+    frames the notebook's Visualizer computes) and its frames: a header at the cap with 2 groups
+    used comes out the size of the 2-group trace's (sizes, never times)."""
+    from blockviz.jupyter.visualizer import Visualizer
+    from blockviz.model.export import save_frame
+    from blockviz.model.trace import MAX_KV_CACHE_GROUPS
+    from blockviz.webpage.page import visualizer_page
+
+    sizes = {}
+    for num_groups in (2, MAX_KV_CACHE_GROUPS):
+        viz = Visualizer.from_trace(_declaring(tmp_path, num_groups, 220))
+        try:
+            viz.timeline.seek(len(viz.timeline))
+            frame = viz.frame()
+            svg = save_frame(frame, tmp_path / f"{num_groups}.svg")
+            sizes[num_groups] = (svg.stat().st_size, len(json.dumps(frame)), len(visualizer_page(viz)))
+        finally:
+            viz.close()
+    assert all(sizes[MAX_KV_CACHE_GROUPS][part] <= 1.05 * sizes[2][part] for part in range(3)), sizes
+
+
+def test_the_hostile_table_runs_the_probes_inputs_through_the_cli(capsys):
+    """scripts/hostile_table.py (the closing note's table), on its two header cases: each a
+    `python -m blockviz export` process, its exit code and line, no traceback."""
+    spec = importlib.util.spec_from_file_location("hostile_table", ROOT / "scripts" / "hostile_table.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.main(["--only", "groups declared", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| item 6")]
+    assert len(rows) == 2 and "| export | 2 | blockviz: error:" in rows[0] and "| export | 0 |" in rows[1], rows
+    assert "2 inputs, 0 with a traceback or a raw ESC." in out

@@ -272,3 +272,93 @@ def test_blocks_never_removed_stay_at_the_cap_and_the_dropped_are_counted():
     state.apply(batch(16, BlockStored((5_000,), None, (1,), 1, medium="GPU")))
     assert state.num_cached == cap - 99 and 5_000 in state.nodes and state.num_dropped_blocks == 500
     assert KVEventState().max_cached == MAX_CACHED_BLOCKS
+
+
+def test_a_block_of_a_million_token_ids_per_frame_keeps_its_first_ones_and_counts_the_rest():
+    """The probe's case: 300 frames each storing one block of 1,000,000 token ids. Each node keeps
+    MAX_TOKENS_PER_BLOCK of them; the rest are counted in limits_summary; what stays is small."""
+    from blockviz.kvevents.protocol import decode_batch
+    from blockviz.kvevents.state import MAX_TOKENS_PER_BLOCK
+
+    token_ids = tuple(range(1_000_000))
+    payload = encode_batch([BlockStored((1,), None, token_ids, len(token_ids), medium="GPU")], ts=0.0)
+    assert len(payload) <= MAX_PAYLOAD_BYTES  # a publisher can send it
+    state = KVEventState()
+    state.apply(batch(0, *decode_batch(payload).events))
+    tracemalloc.start()
+    try:
+        for seq in range(1, 300):
+            state.apply(batch(seq, BlockStored((seq + 1,), seq, token_ids, len(token_ids), medium="GPU")))
+        grown = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(state.nodes) == 300 and state.num_cached == 300
+    assert all(node.token_ids == token_ids[:MAX_TOKENS_PER_BLOCK] for node in state.nodes.values())
+    assert state.num_tokens_kept == 300 * MAX_TOKENS_PER_BLOCK
+    assert state.num_dropped_tokens == 300 * (len(token_ids) - MAX_TOKENS_PER_BLOCK)
+    assert f"{300 * (len(token_ids) - MAX_TOKENS_PER_BLOCK):,} token ids not kept" in state.limits_summary()
+    assert grown < 16 << 20, grown  # what 299 blocks of 1,000,000 ids would keep is 2.4 GB
+
+
+def test_token_ids_over_the_forest_are_capped_and_forgetting_a_block_makes_room():
+    state = KVEventState(max_tokens_kept=10, max_removed_kept=0)
+    state.apply(batch(0, BlockStored((1, 2, 3), None, tuple(range(12)), 4, medium="GPU")))
+    assert [len(state.nodes[h].token_ids) for h in (1, 2, 3)] == [4, 4, 2]
+    assert state.num_tokens_kept == 10 and state.num_dropped_tokens == 2
+    state.apply(batch(1, BlockRemoved((1,), medium="GPU")))  # forgotten at once (max_removed_kept=0)
+    assert 1 not in state.nodes and state.num_tokens_kept == 6
+    state.apply(batch(2, BlockStored((4,), 3, (7, 7, 7, 7), 4, medium="GPU")))
+    assert state.nodes[4].token_ids == (7, 7, 7, 7) and state.num_dropped_tokens == 2
+
+
+def test_a_4mb_medium_per_frame_is_kept_cut_and_counted():
+    """The probe's case: a 4 MB `medium` in each of 300 frames (each a new string, as decoding
+    makes). Every string field attach keeps (medium, locality, session id, kind) is cut to
+    MAX_FIELD_CHARS, counted in limits_summary; one such frame decodes with its controls escaped."""
+    from blockviz.kvevents.protocol import decode_batch
+    from blockviz.kvevents.state import MAX_FIELD_CHARS
+
+    hostile = "\x1b[2J" * 1_000
+    payload = encode_batch([BlockStored((1,), None, (1,), 1, medium="\x1b[2J" * 1_000_000, session_id=hostile,
+                                        kv_cache_spec_kind=hostile, locality=hostile, group_idx=0)], ts=0.0)
+    assert len(payload) <= MAX_PAYLOAD_BYTES
+    state = KVEventState()
+    state.apply(batch(0, *decode_batch(payload).events))
+    node = state.nodes[1]
+    assert len(node.medium) == len(node.session_id) == MAX_FIELD_CHARS and node.medium.startswith("\\x1b[2J")
+    assert [len(text) for text in (*next(iter(state.cached))[1], state.ranks[0].group_kinds[0])] == [MAX_FIELD_CHARS] * 3
+    assert state.num_cut_fields == 4
+    tracemalloc.start()
+    try:
+        for seq in range(1, 300):
+            medium = f"{seq:04d}" + "x" * (4 << 20)
+            state.apply(batch(seq, BlockStored((seq + 1,), seq, (seq,), 1, medium=medium)))
+            del medium
+        grown = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert state.num_cut_fields == 4 + 299  # each cut medium a tier of its own: past the places cap, dropped
+    assert len(state.nodes) == MAX_PLACES_PER_RANK and state.num_dropped_blocks == 300 - MAX_PLACES_PER_RANK
+    assert max(len(node.medium) for node in state.nodes.values()) == MAX_FIELD_CHARS
+    assert "303 string fields cut to 64 characters" in state.limits_summary()
+    assert grown < 8 << 20, grown  # 299 kept mediums of 4 MB would be 1.2 GB
+    state.apply(batch(300, BlockRemoved((2,), medium="0001" + "x" * (4 << 20))))  # removal finds the cut tier
+    assert not state.nodes[2].places and state.num_removed_unseen == 0
+
+
+def test_a_long_bytes_hash_is_kept_as_its_digest_and_its_removal_finds_it():
+    from blockviz.kvevents.state import MAX_HASH_BYTES
+
+    long_hash, parent = b"\x01" * (1 << 20), b"\x02" * (1 << 20)
+    state = KVEventState()
+    state.apply(batch(0, BlockStored((parent,), None, (1,), 1, medium="GPU")))
+    state.apply(batch(1, BlockStored((long_hash,), parent, (2,), 1, medium="GPU")))
+    assert all(len(block_hash) <= MAX_HASH_BYTES for block_hash in state.nodes)
+    (child,) = [node for node in state.nodes.values() if node.token_ids == (2,)]
+    assert child.parent_hash in state.nodes and state.chain_tokens(child.block_hash) == (1, 2)
+    state.apply(batch(2, BlockRemoved((long_hash,), medium="GPU")))
+    assert state.num_cached == 1 and state.num_removed_unseen == 0
+    assert "block hashes over 64 bytes kept as their digest" in state.limits_summary()
+    short = bytes(32)
+    state.apply(batch(3, BlockStored((short,), None, (3,), 1, medium="GPU")))
+    assert short in state.nodes  # vLLM's own (a 32-byte hash) is kept as it came

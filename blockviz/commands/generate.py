@@ -97,6 +97,8 @@ def _print_text(requests: list[dict], summary: dict) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from blockviz.model.safe_text import safe_line, safe_text
+
     console = Console(highlight=False, soft_wrap=True)
     for request in requests:
         cached = f", {request['num_cached_tokens']} from the prefix cache" if request["num_cached_tokens"] else ""
@@ -104,8 +106,9 @@ def _print_text(requests: list[dict], summary: dict) -> None:
                       f"({request['num_prompt_tokens']} prompt tokens{cached})")
         for completion in request["completions"]:
             reason = completion["finish_reason"] + (f": {completion['finish_detail']}" if completion["finish_detail"] else "")
-            console.print(f"[cyan]{escape(request['prompt'] or '')}[/]{escape(completion['text'])}")
-            console.print(f"  [dim]finished ({escape(reason)}); block table {completion['block_table']}[/]")
+            # the prompt and the completion are data: their control characters are written visibly (safe_text.py)
+            console.print(f"[cyan]{escape(safe_text(request['prompt'] or ''))}[/]{escape(safe_text(completion['text']))}")
+            console.print(f"  [dim]finished ({escape(safe_line(reason))}); block table {completion['block_table']}[/]")
         console.print()
     s = summary
     console.print(f"[bold]summary[/] {s['model']} on {s['device']}/{s['dtype']}: block size {s['block_size']}, "

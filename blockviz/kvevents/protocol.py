@@ -91,11 +91,13 @@ class BlockStored(KVCacheEvent, frozen=True):
     session_id: str | None = None
     lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
 
-    def blocks(self) -> list[tuple[BlockHash, BlockHash | None, tuple[int, ...]]]:
-        """One (hash, parent hash, token ids) per stored block, the chain unrolled."""
+    def blocks(self, max_tokens: int | None = None) -> list[tuple[BlockHash, BlockHash | None, tuple[int, ...]]]:
+        """One (hash, parent hash, token ids) per stored block, the chain unrolled; with
+        `max_tokens`, at most that many of each block's first token ids."""
         out, parent, size = [], self.parent_block_hash, max(self.block_size, 1)
+        keep = size if max_tokens is None else min(size, max_tokens)
         for index, block_hash in enumerate(self.block_hashes):
-            out.append((block_hash, parent, tuple(self.token_ids[index * size:(index + 1) * size])))
+            out.append((block_hash, parent, tuple(self.token_ids[index * size:index * size + keep])))
             parent = block_hash
         return out
 

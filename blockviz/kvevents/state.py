@@ -12,13 +12,19 @@ Memory is bounded for a session of any length and any publisher: the forest keep
 cached now, at most MAX_CACHED_BLOCKS placements (a block in one rank, tier and KV-cache group),
 plus the MAX_REMOVED_KEPT most recently removed ones (older removed blocks are forgotten); a rank's
 blocks live in at most MAX_PLACES_PER_RANK (tier, group) places; stores past either cap are
-dropped, counted (num_dropped_blocks) and said in a notice. The store and removal log, the
-timeline, the gaps and the notices keep their newest entries only. A batch's work is proportional
+dropped, counted (num_dropped_blocks) and said in a notice. Each block's bytes are bounded too:
+at most MAX_TOKENS_PER_BLOCK of its token ids are kept, and MAX_TOKENS_KEPT over the forest; a
+string field kept (`medium`, `locality`, `session_id`, the cache-spec kind) is cut to
+MAX_FIELD_CHARS; a block hash sent as more than MAX_HASH_BYTES bytes is kept as its BLAKE2b digest
+(the same hash always gives the same digest, so its removal still finds it). Each of these is
+counted and said by `limits_summary()`. The store and removal log, the timeline, the gaps and the
+notices keep their newest entries only. A batch's work is proportional
 to its events (the counts per tier are kept as blocks come and go, never recounted).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -43,6 +49,10 @@ MAX_GAPS = 1_000  # gaps kept for the view (all are counted)
 MAX_NOTICES = 1_000  # notices kept for the view (all are counted)
 MAX_CACHED_BLOCKS = 1 << 18  # blocks cached now, summed over places (stores past it are dropped)
 MAX_PLACES_PER_RANK = 256  # (tier, KV-cache group) places per rank (vLLM has a few groups per model)
+MAX_TOKENS_PER_BLOCK = 1024  # token ids kept per block (a block's size in tokens is vLLM's block_size)
+MAX_TOKENS_KEPT = 1 << 22  # token ids kept over the whole forest (a node past it keeps none)
+MAX_FIELD_CHARS = 64  # characters kept of a string field (vLLM's media, kinds and session ids are short)
+MAX_HASH_BYTES = 64  # a bytes block hash longer than this is kept as its digest (vLLM's are 32 bytes)
 
 Tier = tuple[str, str | None]
 """Where a cached block lives: (medium, locality), e.g. ("GPU", None) or ("CPU", "REMOTE")."""
@@ -154,7 +164,7 @@ class KVEventState:
     """The picture vLLM's events allow; feed it `apply_update(client.poll(...))` or `apply(received)`."""
 
     def __init__(self, max_removed_kept: int = MAX_REMOVED_KEPT, max_cached: int = MAX_CACHED_BLOCKS,
-                 max_places_per_rank: int = MAX_PLACES_PER_RANK) -> None:
+                 max_places_per_rank: int = MAX_PLACES_PER_RANK, max_tokens_kept: int = MAX_TOKENS_KEPT) -> None:
         self.nodes: dict[BlockHash, HashNode] = {}
         self.children: dict[BlockHash | None, dict[BlockHash, None]] = {}  # parent -> children, in order
         self.cached: dict[tuple[int, Tier, int | None], set[BlockHash]] = {}  # (rank, tier, group) -> hashes
@@ -163,6 +173,11 @@ class KVEventState:
         self.max_cached = max_cached
         self.max_places_per_rank = max_places_per_rank
         self.num_dropped_blocks = 0  # stores dropped: past max_cached, or into a place past max_places_per_rank
+        self.max_tokens_kept = max_tokens_kept
+        self.num_tokens_kept = 0  # token ids the forest's nodes hold
+        self.num_dropped_tokens = 0  # token ids sent and not kept (past MAX_TOKENS_PER_BLOCK or max_tokens_kept)
+        self.num_cut_fields = 0  # string fields cut to MAX_FIELD_CHARS
+        self.num_digested_hashes = 0  # bytes hashes longer than MAX_HASH_BYTES kept as their digest
         self.removed: OrderedDict[BlockHash, None] = OrderedDict()  # nodes cached nowhere, oldest first
         self.max_removed_kept = max_removed_kept
         self.num_forgotten = 0  # removed nodes dropped from the forest to bound its size
@@ -214,8 +229,8 @@ class KVEventState:
             if isinstance(event, BlockStored):
                 stored += self._store(event, rank)
             elif isinstance(event, BlockRemoved):
-                removed += self._remove(event.block_hashes, rank, tier_of(event.medium, event.locality),
-                                        event.group_idx)
+                removed += self._remove(tuple(map(self._hash, event.block_hashes)), rank,
+                                        tier_of(self._cut(event.medium), self._cut(event.locality)), event.group_idx)
             elif isinstance(event, AllBlocksCleared):
                 removed += self._clear(rank)
                 stats.num_cleared += 1
@@ -273,27 +288,51 @@ class KVEventState:
             self.num_notices += 1
         self.num_dropped_blocks += count
 
+    def _cut(self, text: str | None) -> str | None:
+        """A string field as kept: its first MAX_FIELD_CHARS characters (a longer one is counted)."""
+        if text is None or len(text) <= MAX_FIELD_CHARS:
+            return text
+        self.num_cut_fields += 1
+        return text[:MAX_FIELD_CHARS - 1] + "…"
+
+    def _hash(self, block_hash: BlockHash | None) -> BlockHash | None:
+        """A block hash as kept: a bytes hash longer than MAX_HASH_BYTES as its BLAKE2b digest."""
+        if isinstance(block_hash, bytes) and len(block_hash) > MAX_HASH_BYTES:
+            self.num_digested_hashes += 1
+            return hashlib.blake2b(block_hash, digest_size=32).digest()
+        return block_hash
+
     def _store(self, event: BlockStored, rank: int) -> int:
-        place = (rank, tier_of(event.medium, event.locality), event.group_idx)
+        medium = self._cut(event.medium)
+        place = (rank, tier_of(medium, self._cut(event.locality)), event.group_idx)
         cached = self._place(place)
         if cached is None:
             self._drop(len(event.block_hashes), f"rank {rank} has {self.max_places_per_rank} (tier, "
                                                  "KV-cache group) places, the most attach keeps")
             return len(event.block_hashes)
         stats = self.ranks[rank]
-        if event.group_idx is not None and event.kv_cache_spec_kind is not None:
-            stats.group_kinds[event.group_idx] = event.kv_cache_spec_kind
-        for block_hash, parent, token_ids in event.blocks():
+        kind = self._cut(event.kv_cache_spec_kind)
+        if event.group_idx is not None and kind is not None and (
+                event.group_idx in stats.group_kinds or len(stats.group_kinds) < self.max_places_per_rank):
+            stats.group_kinds[event.group_idx] = kind
+        session_id = self._cut(event.session_id)
+        size = max(event.block_size, 1)
+        for index, (block_hash, parent, token_ids) in enumerate(event.blocks(MAX_TOKENS_PER_BLOCK)):
+            block_hash, parent = self._hash(block_hash), self._hash(parent)
+            sent = max(0, min(size, len(event.token_ids) - index * size))
             if block_hash not in cached and self.num_cached >= self.max_cached:
                 self._drop(1, f"{self.max_cached:,} blocks are cached, the most attach keeps")
                 continue
             node = self.nodes.get(block_hash)
             if node is None:
-                node = self.nodes[block_hash] = HashNode(block_hash, parent, token_ids, event.block_size, event.medium)
+                token_ids = token_ids[:max(0, self.max_tokens_kept - self.num_tokens_kept)]
+                self.num_tokens_kept += len(token_ids)
+                self.num_dropped_tokens += sent - len(token_ids)
+                node = self.nodes[block_hash] = HashNode(block_hash, parent, token_ids, event.block_size, medium)
                 self.children.setdefault(parent, {})[block_hash] = None
             node.places.add(place)
             node.times_stored += 1
-            node.session_id = event.session_id or node.session_id
+            node.session_id = session_id or node.session_id
             self.removed.pop(block_hash, None)
             if block_hash not in cached:
                 cached.add(block_hash)
@@ -351,6 +390,7 @@ class KVEventState:
         while len(self.removed) > self.max_removed_kept:
             block_hash, _ = self.removed.popitem(last=False)
             node = self.nodes.pop(block_hash)
+            self.num_tokens_kept -= len(node.token_ids)
             siblings = self.children.get(node.parent_hash)
             if siblings is not None:
                 siblings.pop(block_hash, None)
@@ -363,13 +403,21 @@ class KVEventState:
     # ------------------------------------------------------------------ queries
 
     def limits_summary(self) -> str:
-        """One line on what the caps left out (stores dropped, removed blocks forgotten), or ""."""
+        """One line on what the caps left out (stores dropped, removed blocks forgotten, token ids
+        not kept, string fields cut, long hashes digested), or ""."""
         parts = []
         if self.num_dropped_blocks:
             parts.append(f"{self.num_dropped_blocks:,} stored blocks dropped (caps: {self.max_cached:,} cached "
                          f"blocks, {self.max_places_per_rank} places per rank)")
         if self.num_forgotten:
             parts.append(f"{self.num_forgotten:,} removed blocks forgotten (the newest {self.max_removed_kept:,} kept)")
+        if self.num_dropped_tokens:
+            parts.append(f"{self.num_dropped_tokens:,} token ids not kept (caps: {MAX_TOKENS_PER_BLOCK:,} per block, "
+                         f"{self.max_tokens_kept:,} in all)")
+        if self.num_cut_fields:
+            parts.append(f"{self.num_cut_fields:,} string fields cut to {MAX_FIELD_CHARS} characters")
+        if self.num_digested_hashes:
+            parts.append(f"{self.num_digested_hashes:,} block hashes over {MAX_HASH_BYTES} bytes kept as their digest")
         return "; ".join(parts)
 
     def stored_hashes(self) -> set[BlockHash]:

@@ -275,12 +275,13 @@ def memory_record(insights: Insights, state: ReducerState, position: int,
 
 
 def group_memory(state: ReducerState, truth: MemoryTruth) -> list[GroupMemory]:
-    """Each KV-cache group's blocks in use and null slots (GroupMemory); [] for one group."""
+    """Each KV-cache group's blocks in use and null slots (GroupMemory), for the groups that hold
+    blocks (ReducerState.groups_holding_blocks); [] for one group."""
     if not has_groups(state):
         return []
     return [GroupMemory(g, group_label(state, g), truth.blocks_per_group.get(g, 0),
                         sum(table.count(("gpu", 0)) for table in state.tables_of(g).values()))
-            for g in range(state.num_kv_cache_groups)]
+            for g in state.groups_holding_blocks()]
 
 
 def sparkline_points(insights: Insights, position: int, limit: int = MAX_SPARK_POINTS) -> list[list]:

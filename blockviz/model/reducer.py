@@ -177,6 +177,17 @@ class ReducerState:
         """The header's groups, or as many as the events named (a state made without a header)."""
         return max(len(self.kv_cache_groups), 1 + max(self.group_tables, default=0))
 
+    def groups_holding_blocks(self) -> tuple[int, ...]:
+        """Group 0 and each other KV-cache group that holds blocks now: a sequence's table in it is
+        not empty, or a block of its prefix cache is hashed (vLLM keys cached blocks by group). The
+        views draw tables and legends for these groups only, so a header declaring many groups
+        costs what the events use."""
+        held = {g for g, tables in self.group_tables.items() if any(tables.values())}
+        gpu = self.pools["gpu"]
+        held.update(gpu[number].group for number in self.hashed_gpu_blocks)
+        held.discard(0)
+        return (0, *sorted(held))
+
     def tables_of(self, group: int) -> dict[int, list[tuple[str, int]]]:
         """seq_id -> its table in KV-cache group `group`."""
         return self.tables if group == 0 else self.group_tables.setdefault(group, {})

@@ -45,27 +45,35 @@ _UNSAFE_TOKEN = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f{_OTHERS}]")  # keeps \t
 _SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-def _escape(match: re.Match[str]) -> str:
-    ch = match.group()
+def _escape(ch: str) -> str:
     if ch in _SHORT:
         return _SHORT[ch]
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
+def _table(unsafe: re.Pattern[str]) -> dict[int, str]:
+    """str.translate's table for the characters `unsafe` matches: each to its visible escape (a
+    translation runs in C, so a string of millions of control characters costs little)."""
+    return {code: _escape(chr(code)) for code in range(0x2070) if unsafe.match(chr(code))}
+
+
+_LINE_TABLE, _TEXT_TABLE, _TOKEN_TABLE = map(_table, (_UNSAFE_LINE, _UNSAFE_TEXT, _UNSAFE_TOKEN))
+
+
 def safe_line(text: str) -> str:
     """`text` for one line: every control character written visibly (`\\x1b`, `\\n`, `\\u202e`)."""
-    return _UNSAFE_LINE.sub(_escape, text) if _UNSAFE_LINE.search(text) else text
+    return text.translate(_LINE_TABLE) if _UNSAFE_LINE.search(text) else text
 
 
 def safe_text(text: str) -> str:
     """`text` a view lays out on lines: as safe_line, keeping newlines and tabs."""
-    return _UNSAFE_TEXT.sub(_escape, text) if _UNSAFE_TEXT.search(text) else text
+    return text.translate(_TEXT_TABLE) if _UNSAFE_TEXT.search(text) else text
 
 
 def safe_token(text: str) -> str:
     """A token's piece: as safe_line, keeping the newline, tab and carriage return that
     palette.show_token draws as '⏎', '⇥' and '␍'."""
-    return _UNSAFE_TOKEN.sub(_escape, text) if _UNSAFE_TOKEN.search(text) else text
+    return text.translate(_TOKEN_TABLE) if _UNSAFE_TOKEN.search(text) else text
 
 
 def _safe_value(value: Any, safe: typing.Callable[[str], str]) -> Any:

@@ -174,11 +174,12 @@ def group_label(state: ReducerState, group: int) -> str:
 
 
 def kv_cache_groups(state: ReducerState) -> list[KVCacheGroupInfo]:
-    """The run's KV-cache groups (KVCacheGroupInfo), [] for a run with one group."""
+    """The run's KV-cache groups that hold blocks (ReducerState.groups_holding_blocks) as
+    KVCacheGroupInfo, [] for a run with one group."""
     if not has_groups(state):
         return []
     return [KVCacheGroupInfo(g, group_label(state, g), group_mark(g), group_colour(g))
-            for g in range(state.num_kv_cache_groups)]
+            for g in state.groups_holding_blocks()]
 
 
 @dataclass(slots=True)
@@ -315,7 +316,7 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
     if limit is not None:
         seq_ids = sorted(seq_ids, key=lambda s: (s not in state.tables, s))[:limit]
     rows = []
-    groups = has_groups(state)
+    groups = state.groups_holding_blocks()[1:] if has_groups(state) else None
     names = RequestNames(state)
     for seq_id in sorted(seq_ids):
         seq = state.seqs.get(seq_id)
@@ -324,11 +325,11 @@ def tables(state: ReducerState, limit: int | None = MAX_TABLES,
                        (seq.finish_reason or "") if seq else "", num_slotted_tokens(state, seq_id), blocks,
                        progress(state, seq_id) if state.design.chunked_prefill else None, skipped=skipped,
                        name=names((seq_id,)))
-        if groups:
+        if groups is not None:
             row.label = group_label(state, 0)
             row.groups = [GroupTable(g, group_label(state, g),
                                      *_group_blocks(state, seq_id, state.tables_of(g).get(seq_id, ()), vocab))
-                          for g in range(1, state.num_kv_cache_groups)]
+                          for g in groups]
         rows.append(row)
     return rows
 
@@ -664,15 +665,16 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
         lines.append("free queue (next to go first): " + (" ".join(
             f"{number}{'c' if cached else ''}" for number, cached in queue.blocks) or "empty")
             + (f" … +{more}" if more > 0 else ""))
-    groups = state.num_kv_cache_groups
+    groups = state.groups_holding_blocks()
     names = RequestNames(state)
     for seq_id in sorted(state.tables)[:max_tables]:
         seq = state.seqs.get(seq_id)
         status = status_word(state, seq_id) if seq else "?"
-        for group, table in enumerate(state.seq_tables(seq_id)):
+        for group in groups:
+            table = state.tables_of(group).get(seq_id, [])
             where = " ".join(f"{d}:{n}" + (f"(ref {state.pools[d][n].ref_count})" if state.pools[d][n].ref_count > 1
                                            else "") for d, n in table)
-            label = f" group {group}" if groups > 1 else ""
+            label = f" group {group}" if has_groups(state) else ""
             lines.append(f"  {names((seq_id,))}{label} ({status}): {where or '-'}")
     if len(state.tables) > max_tables:
         lines.append(f"  … {len(state.tables) - max_tables} more block tables")
