@@ -66,6 +66,17 @@ def figures_of(seed: int | None) -> Figures:
 
 variants.register("10", figures_of)
 
+# what a variant's notebook says in place of the stored lesson's figures (key.py --variants)
+VARIANT_TEXT = (
+    ("in blocks of 4 tokens", "in blocks of {block_size} tokens"),
+    ("on a pool of 9 blocks", "on a pool of {eviction_blocks} blocks"),
+    ("needs 5 blocks, then more", "needs {citizen_blocks} blocks, then more"),
+    ("on a pool of 14 blocks", "on a pool of {preemption_blocks} blocks"),
+    ("(4 per hit; count tokens)", "({block_size} per hit; count tokens)"),
+    ("exactly 3 blocks", "exactly {hamlet_blocks} blocks"),
+    ("With a budget of 8 tokens a step", "With a budget of {budget} tokens a step"),
+)
+
 
 def figures() -> Figures:
     """This notebook's figures (its variant's, blockviz.lessons.variants.use)."""
