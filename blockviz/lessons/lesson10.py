@@ -141,8 +141,8 @@ def _table_of(viz, request_id: str) -> list[int]:
 
 @exercise("10", "my_evicted", "v1 frees a request's blocks last first, and hashed blocks join the tail of the free "
                               "queue in that order; blocks are popped from the head.",
-          slips=[Slip(lambda: hamlet_then_citizen()[0][0], "the chain's head went to the queue last, behind its "
-                                                           "tail: the tail is evicted first."),
+          slips=[Slip(lambda: hamlet_then_citizen()[0][0], "which end of the chain went to the queue first, "
+                                                           "and from which end is the queue popped?"),
                  Slip(lambda: hamlet_then_citizen()[0][-1], "the partly filled block had no hash: popping it evicts "
                                                            "nothing.")],
           praise="the chain loses its tail first, so its head, the part other prompts share, lives longest.")
