@@ -254,3 +254,31 @@ def test_a_number_given_as_text_or_in_the_other_unit_gets_its_own_hint():
     assert "counts tokens; the question asks for blocks" in ex.verdict(8).text
     assert ex.verdict(3).text.endswith("one too many.") and ex.verdict(5).text.endswith("count again.")
     assert ex.slip_of(2) is None and ex.slip_of(3).value == 3
+
+
+@pytest.mark.slow
+def test_lesson11_variant_keys_are_right_only_for_their_own_variant():
+    a, b = two_students("11", lambda x, y: x.mla_block_size != y.mla_block_size and x.pool_gib != y.pool_gib
+                        and x.window_block_size != y.window_block_size)
+    judge_across("11", a, b)
+
+
+def test_every_answer_cell_names_what_it_counts():
+    """Each answer cell says after "# your answer:" what to give (blocks, tokens, a block number...)."""
+    for path in sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb")):
+        for cell in read(path)["cells"]:
+            if "answer" in cell.get("metadata", {}).get("tags", []):
+                source = "".join(cell["source"])
+                assert "# your answer:" in source or "AllocStatus" in source, (path.name, source)
+
+
+def test_no_hint_states_an_arithmetic_answer():
+    """The exercises computed by arithmetic alone: no hint or slip hint writes out the answer."""
+    from blockviz.lessons import lesson01, lesson08, lesson11
+
+    for ex in (lesson01.check_bytes, lesson01.check_blocks, lesson01.check_gqa_bytes, lesson08.check_fraction,
+               lesson11.check_mqa_bytes, lesson11.check_mla_block, lesson11.check_fp8_tokens):
+        truth = ex.truth()
+        for text in (ex.hint, *(slip.hint for slip in ex.slips)):
+            for written in {str(truth), f"{truth:,}", f"{truth:_}"}:
+                assert written not in ex._text(text), (ex.id, text)

@@ -25,7 +25,7 @@ def check_bytes():
     return block_bytes(4, 4, 8, 128, 2)
 
 
-@exercise("01", "my_blocks", "divide 2**30 bytes by the bytes of one GPT-2 block (computed above) and round down.",
+@exercise("01", "my_blocks", "how many whole GPT-2 blocks (their bytes computed above) fit in 2**30 bytes?",
           slips=[Slip(910, "float16 takes 2 bytes a number, not 4."),
                  Slip(3640, "every token stores a key AND a value: the factor 2."),
                  Slip(GiB / (16 * 12 * 2 * 12 * 64 * 2), "can a pool hold part of a block?")])
@@ -34,7 +34,8 @@ def check_blocks():
     return GiB // block_bytes(16, 12, 12, 64, 2)
 
 
-@exercise("01", "my_gqa_bytes", "block_size x layers x 2 x K/V heads x head_dim x 2 bytes.",
+@exercise("01", "my_gqa_bytes", "the factors of the first exercise, with this model's layers, heads and head_dim: "
+                                "which heads does the cache hold?",
           slips=[Slip(8_388_608, "which heads does the cache hold: the 32 query heads, or the K/V heads?")],
           praise="8 K/V heads, a quarter of what counting the 32 query heads gives.")
 def check_gqa_bytes():
