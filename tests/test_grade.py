@@ -159,6 +159,19 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_key_refuses_a_bad_roster_in_one_line(tmp_path, capsys):
+    from blockviz.lessons.key import main as key_main
+
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id\nada\nada\n")
+    assert key_main(["--variants", str(roster), str(tmp_path / "out")]) == 2
+    assert key_main(["--variant", "../ada"]) == 2
+    assert key_main(["--variants", str(roster)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and "appears more than once" in err[0] and "not a student id" in err[1]
+    assert not (tmp_path / "out").exists()
+
+
 def test_answers_cross_from_the_kernel_as_plain_data():
     from engine.block_manager import AllocStatus
 
@@ -174,6 +187,7 @@ def test_a_student_id_comes_from_metadata_else_the_file_and_fixes_the_variant(tm
     notebook = variant_notebook(read(LESSONS_DIR / "10_vllm_v1.ipynb"), "10", "ada")
     assert grader.student_of(tmp_path / "whatever.ipynb", notebook) == "ada"
     assert grader.student_of(tmp_path / "bo.ipynb", read(LESSON01)) == "bo"
+    assert grader.student_of(tmp_path / "cy" / "01_block_size.ipynb", read(LESSON01)) == "cy"
     assert grader.variant_of(notebook, "ada") == (variants.seed_of("ada", "10"), "")
     notebook["metadata"]["blockviz"]["variant"] = variants.seed_of("cy", "10")
     seed, note = grader.variant_of(notebook, "ada")

@@ -34,6 +34,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ FIELDS = ("student", "notebook", "exercise", "verdict", "score", "answer", "slip
 SUMMARY_FIELDS = ("exercise", "submissions", "correct", "wrong", "unanswered", "error", "commonest_slip",
                   "slip_count", "slip_hint")
 ERROR = "error"
+_LESSON_FILE = re.compile(r"\d\d_\w+\.ipynb")
 
 # The cell the grader adds after a notebook's own: each answer variable as plain data (JSON), an
 # enum as its class and member name, anything else as its type and a short repr.
@@ -338,9 +340,12 @@ def _short(value: Any) -> str:
 
 
 def student_of(path: Path, notebook: dict) -> str:
-    """The student's id: metadata.blockviz.student, else the file's name without .ipynb."""
+    """The student's id: metadata.blockviz.student, else the file's name without .ipynb, or the
+    folder's name for a file named as a lesson is (ada/05_prefix_caching.ipynb is ada's)."""
     student = _ours(_metadata(notebook)).get("student")
-    return str(student) if isinstance(student, (str, int)) and str(student).strip() else path.stem
+    if isinstance(student, (str, int)) and str(student).strip():
+        return str(student).strip()
+    return path.parent.name if _LESSON_FILE.fullmatch(path.name) and path.parent.name else path.stem
 
 
 def variant_of(notebook: dict, student: str) -> tuple[int | None, str]:
