@@ -295,4 +295,4 @@ def test_no_hint_states_an_arithmetic_answer():
         truth = ex.truth()
         for text in (ex.hint, *(slip.hint for slip in ex.slips)):
             for written in {str(truth), f"{truth:,}", f"{truth:_}"}:
-                assert written not in ex._text(text), (ex.id, text)
+                assert written not in ex.fill_in(text), (ex.id, text)

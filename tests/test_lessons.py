@@ -245,7 +245,7 @@ def appended(notebook) -> list[tuple[str, str, list]]:
         ex = EXERCISES[exercise_of(cell)]
         cases = [("key", KEY[ex.id], "Correct")]
         cases += [(f"slip {i}", f"from blockviz.lessons import EXERCISES as _bv\n"
-                                f"{ex.variable} = _bv[{ex.id!r}].slips[{i}].resolve()", f"Hint: {slip.hint}")
+                                f"{ex.variable} = _bv[{ex.id!r}].slips[{i}].resolve()", f"Hint: {ex.fill_in(slip.hint)}")
                   for i, slip in enumerate(ex.slips)]
         cases.append(("blank", f"{ex.variable} = ...", "Not answered yet"))
         for what, answer_source, expected in cases:

@@ -108,12 +108,12 @@ class Exercise:
             return Verdict(self.id, UNANSWERED, f"Not answered yet: put your answer in `{self.variable}` (in place "
                                                 f"of ...) and run this cell again.")
         if _agrees(self.same, answer, self.truth()):
-            return Verdict(self.id, CORRECT, "Correct" + (f": {self._text(self.praise)}" if self.praise else "."))
+            return Verdict(self.id, CORRECT, "Correct" + (f": {self.fill_in(self.praise)}" if self.praise else "."))
         slip = self.slip_of(answer)
-        hint = self._text(slip.hint if slip is not None else self.hint)
+        hint = self.fill_in(slip.hint if slip is not None else self.hint)
         return Verdict(self.id, WRONG, f"Not quite ({self.variable} = {_short(answer)}). Hint: {hint}")
 
-    def _text(self, text: str) -> str:
+    def fill_in(self, text: str) -> str:
         """`text` with the active variant's figures put in its {fields} (a lesson with variants)."""
         from blockviz.lessons import variants
 

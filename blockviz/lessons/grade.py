@@ -401,7 +401,7 @@ def grade_notebook(path: Path, notebook: dict, limits: Limits) -> list[Row]:
                 row.score = int(verdict.correct)
                 if slip is not None:
                     row.slip = _short(slip.resolve())
-                    row.hint = ex._text(slip.hint)
+                    row.hint = ex.fill_in(slip.hint)
                 row.note = problem
             finally:
                 variants.use(None)
