@@ -254,7 +254,7 @@ def judge_across(lesson: str, a: str, b: str) -> None:
 
 @pytest.mark.slow
 def test_lesson10_variant_keys_are_right_only_for_their_own_variant():
-    a, b = two_students("10", lambda x, y: {x.block_size, y.block_size} == {3, 6} and {x.budget, y.budget} == {6, 9})
+    a, b = two_students("10", lambda x, y: {x.block_size, y.block_size} == {3, 6} and {x.budget, y.budget} == {3, 11})
     judge_across("10", a, b)
 
 
@@ -296,3 +296,27 @@ def test_no_hint_states_an_arithmetic_answer():
         for text in (ex.hint, *(slip.hint for slip in ex.slips)):
             for written in {str(truth), f"{truth:,}", f"{truth:_}"}:
                 assert written not in ex.fill_in(text), (ex.id, text)
+
+
+@pytest.mark.slow
+def test_the_grader_grades_each_variant_notebook_on_its_own_variant(tmp_path):
+    """Two students' lesson 10 notebooks, both answered with the first one's key: the first is
+    correct throughout, the second wrong wherever the two variants' answers differ."""
+    a, b = two_students("10", lambda x, y: x.block_size != y.block_size and x.budget != y.budget)
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    key = variant_answers("10", a)
+    for student in (a, b):
+        notebook = variant_notebook(read(LESSONS_DIR / "10_vllm_v1.ipynb"), "10", student)
+        answers = {cell["metadata"]["blockviz"]["exercise"]: key[cell["metadata"]["blockviz"]["exercise"]]
+                   for cell in notebook["cells"] if "answer" in cell["metadata"].get("tags", [])}
+        (folder / f"{student}.ipynb").write_text(json.dumps(with_answers(notebook, answers)))
+    done, rows, _ = grade(folder, tmp_path / "marks.csv")
+    assert done.returncode == 0, done.stderr
+    marks = verdicts(rows)
+    other = variant_answers("10", b)
+    for exercise_id, source in key.items():
+        assert marks[a, exercise_id] == "correct", exercise_id
+        same = source.split("  #")[0] == other[exercise_id].split("  #")[0]
+        assert marks[b, exercise_id] == ("correct" if same else "wrong"), exercise_id
+    assert sum(marks[b, e] == "wrong" for e in key) >= 3

@@ -21,7 +21,7 @@ CITIZEN = "First Citizen:\nBefore we proceed any further, hear me speak."  # 20 
 PREEMPT_PROMPTS = [WINTER, "ROMEO: What light through yonder window breaks?"]
 HAMLET_TOKENS, CITIZEN_TOKENS = 12, 20
 BLOCK_SIZES = (3, 4, 6)  # each divides Hamlet's 12 tokens and none Winter's 10: whole blocks, a partial one
-BUDGETS = (6, 7, 8, 9)  # none divides the 20-token line: its last chunk is always a short one
+BUDGETS = (3, 6, 7, 11)  # none divides the 20-token line: its last chunk is a short one
 
 
 class Figures(NamedTuple):
