@@ -153,7 +153,7 @@ def answer_cells(notebook: dict) -> dict[str, int]:
 
 
 def read_submission(path: Path) -> dict:
-    """The notebook at `path` as JSON, or UsageError's sibling ValueError naming why it is not one of ours."""
+    """The notebook at `path` as JSON, or ValueError (one line) naming why it is not a lesson of ours."""
     try:
         notebook = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -193,17 +193,14 @@ def run_notebook(notebook: dict, limits: Limits) -> Run:
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    exercises = answer_cells(notebook)
-    names = {}
     from blockviz.lessons import EXERCISES
 
-    for exercise_id in exercises:
-        if exercise_id in EXERCISES:
-            names[exercise_id] = EXERCISES[exercise_id].variable
+    exercises = answer_cells(notebook)
+    names = {EXERCISES[exercise_id].variable for exercise_id in exercises if exercise_id in EXERCISES}
     cells = [cell for cell in notebook["cells"] if cell.get("cell_type") in ("code", "markdown", "raw")
              and not (cell.get("cell_type") == "code" and "check" in _tags(cell))]
     read = {"cell_type": "code", "metadata": {"blockviz": {"grader": True}}, "source":
-            _READ_ANSWERS % (ANSWERS_MIME, sorted(set(names.values()))), "outputs": [], "execution_count": None}
+            _READ_ANSWERS % (ANSWERS_MIME, sorted(names)), "outputs": [], "execution_count": None}
     work = {"cells": [*cells, read], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     for number, cell in enumerate(work["cells"]):
         cell = work["cells"][number] = dict(cell, id=f"cell-{number}")
@@ -222,7 +219,7 @@ def run_notebook(notebook: dict, limits: Limits) -> Run:
                                 kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
         client = _make_client_class()(nb, km=km, kernel_name="blockviz-grade", resources={"metadata": {"path": str(cwd)}},
                                 allow_errors=True, interrupt_on_timeout=True, shutdown_kernel="immediate",
-                                startup_timeout=120, skip_cells_with_tag="skip-when-grading")
+                                startup_timeout=120)
         client.deadline = time.monotonic() + limits.timeout
         client.read_index = read_index
         client.max_output_bytes = int(limits.max_output * 2**20)
