@@ -74,9 +74,33 @@ class Exercise:
     slips: tuple[Slip, ...] = ()
     praise: str = ""
     same: Callable[[Any, Any], bool] | None = None
+    unit: str = ""
+    other_unit: tuple[str, Callable[[], Any]] | None = None
+
+    @property
+    def lesson(self) -> str:
+        return self.id.split(".", 1)[0]
 
     def truth(self) -> Any:
-        return _truth(self.truth_of)
+        """The true answer in the active variant (blockviz.lessons.variants), computed once each."""
+        from blockviz.lessons import variants
+
+        return _truth(self.truth_of, variants.active())
+
+    def slip_of(self, answer: Any) -> Slip | None:
+        """The known slip `answer` matches, or None (a right answer matches none). A right number
+        given as text, and the right count in the other unit, are slips of their own."""
+        truth = self.truth()
+        if _agrees(self.same, answer, truth):
+            return None
+        if _is_number(truth) and not _is_number(answer):
+            return Slip(answer, _GIVE_A_NUMBER)
+        if self.other_unit is not None:
+            other, in_other = self.other_unit
+            if _agrees(self.same, answer, in_other()) and not _agrees(self.same, in_other(), truth):
+                return Slip(answer, f"that number counts {other}; the question asks for {self.unit}.")
+        return next((s for s in self.slips if not _agrees(self.same, s.resolve(), truth)
+                     and _agrees(self.same, answer, s.resolve())), None)
 
     def verdict(self, answer: Any) -> Verdict:
         """The verdict on `answer`, shown nowhere (the check shows it)."""
@@ -84,9 +108,16 @@ class Exercise:
             return Verdict(self.id, UNANSWERED, f"Not answered yet: put your answer in `{self.variable}` (in place "
                                                 f"of ...) and run this cell again.")
         if _agrees(self.same, answer, self.truth()):
-            return Verdict(self.id, CORRECT, "Correct" + (f": {self.praise}" if self.praise else "."))
-        hint = next((s.hint for s in self.slips if _agrees(self.same, answer, s.resolve())), self.hint)
+            return Verdict(self.id, CORRECT, "Correct" + (f": {self.fill_in(self.praise)}" if self.praise else "."))
+        slip = self.slip_of(answer)
+        hint = self.fill_in(slip.hint if slip is not None else self.hint)
         return Verdict(self.id, WRONG, f"Not quite ({self.variable} = {_short(answer)}). Hint: {hint}")
+
+    def fill_in(self, text: str) -> str:
+        """`text` with the active variant's figures put in its {fields} (a lesson with variants)."""
+        from blockviz.lessons import variants
+
+        return text.format_map(variants.fields(self.lesson)) if variants.has_variants(self.lesson) else text
 
     def __call__(self, answer: Any) -> None:
         """Check `answer` and show the verdict (a box in Jupyter, a line of text elsewhere)."""
@@ -97,13 +128,16 @@ EXERCISES: dict[str, Exercise] = {}
 
 
 def exercise(lesson: str, variable: str, hint: str, slips: tuple[Slip, ...] | list[Slip] = (),
-             praise: str = "", same: Callable[[Any, Any], bool] | None = None) -> Callable[[Callable[[], Any]], Exercise]:
+             praise: str = "", same: Callable[[Any, Any], bool] | None = None, unit: str = "",
+             other_unit: tuple[str, Callable[[], Any]] | None = None) -> Callable[[Callable[[], Any]], Exercise]:
     """Decorate a lesson's truth function `check_NAME` (no arguments): it becomes the Exercise
-    "LESSON.NAME", registered in EXERCISES, which a notebook calls with the student's answer."""
+    "LESSON.NAME", registered in EXERCISES, which a notebook calls with the student's answer.
+    `unit` names what a count counts ("blocks", "tokens"); `other_unit` is the other unit's name and
+    a function giving the true count in it, so that a right count in the wrong unit is told so."""
 
     def wrap(truth_of: Callable[[], Any]) -> Exercise:
         name = truth_of.__name__.removeprefix("check_")
-        ex = Exercise(f"{lesson}.{name}", variable, truth_of, hint, tuple(slips), praise, same)
+        ex = Exercise(f"{lesson}.{name}", variable, truth_of, hint, tuple(slips), praise, same, unit, other_unit)
         EXERCISES[ex.id] = ex
         return ex
 
@@ -129,9 +163,16 @@ def show(verdict: Verdict) -> None:
 
 
 @cache
-def _truth(truth_of: Callable[[], Any]) -> Any:
-    """The truth, computed once per process: every later check compares with the same value."""
+def _truth(truth_of: Callable[[], Any], variant: int | None) -> Any:
+    """The truth, computed once per process and variant: every later check compares with the same value."""
     return truth_of()
+
+
+_GIVE_A_NUMBER = "give a number, written without quotes (3, not \"3\")."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _agrees(same: Callable[[Any, Any], bool] | None, answer: Any, truth: Any) -> bool:

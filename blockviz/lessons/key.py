@@ -10,12 +10,24 @@ It refuses (one line, exit 2, nothing written) a destination that is lessons/ or
 notebook that is not JSON or has an exercise the key lacks, a destination file that is a symbolic
 link, and an existing file unless `--force`; each copy is written whole (a temporary file renamed).
 `fill(notebook)` does the same to one notebook read as JSON (the lessons test uses it).
+
+Variants (blockviz.lessons.variants): for a lab, each student gets the lessons that have variants
+with their own figures, seeded from their id:
+
+    python3 -m blockviz.lessons.key --variants roster.csv OUT_DIR   # OUT_DIR/ID/10_vllm_v1.ipynb ...
+    python3 -m blockviz.lessons.key --variant ID                   # that student's answer key
+
+The roster is a CSV with an `id` (or `student`) column, or ids in its first column. A variant's
+notebook carries metadata.blockviz {"lesson", "student", "variant"} and calls
+`variants.use(SEED)` in its first code cell; its text states the variant's figures.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import sys
 import secrets
 from pathlib import Path
@@ -176,19 +188,159 @@ def write_solved(source: Path, out: Path, *, force: bool = False) -> list[Path]:
     return [target for target, _ in solved]
 
 
-USAGE = "usage: python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR"
+LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+_STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+
+
+def read_roster(path: Path) -> list[str]:
+    """The student ids of a roster CSV: its `id` or `student` column when its first row names one,
+    else its first column. KeyWriteError (one line) for an unreadable file, an id that cannot be a
+    file name (letters, digits, . _ @ -), a repeated id, or no id at all."""
+    try:
+        rows = [row for row in csv.reader(path.read_text(encoding="utf-8-sig").splitlines()) if any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise KeyWriteError(f"cannot read the roster {path}: {exc}") from None
+    column = 0
+    if rows:
+        header = [cell.strip().lower() for cell in rows[0]]
+        named = [header.index(name) for name in ("id", "student") if name in header]
+        if named:
+            column, rows = named[0], rows[1:]
+    ids = [row[column].strip() if column < len(row) else "" for row in rows]
+    for number, student in enumerate(ids, 1):
+        if not _STUDENT_ID.fullmatch(student):
+            raise KeyWriteError(f"{path} row {number}: {student!r} is not a student id (letters, digits, . _ @ -)")
+    repeated = sorted({s for s in ids if ids.count(s) > 1})
+    if repeated:
+        raise KeyWriteError(f"{path}: the id {repeated[0]!r} appears more than once")
+    if not ids:
+        raise KeyWriteError(f"{path}: no student ids")
+    return ids
+
+
+def lesson_of(path: Path) -> str:
+    """The lesson number of a lesson notebook's file name ("10" for 10_vllm_v1.ipynb)."""
+    return path.name[:2]
+
+
+def _import_lesson(lesson: str):
+    import importlib
+
+    return importlib.import_module(f"blockviz.lessons.lesson{lesson}")
+
+
+def variant_notebook(notebook: dict[str, Any], lesson: str, student: str) -> dict[str, Any]:
+    """The lesson's notebook as `student`'s variant: notebook metadata.blockviz names the lesson,
+    the student and the seed, the first code cell makes that seed the variant (`variants.use`),
+    and the text states the variant's figures (the lesson module's VARIANT_TEXT)."""
+    from blockviz.lessons import variants
+
+    module = _import_lesson(lesson)
+    seed = variants.seed_of(student, lesson)
+    notebook = json.loads(json.dumps(notebook))
+    notebook.setdefault("metadata", {})["blockviz"] = {"lesson": lesson, "student": student, "variant": seed}
+    anchor = f"from blockviz.lessons import lesson{lesson} as lesson\n"
+    first = next(cell for cell in notebook["cells"] if cell.get("cell_type") == "code")
+    source = "".join(first["source"])
+    if anchor not in source:
+        raise KeyWriteError(f"lesson {lesson}'s first code cell does not import its lesson module")
+    source = source.replace(anchor, anchor + f"from blockviz.lessons import variants\n"
+                                             f"variants.use({seed})  # your own variant of this lesson: keep this line\n", 1)
+    first["source"] = source.splitlines(keepends=True)
+    previous = variants.active()
+    variants.use(seed)
+    try:
+        fields = variants.fields(lesson)
+    finally:
+        variants.use(previous)
+    for cell in notebook["cells"]:
+        text = "".join(cell.get("source", []))
+        for stored, template in getattr(module, "VARIANT_TEXT", ()):
+            text = text.replace(stored, template.format_map(fields))
+        cell["source"] = text.splitlines(keepends=True)
+    return notebook
+
+
+def variant_answers(lesson: str, student: str | int) -> dict[str, str]:
+    """The answer key of `student`'s variant of `lesson` (or of the seed given as an int): each
+    exercise's answer cell, computed on that variant's engine runs."""
+    from blockviz.lessons import EXERCISES, variants
+
+    _import_lesson(lesson)
+    seed = student if isinstance(student, int) else variants.seed_of(student, lesson)
+    previous = variants.active()
+    variants.use(seed)
+    try:
+        return {ex.id: f"{ex.variable} = {ex.truth()!r}  # variant {seed}"
+                for ex in EXERCISES.values() if ex.lesson == lesson}
+    finally:
+        variants.use(previous)
+
+
+def write_variants(roster: Path, out: Path, *, source: Path = LESSONS_DIR, force: bool = False) -> list[Path]:
+    """Write OUT/ID/NOTEBOOK for each student of `roster` and each lesson of `source` that has
+    variants; checked whole before anything is written, as write_solved is."""
+    from blockviz.lessons import load_all, variants
+
+    load_all()
+    students = read_roster(roster)
+    paths = [p for p in sorted(source.glob("[0-9][0-9]_*.ipynb")) if variants.has_variants(lesson_of(p))]
+    if not paths:
+        raise KeyWriteError(f"no lesson with variants in {source}")
+    _check_out(source, out)
+    notebooks = []
+    for path in paths:
+        try:
+            notebooks.append((path, json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise KeyWriteError(f"{path} is not a readable notebook ({str(exc).splitlines()[0]})") from None
+    planned = [(out / student / path.name,
+                json.dumps(variant_notebook(notebook, lesson_of(path), student), indent=1, ensure_ascii=False) + "\n")
+               for student in students for path, notebook in notebooks]
+    for target, _ in planned:
+        _check_target(target, force)
+    for target, text in planned:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(target, text)
+        except OSError as exc:
+            raise KeyWriteError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return [target for target, _ in planned]
+
+
+USAGE = ("usage: python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR | "
+         "--variants ROSTER.csv OUT_DIR [--force] | --variant ID")
 
 
 def main(argv: list[str]) -> int:
-    """`python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR`: 0 with the paths written on
-    stdout, or 2 with one line on stderr and nothing written."""
+    """`python3 -m blockviz.lessons.key [--force] LESSONS_DIR OUT_DIR` (or --variants ROSTER OUT_DIR,
+    or --variant ID): 0 with the paths written (or the variant's key) on stdout, or 2 with one line
+    on stderr and nothing written."""
     force = "--force" in argv
     args = [arg for arg in argv if arg != "--force"]
-    if len(args) != 2 or any(arg.startswith("-") for arg in args):
+    mode = args[0] if args and args[0] in ("--variants", "--variant") else None
+    if mode is not None:
+        args = args[1:]
+    wanted = 1 if mode == "--variant" else 2
+    if len(args) != wanted or any(arg.startswith("-") for arg in args):
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        written = write_solved(Path(args[0]), Path(args[1]), force=force)
+        if mode == "--variant":
+            from blockviz.lessons import load_all, variants
+
+            load_all()
+            if not _STUDENT_ID.fullmatch(args[0]):
+                raise KeyWriteError(f"{args[0]!r} is not a student id (letters, digits, . _ @ -)")
+            for lesson in sorted({ex.lesson for ex in load_all().values() if variants.has_variants(ex.lesson)}):
+                print(f"# lesson {lesson}, {args[0]}'s variant {variants.seed_of(args[0], lesson)}")
+                for exercise_id, answer in variant_answers(lesson, args[0]).items():
+                    print(f"{exercise_id}: {answer}")
+            return 0
+        if mode == "--variants":
+            written = write_variants(Path(args[0]), Path(args[1]), force=force)
+        else:
+            written = write_solved(Path(args[0]), Path(args[1]), force=force)
     except KeyWriteError as exc:
         print(f"blockviz.lessons.key: error: {exc}", file=sys.stderr)
         return 2

@@ -25,17 +25,18 @@ def check_bytes():
     return block_bytes(4, 4, 8, 128, 2)
 
 
-@exercise("01", "my_blocks", "divide 2**30 bytes by the bytes of one GPT-2 block (computed above) and round down.",
+@exercise("01", "my_blocks", "how many whole GPT-2 blocks (their bytes computed above) fit in 2**30 bytes?",
           slips=[Slip(910, "float16 takes 2 bytes a number, not 4."),
                  Slip(3640, "every token stores a key AND a value: the factor 2."),
-                 Slip(GiB / (16 * 12 * 2 * 12 * 64 * 2), "whole blocks only: round down.")])
+                 Slip(GiB / (16 * 12 * 2 * 12 * 64 * 2), "can a pool hold part of a block?")])
 def check_blocks():
     """16-token float16 blocks of GPT-2 small (12 layers, 12 heads of 64) in exactly 1 GiB."""
     return GiB // block_bytes(16, 12, 12, 64, 2)
 
 
-@exercise("01", "my_gqa_bytes", "block_size x layers x 2 x K/V heads x head_dim x 2 bytes.",
-          slips=[Slip(8_388_608, "the cache holds the K/V heads only: 8 of them here, not the 32 query heads.")],
+@exercise("01", "my_gqa_bytes", "the factors of the first exercise, with this model's layers, heads and head_dim: "
+                                "which heads does the cache hold?",
+          slips=[Slip(8_388_608, "which heads does the cache hold: the 32 query heads, or the K/V heads?")],
           praise="8 K/V heads, a quarter of what counting the 32 query heads gives.")
 def check_gqa_bytes():
     """One 16-token float16 block of a Llama-3-8B-sized model (32 layers, 8 K/V heads of 128)."""

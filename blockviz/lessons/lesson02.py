@@ -12,7 +12,7 @@ OPTIONS = {"block_size": 4, "num_gpu_blocks": 16, "num_cpu_blocks": 0}
 
 
 @exercise("02", "my_blocks", "every token printed above needs a slot, and a block has 4.",
-          slips=[Slip(7, "a partly filled last block is still a whole block: round up, not down.")])
+          slips=[Slip(7, "where do the tokens of a partly filled last block go?")])
 def check_blocks():
     """The blocks a fresh engine's prefill of the exercise's prompt allocates."""
     from engine.sequence import SamplingParams

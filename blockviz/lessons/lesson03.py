@@ -7,10 +7,10 @@ from blockviz.lessons.checks import Slip, exercise
 from blockviz.lessons.engines import fresh
 
 
-@exercise("03", "my_step", "5 blocks hold up to 20 tokens; the 17th token is the first one needing block 5. "
-                           "Decode step k gives a slot to token 10 + k.",
-          slips=[Slip(6, "decode step 6 gives a slot to token 16, the last slot of block 4; the next token "
-                         "opens block 5."),
+@exercise("03", "my_step", "a new block opens when a token finds the last block full: which token is the "
+                           "first to need block 5, and which decode step gives it its slot?",
+          slips=[Slip(6, "decode step 6 gives a slot to token 16: is there a block 5 yet, and which "
+                         "token needs it first?"),
                  Slip(10, "the prompt's 10 tokens got their slots in the prefill: count from token 11.")])
 def check_step():
     """The decode step (prefill = step 0) in which a 10-token prompt's fifth 4-token block appears."""

@@ -7,8 +7,8 @@ from blockviz.lessons.checks import Slip, exercise
 from blockviz.lessons.engines import fresh
 
 
-@exercise("04", "my_ref_count", "count every table that points at it: both branches, and the new child.",
-          slips=[Slip(2, "the two branches of n=2 hold it, and the fork by hand added a third table."),
+@exercise("04", "my_ref_count", "count every block table that points at it once the fork by hand is done.",
+          slips=[Slip(2, "the two branches of n=2 hold it: what did the fork by hand add?"),
                  Slip(1, "a fork copies the block table, not the blocks: the child points at the same block.")])
 def check_ref_count():
     """The ref count of sequence 0's first block after the n=2 run's copy-on-write step and a fork of seq 0."""

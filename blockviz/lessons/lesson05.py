@@ -56,8 +56,9 @@ def check_hash():
 
 
 @exercise("05", "my_hits", "count the full blocks that match, then remember which block must be computed.",
-          slips=[Slip(3, "3 full blocks match, but one of them is the prompt's last block."),
-                 Slip(0, "the first requests finished, but their full blocks stay in the hash map.")])
+          slips=[Slip(3, "3 full blocks match: is every one of them served? Think of the prompt's last block."),
+                 Slip(0, "the first requests finished, but their full blocks stay in the hash map.")],
+          unit="blocks", other_unit=("tokens", lambda: check_hits.truth() * OPTIONS["block_size"]))
 def check_hits():
     """Hits of the 12-token prompt after both lesson prompts ran to the end."""
     from engine.sequence import SamplingParams

@@ -13,9 +13,9 @@ def run_options(mode: str) -> dict:
     return {"block_size": 4, "num_gpu_blocks": 10, "num_cpu_blocks": 8, "preemption_mode": mode}
 
 
-@exercise("06", "my_blocks", "every block of the preempted request's table moves, full or not: count its tokens "
-                             "with a slot and divide by 4, rounding up.",
-          slips=[Slip(4, "the partly filled last block moves too."),
+@exercise("06", "my_blocks", "every block of the preempted request's table moves, full or not: how many "
+                             "blocks do its tokens with a slot take?",
+          slips=[Slip(4, "does a partly filled last block stay behind?"),
                  Slip(10, "only the preempted request's blocks move, not the whole pool.")])
 def check_blocks():
     """The blocks the swap run's single swap-out moved to the CPU pool."""

@@ -45,7 +45,7 @@ def check_verdict():
 @exercise("09", "my_lost", "recompute frees every block of the victim, prompt included; only the token it sampled "
                            "last had no K/V yet.",
           slips=[Slip(12, "its generated tokens' K/V are freed too, not only the prompt's."),
-                 Slip(19, "the token it sampled last never had K/V: it is not lost.")])
+                 Slip(19, "did the token it sampled last have K/V to lose?")])
 def check_lost():
     """Tokens lost by the first recompute preemption of the lesson's two requests."""
     from engine.sequence import SamplingParams
@@ -70,7 +70,7 @@ def _memory_truth():
 
 @exercise("09", "my_empty", "a sequence with t tokens in blocks of 4 leaves 4 * ceil(t / 4) - t slots empty.",
           slips=[Slip(lambda: sum(s.num_tokens % 4 for s in _memory_truth().seqs.values()),
-                      "t % 4 counts the tokens in the last block, not its empty slots: 4 * ceil(t / 4) - t.")])
+                      "t % 4 counts the tokens in the last block: how many of its slots are empty?")])
 def check_empty():
     """Empty slots in the last blocks of the three sequences after 6 steps."""
     return _memory_truth().internal_fragmentation
@@ -96,7 +96,7 @@ def check_most_blocks():
 
 @exercise("09", "my_ref_count", "right after a fork the child shares every block of its parent.",
           slips=[Slip(1, "a fork copies the block table, not the block: both branches point at it."),
-                 Slip(3, "n=2 is two sequences: the parent and one child.")])
+                 Slip(3, "how many sequences does n=2 make, the parent included?")])
 def check_ref_count():
     """The ref count, just after the fork, of the block the first copy-on-write copies."""
     from engine import events as ev

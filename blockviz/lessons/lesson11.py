@@ -11,14 +11,19 @@ head_size_v) x dtype bytes per layer; `FullAttentionSpec`, `SlidingWindowSpec`) 
 `get_kv_cache_spec` builds it with num_kv_heads=1). `vllm_block_bytes` asks vLLM's own classes;
 `engine_block_bytes` our engine's (engine.cache_engine.CacheEngine.get_cache_block_size, and
 engine.v1.kv_cache_interface.kv_cache_specs per layer); tests/test_lessons.py holds them equal.
+
+The lesson has variants (blockviz.lessons.variants): a variant changes the block size of the MLA
+and window exercises and the memory of the fp8 one; the published figures stay as published.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
+from blockviz.lessons import variants
 from blockviz.lessons.checks import Slip, exercise
 from blockviz.lessons.engines import fresh
 
@@ -221,10 +226,49 @@ def request_bytes(shape: KVShape, num_tokens: int, block_size: int, dtype_bytes:
 # ---------------------------------------------------------------- the exercises: what a token costs
 
 
+class Figures(NamedTuple):
+    """The figures one variant of the lesson computes with: the block size of the MLA exercise,
+    the GiB of the fp8 one and the block size of the window one."""
+
+    mla_block_size: int
+    pool_gib: int
+    window_block_size: int
+
+    def fields(self) -> dict:
+        """The figures by name (what hints and the notebook's text are filled with)."""
+        return self._asdict()
+
+
+@cache
+def figures_of(seed: int | None) -> Figures:
+    """The figures of variant `seed` (None: the lesson as stored: vLLM's default block of 16, 1 GiB)."""
+    if seed is None:
+        return Figures(BLOCK_SIZE, 1, BLOCK_SIZE)
+    rng = random.Random(seed)
+    return Figures(rng.choice((16, 32, 64)), rng.choice((1, 2, 4)), rng.choice((8, 16, 32)))
+
+
+variants.register("11", figures_of)
+
+# what a variant's notebook says in place of the stored lesson's figures (key.py --variants)
+VARIANT_TEXT = (
+    ("with vLLM's default block of 16 tokens: how many bytes", "with blocks of {mla_block_size} tokens: how many bytes"),
+    ("fit in exactly 1 GiB (`2**30` bytes)", "fit in exactly {pool_gib} GiB (`{pool_gib} * 2**30` bytes)"),
+    ("# your answer: tokens in 1 GiB", "# your answer: tokens in {pool_gib} GiB"),
+    ("(`sliding_window` 128), with blocks of 16. At most", "(`sliding_window` 128), with blocks of {window_block_size}. "
+                                                           "At most"),
+)
+
+
+def figures() -> Figures:
+    """This notebook's figures (its variant's, blockviz.lessons.variants.use)."""
+    return figures_of(variants.active())
+
+
 @exercise("11", "my_mqa_bytes", "layers x 2 (K and V) x K/V heads x head_size x 2 bytes: with multi_query, how "
                                 "many K/V heads does Falcon-7B keep?",
-          slips=[Slip(581_632, "that counts all 71 heads: multi_query means the 71 query heads share one K and one V."),
-                 Slip(4_096, "every token stores a key AND a value: the factor 2.")],
+          slips=[Slip(581_632, "that counts all 71 heads: what do the query heads of a multi_query model share?"),
+                 Slip(4_096, "does a token store only a key?")],
           praise="71 query heads, one K/V head: 71 times less than caching every head.")
 def check_mqa_bytes():
     """Bytes per token of Falcon-7B's KV cache in bfloat16."""
@@ -233,23 +277,28 @@ def check_mqa_bytes():
 
 @exercise("11", "my_mla_block", "block_size x layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes: one latent "
                                 "per token per layer, and no separate V.",
-          slips=[Slip(2_248_704, "MLA keeps one latent vector, not a key and a value: no factor 2."),
-                 Slip(999_424, "the latent is kv_lora_rank numbers plus the qk_rope_head_dim numbers of the "
-                               "rotary key."),
-                 Slip(18_432, "that is one layer's page: DeepSeek-V3 has 61 layers.")],
-          praise="61 layers x 576 numbers a token: far less than 128 heads of K and V would take.")
+          slips=[Slip(lambda: 2 * check_mla_block.truth(), "MLA keeps one latent vector, not a key and a value: is "
+                                                           "there a factor 2?"),
+                 Slip(lambda: figures().mla_block_size * 61 * 512 * 2, "what else does the latent hold besides "
+                                                                       "kv_lora_rank numbers? Look at the rotary key."),
+                 Slip(lambda: check_mla_block.truth() // 61, "that is one layer's page: how many layers does "
+                                                             "DeepSeek-V3 have?")],
+          praise="61 layers x 576 numbers a token: far less than 128 heads of K and V would take.", unit="bytes")
 def check_mla_block():
-    """Bytes of one 16-token block of DeepSeek-V3's latent cache in bfloat16 (vLLM MLAAttentionSpec)."""
-    return bytes_per_block(shape_of("DeepSeek-V3"), BLOCK_SIZE, 2)
+    """Bytes of one block (the variant's block size) of DeepSeek-V3's latent cache in bfloat16 (vLLM MLAAttentionSpec)."""
+    return bytes_per_block(shape_of("DeepSeek-V3"), figures().mla_block_size, 2)
 
 
-@exercise("11", "my_fp8_tokens", "2**30 bytes divided by one token's bytes, with 1 byte a number.",
-          slips=[Slip(8_192, "that is bfloat16 (2 bytes a number): fp8 takes 1."),
-                 Slip(4_096, "the cache holds the 8 K/V heads, not the 32 query heads.")],
-          praise="fp8 halves every figure of bfloat16: twice the tokens in the same memory.")
+@exercise("11", "my_fp8_tokens", "the memory's bytes divided by one token's bytes; how many bytes does one fp8 "
+                                 "number take?",
+          slips=[Slip(lambda: check_fp8_tokens.truth() // 2, "that counts 2 bytes a number, as bfloat16 does: how "
+                                                             "many bits has an fp8 number?"),
+                 Slip(lambda: check_fp8_tokens.truth() // 4, "which heads does the cache hold: the query heads or "
+                                                             "the K/V heads?")],
+          praise="fp8 halves every figure of bfloat16: twice the tokens in the same memory.", unit="tokens")
 def check_fp8_tokens():
-    """Tokens of Llama-3-8B's KV cache that fit in 1 GiB with kv_cache_dtype fp8."""
-    return GiB // bytes_per_token(shape_of("Llama-3-8B"), KV_DTYPE_BYTES["fp8"])
+    """Tokens of Llama-3-8B's KV cache that fit in the variant's GiB with kv_cache_dtype fp8."""
+    return figures().pool_gib * GiB // bytes_per_token(shape_of("Llama-3-8B"), KV_DTYPE_BYTES["fp8"])
 
 
 @cache
@@ -277,17 +326,17 @@ def window_blocks_held(window: int, block_size: int, num_tokens: int) -> int:
 
 @exercise("11", "my_window_blocks", "the window covers the last 128 positions, and it need not start where a block "
                                     "starts.",
-          slips=[Slip(8, "128 / 16 = 8 when the window starts on a block boundary; one token later it straddles "
-                         "one block more."),
-                 Slip(128, "count blocks of 16 tokens, not tokens.")],
-          praise="8 blocks of window, and one more when it straddles a boundary. vLLM's admission cap "
+          slips=[Slip(lambda: 128 // figures().window_block_size,
+                      "that many blocks hold the window only while it starts on a block boundary: where does it "
+                      "start one token later, and which blocks does it touch then?"),
+                 Slip(128, "that counts tokens; the question asks for blocks of {window_block_size}.")],
+          praise="the window's blocks, and one more when it straddles a boundary. vLLM's admission cap "
                  "(SlidingWindowSpec.max_admission_blocks_per_request) also counts the tokens scheduled but not yet "
-                 "processed, so it is 9 only with one token in flight: "
-                 + ", ".join(f"{admission_blocks(128, BLOCK_SIZE, n)} with {n:,}" for n in IN_FLIGHT[1:])
-                 + " (vLLM reserves max_num_batched_tokens for each batch in flight).")
+                 "processed, so it agrees only with one token in flight (vLLM reserves max_num_batched_tokens for "
+                 "each batch in flight).", unit="blocks")
 def check_window_blocks():
-    """The most 16-token blocks one request holds in a gpt-oss sliding-window layer (window 128)."""
-    return window_blocks_held(128, BLOCK_SIZE, 400)
+    """The most blocks (the variant's block size) one request holds in a gpt-oss sliding-window layer (window 128)."""
+    return window_blocks_held(128, figures().window_block_size, 400)
 
 
 # ---------------------------------------------------------------- the exercises: why is my hit rate 0
@@ -342,7 +391,7 @@ def same_in_both(figure) -> Any:
 
 @exercise("11", "my_floor_hits", "a block gets its hash when it fills: how many full blocks does a 15-token "
                                  "prompt make with blocks of 16?",
-          slips=[Slip(SHORT, "its 15 tokens never fill a block, so no block of it gets a hash: nothing to find."),
+          slips=[Slip(SHORT, "do 15 tokens fill a block of 16? Only a full block gets a hash."),
                  Slip(BLOCK_SIZE, "a 15-token prompt fills no 16-token block.")],
           praise="under one block, nothing is ever cached: the one-block floor.")
 def check_floor_hits():
@@ -351,9 +400,9 @@ def check_floor_hits():
 
 
 @exercise("11", "my_big_block_hits", "a 40-token opening in blocks of 64: is one block of it ever full?",
-          slips=[Slip(32, "that is blocks of 16 (two full blocks of the opening); with 64 not one block is full "
-                          "before the requests differ."),
-                 Slip(SHARED, "hits come in whole blocks, and the opening fills none of 64."),
+          slips=[Slip(32, "that is blocks of 16 (two full blocks of the opening): with blocks of 64, "
+                          "is any block full before the requests differ?"),
+                 Slip(SHARED, "hits come in whole blocks: how many blocks of 64 does the 40-token opening fill?"),
                  Slip(64, "the first 64 tokens differ from token 41 on: that block is not the same block.")],
           praise="the same prompts hit 32 tokens with blocks of 16: the block size alone made the hit rate 0.")
 def check_big_block_hits():
@@ -364,9 +413,13 @@ def check_big_block_hits():
 A_PROMPT = tuple(range(100, 116))  # request A: 16 tokens, 4 blocks of 4
 
 
+HYBRID_BLOCK_SIZE = 4
+
+
 def hybrid_options(num_gpu_blocks: int = 12) -> dict:
     """The tiny hybrid checkpoint on engine/v1: blocks of 4, prefix caching on (v1's default)."""
-    return {"model": hybrid_checkpoint(), "kv_manager": "v1", "block_size": 4, "num_gpu_blocks": num_gpu_blocks}
+    return {"model": hybrid_checkpoint(), "kv_manager": "v1", "block_size": HYBRID_BLOCK_SIZE,
+            "num_gpu_blocks": num_gpu_blocks}
 
 
 def window_tail(viz) -> str:
@@ -399,7 +452,8 @@ def window_tail_hits(model: str = "hybrid") -> int:
                           "would end on."),
                  Slip(0, "the window group needs only the last block before the hit's end; an earlier end still "
                          "has its block.")],
-          praise="the hybrid hit is cut to where every group still has what it needs.")
+          praise="the hybrid hit is cut to where every group still has what it needs.",
+          unit="tokens", other_unit=("blocks", lambda: check_window_hit.truth() // HYBRID_BLOCK_SIZE))
 def check_window_hit():
     """Tokens B is served from the cache on the tiny hybrid checkpoint (a full and a window group)."""
     return window_tail_hits("hybrid")
