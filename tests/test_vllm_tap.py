@@ -28,6 +28,7 @@ import pytest
 
 from blockviz.model.reducer import CACHED, NULL, USED, ReducerState
 from engine import LLM, EngineConfig, SamplingParams
+from engine.designs import VLLM, get_design
 from engine.events import BlockEvicted, BlockFreed, BlockHashed, OffloadStored
 from engine.v1.kv_cache_utils import external_block_hash
 from tests.test_engine_v1 import loaded  # noqa: F401 (the tiny GPT-2, a module fixture)
@@ -453,7 +454,7 @@ def vllm_034(monkeypatch):
     from importlib import metadata
 
     real = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: "0.34.0" if name == "vllm" else real(name))
+    monkeypatch.setattr(metadata, "version", lambda name: "0.34.0" if name == VLLM.requires else real(name))
 
 
 def test_another_vllm_release_is_refused_in_one_line(vllm_034, tiny_gpt2_dir):
@@ -517,7 +518,7 @@ def _run(path, kv_manager, barrier=None, loaded_model=None):
     if barrier is not None:
         barrier.wait()
     llm = LLM(str(path), kv_manager=kv_manager, device="cpu", block_size=4, num_gpu_blocks=40, max_num_seqs=4,
-              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}} if kv_manager == "vllm"
+              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}} if get_design(kv_manager).cpu_tier
                  else {}))
     events: list = []
     llm.engine.events.subscribe(events.append)
