@@ -372,10 +372,11 @@ def _disable_evictions(device: str):
     return disable
 
 
-# what is disabled: (the workload that runs it, its disabler). Not here: KVCacheManager.pop_blocks_for_free
-# and the CPU tier's request_finished draw nothing, they only say what a call is (a deferred free:
-# refused; a load's pins released at a request's end): without them that path raises TapError
-# (test_a_deferred_free_is_refused_not_drawn, test_a_block_freed_outside_every_known_call_is_refused).
+# what is disabled: (the workload that runs it, its disabler). Not here, as no seeded workload takes their
+# paths: KVCacheManager.pop_blocks_for_free (a deferred free, refused: test_a_deferred_free_is_refused_not_drawn),
+# the metrics hook's allocation check (test_a_block_freed_outside_every_known_call_is_refused), and in
+# tests/test_vllm_tap_paths.py the CPU tier's request_finished (a load's pins released at a request's end)
+# and the metrics hook's reset (a prefix cache reset, refused): each of those tests fails with its wrapper off.
 DISABLED = {
     "allocate_slots": ("shared", _disable("event_tap", "VllmEventTap", "_allocate_slots")),
     "KVCacheManager.free": ("shared", _disable("event_tap", "VllmEventTap", "_free")),
