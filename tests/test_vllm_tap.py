@@ -519,8 +519,8 @@ def _run(path, kv_manager, barrier=None, loaded_model=None):
     if barrier is not None:
         barrier.wait()
     llm = LLM(str(path), kv_manager=kv_manager, device="cpu", block_size=4, num_gpu_blocks=40, max_num_seqs=4,
-              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}} if get_design(kv_manager).cpu_tier
-                 else {}))
+              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}}
+                 if get_design(kv_manager).cpu_tier else {}))
     events: list = []
     llm.engine.events.subscribe(events.append)
     prompts = [OPENINGS[0] + " one", OPENINGS[0] + " two", OPENINGS[1], OPENINGS[2] + " jumps"]
