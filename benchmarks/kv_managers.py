@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from engine.designs import VLLM, get_design  # noqa: E402 (the registry imports without torch)
 from throughput import build_model, make_workload  # noqa: E402
 
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("vllm") is None:
         print("unavailable: vllm (vLLM is not installed: pip install -e '.[vllm]', see docs/vllm-core.md)")
     else:
-        modes.append("vllm")
+        modes.append(VLLM.name)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp) / "model", args.layers, args.width, args.heads)
         loaded = load_model(str(path), None, None)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed, texts[mode], clock = run(loaded, path, workload, mode)
                 rates[mode].append(num_tokens / elapsed)
                 step_us[mode].append(1e6 * clock.seconds / clock.steps)
-                if mode == "vllm":
+                if get_design(mode) is VLLM:
                     vllm_step_us.append(1e6 * clock.vllm_seconds / clock.steps)
                 print(f"  round {pair + 1} {mode:4}: {rates[mode][-1]:7.1f} tok/s, scheduler "
                       f"{step_us[mode][-1]:7.1f} us/step over {clock.steps} steps")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"v0 tokens/s": statistics.median(rates["v0"]), "v1 tokens/s": statistics.median(rates["v1"]),
                "v1 / v0": ratio("v0", "v1"), "v0 scheduler us/step": statistics.median(step_us["v0"]),
                "v1 scheduler us/step": statistics.median(step_us["v1"])}
-    if "vllm" in modes:
+    if VLLM.name in modes:
         print(f"vllm / v1:               {ratio('v1', 'vllm'):7.3f}x tok/s")
         print(f"  of vllm's scheduler time per step, inside vLLM's own schedule + update_from_output: "
               f"{statistics.median(vllm_step_us):.1f} us")

@@ -131,6 +131,7 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     from engine import SamplingParams
     from engine import events as ev
     from engine.config import EngineConfig
+    from engine.designs import VLLM
     from engine.llm_engine import LLMEngine
 
     path, loaded = tiny_hybrid()
@@ -146,7 +147,7 @@ def fuzz_one(config: FuzzConfig, out_dir: Path) -> Counter:
     # the events made safe to draw as EngineSession makes them (safe_text.py), as the trace holds them
     engine.events.subscribe(lambda event: events.append(safe_struct(event)))
     engine.events.subscribe(lambda event: reducer.apply(events[-1]))
-    if config.kv_manager == "vllm":
+    if engine.design is VLLM:
         check = lambda: check_reducer_matches_vllm(reducer, engine.scheduler.vllm)  # noqa: E731
     else:
         check = lambda: check_reducer_matches_v1(reducer, engine.kv_manager)  # noqa: E731

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blockviz.cli import main
+from engine.designs import V0, get_design
 
 
 def test_compare_two_block_sizes_same_text_different_blocks(tiny_gpt2_dir, capsys):
@@ -113,7 +114,7 @@ def _recompute_run(model, manager: str, num_gpu_blocks: int, prompts: list[str])
 ])
 def test_tokens_recomputed_are_the_extra_work_preemption_caused(tiny_gpt2_dir, manager, prompts):
     roomy = _recompute_run(tiny_gpt2_dir, manager, 64, prompts)
-    tight = _recompute_run(tiny_gpt2_dir, manager, 10 if manager == "v0" else 12, prompts)
+    tight = _recompute_run(tiny_gpt2_dir, manager, 10 if get_design(manager) is V0 else 12, prompts)
     assert roomy["preemptions"] == 0 and roomy["tokens_recomputed"] == 0
     assert tight["preemptions"] > 0 and tight["tokens_recomputed"] > 0
     assert tight["tokens_computed"] - roomy["tokens_computed"] == tight["tokens_recomputed"]

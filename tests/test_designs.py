@@ -46,6 +46,28 @@ def test_no_source_outside_the_registry_switches_on_a_design_name():
     assert not found, "compare the design's capabilities, not its name:\n" + "\n".join(found)
 
 
+# where a test may switch on a name: the idioms above, written out; story names that are also designs' names
+TESTS_ALLOWED = {"tests/test_designs.py", "tests/test_jupyter_card_screen_browser.py"}
+
+
+def test_no_script_benchmark_or_test_switches_on_a_design_name():
+    """scripts/ and benchmarks/ compare no design's name; a test takes a name as input (a parameter,
+    an option) but switches on the registry's entry (`engine.design is VLLM`) or a capability
+    (`design.chunked_prefill`), never on a name: the `if` lines of tests/ are searched."""
+    found = []
+    for path in sorted(p for top in ("scripts", "benchmarks", "tests") for p in (ROOT / top).rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in TESTS_ALLOWED:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if relative.startswith("tests/") and not re.search(r"\bif\b", code):
+                continue
+            if NAME_SWITCHES.search(code):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, "switch on the registry's entry or a capability, not a name:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("line", [
     'if config.kv_manager == "vllm":', "self._fans_out_n = config.kv_manager in V1_DESIGNS",
     'if not hasattr(self.scheduler, "fork_seq"):', 'mode = "v1" if name != "v0" else mode',

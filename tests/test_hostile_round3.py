@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from blockviz.model.trace import TraceError, read_trace, resolve_trace_path
+from engine.designs import get_design
 from test_hostile_inputs import _lines, _write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,8 +373,8 @@ def _engine(loaded, path, **options):
 
 @pytest.mark.parametrize("kv_manager", ["v0", "v1", "vllm"])
 def test_a_device_pool_past_memory_is_one_line_under_every_design(loaded, tiny_gpt2_dir, kv_manager):
-    if kv_manager == "vllm":
-        pytest.importorskip("vllm")
+    if get_design(kv_manager).requires:
+        pytest.importorskip(get_design(kv_manager).requires)
     with pytest.raises(ValueError) as caught:
         _engine(loaded, tiny_gpt2_dir, kv_manager=kv_manager, num_gpu_blocks=10**9, max_num_seqs=8)
     text = str(caught.value)

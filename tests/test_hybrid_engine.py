@@ -71,7 +71,7 @@ class Watch:
     @staticmethod
     def tables(engine) -> dict[int, tuple]:
         """seq id -> its block ids per group, as the block manager holds them."""
-        if engine.config.kv_manager == "vllm":
+        if engine.design is VLLM:
             scheduler = engine.scheduler
             return {int(r): scheduler.kv_cache_manager.get_block_ids(r) for r in scheduler.block_ids}
         manager = engine.kv_manager

@@ -24,13 +24,14 @@ from blockviz.lessons import lesson10 as lesson
 from blockviz.lessons.engines import events_of, fresh
 from blockviz.lessons.key import KEY
 from engine import events as ev
+from engine.designs import V1, VLLM, get_design
 from engine.sequence import SamplingParams
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 nbformat = lazy_importorskip("nbformat")  # imported by the first test that reads a notebook
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
-MODES = ("v1", "vllm")
+MODES = (V1.name, VLLM.name)
 
 
 def key_value(exercise: str) -> int:
@@ -91,7 +92,7 @@ def children(mode: str) -> dict:
         viz.step()
         tables = {seq_id: viz.state.table_blocks(seq_id) for seq_id in viz.state.tables}
         figures = {"hits": viz.state.num_prefix_hits, "tables": tables}
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             _, _, pool = vllm_core(viz)
             figures["ref_cnt"] = {n: pool.blocks[n].ref_cnt for t in tables.values() for n in t}
         outputs = viz.run_to_completion()
@@ -117,13 +118,13 @@ def free_queue(mode: str) -> dict:
         hamlet = viz.add_request(lesson.HAMLET, params)
         viz.run_to_completion()
         figures = {"table": lesson._table_of(viz, hamlet), "after_finish": list(viz.state.free_queue)}
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             _, _, pool = vllm_core(viz)
             figures["vllm_after_finish"] = vllm_free_queue(pool)
             figures["hashed"] = {n for n in figures["after_finish"] if pool.blocks[n].block_hash is not None}
         viz.add_request(lesson.CITIZEN, params)
         figures["evicted"] = viz.run_until(ev.BlockEvicted.type).block
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             figures["evicted_hash"] = pool.blocks[figures["evicted"]].block_hash
         return figures
 
@@ -149,7 +150,7 @@ def preemption(mode: str) -> dict:
     with fresh(lesson.options(mode, 14), prompts=lesson.PREEMPT_PROMPTS, sampling_params=params) as viz:
         victim = viz.run_until(ev.Preempted.type)
         figures = {"victim": victim.seq_ids}
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             scheduler, _, _ = vllm_core(viz)
             head = scheduler.waiting.peek_request()
             figures["waiting_head"] = (int(head.request_id), head.status.name, head.num_computed_tokens,
@@ -183,7 +184,7 @@ def aligned(mode: str) -> dict:
         viz.step()
         table = viz.state.table_blocks(viz.state.requests[again][0])
         figures = {"hits": viz.state.num_prefix_hits - before, "table": table}
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             _, _, pool = vllm_core(viz)
             third = pool.blocks[table[2]].block_hash
             figures["same_hash"] = [b.block_id for b in pool.blocks if third is not None and b.block_hash == third]
@@ -225,12 +226,12 @@ def admission(mode: str) -> dict:
         citizen = viz.add_request(lesson.CITIZEN, params)
         hamlet_seq, citizen_seq = viz.state.requests[hamlet][0], viz.state.requests[citizen][0]
         figures = {"free_while_waiting": []}
-        if mode == "vllm":
+        if get_design(mode) is VLLM:
             scheduler, manager, pool = vllm_core(viz)
             figures["gate"] = (scheduler.scheduler_reserve_full_isl, manager.watermark_blocks)
         while viz.step() is not None:
             waited = not any(citizen_seq in e.seq_ids for e in events_of(viz, ev.TokensScheduled))
-            if mode == "vllm" and waited and viz.state.seqs[hamlet_seq].status == "running":
+            if get_design(mode) is VLLM and waited and viz.state.seqs[hamlet_seq].status == "running":
                 figures["free_while_waiting"].append(pool.get_num_free_blocks())
 
         def steps_of(seq_id: int) -> list[int]:

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from engine.designs import V0, V1
+from engine.designs import V0, V1, get_design
 import torch
 
 from engine import LLM, SamplingParams
@@ -22,7 +22,7 @@ PROMPTS = ["To be, or not to be, that is the question:", "To be, or not to be, t
 
 def manager_table(engine, seq) -> tuple[int, ...]:
     manager = engine.kv_manager
-    if engine.config.kv_manager == "v1":
+    if engine.design is V1:
         return tuple(manager.get_block_ids(seq))
     return tuple(manager.get_block_table(seq))
 
@@ -44,14 +44,15 @@ def record_plans(engine) -> list[tuple[SchedulerOutput, list[tuple]]]:
 
 @pytest.mark.parametrize("kv_manager", [V0.name, V1.name])
 def test_each_plan_carries_the_managers_tables_and_the_tokens_to_compute(tiny_gpt2_dir, kv_manager):
+    design = get_design(kv_manager)
     # few blocks and a small token budget: prefix hits, preemption, and (v1) prefill chunks
     llm = LLM(str(tiny_gpt2_dir), block_size=4, num_gpu_blocks=14, kv_manager=kv_manager,
-              enable_prefix_caching=True, max_num_batched_tokens=16 if kv_manager == "v1" else None)
+              enable_prefix_caching=True, max_num_batched_tokens=16 if design.chunked_prefill else None)
     engine = llm.engine
     plans = record_plans(engine)
     steps = []
     engine.events.subscribe(lambda e: steps.append(e) if e.type == "step_started" else None)
-    llm.generate(PROMPTS, SamplingParams(max_tokens=12, n=2 if kv_manager == "v0" else 1))
+    llm.generate(PROMPTS, SamplingParams(max_tokens=12, n=2 if design.fork else 1))
     scheduled = [(plan, held) for plan, held in plans if plan.scheduled]
     assert len(scheduled) == len(steps) > 5
     kinds = set()
@@ -66,7 +67,7 @@ def test_each_plan_carries_the_managers_tables_and_the_tokens_to_compute(tiny_gp
             if plan.kind == "decode":
                 assert (s.num_new_tokens, s.num_tokens) == (1, length)
     assert {"prefill", "decode"} <= kinds
-    if kv_manager == "v0":  # whole prompts: what the prefix cache did not serve, at least one token
+    if not design.chunked_prefill:  # whole prompts: what the prefix cache did not serve, at least one token
         prefills = [s for plan, _ in scheduled if plan.kind == "prefill" for s in plan.scheduled]
         assert all(s.num_tokens == s.seq.get_len() or s.seq.get_output_len() for s in prefills)
         assert any(s.num_computed_tokens > 0 for s in prefills)  # a prefix-cache hit skipped its blocks

@@ -32,7 +32,7 @@ from engine.events import EventBus, RequestAdded
 from engine.sequence import Sequence
 from engine.v1 import KVCacheManager
 from engine.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
-from engine.designs import V1, VLLM
+from engine.designs import V1, VLLM, get_design
 
 
 def groups_of(block_size: int, windows: list[int | None]) -> list[KVCacheGroupSpec]:
@@ -411,13 +411,13 @@ def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_t
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
-    if kv_manager == "vllm":
-        pytest.importorskip("vllm", reason="vLLM 0.33 is not installed")
+    if get_design(kv_manager).requires:
+        pytest.importorskip(get_design(kv_manager).requires, reason="vLLM 0.33 is not installed")
     path, loaded = hybrid_llama
     engine = LLMEngine(EngineConfig(model=str(path), block_size=4, num_gpu_blocks=48, kv_manager=kv_manager,
                                     device="cpu", enable_prefix_caching=True), loaded=loaded)
     manager = engine.kv_manager
-    if kv_manager == "v1" and manager.num_kv_cache_groups == 1:
+    if engine.design is V1 and manager.num_kv_cache_groups == 1:
         pytest.skip("the Llama model does not take per-layer metadata yet: one KV-cache group")
     header = make_header(trace_header(engine))
     assert header["version"] == 2 and [g["kind"] for g in header["kv_cache_groups"]] == ["sliding_window", "full_attention"]
@@ -426,7 +426,7 @@ def test_a_hybrid_llama_run_through_the_engine_keeps_the_reducer_equal_and_its_t
     events: list = []
     engine.events.subscribe(events.append)
     engine.events.subscribe(reducer.apply)
-    check = check_reducer_matches_v1 if kv_manager == "v1" else check_reducer_matches_vllm_groups
+    check = check_reducer_matches_v1 if engine.design is V1 else check_reducer_matches_vllm_groups
     opening = "To be, or not to be, that is the question: whether tis nobler"
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine.add_request(opening, params)

@@ -367,7 +367,7 @@ def test_v1_traits_apply_to_vllm():
 
 def test_without_vllm_the_option_names_the_install_command(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == VLLM.requires else real(name, *a))
     with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm\]'.*--no-deps vllm==0\.33\.0") as raised:
         EngineConfig(kv_manager=VLLM.name)
     assert "\n" not in str(raised.value)

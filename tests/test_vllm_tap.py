@@ -28,6 +28,7 @@ import pytest
 
 from blockviz.model.reducer import CACHED, NULL, USED, ReducerState
 from engine import LLM, EngineConfig, SamplingParams
+from engine.designs import VLLM, get_design
 from engine.events import BlockEvicted, BlockFreed, BlockHashed, OffloadStored
 from engine.v1.kv_cache_utils import external_block_hash
 from tests.test_engine_v1 import loaded  # noqa: F401 (the tiny GPT-2, a module fixture)
@@ -371,10 +372,11 @@ def _disable_evictions(device: str):
     return disable
 
 
-# what is disabled: (the workload that runs it, its disabler). Not here: KVCacheManager.pop_blocks_for_free
-# and the CPU tier's request_finished draw nothing, they only say what a call is (a deferred free:
-# refused; a load's pins released at a request's end): without them that path raises TapError
-# (test_a_deferred_free_is_refused_not_drawn, test_a_block_freed_outside_every_known_call_is_refused).
+# what is disabled: (the workload that runs it, its disabler). Not here, as no seeded workload takes their
+# paths: KVCacheManager.pop_blocks_for_free (a deferred free, refused: test_a_deferred_free_is_refused_not_drawn),
+# the metrics hook's allocation check (test_a_block_freed_outside_every_known_call_is_refused), and in
+# tests/test_vllm_tap_paths.py the CPU tier's request_finished (a load's pins released at a request's end)
+# and the metrics hook's reset (a prefix cache reset, refused): each of those tests fails with its wrapper off.
 DISABLED = {
     "allocate_slots": ("shared", _disable("event_tap", "VllmEventTap", "_allocate_slots")),
     "KVCacheManager.free": ("shared", _disable("event_tap", "VllmEventTap", "_free")),
@@ -453,7 +455,7 @@ def vllm_034(monkeypatch):
     from importlib import metadata
 
     real = metadata.version
-    monkeypatch.setattr(metadata, "version", lambda name: "0.34.0" if name == "vllm" else real(name))
+    monkeypatch.setattr(metadata, "version", lambda name: "0.34.0" if name == VLLM.requires else real(name))
 
 
 def test_another_vllm_release_is_refused_in_one_line(vllm_034, tiny_gpt2_dir):
@@ -517,8 +519,8 @@ def _run(path, kv_manager, barrier=None, loaded_model=None):
     if barrier is not None:
         barrier.wait()
     llm = LLM(str(path), kv_manager=kv_manager, device="cpu", block_size=4, num_gpu_blocks=40, max_num_seqs=4,
-              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}} if kv_manager == "vllm"
-                 else {}))
+              **({"vllm_options": {"kv_offloading_size": 16 * tiny_block_bytes(4) / GiB}}
+                 if get_design(kv_manager).cpu_tier else {}))
     events: list = []
     llm.engine.events.subscribe(events.append)
     prompts = [OPENINGS[0] + " one", OPENINGS[0] + " two", OPENINGS[1], OPENINGS[2] + " jumps"]

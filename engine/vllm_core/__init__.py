@@ -9,6 +9,7 @@ the worker side of vLLM's CPU tier (`kv_offloading_size`).
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -17,21 +18,33 @@ from engine.designs import VLLM_INSTALL
 VLLM_LOGGER = "vllm"  # the logger every vLLM module's init_logger(__name__) logs under
 
 
+_QUIET_LOCK = threading.Lock()  # guards the "vllm" logger's level while engines build on several threads
+_quiet = {"depth": 0, "saved": logging.NOTSET}  # the blocks inside quiet_vllm_logs now, the level before the first
+
+
 @contextmanager
 def quiet_vllm_logs(level: int = logging.ERROR) -> Iterator[None]:
     """vLLM's own loggers below `level` say nothing while the block runs (its import's "Failed to
     import from vllm._C", the CPU tier's "Initializing KVConnectorBase_V1": warnings about a worker
     that does not run here), then the "vllm" logger's level is what it was. Only vLLM's logger is
-    touched: no handler, no other logger, nothing process-wide (vLLM 0.33 configures no handler
-    until its own entry points call configure_logging, so its records reach Python's last-resort
-    handler on stderr, over a TUI or a command's output)."""
+    touched: no handler, no other logger (vLLM 0.33 configures no handler until its own entry points
+    call configure_logging, so its records reach Python's last-resort handler on stderr, over a TUI
+    or a command's output). The level is one process-wide value, so it is changed under one lock:
+    the first block to enter saves it, the last to leave restores it, whatever order threads
+    building engines at once enter and leave in."""
     logger = logging.getLogger(VLLM_LOGGER)
-    saved = logger.level
-    logger.setLevel(max(level, logger.getEffectiveLevel()))
+    with _QUIET_LOCK:
+        if not _quiet["depth"]:
+            _quiet["saved"] = logger.level
+        _quiet["depth"] += 1
+        logger.setLevel(max(level, logger.getEffectiveLevel()))
     try:
         yield
     finally:
-        logger.setLevel(saved)
+        with _QUIET_LOCK:
+            _quiet["depth"] -= 1
+            if not _quiet["depth"]:
+                logger.setLevel(_quiet["saved"])
 
 
 SUPPORTED_VLLM = "0.33"  # the release whose classes the adapter and its tests are proven against
