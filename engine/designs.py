@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 VLLM_INSTALL = ("kv_manager 'vllm' runs vLLM's own scheduler and needs vLLM: pip install -e '.[vllm]' && "
                 "pip install --no-deps vllm==0.33.0")
-SGLANG_INSTALL = ("kv_manager 'sglang' runs SGLang's own radix cache and needs SGLang: pip install -e '.[sglang]' && "
+SGLANG_INSTALL = ("kv_manager 'sglang' runs SGLang's own radix cache and needs SGLang: pip install -e '.[vllm,sglang]' && "
                   "pip install --no-deps sglang==0.5.23")
 
 

@@ -38,6 +38,7 @@ from engine.events import EventBus, Preempted
 from engine.output_processor import OutputProcessor, StopChecker
 from engine.scheduler_output import NEVER_ADMITTED, ScheduledSequence, SchedulerOutput, pool_too_small_reason, step_kind
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.sglang_core.event_tap import SglangEventTap
 from engine.sglang_core.imports import sglang_classes
 from engine.sglang_core.options import SglangOptions
 
@@ -84,6 +85,8 @@ class SglangScheduler:
         self.groups: dict[str, SequenceGroup] = {}  # Req.rid -> our request
         self._ignored: list[tuple[SequenceGroup, str, list[Sequence]]] = []
         self.kv_cache_manager = self  # what the engine holds as the design's manager
+        self.tables: dict[int, tuple[int, ...]] = {}  # seq id -> the pages (our blocks) its row holds
+        self.tap = SglangEventTap(self.tree_cache, events, self.page_size)
 
     # ------------------------------------------------------------------ queues
 
@@ -96,7 +99,10 @@ class SglangScheduler:
                 seq.status = SequenceStatus.FINISHED_IGNORED
                 self._ignored.append((seq_group, self._too_big_reason(seq.get_len()), [seq]))
                 continue
-            params = sgl.SamplingParams(max_new_tokens=seq_group.sampling_params.max_tokens, ignore_eos=True)
+            # our stop checks end the request (to_finish); ignore_eos as ours, since SGLang's admission
+            # reserves a request's whole max_new_tokens only when it ignores EOS (PrefillAdder)
+            params = sgl.SamplingParams(max_new_tokens=seq_group.sampling_params.max_tokens,
+                                        ignore_eos=seq_group.sampling_params.ignore_eos)
             with sgl.use_context(self.context):
                 params.normalize(None)
                 req = sgl.Req(str(seq.seq_id), "", array("q", seq.get_token_ids()), params,
@@ -139,7 +145,9 @@ class SglangScheduler:
                     req.update_finish_state()
                     if req.kv.holds_kv:
                         sgl.release_kv_cache(req, self.tree_cache, checkpoint=False)
+                self.tables.pop(seq.seq_id, None)
                 self._forget(req)
+            self._sync()
         for seq in aborted:
             seq.status = SequenceStatus.FINISHED_ABORTED
         return aborted
@@ -160,12 +168,14 @@ class SglangScheduler:
             preempted: list[int] = []
             if batch is None:
                 batch, preempted = self._decode_batch()
-        if batch is None or batch.is_empty():
+            scheduled = self._plan(batch) if batch is not None and not batch.is_empty() else []
+            self._sync({s.seq.seq_id: (s.seq.get_token_ids(), s.num_computed_tokens, s.num_new_tokens)
+                        for s in scheduled})
+        if not scheduled:
             if not preempted and self.running_batch.is_empty() and self.waiting_queue and self.chunked_req is None:
                 ignored.append(self._ignore_head())
             return SchedulerOutput([], "decode", announces_tokens=True, preempted_seq_ids=preempted,
                                    ignored_seq_groups=ignored)
-        scheduled = self._plan(batch)
         return SchedulerOutput(scheduled, step_kind(scheduled), announces_tokens=True, preempted_seq_ids=preempted,
                                ignored_seq_groups=ignored, design_output=batch)
 
@@ -273,6 +283,7 @@ class SglangScheduler:
                                  mode="recompute", reason="no free slot for the next decode step (SGLang retract_decode)",
                                  num_tokens_lost=computed[req.rid])
             seq.reset_for_recompute()
+            self.tables.pop(seq.seq_id, None)
             preempted.append(seq.seq_id)
         return retracted, ratio, to_abort
 
@@ -291,9 +302,17 @@ class SglangScheduler:
                 seq.status = SequenceStatus.RUNNING
                 seq.num_cached_tokens = computed
             seq.num_computed_tokens = computed
-            scheduled.append(ScheduledSequence(self.groups[req.rid], seq, computed, new,
-                                               (self.block_table(req, computed + new),)))
+            table = self.tables[seq.seq_id] = self.block_table(req, computed + new)
+            scheduled.append(ScheduledSequence(self.groups[req.rid], seq, computed, new, (table,)))
         return scheduled
+
+    def _sync(self, tokens: dict | None = None) -> None:
+        """Each held row read again (inserting a request's tokens may point its row at the tree's
+        slots for a prefix another request published first, freeing its own: RadixCache.insert),
+        then the tap's events."""
+        for seq_id, pages in self.tables.items():
+            self.tables[seq_id] = self.block_table(self.reqs[seq_id], len(pages) * self.page_size)
+        self.tap.sync(self.tables, tokens or {})
 
     def block_table(self, req: Any, num_tokens: int) -> tuple[int, ...]:
         """The pages of the request's first `num_tokens` slots (its ReqToTokenPool row), in order."""
@@ -327,6 +346,7 @@ class SglangScheduler:
                     row, [token_ids[:1]], lambda seq, req=req: self._finish(req)) if group not in finished]
                 if not req.finished() and extend:
                     sgl.checkpoint_kv_cache(req, self.tree_cache)
+                    self._sync()  # each request's insert on its own: a split shows as one
         self.last_batch = batch if extend else None
         return finished
 
@@ -338,7 +358,9 @@ class SglangScheduler:
         req.update_finish_state()
         sgl.release_kv_cache(req, self.tree_cache, checkpoint=True)
         self.reqs.pop(int(req.rid), None)
+        self.tables.pop(int(req.rid), None)
         self._forget(req)
+        self._sync()
 
     def _ignore_head(self) -> tuple[SequenceGroup, str, list[Sequence]]:
         """The head of the waiting queue ends as ignored: nothing runs and it was not admitted into
