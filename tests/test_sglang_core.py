@@ -13,6 +13,7 @@ import random
 import pytest
 
 from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
+from blockviz.model.trace_check import TraceChecker
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.designs import SGLANG, V1
 from engine.events import Preempted, RadixNodeEvicted, RadixNodeSplit
@@ -78,9 +79,10 @@ def run_checked(engine: LLMEngine, prompts, params=GREEDY):
     """Every prompt at once, stepped to the end with the reducer checked after every step; returns
     each request's tokens and the events."""
     reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager=SGLANG.name)
+    checker = TraceChecker(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager=SGLANG.name)
     events = []
-    engine.events.subscribe(reducer.apply)
-    engine.events.subscribe(events.append)
+    for subscriber in (reducer.apply, checker.check, events.append):
+        engine.events.subscribe(subscriber)
     for index, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=f"r{index}")
     tokens = {}
@@ -89,7 +91,7 @@ def run_checked(engine: LLMEngine, prompts, params=GREEDY):
             if output.finished:
                 tokens[output.request_id] = output.outputs[0].token_ids
         check_reducer_matches_sglang(reducer, engine.scheduler)
-    assert engine.scheduler.tables == {}
+    assert engine.scheduler.tables == {} and not engine.events.errors, engine.events.errors
     return [tokens[f"r{i}"] for i in range(len(prompts))], events
 
 

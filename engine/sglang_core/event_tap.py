@@ -180,8 +180,8 @@ class SglangEventTap:
                              offset=pos % size, token_id=token_ids[pos])
                     continue
                 ref[page] = ref.get(page, 0) + 1
-                cached = old_pages.get(page) or (pages.get(page) if ref[page] > 1 else None)
-                if cached is not None:
+                cached = pages.get(page)  # the tree's page (an evicted one handed out again is fresh)
+                if cached is not None and (old_pages.get(page) == cached or ref[page] > 1):
                     emit(PrefixCacheHit, device=GPU, block=page, seq_ids=(seq_id,), logical_index=index,
                          ref_count=ref[page], block_hash=cached.block_hash, token_ids=cached.token_ids)
                 else:
