@@ -78,3 +78,19 @@ def test_record_replays_exports_and_reduces_to_the_tree(tiny_gpt2_dir, tmp_path)
     svg = tmp_path / "end.svg"
     assert main(["export", str(out), "--out", str(svg)]) == 0
     assert svg.read_text().count("<rect") >= header["num_gpu_blocks"]
+
+
+def test_compare_shows_sglang_hitting_a_partial_blocks_tokens(tiny_gpt2_dir, capsys):
+    """Two prompts sharing 15 tokens, the second admitted after the first (SGLang's max_prefill_tokens):
+    vLLM's hit stops at its last full block of 4, SGLang's tree at page_size 1 serves every shared
+    token, and the table says so."""
+    assert main(["compare", "--model", str(tiny_gpt2_dir), "--kv-manager", "vllm,sglang", "--block-size", "4",
+                 "--sglang-option", "page_size=1", "--sglang-option", "max_prefill_tokens=16",
+                 "--num-gpu-blocks", "64", "--prompt", "All the world's a stage, and all the men",
+                 "--prompt", "All the world's a stage, and all the women merely", "--max-tokens", "4",
+                 "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.strip().startswith("r1 "))
+    vllm_hit, sglang_hit = (int(part) for part in line.split(": ", 1)[1].split("  ")[0].split(" | "))
+    assert vllm_hit % 4 == 0 and sglang_hit > vllm_hit, line
+    assert f"sglang/1 hits {sglang_hit - vllm_hit} more: tokens of a partial block vllm/4 cannot share" in line
