@@ -55,8 +55,8 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, skip=SWEPT, max_tokens=16,  # these four take lists here:
                        prompts_help="two lines of ROMEO's that share their opening")
     parser.add_argument("--kv-manager", type=_managers, default=["v0"],
-                        help="v0, v1, vllm or a list such as v0,v1 or v1,vllm: vLLM v0's block manager, v1's KV cache "
-                             "manager, vLLM's own scheduler (docs/vllm-core.md), side by side")
+                        help="v0, v1, vllm, sglang or a list such as v0,v1 or vllm,sglang: vLLM v0's block manager, v1's KV cache "
+                             "manager, vLLM's own scheduler (docs/vllm-core.md), SGLang's radix cache (docs/sglang.md), side by side")
     parser.add_argument("--block-size", type=_ints("--block-size"), default=[16], help="e.g. 4,16")
     parser.add_argument("--num-gpu-blocks", type=_ints("--num-gpu-blocks"), default=[None],
                         help="e.g. 32,64 (default: from the memory budget)")
