@@ -5,6 +5,7 @@ on stderr, exit 2."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import subprocess
 import sys
@@ -78,6 +79,28 @@ def test_record_replays_exports_and_reduces_to_the_tree(tiny_gpt2_dir, tmp_path)
     svg = tmp_path / "end.svg"
     assert main(["export", str(out), "--out", str(svg)]) == 0
     assert svg.read_text().count("<rect") >= header["num_gpu_blocks"]
+    used = max(range(len(trace.events) + 1), key=lambda at: ReducerState.from_header(header)
+               .apply_all(trace.events[:at]).num_used("gpu"))
+    asyncio.run(_replay_every_event(trace, used))
+
+
+async def _replay_every_event(trace, busiest: int) -> None:
+    """The TUI replays the trace event by event at 80x24; at the busiest cursor its pool line counts
+    the blocks in use the reducer counts."""
+    from blockviz.model.reducer import ReducerState
+    from blockviz.tui.app import BlockvizApp
+
+    app = BlockvizApp(trace=trace, deterministic=True, source_name="sglang")
+    async with app.run_test(size=(80, 24)) as pilot:
+        for at in range(len(trace.events) + 1):
+            app.player.timeline.seek(at)
+            app.render_views()
+        app.player.timeline.seek(busiest)
+        app.render_views()
+        await pilot.pause()
+        text = "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+        used = ReducerState.from_header(trace.header).apply_all(trace.events[:busiest]).num_used("gpu")
+        assert f"GPU pool · {used}/{trace.header['num_gpu_blocks'] - 1} used" in text, text  # page 0: the null block
 
 
 def test_compare_shows_sglang_hitting_a_partial_blocks_tokens(tiny_gpt2_dir, capsys):
