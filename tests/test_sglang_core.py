@@ -173,3 +173,34 @@ def test_a_prompt_bigger_than_the_pool_is_ignored_with_its_reason(loaded, tiny_g
     (output,) = engine.step()
     assert output.finished and output.outputs[0].finish_reason == "ignored"
     assert "needs 7 blocks for 25 tokens but the pool has 3" in output.outputs[0].finish_detail
+
+
+def test_n2_greedy_equals_vllms_own_scheduler(loaded, tiny_gpt2_dir):
+    """n = 2 runs as two SGLang requests sharing the prompt through the tree; every completion's
+    greedy tokens equal vLLM's own scheduler's on the same requests (the checks after every step
+    hold)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    from engine.designs import VLLM
+
+    prompts = workload(11, num_requests=4)
+    params = SamplingParams(n=2, max_tokens=5, ignore_eos=True)
+    engine = make_engine(loaded, tiny_gpt2_dir, num_gpu_blocks=30, sglang_options={"page_size": 4})
+    reducer = ReducerState(4, engine.budget.num_gpu_blocks, 0, kv_manager=SGLANG.name)
+    engine.events.subscribe(reducer.apply)
+    runs = {}
+    for name, run_engine in ((SGLANG.name, engine),
+                             (VLLM.name, make_engine(loaded, tiny_gpt2_dir, kv_manager=VLLM.name, block_size=4,
+                                                     num_gpu_blocks=64))):
+        for index, prompt in enumerate(prompts):
+            run_engine.add_request(prompt, params, request_id=f"r{index}")
+        outputs = {}
+        while run_engine.has_unfinished_requests():
+            for output in run_engine.step():
+                if output.finished:
+                    outputs[output.request_id] = [c.token_ids for c in output.outputs]
+            if run_engine is engine:
+                check_reducer_matches_sglang(reducer, engine.scheduler)
+        runs[name] = [outputs[f"r{i}"] for i in range(len(prompts))]
+    assert runs[SGLANG.name] == runs[VLLM.name]
+    assert all(len(completions) == 2 and completions[0] == completions[1] for completions in runs[SGLANG.name])
