@@ -16,7 +16,7 @@ from blockviz.model.reducer import CACHED, FREE, NULL, USED, ReducerState
 from blockviz.model.trace_check import TraceChecker
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.designs import SGLANG, V1
-from engine.events import Preempted, RadixNodeEvicted, RadixNodeSplit
+from engine.events import Preempted, RadixNodeEvicted, RadixNodeInserted, RadixNodeSplit
 from tests.test_engine_parity import hf_greedy
 from tests.test_engine_v1 import hf, loaded  # noqa: F401 (the tiny GPT-2 and transformers' model, module fixtures)
 
@@ -204,3 +204,18 @@ def test_n2_greedy_equals_vllms_own_scheduler(loaded, tiny_gpt2_dir):
         runs[name] = [outputs[f"r{i}"] for i in range(len(prompts))]
     assert runs[SGLANG.name] == runs[VLLM.name]
     assert all(len(completions) == 2 and completions[0] == completions[1] for completions in runs[SGLANG.name])
+
+
+@pytest.mark.parametrize("event, message", [
+    (RadixNodeSplit(0, node_id=5, new_node_id=6, num_tokens=1), "radix node 5 is not in the tree"),
+    (RadixNodeInserted(0, node_id=5, parent_id=9, token_ids=(1,), slots=(4,), lock_ref=0), "parent 9 is not in the tree"),
+    (RadixNodeInserted(0, node_id=5, parent_id=None, token_ids=(1, 2), slots=(4,), lock_ref=0), "not one each"),
+    (RadixNodeInserted(0, node_id=5, parent_id=None, token_ids=(1,), slots=(2,), lock_ref=0), "slots outside 4..31"),
+])
+def test_the_trace_checker_refuses_a_radix_event_that_cannot_be(event, message):
+    checker = TraceChecker(4, 8, 0, kv_manager=SGLANG.name)
+    with pytest.raises(ValueError, match=message):
+        checker.check(event)
+    v1 = TraceChecker(4, 8, 0, kv_manager=V1.name)
+    with pytest.raises(ValueError, match="has no radix tree"):
+        v1.check(event)

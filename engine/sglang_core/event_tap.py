@@ -132,7 +132,7 @@ class SglangEventTap:
             emit(RadixNodeSplit, node_id=split, new_node_id=node_id, num_tokens=size)
             work[node_id] = Node(old.parent_id, old.token_ids[:size], old.slots[:size], old.lock_ref)
             work[split] = Node(node_id, old.token_ids[size:], old.slots[size:], old.lock_ref)
-        for node_id in inserted:
+        for node_id in sorted(inserted, key=lambda node_id: _depth(nodes, node_id)):  # parents first
             node = work[node_id] = nodes[node_id]
             emit(RadixNodeInserted, node_id=node_id, parent_id=node.parent_id, token_ids=node.token_ids,
                  slots=node.slots, lock_ref=node.lock_ref)
