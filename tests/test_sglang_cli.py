@@ -117,3 +117,9 @@ def test_compare_shows_sglang_hitting_a_partial_blocks_tokens(tiny_gpt2_dir, cap
     vllm_hit, sglang_hit = (int(part) for part in line.split(": ", 1)[1].split("  ")[0].split(" | "))
     assert vllm_hit % 4 == 0 and sglang_hit > vllm_hit, line
     assert f"sglang/1 hits {sglang_hit - vllm_hit} more: tokens of a partial block vllm/4 cannot share" in line
+
+
+def test_compare_refuses_an_sglang_option_without_an_sglang_run(capsys):
+    assert main(["compare", "--kv-manager", "v1,vllm", "--sglang-option", "page_size=1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--sglang-option applies to --kv-manager sglang only" in lines[0]

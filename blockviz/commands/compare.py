@@ -106,7 +106,9 @@ def compare_runs(args) -> list:
     if args.workload is not None:
         args.prompts = prompts
     sglang_options = dict(args.sglang_options or ())
-    if sglang_options and "sglang" not in args.kv_manager:
+    from engine.designs import get_design
+
+    if sglang_options and not any(get_design(name).radix_tree for name in args.kv_manager):
         raise UsageError("--sglang-option applies to --kv-manager sglang only")
     spec = EngineSpec.from_args(argparse.Namespace(**{**vars(_first(args)), "sglang_options": None}))
     spec.check_all()
