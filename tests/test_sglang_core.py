@@ -219,3 +219,11 @@ def test_the_trace_checker_refuses_a_radix_event_that_cannot_be(event, message):
     v1 = TraceChecker(4, 8, 0, kv_manager=V1.name)
     with pytest.raises(ValueError, match="has no radix tree"):
         v1.check(event)
+
+
+@pytest.mark.parametrize("eviction, policy", [("lfu", "dfs-weight"), ("slru", "lof")])
+def test_other_policies_keep_the_reducer_equal_to_sglang(loaded, tiny_gpt2_dir, eviction, policy):
+    engine = make_engine(loaded, tiny_gpt2_dir, num_gpu_blocks=13,
+                         sglang_options={"page_size": 4, "radix_eviction_policy": eviction, "schedule_policy": policy})
+    tokens, events = run_checked(engine, workload(3))
+    assert any(isinstance(e, RadixNodeEvicted) for e in events) and all(len(t) == GREEDY.max_tokens for t in tokens)
