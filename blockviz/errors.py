@@ -14,14 +14,14 @@ class UsageError(Exception):
 
 # Engine option names (engine/config.py's EngineConfig, LLM's keywords) -> the flag a user types.
 FLAGS = {
-    "vllm_options": "--vllm-option", "kv_manager": "--kv-manager", "num_gpu_blocks": "--num-gpu-blocks",
+    "vllm_options": "--vllm-option", "sglang_options": "--sglang-option", "kv_manager": "--kv-manager", "num_gpu_blocks": "--num-gpu-blocks",
     "num_cpu_blocks": "--num-cpu-blocks", "block_size": "--block-size", "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens", "preemption_mode": "--preemption-mode",
     "enable_prefix_caching": "--prefix-caching",
     "attention_backend": "--attention-backend",
 }
 # Whole sentences whose grammar changes with the flag (a plural option name, a singular flag).
-SENTENCES = {"vllm_options apply to": "--vllm-option applies to"}
+SENTENCES = {"vllm_options apply to": "--vllm-option applies to", "sglang_options apply to": "--sglang-option applies to"}
 
 
 def in_flags(message: str) -> str:

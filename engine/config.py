@@ -60,6 +60,8 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (engine/cuda_graphs.py; never used off CUDA)
     # kv_manager "vllm": vLLM SchedulerConfig / CacheConfig fields by name (engine/vllm_core/config.py)
     vllm_options: dict | None = None
+    # kv_manager "sglang": SGLang server arguments by name (engine/sglang_core/options.py); page_size is block_size
+    sglang_options: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -88,11 +90,11 @@ class EngineConfig:
         design = get_design(self.kv_manager)
         self.kv_manager = design.name
         if design.requires and importlib.util.find_spec(design.requires) is None:
-            raise ValueError(VLLM_INSTALL)
-        if design.upstream:  # another project's own code runs: its release is pinned
-            from engine.vllm_core import check_vllm_version
-
-            check_vllm_version()  # another release: one line naming it and the supported one
+            raise ValueError(design.install)
+        if design.check_version is not None:  # another project's own code runs: its release is pinned
+            design.check_version()  # another release: one line naming it and the supported one
+        if self.sglang_options is not None:
+            self._take_page_size(design)
         if self.vllm_options is not None:
             if not design.vllm_options:
                 raise ValueError(f"vllm_options apply to kv_manager {', '.join(repr(n) for n, d in DESIGNS.items() if d.vllm_options)} only")
@@ -114,6 +116,23 @@ class EngineConfig:
             raise ValueError(f"kv_manager {self.kv_manager!r} preempts by recompute only: preemption_mode 'swap' is v0's")
         if self.enable_prefix_caching is None:
             self.enable_prefix_caching = design.enable_prefix_caching
+
+    def _take_page_size(self, design: Design) -> None:
+        """SGLang's page_size option is block_size (one page is one block): it sets block_size, and
+        must be a positive integer (a ValueError line otherwise)."""
+        if not design.radix_tree:
+            raise ValueError(f"sglang_options apply to kv_manager {', '.join(repr(n) for n, d in DESIGNS.items() if d.radix_tree)} only")
+        if not isinstance(self.sglang_options, dict) or not all(isinstance(k, str) for k in self.sglang_options):
+            raise ValueError(f"sglang_options must be a dict of option names, got {self.sglang_options!r}")
+        if "page_size" in self.sglang_options:
+            page_size = self.sglang_options["page_size"]
+            if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+                raise ValueError(f"sglang option page_size must be a positive integer (SGLang's page of KV slots), "
+                                 f"got {page_size!r}")
+            self.block_size = page_size
+        from engine.sglang_core.options import SglangOptions
+
+        SglangOptions.parse(self.sglang_options, self.block_size, 1)  # an unknown option or a refused value: one line
 
     @property
     def design(self) -> Design:

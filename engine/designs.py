@@ -8,6 +8,9 @@ its KV-cache groups, block manager and scheduler from the engine's config.
   KV-cache groups for hybrid models, n > 1 as n requests.
 - `VLLM`: vLLM 0.33's own Scheduler and KVCacheManager behind the same seam (engine/vllm_core/):
   v1's traits, plus vLLM's CPU tier (kv_offloading_size).
+- `SGLANG`: SGLang 0.5.23's own RadixCache, KV allocator, SchedulePolicy and PrefillAdder behind the
+  same seam (engine/sglang_core/): a radix tree of token runs instead of hashed blocks, SGLang's
+  retraction for preemption.
 
 Everything that differs between designs is a field here: the engine and every view ask the entry
 (`if design.swap:`), never its name. `EngineConfig.kv_manager` names an entry (`get_design`); a
@@ -22,6 +25,8 @@ from typing import Any, Callable
 
 VLLM_INSTALL = ("kv_manager 'vllm' runs vLLM's own scheduler and needs vLLM: pip install -e '.[vllm]' && "
                 "pip install --no-deps vllm==0.33.0")
+SGLANG_INSTALL = ("kv_manager 'sglang' runs SGLang's own radix cache and needs SGLang: pip install -e '.[vllm,sglang]' && "
+                  "pip install --no-deps sglang==0.5.23")
 
 
 @dataclass(slots=True)
@@ -74,6 +79,10 @@ class Design:
     build_kv_cache_groups: Callable[[DesignBuild, int], list | None]
     build_scheduler: Callable[[DesignBuild, Any, list | None], tuple[Any, Any, list | None]]
     upstream: str = ""  # the project whose own scheduler and KV-cache manager run ("vLLM"), "" for blockviz's
+    install: str = ""  # the line naming how to install `requires`
+    # the one-line check of the installed upstream release (a ValueError naming it and the supported one)
+    check_version: Callable[[], str] | None = None
+    radix_tree: bool = False  # prefixes live in a radix tree of token runs, shared per token (SGLang RadixCache)
 
     @property
     def fork_and_preempt_commands(self) -> bool:
@@ -156,6 +165,29 @@ def _vllm_scheduler(build: DesignBuild, budget: Any, groups: list) -> tuple[Any,
     return scheduler.kv_cache_manager, scheduler, scheduler.vllm.kv_cache_config.kv_cache_groups
 
 
+def _sglang_scheduler(build: DesignBuild, budget: Any, groups: None) -> tuple[Any, Any, None]:
+    """SGLang's RadixCache and scheduling policy over the sized pool, behind our scheduler interface."""
+    from engine.sglang_core import make_sglang_scheduler
+
+    scheduler_config = build.scheduler_config
+    scheduler = make_sglang_scheduler(build.config, budget.num_gpu_blocks, scheduler_config.max_num_seqs,
+                                      scheduler_config.max_model_len, scheduler_config.max_num_batched_tokens,
+                                      build.events, build.output_processor)
+    return scheduler, scheduler, None
+
+
+def _check_vllm() -> str:
+    from engine.vllm_core import check_vllm_version
+
+    return check_vllm_version()
+
+
+def _check_sglang() -> str:
+    from engine.sglang_core import check_sglang_version
+
+    return check_sglang_version()
+
+
 # ------------------------------------------------------------------ the registry
 
 V0 = Design("v0", "vLLM v0's BlockSpaceManager and Scheduler", fork=True, copy_on_write=True, swap=True,
@@ -175,9 +207,17 @@ VLLM = Design("vllm", "vLLM 0.33's own Scheduler and KVCacheManager (engine/vllm
               shared_hashes=True, chunked_prefill=True, groups=True, hash_collision_guard=False, run_hash_algo=True,
               enable_prefix_caching=True, vllm_options=True, requires="vllm", async_scheduling=True,
               prefix_stats_in_tokens=True, vllm_api="v1",
-              build_kv_cache_groups=_vllm_groups, build_scheduler=_vllm_scheduler, upstream="vLLM")
+              build_kv_cache_groups=_vllm_groups, build_scheduler=_vllm_scheduler, upstream="vLLM",
+              install=VLLM_INSTALL, check_version=_check_vllm)
+SGLANG = Design("sglang", "SGLang 0.5.23's own RadixCache and scheduling policy (engine/sglang_core/)", fork=False,
+                copy_on_write=False, swap=False, cpu_tier=False, fans_out_n=True, null_block=True, free_queue=False,
+                shared_hashes=False, chunked_prefill=True, groups=False, hash_collision_guard=True,
+                run_hash_algo=False, enable_prefix_caching=True, vllm_options=False, requires="sglang",
+                async_scheduling=False, prefix_stats_in_tokens=True, vllm_api="v1",
+                build_kv_cache_groups=_no_groups, build_scheduler=_sglang_scheduler, upstream="SGLang",
+                install=SGLANG_INSTALL, check_version=_check_sglang, radix_tree=True)
 
-DESIGNS: dict[str, Design] = {design.name: design for design in (V0, V1, VLLM)}
+DESIGNS: dict[str, Design] = {design.name: design for design in (V0, V1, VLLM, SGLANG)}
 DEFAULT = V0  # what a config or a trace header that names no design ran
 
 

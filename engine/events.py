@@ -330,6 +330,60 @@ class SequenceFinished(Event):
     detail: str
 
 
+# ---------------------------------------------------------------- radix tree events (kv_manager "sglang")
+#
+# SGLang's RadixCache (sglang/srt/mem_cache/radix_cache.py) keeps cached prefixes as a tree of
+# TreeNodes: each holds a run of tokens (its `key`) and their KV slots (its `value`), children keyed
+# by their first page. These events rebuild that tree exactly (node ids are SGLang's TreeNode.id; a
+# parent_id of None is the root, which holds no tokens): a view draws the tree from them alone.
+
+
+class RadixNodeInserted(Event):
+    """A node joined the tree under `parent_id` (RadixCache._insert_helper adding a leaf): its token
+    run, the KV slot of each token, and its lock_ref (requests holding its path)."""
+
+    type: ClassVar[str] = "radix_node_inserted"
+
+    node_id: int
+    parent_id: int | None
+    token_ids: tuple[int, ...]
+    slots: tuple[int, ...]
+    lock_ref: int
+
+
+class RadixNodeSplit(Event):
+    """A node split where a new key diverged from it (RadixCache._split_node): a new node
+    `new_node_id` takes the first `num_tokens` tokens and slots and the node's place under its
+    parent, with the node's lock_ref; the node keeps its id and the rest, as the new node's child."""
+
+    type: ClassVar[str] = "radix_node_split"
+
+    node_id: int
+    new_node_id: int
+    num_tokens: int
+
+
+class RadixLockRef(Event):
+    """A node's lock_ref changed (RadixCache.inc_lock_ref / dec_lock_ref walk from a request's last
+    node to the root): a node with lock_ref > 0 is protected, one with 0 evictable."""
+
+    type: ClassVar[str] = "radix_lock_ref"
+
+    node_id: int
+    lock_ref: int
+
+
+class RadixNodeEvicted(Event):
+    """A leaf left the tree and its slots went back to the allocator (RadixCache.evict, leaves
+    with lock_ref 0 in the eviction policy's order, _delete_leaf)."""
+
+    type: ClassVar[str] = "radix_node_evicted"
+
+    node_id: int
+    token_ids: tuple[int, ...]
+    slots: tuple[int, ...]
+
+
 class KVDigest(Event):
     """A short digest of a block's real K/V contents (its first page's first head, K then V: the
     first layer's, or the first layer of the KV-cache group holding the block) after

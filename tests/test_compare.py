@@ -121,7 +121,7 @@ def test_tokens_recomputed_are_the_extra_work_preemption_caused(tiny_gpt2_dir, m
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--kv-manager", "v2"], "--kv-manager takes v0, v1, vllm or v0,v1"),
+    (["--kv-manager", "v2"], "--kv-manager takes v0, v1, vllm, sglang or v0,v1"),
     (["--kv-manager", "v0,v1", "--preemption-mode", "swap"], "preempts by recompute only"),
 ])
 def test_compare_refuses_bad_managers_in_one_line(tiny_gpt2_dir, capsys, argv, message):

@@ -106,7 +106,7 @@ def test_a_config_resolves_its_design():
     assert EngineConfig(kv_manager=V1).kv_manager == V1.name  # an entry is taken as its name
     assert EngineConfig().design is DEFAULT
     assert EngineConfig(kv_manager=V1.name).enable_prefix_caching and not EngineConfig().enable_prefix_caching
-    with pytest.raises(ValueError, match="kv_manager must be one of v0, v1, vllm, got 'v2'"):
+    with pytest.raises(ValueError, match="kv_manager must be one of v0, v1, vllm, sglang, got 'v2'"):
         get_design("v2")
     with pytest.raises(ValueError, match="preempts by recompute only"):
         EngineConfig(kv_manager=V1.name, preemption_mode="swap")

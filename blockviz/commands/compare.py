@@ -15,7 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from blockviz.commands.options import add_engine_options, int_at_least
+from blockviz.commands.options import _sglang_option, add_engine_options, int_at_least
 from blockviz.errors import UsageError
 from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text
 
@@ -55,13 +55,16 @@ def add_parser(subparsers) -> None:
     add_engine_options(parser, skip=SWEPT, max_tokens=16,  # these four take lists here:
                        prompts_help="two lines of ROMEO's that share their opening")
     parser.add_argument("--kv-manager", type=_managers, default=["v0"],
-                        help="v0, v1, vllm or a list such as v0,v1 or v1,vllm: vLLM v0's block manager, v1's KV cache "
-                             "manager, vLLM's own scheduler (docs/vllm-core.md), side by side")
+                        help="v0, v1, vllm, sglang or a list such as v0,v1 or vllm,sglang: vLLM v0's block manager, v1's KV cache "
+                             "manager, vLLM's own scheduler (docs/vllm-core.md), SGLang's radix cache (docs/sglang.md), side by side")
     parser.add_argument("--block-size", type=_ints("--block-size"), default=[16], help="e.g. 4,16")
     parser.add_argument("--num-gpu-blocks", type=_ints("--num-gpu-blocks"), default=[None],
                         help="e.g. 32,64 (default: from the memory budget)")
     parser.add_argument("--prefix-caching", dest="enable_prefix_caching", type=_switches, default=[None],
                         help="on, off or on,off (default: each manager's own, off in v0 and on in v1)")
+    parser.add_argument("--sglang-option", action="append", type=_sglang_option, dest="sglang_options",
+                        metavar="KEY=VALUE", help="for the sglang runs only: an SGLang server argument, e.g. "
+                                                  "page_size=1 (docs/sglang.md); repeatable")
     parser.add_argument("--workload", type=Path, metavar="FILE", help="a text file, one prompt a line")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--tui", action="store_true",
@@ -86,6 +89,7 @@ def execute(args) -> int:
                          indent=2))
     else:
         _print_table(rows, at_step)
+        _print_hits(rows, prompts_of(args))
         _print_differences(differ, len(runs))
         for line in why_lines(runs):  # a figure that looks wrong, explained
             print(textwrap.fill(line, width=100, subsequent_indent="  "))
@@ -101,11 +105,16 @@ def compare_runs(args) -> list:
     prompts = _prompts(args)
     if args.workload is not None:
         args.prompts = prompts
-    spec = EngineSpec.from_args(_first(args))
+    sglang_options = dict(args.sglang_options or ())
+    from engine.designs import get_design
+
+    if sglang_options and not any(get_design(name).radix_tree for name in args.kv_manager):
+        raise UsageError("--sglang-option applies to --kv-manager sglang only")
+    spec = EngineSpec.from_args(argparse.Namespace(**{**vars(_first(args)), "sglang_options": None}))
     spec.check_all()
     quiet_model_loading()
     try:
-        configs = configurations(spec.config, **{name: getattr(args, name) for name in SWEPT})
+        configs = configurations(spec.config, sglang_options or None, **{name: getattr(args, name) for name in SWEPT})
         return run_all(prompts, configs, spec.sampling_params(), progress=_progress(args, len(configs)))
     except ValueError as exc:
         raise UsageError(one_line(exc)) from None
@@ -166,6 +175,26 @@ def _print_table(runs: list[dict], at_step: int) -> None:
         f"cache; hit%: hits over lookups, of prompt blocks (blo: v0) or of tokens (tok: v1, as vLLM's "
         f"PrefixCacheStats); forks, cow: forks and copies on write; recomp: tokens computed again after preemptions; "
         f"@{at_step}: GPU blocks in use after step {at_step}; same: the same text as the first run", width=100))
+
+
+def prompts_of(args) -> list[str]:
+    return list(args.prompts or DEFAULT_PROMPTS)
+
+
+def _print_hits(runs: list[dict], prompts: list[str]) -> None:
+    """Per request, the prompt tokens each run found in its prefix cache; when a radix-tree run
+    (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so."""
+    names = [f"{run['kv_manager']}/{run['block_size']}" for run in runs]
+    print("prefix hit per request, in tokens (" + " | ".join(names) + "):")
+    for index, prompt in enumerate(prompts):
+        hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
+        shown = prompt if len(prompt) <= 40 else prompt[:39] + "…"
+        note = ""
+        if len(runs) > 1 and max(hits) > min(hits):
+            best, worst = hits.index(max(hits)), hits.index(min(hits))
+            note = (f"  {names[best]} hits {max(hits) - min(hits)} more: tokens of a partial block "
+                    f"{names[worst]} cannot share" if runs[best]["block_size"] < runs[worst]["block_size"] else "")
+        print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + note)
 
 
 def _print_differences(differ: list[tuple[str, list]], num_runs: int) -> None:

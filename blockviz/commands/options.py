@@ -127,8 +127,14 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                             action=_GivenChoice,
                             help="the KV cache manager and scheduler: v0 (vLLM's BlockSpaceManager: swap, "
                                  "copy-on-write), v1 (vLLM's KVCacheManager: free queue, chunked prefill, "
-                                 "recompute only) or vllm (vLLM's own Scheduler and KVCacheManager: pip install -e "
-                                 f"'.[vllm]'; docs/vllm-core.md) (default {d['kv_manager']})")
+                                 "recompute only), vllm (vLLM's own Scheduler and KVCacheManager: pip install -e "
+                                 "'.[vllm]'; docs/vllm-core.md) or sglang (SGLang's own RadixCache and scheduling "
+                                 f"policy: pip install -e '.[sglang]'; docs/sglang.md) (default {d['kv_manager']})")
+        parser.add_argument("--sglang-option", action="append", type=_sglang_option, dest="sglang_options",
+                            metavar="KEY=VALUE",
+                            help="with --kv-manager sglang: an SGLang server argument: page_size (sets "
+                                 "--block-size), schedule_policy, chunked_prefill_size, max_prefill_tokens, "
+                                 "radix_eviction_policy, schedule_conservativeness; repeatable")
         parser.add_argument("--vllm-option", action="append", type=_vllm_option, dest="vllm_options", metavar="KEY=VALUE",
                             help="with --kv-manager vllm: a field of vLLM's SchedulerConfig or CacheConfig, e.g. "
                                  "scheduler_reserve_full_isl=false, watermark=0.01, policy=priority; repeatable")
@@ -175,6 +181,14 @@ def _vllm_option(text: str) -> tuple[str, object]:
         return key.strip(), json.loads(value)
     except ValueError:
         return key.strip(), value
+
+
+def _sglang_option(text: str) -> tuple[str, object]:
+    """--sglang-option KEY=VALUE, read as --vllm-option reads its value."""
+    try:
+        return _vllm_option(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("--vllm-option", "--sglang-option")) from None
 
 
 def _offloading_size(text: str) -> tuple[str, float]:

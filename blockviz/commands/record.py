@@ -26,7 +26,7 @@ from blockviz.errors import UsageError
 from blockviz.session.spec import ENGINE_CONFIG_OPTIONS
 
 # The engine options' destinations (options.add_engine_options): EngineConfig's and the requests'.
-ENGINE_DESTS = (*ENGINE_CONFIG_OPTIONS, "prompts", "n", "max_tokens", "temperature", "vllm_options")
+ENGINE_DESTS = (*ENGINE_CONFIG_OPTIONS, "prompts", "n", "max_tokens", "temperature", "vllm_options", "sglang_options")
 
 
 @dataclass(slots=True)
@@ -153,6 +153,8 @@ def scenario_spec(name: str, args):
     options = {k: v for k, v in given.items() if k not in ("prompts", "n")}
     if "vllm_options" in options:
         options["vllm_options"] = dict(options["vllm_options"] or ())
+    if "sglang_options" in options:
+        options["sglang_options"] = dict(options["sglang_options"] or ())
     try:
         return EngineSpec.for_scenario(name, **options)
     except ValueError as exc:

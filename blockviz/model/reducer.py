@@ -11,7 +11,7 @@ import copy
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from blockviz.model.design import KV_DESIGNS, SLIDING_WINDOW, KVCacheGroup, kv_cache_groups_of, kv_manager_of
 from engine import events as ev
@@ -54,6 +54,16 @@ class BlockState:
         self.digest = None
         self.digest_slots = 0
         self.group = 0
+
+
+class RadixNode(NamedTuple):
+    """A node of SGLang's radix tree (kv_manager "sglang"; engine/events.py's Radix* events): its
+    parent (None: the root), its run of tokens, their KV slots, and its lock_ref."""
+
+    parent_id: int | None
+    token_ids: tuple[int, ...]
+    slots: tuple[int, ...]
+    lock_ref: int
 
 
 def state_code(block: BlockState) -> str:
@@ -151,6 +161,7 @@ class ReducerState:
         self.num_tokens_generated = 0
         self.step_time_s = 0.0
         self.num_scheduled_tokens: dict[int, int] = {}  # v1: seq_id -> tokens the last step computed
+        self.radix_nodes: dict[int, RadixNode] = {}  # sglang: SGLang's radix tree, by TreeNode.id
 
     @classmethod
     def from_header(cls, header: dict) -> "ReducerState":
@@ -529,6 +540,24 @@ class ReducerState:
             del self.hash_map[e.block_hash]
         block.clear()
 
+    def _on_radix_inserted(self, e: ev.RadixNodeInserted) -> None:
+        self.radix_nodes[e.node_id] = RadixNode(e.parent_id, e.token_ids, e.slots, e.lock_ref)
+
+    def _on_radix_split(self, e: ev.RadixNodeSplit) -> None:
+        """The head of the node's run becomes a new node in its place; the node keeps the tail
+        under it (SGLang RadixCache._split_node)."""
+        node, size = self.radix_nodes[e.node_id], e.num_tokens
+        self.radix_nodes[e.new_node_id] = RadixNode(node.parent_id, node.token_ids[:size], node.slots[:size],
+                                                    node.lock_ref)
+        self.radix_nodes[e.node_id] = RadixNode(e.new_node_id, node.token_ids[size:], node.slots[size:],
+                                                node.lock_ref)
+
+    def _on_radix_lock_ref(self, e: ev.RadixLockRef) -> None:
+        self.radix_nodes[e.node_id] = self.radix_nodes[e.node_id]._replace(lock_ref=e.lock_ref)
+
+    def _on_radix_evicted(self, e: ev.RadixNodeEvicted) -> None:
+        self.radix_nodes.pop(e.node_id, None)
+
     def _drop_cpu_hash(self, block_hash: int, number: int) -> None:
         if self.cpu_hash_map.get(block_hash) == number:
             del self.cpu_hash_map[block_hash]
@@ -656,6 +685,10 @@ _HANDLERS = {
     ev.TokensScheduled: ReducerState._on_tokens_scheduled,
     ev.OffloadStored: ReducerState._on_offload_store,
     ev.OffloadLoaded: ReducerState._on_offload_load,
+    ev.RadixNodeInserted: ReducerState._on_radix_inserted,
+    ev.RadixNodeSplit: ReducerState._on_radix_split,
+    ev.RadixLockRef: ReducerState._on_radix_lock_ref,
+    ev.RadixNodeEvicted: ReducerState._on_radix_evicted,
 }
 
 
@@ -743,7 +776,8 @@ class _Snapshot:
 
 _BLOCKS = _Snapshot(BlockState, owners=(tuple, set))
 _SEQS = _Snapshot(SeqState, token_ids=(tuple, list), token_texts=(tuple, list))
-_DICTS = ("hash_map", "requests", "counts", "hash_blocks", "num_scheduled_tokens", "pinned")  # values immutable
+_DICTS = ("hash_map", "requests", "counts", "hash_blocks", "num_scheduled_tokens", "pinned",
+          "radix_nodes")  # values immutable
 # How ReducerState.freeze / thaw turn each container attribute into tuples and back.
 _FREEZE = {
     "pools": lambda pools: tuple((device, tuple(map(_BLOCKS.freeze, blocks))) for device, blocks in pools.items()),

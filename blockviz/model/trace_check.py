@@ -160,6 +160,8 @@ class TraceChecker:
         `skips` (a sliding window's prefix hit) it may leave the null block in the slots before it."""
         for seq_id in seq_ids:
             table = self.state.tables_of(group).get(seq_id, ())
+            if index < len(table) and self._let_go(seq_id, table[index]):
+                continue
             if index != len(table) and not (skips and index > len(table)):
                 raise ValueError(f"logical index {index} for seq {seq_id}, whose table has {len(table)} blocks")
             if table and index == len(table) and table[-1] != ("gpu", 0):  # a slot a window let go: empty
@@ -173,6 +175,38 @@ class TraceChecker:
             raise ValueError(f"{what} holds {len(token_ids)} tokens, more than the block size {self.state.block_size}")
 
     # ------------------------------------------------------------------ rules, one per event kind
+
+    def _radix(self, e: ev.Event) -> None:
+        """A radix-tree event: the run's design keeps SGLang's tree; the node it names exists (an
+        insert's or a split's new node does not, yet); an insert's parent exists; a run's slots are
+        the pool's (page 0 is the padding page) and as many as its tokens; a split leaves tokens
+        on both sides."""
+        if not self.state.design.radix_tree:
+            raise ValueError(f"a {e.type} event in a run of kv_manager {self.state.kv_manager!r}, which has no radix tree")
+        nodes = self.state.radix_nodes
+        new = e.node_id if isinstance(e, ev.RadixNodeInserted) else getattr(e, "new_node_id", None)
+        if new is not None and new in nodes:
+            raise ValueError(f"radix node {new} is already in the tree")
+        if not isinstance(e, ev.RadixNodeInserted) and e.node_id not in nodes:
+            raise ValueError(f"radix node {e.node_id} is not in the tree")
+        if isinstance(e, ev.RadixNodeInserted):
+            if e.parent_id is not None and e.parent_id not in nodes:
+                raise ValueError(f"radix node {e.node_id}'s parent {e.parent_id} is not in the tree")
+            num_slots = self.state.block_size * len(self.state.pools["gpu"])
+            if len(e.slots) != len(e.token_ids) or not e.slots or not all(
+                    self.state.block_size <= slot < num_slots for slot in e.slots):
+                raise ValueError(f"radix node {e.node_id} holds {len(e.token_ids)} tokens in slots outside "
+                                 f"{self.state.block_size}..{num_slots - 1} or not one each")
+            self._copy_tokens(len(e.token_ids), f"radix node {e.node_id}")
+        if isinstance(e, ev.RadixNodeSplit) and not 0 < e.num_tokens < len(nodes[e.node_id].token_ids):
+            raise ValueError(f"radix node {e.node_id} of {len(nodes[e.node_id].token_ids)} tokens split at {e.num_tokens}")
+
+    def _let_go(self, seq_id: int, entry: tuple[str, int]) -> bool:
+        """Whether a radix-tree design's sequence let the block at this place of its table go just
+        before: SGLang's RadixCache.insert points a request's row at the tree's copy of a prefix
+        another request published first, and frees the request's own (the event places the copy)."""
+        device, number = entry
+        return self.state.design.radix_tree and seq_id not in self.state.pools[device][number].owners
 
     def _allocated(self, e: ev.BlockAllocated) -> None:
         self._known_seqs(e)
@@ -415,4 +449,8 @@ _RULES = {
     ev.KVDigest: lambda self, e: self._block(e.device, e.block),
     ev.OffloadStored: TraceChecker._offload_store,
     ev.OffloadLoaded: TraceChecker._offload_load,
+    ev.RadixNodeInserted: TraceChecker._radix,
+    ev.RadixNodeSplit: TraceChecker._radix,
+    ev.RadixLockRef: TraceChecker._radix,
+    ev.RadixNodeEvicted: TraceChecker._radix,
 }

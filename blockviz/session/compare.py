@@ -56,15 +56,19 @@ class CompareRun:
                 f"cache {'on' if self.config.enable_prefix_caching else 'off'} · {self.config.kv_manager}")
 
 
-def configurations(base, **swept: list) -> list:
+def configurations(base, sglang_options: dict | None = None, **swept: list) -> list:
     """Every combination of the swept values (keys from SWEPT; a missing or empty one keeps base's,
     so only what is given varies). A prefix-caching value of None is the manager's default; when
     the managers vary and prefix caching is not given, each gets its own default too.
+    `sglang_options` go to the runs of a radix-tree design (kv_manager "sglang") only: its
+    page_size may differ from the other runs' block size.
     A ValueError names a combination the engine refuses (v1 with swap preemption)."""
     names = [name for name in SWEPT if swept.get(name)]
     if "kv_manager" in names and "enable_prefix_caching" not in names:
         names, swept = [*names, "enable_prefix_caching"], {**swept, "enable_prefix_caching": [None]}
-    return [replace(base, **dict(zip(names, values))) for values in itertools.product(*(swept[n] for n in names))]
+    configs = [replace(base, **dict(zip(names, values))) for values in itertools.product(*(swept[n] for n in names))]
+    return [replace(config, sglang_options=sglang_options) if sglang_options and config.design.radix_tree else config
+            for config in configs]
 
 
 def differences(runs: list["CompareRun"]) -> list[tuple[str, list]]:
@@ -169,6 +173,8 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
         "forks": work.forks, "copies_on_write": work.copies_on_write,
         "preemptions": state.num_preemptions, "tokens_recomputed": work.tokens_recomputed,
         "tokens_computed": work.tokens_computed, "tokens": state.num_tokens_generated,
+        # per request (in the workload's order), the prompt tokens the cache served at its admission
+        "hit_tokens": [session.finished[request_id].num_cached_tokens for request_id in request_ids],
     }
     texts = [[c.text for c in session.finished[request_id].outputs] for request_id in request_ids]
     return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))

@@ -101,6 +101,11 @@ def _kv_manager_fields(config: Any) -> dict[str, Any]:
         return {"kv_manager": design.name, "prefix_caching_hash_algo": options.get("prefix_caching_hash_algo",
                                                                               config.prefix_caching_hash_algo),
                 "vllm_version": vllm_version(), "vllm_options": options}
+    if design.radix_tree:  # SGLang's own: its release and the options it ran with
+        from engine.sglang_core import sglang_version
+
+        return {"kv_manager": design.name, "sglang_version": sglang_version(),
+                "sglang_options": {"page_size": config.block_size, **(config.sglang_options or {})}}
     return {"kv_manager": config.kv_manager, "prefix_caching_hash_algo": config.prefix_caching_hash_algo}
 
 

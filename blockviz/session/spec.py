@@ -87,6 +87,8 @@ class EngineSpec:
         options = {name: getattr(args, name) for name in ENGINE_CONFIG_OPTIONS}
         if getattr(args, "vllm_options", None):  # --vllm-option KEY=VALUE ..., for --kv-manager vllm
             options["vllm_options"] = dict(args.vllm_options)
+        if getattr(args, "sglang_options", None):  # --sglang-option KEY=VALUE ..., for --kv-manager sglang
+            options["sglang_options"] = dict(args.sglang_options)
         if not _swaps(options["kv_manager"]) and not getattr(args, "preemption_mode_given", False):
             options["preemption_mode"] = None  # a command's default swap is v0's; v1 recomputes
         try:
