@@ -31,6 +31,7 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from engine.designs import V0, V1, VLLM  # noqa: E402  (the checkout's, not an installed copy)
 
 ESC = "\x1b"
 HOSTILE_PROMPT = "\x1b[2J\x1b[H INJECTED \x1b]0;title\x07\r\x08\x9b2J ROMEO:"
@@ -179,9 +180,9 @@ def cases() -> list[Case]:
              memory_limit=4 << 30),
         Case("item 3: pool sizes", "--kv-offloading-size 1e12",
              lambda f: _generate("--kv-manager", "vllm", "--kv-offloading-size", "1e12"), needs_vllm=True),
-        *[Case("item 3: pool sizes", f"--num-gpu-blocks 1000000000, {design}",
-               lambda f, design=design: _generate("--kv-manager", design, "--num-gpu-blocks", "1000000000"),
-               needs_vllm=design == "vllm") for design in ("v0", "v1", "vllm")],
+        *[Case("item 3: pool sizes", f"--num-gpu-blocks 1000000000, {design.name}",
+               lambda f, design=design: _generate("--kv-manager", design.name, "--num-gpu-blocks", "1000000000"),
+               needs_vllm=design is VLLM) for design in (V0, V1, VLLM)],
         Case("item 3: pool sizes", "record --num-gpu-blocks 1000000000",
              lambda f: ["record", "--out", str(f / "big.jsonl"), "--force", "--num-gpu-blocks", "1000000000",
                         "--prompt", "ROMEO:", "--max-tokens", "2"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from blockviz.model.trace import TraceError, read_trace, resolve_trace_path
-from engine.designs import get_design
+from engine.designs import VLLM, get_design
 from test_hostile_inputs import _lines, _write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,8 +207,8 @@ def _lifecycle_run(fuzz, tmp_path: Path, kv_manager: str, drive, max_num_seqs: i
     by `drive(engine, events)` (which adds requests and steps), the reducer checked against the
     engine after every step; then each lifecycle event once (fuzz_traces.check_lifecycle, one
     sequence_finished and one request_added each) and the trace written loads to the same state."""
-    if kv_manager == "vllm":
-        pytest.importorskip("vllm")
+    if get_design(kv_manager).requires:
+        pytest.importorskip(get_design(kv_manager).requires)
     from blockviz.model.reducer import ReducerState
     from blockviz.model.safe_text import safe_struct
     from blockviz.model.trace import make_header, write_trace
@@ -230,7 +230,7 @@ def _lifecycle_run(fuzz, tmp_path: Path, kv_manager: str, drive, max_num_seqs: i
 
     def step():
         real_step()
-        if kv_manager == "vllm":
+        if get_design(kv_manager) is VLLM:
             fuzz.check_reducer_matches_vllm(reducer, engine.scheduler.vllm)
         else:
             check_reducer_matches_v1(reducer, engine.kv_manager)

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from engine.designs import VLLM
 from engine.vllm_core import VLLM_LOGGER, quiet_vllm_logs
 
 
@@ -56,7 +57,7 @@ def test_two_threads_quieting_vllms_logger_leave_its_level_as_it_was(first_out):
 def _vllm_globals() -> dict[tuple[str, str], int]:
     """(module, name) -> id of the value, for every global of every vLLM module imported."""
     return {(name, key): id(value) for name, module in list(sys.modules.items())
-            if name.split(".")[0] == "vllm" and module is not None
+            if name.partition(".")[0] == VLLM.requires and module is not None
             for key, value in list(vars(module).items()) if not key.startswith("__")}
 
 
