@@ -85,7 +85,11 @@ def pytest_collection_modifyitems(config, items):
     Browser tests carry no other xdist group: pytest-xdist spreads them over every worker like any
     other test, and each worker that runs one starts one chromium and one JupyterLab (the session
     fixtures of jupyter_fixtures.py): the browser tests run on every worker at once, not one after
-    another."""
+    another.
+
+    In a pytest-xdist worker the slow and browser tests come first (each module's tests in their
+    order): --dist loadgroup hands tests out in the order collected, so the run ends on fast tests
+    and no worker sits idle while the other finishes a long one."""
     for item in items:
         if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name.endswith("_browser.py"):
             item.add_marker(pytest.mark.browser)
@@ -93,6 +97,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.path.name in SHARED_SETUP_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.get_closest_marker("browser") is None)
 
 
 def _missing_part(text: str) -> str | None:
