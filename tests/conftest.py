@@ -13,6 +13,13 @@ import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    # an xdist worker's share of the cores for torch's intra-op threads (read when torch is first
+    # imported, here and in every process a test starts): with one worker a core, a worker's second
+    # thread would spin on a core another worker is using
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 import torch
 
 if not torch.cuda.is_available():
@@ -60,20 +67,38 @@ SLOW_MODULES = {
     "test_benchmarks.py": "runs the benchmarks",
 }
 BROWSER_FIXTURES = {"chromium_session", "chromium_browser", "lab_page", "jupyter_server"}
+# Modules whose tests share a costly module-scoped fixture: each is one xdist group, so one worker
+# builds the fixture once instead of every worker that runs one of its tests building it again.
+# --dist loadgroup hands out the largest groups first, so a group never becomes the run's tail.
+SHARED_SETUP_MODULES = {
+    "test_smollm2.py": "SmolLM2-135M loaded by our engine and by transformers, and its generated outputs",
+    "test_jupyter_card_screen_browser.py": "one notebook with a Visualizer per story, open in a page",
+    "test_webpage_browser.py": "each trace's page exported through the CLI",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """Mark every browser test `browser` and the tests of SLOW_MODULES `slow`.
+    """Mark every browser test `browser`, the tests of SLOW_MODULES `slow`, and put the tests of
+    each of SHARED_SETUP_MODULES in one xdist group named after the module.
 
-    Browser tests carry no xdist group: pytest-xdist spreads them over every worker like any other
-    test, and each worker that runs one starts one chromium and one JupyterLab (the session fixtures
-    of jupyter_fixtures.py): the browser tests run on every worker at once, not one after another."""
+    Browser tests carry no other xdist group: pytest-xdist spreads them over every worker like any
+    other test, and each worker that runs one starts one chromium and one JupyterLab (the session
+    fixtures of jupyter_fixtures.py): the browser tests run on every worker at once, not one after
+    another.
+
+    In a pytest-xdist worker the slow and browser tests come first (each module's tests in their
+    order): --dist loadgroup hands tests out in the order collected, so the run ends on fast tests
+    and no worker sits idle while the other finishes a long one."""
     for item in items:
         if BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name.endswith("_browser.py"):
             item.add_marker(pytest.mark.browser)
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if item.path.name in SHARED_SETUP_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.get_closest_marker("browser") is None)
 
 
 def _missing_part(text: str) -> str | None:
