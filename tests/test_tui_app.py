@@ -614,3 +614,14 @@ async def test_an_engine_that_dies_mid_run_leaves_an_error_panel_and_exits_1():
         assert "engine stopped" in " ".join(screen_text(app).split())  # still said
         await pilot.press("q")
     assert app.return_code == 1 and app.error.startswith("engine stopped: CUDA error")
+
+
+async def test_a_frame_timer_firing_while_the_app_shuts_down_draws_nothing():
+    """Textual removes the widgets on shutdown while a frame timer may still fire: the frame it asks
+    for draws nothing instead of failing to find its panels."""
+    app = replay_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("space")  # playing: the frame timer runs
+    assert not app.is_running
+    app.render_views()  # what a late tick calls
+    app.render_views(full=False)

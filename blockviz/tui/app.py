@@ -223,8 +223,9 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
 
     def render_views(self, full: bool = True) -> None:
         """Push the state at the cursor down into the views: the pools and the status bar every
-        frame; the text panels too unless `full` is False and the controller says they wait."""
-        if self.controller is None:
+        frame; the text panels too unless `full` is False and the controller says they wait. Nothing
+        once the app is shutting down (a frame timer may still fire while its widgets are removed)."""
+        if self.controller is None or not self.is_running:
             return
         player, insights = self.viewer.player, self.viewer.insights
         timeline = player.timeline
