@@ -113,7 +113,8 @@ class EngineConfig:
             if not isinstance(self.async_scheduling, bool):
                 raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
             if self.async_scheduling and not design.async_scheduling:
-                raise ValueError(f"kv_manager {self.kv_manager!r} schedules synchronously: it has no async scheduling")
+                have = ", ".join(name for name, d in DESIGNS.items() if d.async_scheduling)
+                raise ValueError(f"kv_manager {self.kv_manager!r} schedules synchronously: async_scheduling is for {have}")
         if design.vllm_options:  # vLLM's option and this field are one setting
             if "async_scheduling" in (self.vllm_options or {}):
                 value = self.vllm_options["async_scheduling"]

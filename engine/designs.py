@@ -137,10 +137,13 @@ def _v1_scheduler(build: DesignBuild, budget: Any, groups: list | None) -> tuple
     from engine.v1.scheduler import Scheduler
 
     config, scheduler_config = build.config, build.scheduler_config
+    # a full token budget per batch in flight, two under async scheduling (vLLM VllmConfig.max_in_flight_tokens,
+    # max_concurrent_batches)
+    max_in_flight_tokens = (2 if config.async_scheduling else 1) * scheduler_config.max_num_batched_tokens
     manager = KVCacheManager(config.block_size, budget.num_gpu_blocks, scheduler_config.max_model_len,
                              enable_caching=bool(config.enable_prefix_caching),
                              hash_algo=config.prefix_caching_hash_algo, events=build.events,
-                             kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
+                             kv_cache_groups=groups, max_in_flight_tokens=max_in_flight_tokens)
     scheduler = Scheduler(scheduler_config, manager, config.scheduler_reserve_full_isl,
                           output_processor=build.output_processor, async_scheduling=bool(config.async_scheduling))
     return manager, scheduler, manager.kv_cache_groups

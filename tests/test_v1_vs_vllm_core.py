@@ -20,12 +20,16 @@ scheduler_reserve_full_isl=True)` and EngineConfig's field), and the admission w
 (`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`). One workload in four
 sets the gate off or a watermark, on both sides alike, so the other settings are compared too.
 
-Deliberate differences, each set to vLLM's side here so the rest can be compared, but the first,
-set to engine/v1's:
-- Scheduling order: engine/v1 schedules a step only after the last one's output is processed, vLLM's
-  order with `async_scheduling=False` (its plain `Scheduler`), which the vLLM side runs here. vLLM
-  0.33's default, the asynchronous order (`AsyncScheduler`, the next step scheduled with the last
-  one's tokens in flight), has no counterpart in engine/v1 (docs/vllm-core.md says what differs).
+Both sides run in vLLM 0.33's default order, async scheduling (vLLM's `AsyncScheduler`; engine/v1's
+`Scheduler(..., async_scheduling=True)`): the next step is scheduled with the last one's sampled
+tokens in flight, then the last step's output is processed, then the new step's rows whose request
+is still unfinished run (LLMEngine._step_async's order); and both again in the synchronous order
+(`async_scheduling=False`, vLLM's plain `Scheduler`).
+
+Deliberate differences, each set to vLLM's side here so the rest can be compared:
+- vLLM's AsyncScheduler does not schedule a request whose token in flight reaches its `max_tokens`;
+  the adapter hands vLLM a `max_tokens` past the model's context (our stop check ends every
+  request), so neither side skips it: such a request is scheduled once more, its row discarded.
 - vLLM's `long_prefill_token_threshold` has no counterpart in engine/v1: it stays at vLLM's default, 0.
 - vLLM requires `max_num_batched_tokens >= max_num_seqs` (`SchedulerConfig.verify_max_model_len`);
   engine/v1 does not, so the workloads draw budgets within vLLM's rule.
