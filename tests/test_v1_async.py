@@ -77,3 +77,21 @@ def test_a_stopped_request_frees_its_blocks_a_step_later_under_async(loaded, tin
         while engine.has_unfinished_requests():
             engine.step()
     assert freed_at[False] == 2 and freed_at[True] == 3, freed_at  # during the third step, or after it
+
+
+@pytest.mark.parametrize(("args", "order", "vllm_options"), [
+    ([], True, None),
+    (["--no-async-scheduling"], False, None),
+    (["--kv-manager", "vllm"], None, None),  # vLLM resolves it (on, unless a CPU tier rules it out)
+    (["--kv-manager", "vllm", "--no-async-scheduling"], False, {"async_scheduling": False}),
+    (["--kv-manager", "vllm", "--vllm-option", "async_scheduling=false"], False, {"async_scheduling": False}),
+])
+def test_under_vllm_the_flag_and_vllms_option_are_one_setting(args, order, vllm_options):
+    import importlib.util
+
+    from blockviz.session.spec import EngineSpec
+
+    if "vllm" in args and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    spec = EngineSpec.from_args(build_parser().parse_args(["generate", "--kv-manager", "v1", *args]))
+    assert spec.config.async_scheduling is order and spec.config.vllm_options == vllm_options
