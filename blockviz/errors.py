@@ -18,7 +18,7 @@ FLAGS = {
     "num_cpu_blocks": "--num-cpu-blocks", "block_size": "--block-size", "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens", "preemption_mode": "--preemption-mode",
     "enable_prefix_caching": "--prefix-caching",
-    "attention_backend": "--attention-backend",
+    "attention_backend": "--attention-backend", "async_scheduling": "--async-scheduling",
 }
 # Whole sentences whose grammar changes with the flag (a plural option name, a singular flag).
 SENTENCES = {"vllm_options apply to": "--vllm-option applies to", "sglang_options apply to": "--sglang-option applies to"}

@@ -51,6 +51,10 @@ class EngineConfig:
     # v1 and vllm: admit a waiting request only when its whole sequence fits the free blocks, not
     # just its first chunk (vLLM 0.33 SchedulerConfig.scheduler_reserve_full_isl, on by default)
     scheduler_reserve_full_isl: bool = True
+    # v1 and vllm: schedule the next step while the last one's sampled tokens are in flight (vLLM
+    # 0.33's default order, VllmConfig.async_scheduling / --no-async-scheduling); None: the design's
+    # default (on where it has the order; vllm's as vLLM resolves it); v0 has no such order
+    async_scheduling: bool | None = None
     watermark: float = 0.01
     kv_digests: bool = True
     kv_manager: str = DEFAULT.name  # a design's name (engine/designs.py); an entry is taken as its name
@@ -107,6 +111,20 @@ class EngineConfig:
                 self.scheduler_reserve_full_isl = bool(self.vllm_options["scheduler_reserve_full_isl"])
             elif not self.scheduler_reserve_full_isl:
                 self.vllm_options = {**(self.vllm_options or {}), "scheduler_reserve_full_isl": False}
+        if self.async_scheduling is not None:
+            if not isinstance(self.async_scheduling, bool):
+                raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
+            if self.async_scheduling and not design.async_scheduling:
+                have = ", ".join(name for name, d in DESIGNS.items() if d.async_scheduling)
+                raise ValueError(f"kv_manager {self.kv_manager!r} schedules synchronously: async_scheduling is for {have}")
+        if design.vllm_options:  # vLLM's option and this field are one setting
+            if "async_scheduling" in (self.vllm_options or {}):
+                value = self.vllm_options["async_scheduling"]
+                self.async_scheduling = None if value is None else bool(value)
+            elif self.async_scheduling is not None:
+                self.vllm_options = {**(self.vllm_options or {}), "async_scheduling": self.async_scheduling}
+        elif self.async_scheduling is None:
+            self.async_scheduling = design.async_scheduling
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
                              f"got {self.prefix_caching_hash_algo!r}")

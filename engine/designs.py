@@ -5,7 +5,7 @@ its KV-cache groups, block manager and scheduler from the engine's config.
   forks with copy-on-write, swaps to a CPU pool, one block table per sequence.
 - `V1`: vLLM v1's KVCacheManager and Scheduler, ours and readable (engine/v1/): a BlockPool with a
   null block and a free queue, one token budget with chunked prefill, recompute-only preemption,
-  KV-cache groups for hybrid models, n > 1 as n requests.
+  KV-cache groups for hybrid models, n > 1 as n requests, vLLM 0.33's async scheduling.
 - `VLLM`: vLLM 0.33's own Scheduler and KVCacheManager behind the same seam (engine/vllm_core/):
   v1's traits, plus vLLM's CPU tier (kv_offloading_size).
 - `SGLANG`: SGLang 0.5.23's own RadixCache, KV allocator, SchedulePolicy and PrefillAdder behind the
@@ -146,12 +146,15 @@ def _v1_scheduler(build: DesignBuild, budget: Any, groups: list | None) -> tuple
     from engine.v1.scheduler import Scheduler
 
     config, scheduler_config = build.config, build.scheduler_config
+    # a full token budget per batch in flight, two under async scheduling (vLLM VllmConfig.max_in_flight_tokens,
+    # max_concurrent_batches)
+    max_in_flight_tokens = (2 if config.async_scheduling else 1) * scheduler_config.max_num_batched_tokens
     manager = KVCacheManager(config.block_size, budget.num_gpu_blocks, scheduler_config.max_model_len,
                              enable_caching=bool(config.enable_prefix_caching),
                              hash_algo=config.prefix_caching_hash_algo, events=build.events,
-                             kv_cache_groups=groups, max_in_flight_tokens=scheduler_config.max_num_batched_tokens)
+                             kv_cache_groups=groups, max_in_flight_tokens=max_in_flight_tokens)
     scheduler = Scheduler(scheduler_config, manager, config.scheduler_reserve_full_isl,
-                          output_processor=build.output_processor)
+                          output_processor=build.output_processor, async_scheduling=bool(config.async_scheduling))
     return manager, scheduler, manager.kv_cache_groups
 
 
@@ -199,7 +202,7 @@ V0 = Design("v0", "vLLM v0's BlockSpaceManager and Scheduler", fork=True, copy_o
 V1 = Design("v1", "vLLM v1's KVCacheManager and Scheduler (engine/v1/)", fork=False, copy_on_write=False,
             swap=False, cpu_tier=False, fans_out_n=True, null_block=True, free_queue=True, shared_hashes=True,
             chunked_prefill=True, groups=True, hash_collision_guard=False, run_hash_algo=True,
-            enable_prefix_caching=True, vllm_options=False, requires=None, async_scheduling=False,
+            enable_prefix_caching=True, vllm_options=False, requires=None, async_scheduling=True,
             prefix_stats_in_tokens=True, vllm_api="v1",
             build_kv_cache_groups=_v1_groups, build_scheduler=_v1_scheduler)
 VLLM = Design("vllm", "vLLM 0.33's own Scheduler and KVCacheManager (engine/vllm_core/)", fork=False,

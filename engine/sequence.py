@@ -116,7 +116,13 @@ class Sequence:
     """One token stream: prompt plus generated tokens, chopped into logical blocks.
 
     `num_cached_tokens` is how many leading prompt tokens the prefix cache served (set by the
-    block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache.
+    block manager on allocation); `num_computed_tokens` how many tokens have K/V in the cache, or
+    will once the steps in flight ran (engine/v1 counts a step's tokens when it schedules them, as
+    vLLM v1's `Scheduler._update_after_schedule`). Under vLLM's async scheduling (engine/v1's
+    Scheduler) `num_in_flight_tokens` of those belong to steps whose output is not processed yet,
+    `num_output_placeholders` counts the sampled tokens on their way (not yet appended), and
+    `num_stale_output_tokens` the in-flight tokens a preemption made stale: all three as vLLM's
+    `Request` counts them.
     `branch` is the sequence's index in its request (0 for the first, i for the i-th fork of
     n > 1) and `generator` the torch.Generator it samples with (None when greedy): set by the engine's
     add_request for a request's sequences, by OutputProcessor.fork for a fork.
@@ -136,6 +142,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_cached_tokens = 0
         self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_output_placeholders = 0
+        self.num_stale_output_tokens = 0
         self.finish_detail = ""
         self.branch = 0
         self.generator: Any = None

@@ -237,11 +237,10 @@ def test_a_request_larger_than_the_pool_waits_with_the_gate_on():
 
 
 def test_the_order_a_step_runs_in_and_when_a_window_block_goes():
-    """vLLM 0.33 schedules asynchronously by default, and kv_manager="vllm" runs that order
-    (vLLM's AsyncScheduler, the next step scheduled with a step's tokens in flight), so lesson 11's
-    window block goes in the third step; with async_scheduling=false (vLLM's
-    --no-async-scheduling, engine/v1's order) no token is in flight at allocate_slots and it goes in
-    the second. The lesson and docs/vllm-core.md say which order a run used."""
+    """vLLM 0.33 schedules asynchronously by default, and kv_manager="vllm" and engine/v1 run that
+    order (vLLM's AsyncScheduler, the next step scheduled with a step's tokens in flight), so lesson
+    11's window block goes in the third step; with async_scheduling=false (vLLM's
+    --no-async-scheduling) no token is in flight at allocate_slots and it goes in the second. The lesson and docs/vllm-core.md say which order a run used."""
     for text in (" ".join(lesson_text("11").split()), doc("vllm-core.md")):
         assert "--no-async-scheduling" in text and "num_in_flight_tokens" in text and "third step" in text
     need_vllm()
@@ -263,6 +262,15 @@ def test_the_order_a_step_runs_in_and_when_a_window_block_goes():
         manager.allocate_slots(request, 1)
         kept[in_flight] = manager.get_block_ids("3")[1][0] != 0
     assert kept == {0: False, 10: True}
+    for options, steps in (({"async_scheduling": True}, 2), ({"async_scheduling": False}, 1)):  # engine/v1 alike
+        with fresh({**lesson11.hybrid_options(32), **options}) as viz:
+            assert viz.llm.engine.async_scheduling is options["async_scheduling"]
+            viz.add_request(lesson11.prompt_ids(viz.llm.engine.encode, 10),
+                            SamplingParams(max_tokens=12, ignore_eos=True))
+            skipped = viz.run_until(ev.BlocksSkipped.type)
+            events = list(viz.events)
+            assert skipped.logical_indices == (0,)
+            assert sum(isinstance(e, ev.StepStarted) for e in events[:events.index(skipped)]) == steps
     for options, steps in (({}, 2), ({"async_scheduling": False}, 1)):
         with fresh({**lesson11.hybrid_options(32), "kv_manager": "vllm", "vllm_options": options}) as viz:
             scheduler = viz.llm.engine.scheduler.vllm

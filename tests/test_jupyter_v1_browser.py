@@ -55,10 +55,10 @@ def test_the_page_draws_a_v1_run_as_the_kernel_has_it(jupyter_server, lab_page):
                                       "(nodes) => nodes.map((n) => n.textContent)")
     assert shown == notes and page.locator(".bv-view-pool .bv-pool[data-device='cpu']").is_visible()
 
-    # chunked prefill: seq 4 prefills 13 of its 42 tokens this step
+    # chunked prefill: seq 4 prefills 9 of its 42 tokens this step
     progress = kernel_json(page, "[r['progress'] for r in viz.frame()['tables'] if r['seq'] == 4][0]")
     line = ".bv-table-row[data-seq='4'] .bv-progress"
-    assert page.get_attribute(line, "data-computed") == str(progress["computed"]) == "13"
+    assert page.get_attribute(line, "data-computed") == str(progress["computed"]) == "9"
     assert page.text_content(line) == progress["text"]
 
     for action in ("step", "step", "step_event", "step"):

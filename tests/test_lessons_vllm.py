@@ -288,13 +288,13 @@ def test_lesson11_window_tail_is_vllms_own():
     """Lesson 11's window-tail run on vLLM's own hybrid core (kv_manager="vllm": its
     HybridKVCacheCoordinator over two KV-cache groups): B is served the same 8 tokens, from the same
     blocks, as engine/v1 serves it, and the key's answer; request A's window frees and C's eviction
-    are the same blocks too, in vLLM's synchronous order (engine/v1's); in its default asynchronous
-    order B is served the same 8 tokens."""
+    are the same blocks too, in vLLM's default asynchronous order and in its synchronous one
+    (engine/v1 in the same order each time)."""
     from blockviz.lessons import lesson11
 
-    def run(mode, vllm_options=None):
-        options = {"vllm_options": vllm_options} if vllm_options is not None else {}
-        with fresh({**lesson11.hybrid_options(), "kv_manager": mode, **options}) as viz:
+    def run(mode, asynchronous):
+        with fresh({**lesson11.hybrid_options(), "kv_manager": mode, "async_scheduling": asynchronous}) as viz:
+            assert viz.llm.engine.async_scheduling is asynchronous
             b = lesson11.window_tail(viz)
             (seq_id,) = viz.state.requests[b]
             computed = next(e.num_computed_tokens[e.seq_ids.index(seq_id)] for e in events_of(viz, ev.TokensScheduled)
@@ -303,7 +303,7 @@ def test_lesson11_window_tail_is_vllms_own():
                      if isinstance(e, (ev.BlockAllocated, ev.BlockFreed, ev.PrefixCacheHit, ev.BlockEvicted))]
             return computed, moves
 
-    ours, theirs = run("v1"), run("vllm", {"async_scheduling": False})
-    assert ours == theirs
-    assert ours[0] == key_value("11.window_hit") == 8
-    assert run("vllm")[0] == 8
+    for asynchronous in (True, False):
+        ours, theirs = run("v1", asynchronous), run("vllm", asynchronous)
+        assert ours == theirs, asynchronous
+        assert ours[0] == key_value("11.window_hit") == 8

@@ -117,7 +117,9 @@ def test_record_refuses_an_output_directory_that_does_not_exist(tmp_path, capsys
     ({"kv_manager": "vllm", "async_scheduling": True}, True),
     ({"kv_manager": "vllm", "async_scheduling": False}, False),
     ({"kv_manager": "vllm"}, False),  # recorded before the field: the synchronous order it ran
-    ({"kv_manager": "v1", "async_scheduling": True}, False),  # a design without vLLM's asynchronous order
+    ({"kv_manager": "v1", "async_scheduling": True}, True),  # engine/v1 runs vLLM's asynchronous order too
+    ({"kv_manager": "v1"}, False),  # recorded before engine/v1 had it: the synchronous order it ran
+    ({"kv_manager": "v0", "async_scheduling": True}, False),  # a design without vLLM's asynchronous order
 ])
 def test_the_header_says_which_scheduling_order_ran(tmp_path, fields, expected):
     path = _bad(tmp_path, "order.jsonl", _good_header(**fields) + "\n" + GOOD_EVENT + "\n")

@@ -19,7 +19,7 @@ from test_view_model import drawn
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.designs import V1
 
-V1_CURSOR = 691  # v1-story.jsonl just after step 34's TokensScheduled: seq 4 prefills 13 of 42 tokens
+V1_CURSOR = 734  # v1-story.jsonl just after step 35's TokensScheduled: seq 4 prefills 9 of 42 tokens
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_the_null_block_inspector_and_the_progress_words():
     second = state.free_queue[1]
     assert view.inspect_block(state, "gpu", second).queue == f"2 of {len(state.free_queue)} in the free queue"
     progress = view.progress(state, 4)
-    assert progress.text == "prefill 13/42 · chunk +13" and progress.prefilling
+    assert progress.text == "prefill 9/42 · chunk +9" and progress.prefilling
     v0 = Timeline.for_trace(load_trace("fork-cow"))
     v0.seek(len(v0) // 2)
     info = view.inspect_block(v0.state, "gpu", 0)
@@ -155,7 +155,7 @@ async def test_the_tui_draws_the_null_block_the_free_queue_and_the_notes_in_v1_o
         for seq_id in state.tables:
             progress = view.progress(state, seq_id)
             assert progress is None or any(line.strip() == progress.text for line in tables)
-        assert any(line.strip() == "prefill 13/42 · chunk +13" for line in tables)
+        assert any(line.strip() == "prefill 9/42 · chunk +9" for line in tables)
         app.selection = ("gpu", 0)  # the null block in the inspector
         app.render_views()
         await pilot.pause()
@@ -165,7 +165,7 @@ async def test_the_tui_draws_the_null_block_the_free_queue_and_the_notes_in_v1_o
 
 
 def test_v1_snapshot_80x24_chunked_prefill_and_free_queue(snap_compare):
-    """The v1 story at step 34: a recomputed request (seq 4, its first block selected, its table
+    """The v1 story at step 35: a recomputed request (seq 4, its first block selected, its table
     scrolled into view) prefilling in a chunk, a free queue headed by cached blocks (slate 'c', the
     head's number orange), the null block, the CPU pool's notes."""
     app = BlockvizApp(trace=load_trace("v1-story"), deterministic=True, play=False, source_name="v1-story")
@@ -173,7 +173,7 @@ def test_v1_snapshot_80x24_chunked_prefill_and_free_queue(snap_compare):
     async def run_before(pilot) -> None:
         app.player.timeline.seek(V1_CURSOR)
         app.render_views()
-        app.query_one("#gpu", PoolGrid).select(28)  # seq 4's first block
+        app.query_one("#gpu", PoolGrid).select(45)  # seq 4's first block
         await pilot.pause()
         app.query_one(BlockTables).scroll_end(animate=False, immediate=True)
         await pilot.pause()

@@ -20,12 +20,16 @@ scheduler_reserve_full_isl=True)` and EngineConfig's field), and the admission w
 (`SchedulerConfig.watermark` / engine/v1's `KVCacheManager(watermark=...)`). One workload in four
 sets the gate off or a watermark, on both sides alike, so the other settings are compared too.
 
-Deliberate differences, each set to vLLM's side here so the rest can be compared, but the first,
-set to engine/v1's:
-- Scheduling order: engine/v1 schedules a step only after the last one's output is processed, vLLM's
-  order with `async_scheduling=False` (its plain `Scheduler`), which the vLLM side runs here. vLLM
-  0.33's default, the asynchronous order (`AsyncScheduler`, the next step scheduled with the last
-  one's tokens in flight), has no counterpart in engine/v1 (docs/vllm-core.md says what differs).
+Both sides run in vLLM 0.33's default order, async scheduling (vLLM's `AsyncScheduler`; engine/v1's
+`Scheduler(..., async_scheduling=True)`): the next step is scheduled with the last one's sampled
+tokens in flight, then the last step's output is processed, then the new step's rows whose request
+is still unfinished run (LLMEngine._step_async's order); and both again in the synchronous order
+(`async_scheduling=False`, vLLM's plain `Scheduler`).
+
+Deliberate differences, each set to vLLM's side here so the rest can be compared:
+- vLLM's AsyncScheduler does not schedule a request whose token in flight reaches its `max_tokens`;
+  the adapter hands vLLM a `max_tokens` past the model's context (our stop check ends every
+  request), so neither side skips it: such a request is scheduled once more, its row discarded.
 - vLLM's `long_prefill_token_threshold` has no counterpart in engine/v1: it stays at vLLM's default, 0.
 - vLLM requires `max_num_batched_tokens >= max_num_seqs` (`SchedulerConfig.verify_max_model_len`);
   engine/v1 does not, so the workloads draw budgets within vLLM's rule.
@@ -113,7 +117,10 @@ def next_token(token_ids: list[int]) -> int:
     return (token_ids[-1] * 7 + len(token_ids) * 3 + sum(token_ids[-3:])) % VOCAB
 
 
-def v1_side(w: Workload, events: EventBus):
+ORDERS = {"async": True, "sync": False}  # vLLM 0.33's default order (AsyncScheduler), --no-async-scheduling
+
+
+def v1_side(w: Workload, events: EventBus, asynchronous: bool = True):
     from engine.v1.kv_cache_manager import KVCacheManager
     from engine.v1.scheduler import Scheduler
 
@@ -121,7 +128,8 @@ def v1_side(w: Workload, events: EventBus):
     manager = KVCacheManager(w.block_size, w.num_gpu_blocks, MAX_MODEL_LEN, enable_caching=w.enable_caching,
                              hash_algo=w.hash_algo, events=events, **options)
     gate = {} if w.reserve_full_isl is None else {"scheduler_reserve_full_isl": w.reserve_full_isl}
-    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager, **gate)
+    scheduler = Scheduler(SchedulerConfig(w.max_num_seqs, w.max_num_batched_tokens, MAX_MODEL_LEN), manager, **gate,
+                          async_scheduling=asynchronous)
     return scheduler, lambda: [b.block_id for b in manager.block_pool.free_block_queue]
 
 
@@ -134,7 +142,7 @@ def spec_of(w: Workload):
     return FullAttentionSpec(w.block_size, num_kv_heads=2, head_size=16, dtype=torch.float32)
 
 
-def vllm_side(w: Workload, events: EventBus, model_dir):
+def vllm_side(w: Workload, events: EventBus, model_dir, asynchronous: bool = True):
     from engine.vllm_core.config import build_kv_cache_config, build_scheduler, build_vllm_config, make_block_hasher
     from engine.vllm_core.scheduler import VllmScheduler
 
@@ -142,11 +150,11 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=w.max_num_seqs,
                                max_num_batched_tokens=w.max_num_batched_tokens, enable_prefix_caching=w.enable_caching,
                                prefix_caching_hash_algo=w.hash_algo,
-                               options={"async_scheduling": False, **{
+                               options={**({} if asynchronous else {"async_scheduling": False}), **{
                                    name: value for name, value in (("scheduler_reserve_full_isl", w.reserve_full_isl),
                                                                    ("watermark", w.watermark)) if value is not None}})
     vllm = build_scheduler(config, build_kv_cache_config(config, [spec_of(w)], w.num_gpu_blocks), w.block_size)
-    assert type(vllm).__name__ == "Scheduler"  # vLLM's synchronous order, engine/v1's
+    assert type(vllm).__name__ == ("AsyncScheduler" if asynchronous else "Scheduler")  # vLLM's default, or not
     scheduler = VllmScheduler(vllm, events, make_block_hasher(w.hash_algo, w.block_size), MAX_MODEL_LEN)
     pool = scheduler.block_pool
     return scheduler, lambda: [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
@@ -154,7 +162,10 @@ def vllm_side(w: Workload, events: EventBus, model_dir):
 
 def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
     """LLMEngine.step's loop over `scheduler` with the stand-in model; a record per step. After
-    every step the reducer fed the events equals the manager (ours or vLLM's)."""
+    every step the reducer fed the events equals the manager (ours or vLLM's). Under async
+    scheduling (`scheduler.async_scheduling`), the order of LLMEngine._step_async: schedule, then
+    the last plan's update_from_output, then the new plan's rows whose sequence is still unfinished
+    run and sample, their tokens in flight until the next step."""
     from blockviz.model.reducer import ReducerState
     from reducer_checks import check_reducer_matches_v1
     from engine.vllm_core.scheduler import VllmScheduler
@@ -168,6 +179,7 @@ def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
     groups: dict[int, SequenceGroup] = {}
     last_arrival = max(r.arrival for r in w.requests)
     records: list[dict] = []
+    in_flight = None  # under async scheduling: the last plan and its sampled tokens
     for step in range(MAX_STEPS):
         del emitted[:]
         for index, r in enumerate(w.requests):
@@ -180,12 +192,21 @@ def drive(w: Workload, scheduler, free_queue, events: EventBus) -> list[dict]:
             group = groups.get(index)
             if r.abort_at == step and group is not None and group.get_unfinished_seqs():
                 scheduler.abort_seq_group(group)
-        if step > last_arrival and not scheduler.has_unfinished_seqs():
+        if step > last_arrival and not scheduler.has_unfinished_seqs() and in_flight is None:
             return records
         plan = scheduler.schedule()
+        if in_flight is not None:
+            scheduler.update_from_output(*in_flight)
+            in_flight = None
+        plan.scheduled = [s for s in plan.scheduled if not s.seq.is_finished()]  # vLLM discards their rows
         sampling = [s for s in plan.scheduled if s.samples]
-        scheduler.update_from_output(plan, [[next_token(s.seq.get_token_ids())] if s.samples else []
-                                            for s in plan.scheduled])
+        sampled = [[next_token(s.seq.get_token_ids())] if s.samples else [] for s in plan.scheduled]
+        if not scheduler.async_scheduling:
+            scheduler.update_from_output(plan, sampled)
+        elif plan.scheduled:
+            in_flight = (plan, sampled)
+        elif plan.design_output is not None:  # every row finished: vLLM takes the batch back empty
+            scheduler.update_from_output(plan, [])
         if isinstance(scheduler, VllmScheduler):
             check_reducer_matches_vllm(reducer, scheduler)
         else:
@@ -217,16 +238,18 @@ def first_refusal(*runs: list[dict]) -> int | None:
     return min(steps) if steps else None
 
 
-def test_v1_steps_as_vllm_on_seeded_random_workloads(tiny_gpt2_dir):
+@pytest.mark.parametrize("order", ORDERS)
+def test_v1_steps_as_vllm_on_seeded_random_workloads(tiny_gpt2_dir, order):
     """Every step of each workload equal, but for the documented difference: once either side
     refuses a request, the step it does so may differ; such a workload must be equal up to that
-    step. At least 300 workloads are equal to the end."""
+    step. At least 300 workloads are equal to the end. Both sides in vLLM 0.33's default order
+    (async scheduling) and both in the synchronous one."""
     num_equal, num_steps, refusals = 0, 0, []
     for seed in range(NUM_WORKLOADS):
         w = make_workload(seed)
         ours_bus, theirs_bus = EventBus(), EventBus()
-        ours = drive(w, *v1_side(w, ours_bus), ours_bus)
-        theirs = drive(w, *vllm_side(w, theirs_bus, tiny_gpt2_dir), theirs_bus)
+        ours = drive(w, *v1_side(w, ours_bus, ORDERS[order]), ours_bus)
+        theirs = drive(w, *vllm_side(w, theirs_bus, tiny_gpt2_dir, ORDERS[order]), theirs_bus)
         num_steps += len(ours)
         step, difference = first_difference(ours, theirs) or (None, None)
         if difference is None:

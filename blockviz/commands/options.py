@@ -122,6 +122,10 @@ def add_engine_options(parser: argparse.ArgumentParser, *, skip: tuple[str, ...]
                         help="v1 and vllm: admit a waiting request only when its whole prompt fits the free "
                              "blocks, not just its first chunk (vLLM 0.33's scheduler_reserve_full_isl) "
                              f"(default {'on' if d['scheduler_reserve_full_isl'] else 'off'})")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=d["async_scheduling"],
+                        help="v1 and vllm: schedule the next step while the last one's sampled tokens are in "
+                             "flight (vLLM 0.33's default order; --no-async-scheduling: each step after the last "
+                             "one's output, as vLLM's --no-async-scheduling) (default: on; v0 has no such order)")
     if "kv_manager" not in skip:
         parser.add_argument("--kv-manager", choices=list(KV_MANAGERS), default=d["kv_manager"],
                             action=_GivenChoice,

@@ -181,6 +181,11 @@ class Explainer:
                                                                              or self.kv_cache_groups):
             # a window group's hit may start past its null head: a hybrid run's first placement is the lookup's
             placed = [(seq_id, self._pending.pop(seq_id)) for seq_id in event.seq_ids if seq_id in self._pending]
+            # a recomputed sequence looks up the tokens it has now: under async scheduling the token
+            # in flight at its preemption is appended after it (vLLM's stale output)
+            placed = [(seq_id, (request_id, tuple(state.seqs[seq_id].token_ids), True))
+                      if recomputed and seq_id in state.seqs else (seq_id, (request_id, tokens, recomputed))
+                      for seq_id, (request_id, tokens, recomputed) in placed]
             if placed and self.kv_cache_groups:
                 seq_id, (request_id, tokens, recomputed) = placed[0]
                 explanation = _explain_groups(request_id, tokens, seq_id, state, self._evicted_at,

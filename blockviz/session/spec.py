@@ -24,7 +24,7 @@ DEFAULT_PROMPTS = ("ROMEO:", "JULIET:")
 # (--block-size ...); n, max tokens and temperature are the requests' (SamplingParams).
 ENGINE_CONFIG_OPTIONS = ("model", "block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
                          "preemption_mode", "device", "seed", "attention_backend", "raw_prompt", "kv_manager",
-                         "enforce_eager", "scheduler_reserve_full_isl")
+                         "enforce_eager", "scheduler_reserve_full_isl", "async_scheduling")
 
 
 def one_line(exc: BaseException) -> str:

@@ -90,6 +90,10 @@ class KVCacheManager:
         # KVCacheManager.watermark_blocks, SchedulerConfig.watermark; 0 unless asked for)
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.req_to_block_hashes: dict[int, list[BlockHash]] = {}
+        # under async scheduling, slots allocate_slots gave a token still in flight (vLLM's output
+        # placeholder): (seq id, position) -> [(group, block id)], announced by fill_slots once
+        # the token is sampled
+        self.pending_slots: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._no_blocks = ((),) * len(self.kv_cache_groups)
         self._one_group = len(self.kv_cache_groups) == 1
 
@@ -203,7 +207,8 @@ class KVCacheManager:
         num_tokens_need_slot = total_computed_tokens + num_new_tokens
         if self.max_model_len is not None:
             num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
-        coordinator.remove_skipped_blocks(seq_id, total_computed_tokens)
+        # on the processed tokens: a step in flight still reads the blocks its window started in
+        coordinator.remove_skipped_blocks(seq_id, max(0, total_computed_tokens - seq.num_in_flight_tokens))
         if (coordinator.get_num_blocks_to_allocate(seq_id, num_tokens_need_slot, computed_blocks, num_local_computed_tokens)
                 > self.block_pool.get_num_free_blocks() - watermark_blocks):
             return None
@@ -218,10 +223,16 @@ class KVCacheManager:
             for group, (blocks, new) in enumerate(zip(coordinator.get_blocks(seq_id), new_blocks)):
                 self._emit_slots(seq, blocks, len(blocks) - len(new), num_local_computed_tokens, num_tokens_need_slot,
                                  group)
-        if self.enable_caching:
-            num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, seq.get_len())
-            coordinator.cache_blocks(seq, num_tokens_to_cache, self.block_hashes)
+        # only tokens known now: a token in flight is cached once it is sampled
+        self.cache_blocks(seq, min(total_computed_tokens + num_new_tokens, seq.get_len()))
         return self._as_given(new_blocks)
+
+    def cache_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """Cache the sequence's full blocks among its first `num_computed_tokens` tokens, in every
+        group (vLLM KVCacheManager.cache_blocks; the scheduler calls it when a token sampled in
+        flight completes a block)."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(seq, num_computed_tokens, self.block_hashes)
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks, group after group, each last first, so a chain's tail is
@@ -230,6 +241,8 @@ class KVCacheManager:
             raise KeyError(f"sequence {seq.seq_id} holds no blocks")
         self.coordinator.free(seq.seq_id)
         self.req_to_block_hashes.pop(seq.seq_id, None)
+        for key in [key for key in self.pending_slots if key[0] == seq.seq_id]:
+            del self.pending_slots[key]
         if self.events.active:
             self.events.emit(SequenceFreed, seq_id=seq.seq_id)
 
@@ -281,14 +294,34 @@ class KVCacheManager:
                              block_hash=external_block_hash(block.block_hash),
                              token_ids=tuple(token_ids[index * bs : (index + 1) * bs]), group=group)
 
+    def fill_slots(self, seq: Sequence, pos: int, token_id: int) -> None:
+        """The token at `pos` of `seq` was sampled: SlotAppended for each slot allocate_slots gave
+        it while it was in flight (async scheduling's output placeholder), in every group whose
+        table still holds that block there (a slot a window let go since is dropped)."""
+        slots = self.pending_slots.pop((seq.seq_id, pos), ())
+        if not slots or not self.events.active:
+            return
+        tables = self.coordinator.get_blocks(seq.seq_id)
+        index = pos // self.block_size
+        for group, block_id in slots:
+            table = tables[group]
+            if index < len(table) and table[index].block_id == block_id:
+                self.events.emit(SlotAppended, seq_id=seq.seq_id, device=GPU, logical_index=index, block=block_id,
+                                 offset=pos % self.block_size, token_id=token_id)
+
     def _emit_slots(self, seq: Sequence, blocks: list[KVCacheBlock], num_old_blocks: int,
                     start: int, end: int, group: int = 0) -> None:
         """Tokens start..end-1 got slots: those in blocks the sequence held already are
-        SlotAppended, each new block is BlockAllocated with the tokens it holds."""
+        SlotAppended, each new block is BlockAllocated with the tokens it holds. A slot for a token
+        still in flight (past the sequence's tokens) waits in pending_slots for fill_slots."""
         bs = self.block_size
         prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        known = len(prompt) + len(output)
         events = self.events
         for pos in range(start, min(end, num_old_blocks * bs)):  # a decode: one token, no list copy
+            if pos >= known:
+                self.pending_slots.setdefault((seq.seq_id, pos), []).append((group, blocks[pos // bs].block_id))
+                continue
             token_id = prompt[pos] if pos < len(prompt) else output[pos - len(prompt)]
             events.publish(SlotAppended(next(events.seq_nos), seq_id=seq.seq_id, device=GPU, logical_index=pos // bs,
                                         block=blocks[pos // bs].block_id, offset=pos % bs, token_id=token_id))
@@ -299,3 +332,5 @@ class KVCacheManager:
             self.events.emit(BlockAllocated, device=GPU, block=block.block_id, seq_ids=(seq.seq_id,),
                              logical_index=index, ref_count=block.ref_cnt, block_hash=None, token_ids=held,
                              group=group)
+            for pos in range(max(start, index * bs, known), min(end, (index + 1) * bs)):
+                self.pending_slots.setdefault((seq.seq_id, pos), []).append((group, block.block_id))

@@ -9,6 +9,17 @@ a running request its slots, the last running request is preempted by recompute 
 back to the front of the waiting queue; the prefix cache usually serves most of it again), until
 the request fits or preempts itself. Waiting requests are admitted, with their prefix-cache hits,
 only when nothing was preempted in the step.
+
+A step's tokens count as computed as soon as they are scheduled (vLLM v1
+`Scheduler._update_after_schedule`), so the next step may be scheduled before this one's output is
+processed: vLLM 0.33's default, asynchronous order (`AsyncScheduler`, `async_scheduling=True`),
+which the engine runs as vLLM's batch queue does (engine/llm_engine.py `_step_async`). A step that
+samples leaves an output placeholder on its request (`num_output_placeholders`): the next
+schedule gives that token in flight its slot, and the step after caches its block. A request that
+stops with a token in flight has been scheduled once more; its slot is freed with it. A request
+preempted with a step in flight takes that step's token as stale output (`num_stale_output_tokens`):
+appended, its counts left as the preemption reset them. Driven in the synchronous order (each
+output processed before the next schedule) the same code is vLLM's plain `Scheduler`.
 """
 
 from __future__ import annotations
@@ -38,10 +49,15 @@ class Scheduler:
     """FCFS over a waiting deque and a running list of sequences (vLLM v1 Scheduler)."""
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 scheduler_reserve_full_isl: bool = True, output_processor: OutputProcessor | None = None) -> None:
+                 scheduler_reserve_full_isl: bool = True, output_processor: OutputProcessor | None = None,
+                 async_scheduling: bool = True) -> None:
         """`output_processor`: what the sampled tokens do (the engine's); None: stop at max_tokens or
-        the model's context, no text."""
+        the model's context, no text. `async_scheduling`: the next step may be scheduled while
+        this one's sampled tokens are in flight, each held by an output placeholder (vLLM 0.33's
+        default, VllmConfig's async_scheduling: its AsyncScheduler); False: vLLM's plain
+        Scheduler, each step's output processed before the next is scheduled."""
         self.config = config
+        self.async_scheduling = async_scheduling
         # admit a waiting request only when its whole sequence fits, not just its first chunk
         # (vLLM 0.33's default gate, SchedulerConfig.scheduler_reserve_full_isl)
         self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
@@ -84,17 +100,45 @@ class Scheduler:
         self.groups.pop(seq.seq_id, None)
 
     def update_from_output(self, plan: SchedulerOutput, sampled_token_ids: list[list[int]]) -> list[SequenceGroup]:
-        """The step ran and sampled (vLLM v1 Scheduler.update_from_output): each scheduled sequence
-        computed its tokens; each sampled token is appended and stop-checked
-        (OutputProcessor.process_outputs), a finished sequence's blocks go back to the pool and it
-        leaves the running list (vLLM v1 _free_request). Returns the requests that finished."""
-        for s in plan.scheduled:
-            s.seq.num_computed_tokens = s.num_tokens
-        finished = self.output_processor.process_outputs(plan, sampled_token_ids, self.kv_cache_manager.free)
-        for seq in [s for s in self.running if s.is_finished()]:
-            self.running.remove(seq)
-            self.groups.pop(seq.seq_id, None)
+        """The step ran and sampled (vLLM v1 Scheduler.update_from_output): each scheduled sequence's
+        tokens are no longer in flight; each sampled token takes the slots given to it while it
+        was in flight (KVCacheManager.fill_slots), is appended and stop-checked
+        (OutputProcessor.process_outputs, vLLM's _update_request_with_output), and a finished
+        sequence's blocks go back to the pool as it leaves the queues (vLLM v1 _free_request).
+        Then each request still running that had a token in flight caches the blocks its
+        processed tokens fill (vLLM's cache_blocks after _update_request_with_output). A row whose
+        sequence finished since the plan was made (aborted, or stopped by the last update) is
+        discarded; a preempted sequence's token is stale output: appended, its counts left as the
+        preemption reset them. Returns the requests that finished."""
+        rows = [(s, token_ids) for s, token_ids in zip(plan.scheduled, sampled_token_ids) if not s.seq.is_finished()]
+        stale: set[int] = set()
+        for s, _ in rows:
+            seq = s.seq
+            seq.num_in_flight_tokens -= s.num_new_tokens
+            if seq.num_stale_output_tokens > 0:  # drained in lockstep, as vLLM does
+                stale.add(seq.seq_id)
+                seq.num_stale_output_tokens -= s.num_new_tokens
+        manager = self.kv_cache_manager
+        for s, token_ids in rows:
+            if token_ids:
+                manager.fill_slots(s.seq, s.seq.get_len(), token_ids[0])
+        to_cache = [s.seq for s, token_ids in rows if token_ids and s.seq.seq_id not in stale
+                    and s.seq.status is SequenceStatus.RUNNING and s.seq.num_output_placeholders > 0]
+        for s, token_ids in rows:
+            if token_ids and s.seq.seq_id not in stale and s.seq.num_output_placeholders > 0:
+                s.seq.num_output_placeholders -= len(token_ids)
+        live = plan if len(rows) == len(plan.scheduled) else SchedulerOutput([s for s, _ in rows], plan.kind)
+        finished = self.output_processor.process_outputs(live, [token_ids for _, token_ids in rows],
+                                                         self._finish_stopped)
+        for seq in to_cache:
+            if not seq.is_finished():
+                manager.cache_blocks(seq, seq.num_computed_tokens - seq.num_in_flight_tokens)
         return finished
+
+    def _finish_stopped(self, seq: Sequence) -> None:
+        """The stop check ended the sequence: its blocks go back to the pool and it leaves the
+        queues (vLLM v1 _free_request; a preempted one holds no blocks)."""
+        self._forget(seq)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -106,7 +150,13 @@ class Scheduler:
         index = 0
         while index < len(self.running) and token_budget > 0:
             seq = self.running[index]
-            num_new_tokens = min(seq.get_len() - seq.num_computed_tokens, token_budget)
+            # the tokens not yet scheduled, a token in flight counted by its placeholder, within the
+            # model's context (vLLM: max_model_len - num_computed_tokens - 1, the token it samples)
+            num_new_tokens = min(seq.get_len() + seq.num_output_placeholders - seq.num_computed_tokens, token_budget,
+                                 self.config.max_model_len - seq.num_computed_tokens - 1)
+            if num_new_tokens <= 0:  # its token in flight reaches the model's context: it stops there
+                index += 1
+                continue
             if not self._allocate_or_preempt(seq, num_new_tokens, out):
                 break
             self._schedule(seq, num_new_tokens, out)
@@ -116,7 +166,20 @@ class Scheduler:
             token_budget = self._admit_waiting(token_budget, out)
         if not out.scheduled and not out.preempted and self.waiting:
             self._ignore_stuck_head(out)
-        return self._plan(out)
+        plan = self._plan(out)
+        self._update_after_schedule(out)
+        return plan
+
+    def _update_after_schedule(self, out: _Scheduling) -> None:
+        """Each scheduled sequence's tokens count as computed now, in flight until its output is
+        processed (vLLM v1 Scheduler._update_after_schedule); under async scheduling a step that
+        reaches the sequence's end leaves a placeholder for the token it samples (vLLM
+        AsyncScheduler._update_after_schedule)."""
+        for _, seq, num_new_tokens in out.scheduled:
+            seq.num_computed_tokens += num_new_tokens
+            seq.num_in_flight_tokens += num_new_tokens
+            if self.async_scheduling and seq.num_computed_tokens >= seq.get_len() + seq.num_output_placeholders:
+                seq.num_output_placeholders += 1
 
     def _plan(self, out: _Scheduling) -> SchedulerOutput:
         """The step plan, with each sequence's block ids in every KV-cache group as allocate_slots
@@ -174,6 +237,9 @@ class Scheduler:
                              reason="no free block for the next step's tokens", num_tokens_lost=lost)
         self.kv_cache_manager.free(seq)
         seq.reset_for_recompute()
+        # the output of a step in flight comes back stale: appended, these counts left as they are
+        seq.num_stale_output_tokens = seq.num_in_flight_tokens
+        seq.num_output_placeholders = 0
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
