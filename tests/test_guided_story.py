@@ -555,6 +555,7 @@ def test_bytes_that_never_complete_a_character_are_drawn_as_parts_of_one_never_a
     drawn = show_tokens(pieces)
     assert [drawn[index] for index in stray] == ["◌"] * len(stray) and "\\x" not in "".join(drawn)
     assert show_tokens(["\\xa6\\xa7", "ab\\xa6", "\x1b"]) == ["◌", "ab◌", "\\x1b"]
+    assert show_tokens(["\\xf0", "\\x1b[2J"]) == ["◌", "\\x1b[2J"]  # an escape written out is no byte
 
 
 def test_a_live_hybrid_story_counts_its_cards_from_its_checkpoint_directory():

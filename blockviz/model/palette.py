@@ -91,7 +91,7 @@ def show_token(text: str) -> str:
 
 
 _BYTE = re.compile(r"(\\x[0-9a-f]{2})")  # one byte of a partial character, as token_texts writes it
-_BYTE_RUN = re.compile(r"(?:\\x[0-9a-f]{2})+")  # consecutive bytes of partial characters
+_BYTE_RUN = re.compile(r"(?:\\x[89a-f][0-9a-f])+")  # consecutive non-ASCII bytes: parts of characters
 
 
 def show_tokens(texts: list[str]) -> list[str]:
