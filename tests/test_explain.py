@@ -194,3 +194,28 @@ def test_the_why_panel_names_the_window_slide_that_freed_a_window_tail_and_its_e
     row = next(line for line in console.export_text().splitlines() if WINDOW_TAIL in line)
     assert f"window slide: event {event_number(slide.seq_no)}" in row
     assert f"evicted: event {event_number(evicted.seq_no)}" in row
+
+
+@pytest.mark.parametrize("name", ["hybrid", "cpu-tier"])
+def test_the_hash_summary_counts_a_prompt_block_hit_once_as_the_explainer_does(name):
+    """A hybrid run's groups each hit their own block at the same index of a request's table; the
+    hash chains' summary and the moment's text count that prompt block once, as the explainer's
+    "prefix hit: N blocks" does, so the run's hits are the sum of its lookups' hit blocks."""
+    from blockviz.model import view
+    from blockviz.model.insights import Insights
+    from blockviz.model.timeline import Timeline
+    from blockviz.model.trace import load_trace
+
+    trace = load_trace(name)
+    timeline = Timeline.for_trace(trace)
+    timeline.seek(len(timeline))
+    insights = Insights.for_header(trace.header)
+    insights.sync(timeline)
+    hits = sum(lookup.num_hit_blocks for lookup in insights.explanations(len(timeline)))
+    assert hits > 0
+    if name == "hybrid":  # hits in both groups: more prefix_cache_hit events than hit blocks
+        assert len(trace.header["kv_cache_groups"]) > 1
+        assert sum(e.type == "prefix_cache_hit" for e in trace.events) > hits
+    summary = view.hash_summary(timeline.state)
+    assert summary.hits == hits
+    assert f"hits {hits}/{summary.looked_up} prompt blocks" in view.summary_text(timeline.state)

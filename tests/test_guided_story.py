@@ -533,7 +533,29 @@ def test_a_character_split_across_tokens_is_drawn_whole_in_the_tables_once_its_b
         assert any("\\x" in piece for piece in pieces), pieces  # split into byte pieces
         drawn = show_tokens(list(pieces))
         assert "\\x" not in "".join(drawn) and "".join(drawn).replace("◌", "").replace("·", " ") == text
-    assert show_tokens(["x", "\\xf0\\x9f", "y"])[1] == "\\xf0\\x9f"  # an incomplete character stays bytes
+    assert show_tokens(["x", "\\xf0\\x9f", "y"])[1] == "◌"  # a character never completed: a part of one
+
+
+def test_bytes_that_never_complete_a_character_are_drawn_as_parts_of_one_never_as_escapes():
+    """Lesson 11's hybrid checkpoint prompts token ids 100-115 of the bundled tokenizer: lone UTF-8
+    continuation bytes ('\\xa6', '\\xa7', ...), which no neighbour completes. The tables, the hash
+    chains and the inspector draw each as '◌' (a part of a character), as they draw the pieces
+    before a split character's last; a control character keeps its escape."""
+    from transformers import AutoTokenizer
+
+    from blockviz.lessons.lesson11 import A_PROMPT
+    from blockviz.model.palette import show_tokens
+    from blockviz.session.engine_session import token_texts
+    from engine.model_source import check_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(check_model("tiny-shakespeare")))
+    pieces = list(token_texts(tokenizer, A_PROMPT))
+    stray = [index for index, piece in enumerate(pieces) if piece.startswith("\\x")]
+    assert stray, pieces  # the prompt holds lone bytes
+    drawn = show_tokens(pieces)
+    assert [drawn[index] for index in stray] == ["◌"] * len(stray) and "\\x" not in "".join(drawn)
+    assert show_tokens(["\\xa6\\xa7", "ab\\xa6", "\x1b"]) == ["◌", "ab◌", "\\x1b"]
+    assert show_tokens(["\\xf0", "\\x1b[2J"]) == ["◌", "\\x1b[2J"]  # an escape written out is no byte
 
 
 def test_a_live_hybrid_story_counts_its_cards_from_its_checkpoint_directory():

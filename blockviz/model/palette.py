@@ -91,14 +91,17 @@ def show_token(text: str) -> str:
 
 
 _BYTE = re.compile(r"(\\x[0-9a-f]{2})")  # one byte of a partial character, as token_texts writes it
+_BYTE_RUN = re.compile(r"(?:\\x[89a-f][0-9a-f])+")  # consecutive non-ASCII bytes: parts of characters
 
 
 def show_tokens(texts: list[str]) -> list[str]:
-    """Token pieces side by side, each as show_token draws it, except where neighbouring pieces hold
-    the bytes of one multi-byte character ('\\xf0\\x9f' then '\\x8c\\xb9': an emoji or a CJK
-    character split by byte-level BPE): the piece that completes the character draws it, the pieces
-    before it '◌'. Bytes that never complete a character stay as their bytes."""
-    out = [show_token(t) for t in texts]
+    """Token pieces side by side, each as show_token draws it, except where pieces hold the bytes of
+    a multi-byte character ('\\xf0\\x9f' then '\\x8c\\xb9': an emoji or a CJK character split by
+    byte-level BPE): the piece that completes the character draws it, the pieces before it '◌'.
+    Bytes that never complete a character (a lone continuation byte such as '\\xa6', a character cut
+    off by the end of the list) are drawn '◌' too, one per run of bytes: a part of a character, never
+    an escape code; their values stay in the token pieces (a trace's `prompt_tokens_text` and `text`)."""
+    out = [show_token(_BYTE_RUN.sub("◌", t)) for t in texts]
     if not any("\\x" in text for text in texts):  # no piece holds a byte of a split character
         return out
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
@@ -112,7 +115,7 @@ def show_tokens(texts: list[str]) -> list[str]:
                        for part in _BYTE.split(text) if part)
         try:
             done = decoder.decode(raw)
-        except UnicodeDecodeError:  # not one character after all: leave these pieces as bytes
+        except UnicodeDecodeError:  # not one character after all: these pieces' bytes stay '◌'
             decoder.reset()
             waiting = []
             continue

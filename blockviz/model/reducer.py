@@ -151,12 +151,15 @@ class ReducerState:
         self.step = 0
         self.step_kind = ""
         self.num_prompt_blocks_looked_up = 0  # the full blocks of each lookup's tokens
-        self.num_prefix_hits = 0  # blocks served by the prefix cache (and vLLM's CPU tier)
+        # prompt blocks served by the prefix cache (and vLLM's CPU tier): one per block of a lookup's hit,
+        # however many KV-cache groups hold it (blockviz.model.explain counts a request's hit the same way)
+        self.num_prefix_hits = 0
         # vLLM v1 PrefixCacheStats: tokens new requests' lookups asked for (queries) and found on the GPU (hits)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self._lookups: dict[int, bool] = {}  # seq_id -> whether its coming lookup is a preempted request's
         self._looked_up: dict[int, int] = {}  # seq_id of a new request's lookup, until it runs -> hit tokens so far
+        self._hit_indices: dict[int, set[int]] = {}  # seq_id of a lookup, until it runs -> its hit blocks' indices
         self.num_preemptions = 0
         self.num_tokens_generated = 0
         self.step_time_s = 0.0
@@ -257,6 +260,7 @@ class ReducerState:
             self.num_scheduled_tokens.pop(seq_id, None)
             self._lookups.pop(seq_id, None)
             self._looked_up.pop(seq_id, None)
+            self._hit_indices.pop(seq_id, None)
 
     @property
     def prefix_hit_unit(self) -> str:
@@ -282,6 +286,8 @@ class ReducerState:
         seq = self.seqs.get(placed[0])
         num_tokens = len(seq.token_ids) if seq is not None else 0
         self.num_prompt_blocks_looked_up += num_tokens // self.block_size
+        for seq_id in placed:
+            self._hit_indices[seq_id] = set()
         if not preempted:
             self.prefix_cache_queries += num_tokens
             self._looked_up.update(dict.fromkeys(placed, 0))
@@ -394,8 +400,8 @@ class ReducerState:
         block.state = USED
         block.num_hits += 1
         block.group = e.group
-        self.num_prefix_hits += 1
         self._note_lookup(e.seq_ids)
+        self._count_hit(e.seq_ids, e.logical_index)
         served = (e.logical_index + 1) * self.block_size  # every group's hit ends at the same block
         for seq_id in e.seq_ids:
             self._place(seq_id, e.logical_index, e.device, e.block, e.group)
@@ -405,6 +411,17 @@ class ReducerState:
         if counted and served > counted[0]:
             self.prefix_cache_hits += served - counted[0]
             self._looked_up.update(dict.fromkeys((s for s in e.seq_ids if s in self._looked_up), served))
+
+    def _count_hit(self, seq_ids, index: int) -> None:
+        """One prompt block served, counted once per block of a lookup: a hybrid model's groups each
+        hit their own block at the same index (vLLM HybridKVCacheCoordinator.find_longest_cache_hit
+        returns one hit length for all groups), and the request is served that block's tokens once."""
+        lookups = [self._hit_indices[seq_id] for seq_id in seq_ids if seq_id in self._hit_indices]
+        if lookups and index in lookups[0]:
+            return
+        self.num_prefix_hits += 1
+        for indices in lookups:
+            indices.add(index)
 
     def _on_hashed(self, e: ev.BlockHashed) -> None:
         block = self.pools[e.device][e.block]
@@ -622,6 +639,7 @@ class ReducerState:
                 self.seqs[seq_id].status = "running"
                 self.seqs[seq_id].waits_on = ""
             self._looked_up.pop(seq_id, None)
+            self._hit_indices.pop(seq_id, None)
 
     def _on_token(self, e: ev.TokenGenerated) -> None:
         seq = self.seqs.get(e.seq_id)

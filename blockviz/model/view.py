@@ -438,7 +438,9 @@ class HashRow(Record):
 
 @dataclass(slots=True)
 class HashSummary(Record):
-    """The prefix cache in numbers: hashes in the map, prompt blocks that hit, prompt blocks looked up."""
+    """The prefix cache in numbers: hashes in the map, prompt blocks that hit (one per block of a
+    request's hit, however many KV-cache groups hold it: the explainer's "prefix hit: N blocks"),
+    prompt blocks looked up; both over every request's lookups."""
 
     in_map: int
     hits: int
