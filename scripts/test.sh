@@ -73,7 +73,7 @@ fi
 # SGLang 0.5.23's prefix cache (RadixCache, its allocators, its scheduler's policy): the wheel without
 # its dependencies (it pins another torch, torchvision and transformers), then the pure-Python
 # packages its mem_cache and scheduler modules import beyond vLLM's list, torch and transformers held.
-SGLANG_DEPS=(dill compressed-tensors sentencepiece)
+SGLANG_DEPS=(dill compressed-tensors sentencepiece apache-tvm-ffi orjson)
 if [ -n "$(missing sglang==0.5.23 "${SGLANG_DEPS[@]}")" ]; then
     pip_install --no-deps sglang==0.5.23
     pip_install "${SGLANG_DEPS[@]}" torch==2.13.0 \
