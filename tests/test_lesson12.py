@@ -148,8 +148,9 @@ def test_the_runs_are_vllms_own():
 
 def test_usage_is_vllms_get_usage_on_its_own_block_pool():
     """The full pool's usage after every step, D's first step and the usage after the last request,
-    on vLLM's own BlockPool: as engine/v1 with async scheduling off; with vLLM's default (async on)
-    D starts one step later, and the usage still falls to 0 with the same blocks cached."""
+    on vLLM's own BlockPool: as engine/v1 on vLLM's default (async scheduling on); with async
+    scheduling off D starts one step earlier under both, and the usage still falls to 0 with the same
+    blocks cached."""
     need_vllm()
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -157,13 +158,15 @@ def test_usage_is_vllms_get_usage_on_its_own_block_pool():
     ours = lesson.run_full_pool()
     assert ours.usage_after == key_value("12.usage_after") and ours.cached_after > 0
     options = lesson.options(num_gpu_blocks=lesson.FULL_POOL_BLOCKS, kv_manager="vllm")
-    with fresh({**options, "vllm_options": {"async_scheduling": False}}) as viz:
+    with fresh(options) as viz:
         assert type(viz.llm.engine.scheduler.kv_cache_manager.block_pool) is BlockPool
         assert lesson.full_pool_figures(viz) == ours
-    with fresh(options) as viz:
-        default = lesson.full_pool_figures(viz)
-    assert default.d_admitted_step == ours.d_admitted_step + 1
-    assert (default.usage_after, default.cached_after) == (ours.usage_after, ours.cached_after)
+    with fresh({**options, "vllm_options": {"async_scheduling": False}}) as viz:
+        sync = lesson.full_pool_figures(viz)
+    with fresh(lesson.options(num_gpu_blocks=lesson.FULL_POOL_BLOCKS, async_scheduling=False)) as viz:
+        assert lesson.full_pool_figures(viz) == sync
+    assert sync.d_admitted_step == ours.d_admitted_step - 1
+    assert (sync.usage_after, sync.cached_after) == (ours.usage_after, ours.cached_after)
     assert "self.block_pool.get_usage()" in inspect.getsource(KVCacheManager.usage.fget)
 
 

@@ -29,13 +29,15 @@ def manager_table(engine, seq) -> tuple[int, ...]:
 
 def record_plans(engine) -> list[tuple[SchedulerOutput, list[tuple]]]:
     """Wrap the scheduler: each plan, with what the manager held for each scheduled sequence just
-    then (its table, its length)."""
+    then (its table, its length, and the tokens sampled but not yet appended: under async
+    scheduling, vLLM's num_output_placeholders; v0 has none)."""
     plans = []
     schedule = engine.scheduler.schedule
 
     def recording():
         plan = schedule()
-        plans.append((plan, [(manager_table(engine, s.seq), s.seq.get_len()) for s in plan.scheduled]))
+        plans.append((plan, [(manager_table(engine, s.seq), s.seq.get_len(),
+                              getattr(s.seq, "num_output_placeholders", 0)) for s in plan.scheduled]))
         return plan
 
     engine.scheduler.schedule = recording
@@ -60,12 +62,14 @@ def test_each_plan_carries_the_managers_tables_and_the_tokens_to_compute(tiny_gp
         kinds.add(plan.kind)
         assert step.kind == plan.kind and step.num_tokens == plan.num_batched_tokens
         assert step.seq_ids == tuple(s.seq.seq_id for s in plan.scheduled)
-        for s, (table, length) in zip(plan.scheduled, held):
+        for s, (table, length, in_flight) in zip(plan.scheduled, held):
             assert len(s.block_ids) == 1 and s.block_ids[0] == table  # one KV-cache group: the manager's table
-            assert s.num_new_tokens >= 1 and s.num_tokens <= length
+            assert s.num_new_tokens >= 1 and s.num_tokens <= length + in_flight
             assert len(table) * 4 >= s.num_tokens  # the table covers every token the step attends over
             if plan.kind == "decode":
-                assert (s.num_new_tokens, s.num_tokens) == (1, length)
+                assert s.num_new_tokens == 1 and length <= s.num_tokens <= length + in_flight
+                if not in_flight:
+                    assert s.num_tokens == length
     assert {"prefill", "decode"} <= kinds
     if not design.chunked_prefill:  # whole prompts: what the prefix cache did not serve, at least one token
         prefills = [s for plan, _ in scheduled if plan.kind == "prefill" for s in plan.scheduled]

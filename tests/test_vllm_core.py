@@ -355,8 +355,8 @@ def test_async_scheduling_is_vllms_default_order_and_the_option_or_the_cpu_tier_
         assert said == [CPU_TIER_SYNC] * warnings and all("\n" not in line for line in said), (options, said)
         assert engine.async_scheduling is expected and isinstance(engine.scheduler.vllm, AsyncScheduler) is expected
         assert trace_header(engine)["async_scheduling"] is expected
-    assert "async_scheduling" not in trace_header(make_engine(loaded, tiny_gpt2_dir, V1.name, block_size=4,
-                                                              num_gpu_blocks=64))
+    assert trace_header(make_engine(loaded, tiny_gpt2_dir, V1.name, block_size=4,
+                                    num_gpu_blocks=64))["async_scheduling"] is True  # engine/v1: vLLM 0.33's default too
 
 
 def test_v1_traits_apply_to_vllm():

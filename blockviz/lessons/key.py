@@ -70,7 +70,7 @@ KEY: dict[str, str] = {
     "12.pool_bytes": "my_pool_bytes = 5_242_880  # all 40 blocks of 131,072 B, allocated at start",
     "12.estimated_len": "my_estimated_len = 128  # 1 MiB // 131,072 B = 8 whole blocks of 16 tokens",
     "12.victim": "my_victim = \"C\"  # first come, first served: the last of the running list goes first",
-    "12.admitted_step": "my_admitted_step = 5  # A samples its 4 tokens in steps 1-4 and frees its blocks",
+    "12.admitted_step": "my_admitted_step = 6  # A samples its last token in step 4; step 5 is planned before that token is processed",
     "12.usage_after": "my_usage_after = 0.0  # cached blocks no request holds are on the free queue",
     "12.turn2_hits": "my_turn2_hits = 48  # 49 tokens computed: 3 full blocks; the fourth is partly filled",
     "12.different": "my_different = 0  # the cache returns the numbers it computed; here the kernels agree too",

@@ -235,8 +235,10 @@ class Figures(NamedTuple):
     window_block_size: int
 
     def fields(self) -> dict:
-        """The figures by name (what hints and the notebook's text are filled with)."""
-        return self._asdict()
+        """The figures by name (what hints and the notebook's text are filled with), and vLLM's window
+        admission cap at this block size for each count of tokens in flight past one."""
+        caps = ", ".join(f"{admission_blocks(128, self.window_block_size, n)} with {n:,}" for n in IN_FLIGHT[1:])
+        return {**self._asdict(), "window_admission_caps": caps}
 
 
 @cache
@@ -332,8 +334,8 @@ def window_blocks_held(window: int, block_size: int, num_tokens: int) -> int:
                  Slip(128, "that counts tokens; the question asks for blocks of {window_block_size}.")],
           praise="the window's blocks, and one more when it straddles a boundary. vLLM's admission cap "
                  "(SlidingWindowSpec.max_admission_blocks_per_request) also counts the tokens scheduled but not yet "
-                 "processed, so it agrees only with one token in flight (vLLM reserves max_num_batched_tokens for "
-                 "each batch in flight).", unit="blocks")
+                 "processed, so it agrees only with one token in flight: {window_admission_caps} (vLLM reserves "
+                 "max_num_batched_tokens for each batch in flight).", unit="blocks")
 def check_window_blocks():
     """The most blocks (the variant's block size) one request holds in a gpt-oss sliding-window layer (window 128)."""
     return window_blocks_held(128, figures().window_block_size, 400)

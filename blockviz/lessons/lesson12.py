@@ -295,6 +295,8 @@ def run_full_pool() -> FullPool:
 @exercise("12", "my_admitted_step", "D needs free blocks, and none come back until a request finishes (answer a step "
                                     "number).",
           slips=[Slip(4, "A's blocks come back at the end of its last step; D is scheduled in the step after."),
+                 Slip(5, "that is the synchronous order: under vLLM 0.33's default asynchronous scheduling, when is "
+                         "the step after A's last one planned, and when does A's last token free its blocks?"),
                  Slip(2, "D waits until blocks are free: nothing is preempted for a waiting request.")],
           praise="at 100 % usage new requests wait in the queue; they start as running ones finish.")
 def check_admitted_step():
