@@ -85,11 +85,13 @@ def main(argv: list[str]) -> int:
         lessons = sorted({Path(p).name[:2] for p in paths})
     figures = {}
     for path in paths:
-        figures[Path(path).name] = measured = in_a_process("--one", path)
+        measured = in_a_process("--one", path)
+        figures.update({f"{Path(path).name} {name}": value for name, value in measured.items()})
         print(f"{Path(path).name}: wall {measured['wall_s']} s, kernel CPU {measured['kernel_cpu_s']} s, "
               f"kernel peak RSS {measured['kernel_peak_rss_mib']} MiB", flush=True)
     for lesson in lessons:
-        figures[f"truths {lesson}"] = measured = in_a_process("--truths", lesson)
+        measured = in_a_process("--truths", lesson)
+        figures.update({f"truths {lesson} {name}": value for name, value in measured.items()})
         print(f"lesson {lesson}'s truths in the grader: wall {measured['wall_s']} s, CPU {measured['cpu_s']} s, "
               f"peak RSS {measured['peak_rss_mib']} MiB", flush=True)
     print("figures: " + json.dumps(figures))

@@ -291,7 +291,7 @@ def _make_client_class():
                     self.timed_out = True
                     self.skipped += cell.get("cell_type") == "code"
                     return cell
-                self.timeout = max(1, int(left))
+                self.timeout = max(1, math.ceil(left))  # a cell timed out ends at or past the deadline
             result = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
             if cell_index != self.read_index and time.monotonic() >= self.deadline:
                 self.timed_out = True
