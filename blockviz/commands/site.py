@@ -90,15 +90,18 @@ def _entry(name: str, folder: Path) -> tuple[bool, str]:
 def _lesson(number: str, path: Path, folder: Path, traces: list[str], answers: bool,
             cache: dict[str, list]) -> str:
     """Write lesson `number`'s page into `folder`; returns its index entry."""
-    from blockviz.webpage.lesson import LESSON_TRACES, lesson_goal, lesson_page, lesson_title, page_name, trace_moments
+    from blockviz.webpage.lesson import (LESSON_TRACES, lesson_goal, lesson_page, lesson_runs, lesson_title, page_name,
+                                         trace_moments)
     from blockviz.webpage.page import write_atomic
 
-    runs = {}
-    for name in LESSON_TRACES.get(number, ()):
+    recorded = lesson_runs(number)
+    shipped = {}
+    for name in LESSON_TRACES.get(number, ()) if recorded is None else ():  # a lesson with no recorded run
         if name not in cache:
             cache[name] = trace_moments(name)
-        runs[name] = cache[name]
-    write_atomic(folder / page_name(number), lesson_page(path, answers=answers, moments=runs, linked=set(traces)))
+        shipped[name] = cache[name]
+    write_atomic(folder / page_name(number), lesson_page(path, answers=answers, moments=shipped, linked=set(traces),
+                                                         runs=recorded))
     goal = lesson_goal(path)
     return (f'<li data-lesson="{html.escape(number)}"><a href="{page_name(number)}">{html.escape(lesson_title(path))}</a>'
             + (f'<br><span class="bv-site-goal">{html.escape(goal)}</span>' if goal else "") + "</li>")
