@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -188,14 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1"}
-    for number in numbers:
-        for old in [*out.glob(f"{number}-*.jsonl"), out / f"{number}.json"]:
-            old.unlink(missing_ok=True)
-        done = subprocess.run([sys.executable, __file__, "--in-process", "--only", number, "--out", str(out)],
-                              env=env, timeout=RUN_TIMEOUT_S)
-        if done.returncode:
-            print(f"lesson {number}: the recording failed (exit {done.returncode})", file=sys.stderr)
-            return 1
+    for number in numbers:  # each lesson into a folder of its own, then in place of its old files
+        with tempfile.TemporaryDirectory(prefix=f".{number}.", dir=out) as fresh:
+            done = subprocess.run([sys.executable, __file__, "--in-process", "--only", number, "--out", fresh],
+                                  env=env, timeout=RUN_TIMEOUT_S)
+            if done.returncode:
+                print(f"lesson {number}: the recording failed (exit {done.returncode}); its files are left as they were",
+                      file=sys.stderr)
+                return 1
+            for old in [*out.glob(f"{number}-*.jsonl"), out / f"{number}.json"]:
+                old.unlink(missing_ok=True)
+            for path in sorted(Path(fresh).iterdir()):
+                os.replace(path, out / path.name)
     return 0
 
 
