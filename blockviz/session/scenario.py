@@ -117,12 +117,29 @@ CPU_TIER_SCENARIO_OPTIONS = {**DEFAULT_V1_SCENARIO_OPTIONS, "kv_manager": "vllm"
                              "vllm_options": {"kv_offloading_size": CPU_TIER_GIB}}
 
 
+SGLANG_SCENARIO: tuple[Arrival, ...] = (
+    DEFAULT_V1_SCENARIO[0],
+    Arrival(2, "ROMEO: But soft, what light through yonder window breaks? It is the east, and the moon is pale."),
+    Arrival(4, DEFAULT_V1_SCENARIO[2].prompt),
+    Arrival(4, DEFAULT_V1_SCENARIO[0].prompt + " Arise, fair sun, and kill the envious moon,"),
+    Arrival(12, DEFAULT_V1_SCENARIO[3].prompt),
+)
+# v1's story settings (the same pool, sampling and per-step token budget, which SGLang takes as its
+# chunked_prefill_size) on SGLang's RadixCache: pages of 4 slots (a hit stops at a page boundary)
+# and the waiting queue in longest-prefix-match order.
+SGLANG_SCENARIO_OPTIONS = {
+    **DEFAULT_V1_SCENARIO_OPTIONS, "kv_manager": "sglang",
+    "sglang_options": {"page_size": DEFAULT_SCENARIO_OPTIONS["block_size"], "schedule_policy": "lpm"},
+}
+
+
 # The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
 # the engine and sampling settings they were written for.
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
 SCENARIOS["story-cpu-tier"] = (CPU_TIER_SCENARIO, CPU_TIER_SCENARIO_OPTIONS)
+SCENARIOS["story-sglang"] = (SGLANG_SCENARIO, SGLANG_SCENARIO_OPTIONS)
 
 
 # How many cards each story shows when played with its own settings (blockviz/model/guide.py's
