@@ -264,8 +264,9 @@ def live_story():
     RadixCache.evict recorded as SGLang returned it."""
     from unittest import mock
 
-    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from engine.sglang_core.imports import sglang_classes
 
+    RadixCache = sglang_classes().RadixCache  # SGLang's modules imported as the engine imports them
     calls = []
     evict = RadixCache.evict
 
