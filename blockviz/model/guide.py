@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from blockviz.model.design import (
     DEFAULT, KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, attribution, has_cpu_tier,
@@ -43,6 +44,9 @@ from blockviz.model.names import request_name
 from blockviz.model.narration import plural, were
 from blockviz.model.operation import Operations
 from engine import events as ev
+
+if TYPE_CHECKING:
+    from blockviz.model.reducer import ReducerState
 
 # The ideas, in the order a learner meets them in the default story.
 IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
@@ -550,26 +554,26 @@ def _path(ctx: _Context, node_id: int) -> list[int]:
     return path
 
 
-def _tree_match(ctx: _Context, token_ids) -> tuple[int, int | None]:
+def _tree_match(ctx: _Context, token_ids) -> int:
     """How many leading tokens of `token_ids` the tree holds, token by token (the page floor not
-    applied), and the deepest node the match enters."""
+    applied)."""
     nodes = ctx.tree.radix_nodes
     children: dict[int | None, list[int]] = {}
     for node_id, node in nodes.items():
         children.setdefault(node.parent_id, []).append(node_id)
-    matched, parent, last = 0, None, None
+    matched, parent = 0, None
     while True:
         child = next((c for c in children.get(parent, ()) if matched < len(token_ids)
                       and nodes[c].token_ids[0] == token_ids[matched]), None)
         if child is None:
-            return matched, last
+            return matched
         run = nodes[child].token_ids
         k = 0
         while k < len(run) and matched + k < len(token_ids) and run[k] == token_ids[matched + k]:
             k += 1
-        matched, last = matched + k, child
+        matched += k
         if k < len(run):
-            return matched, last
+            return matched
         parent = child
 
 
@@ -593,18 +597,17 @@ def _shared(ctx: _Context, seq_id: int) -> tuple[int, int | None]:
 def _page_hit(ctx: _Context, seq_id: int) -> int:
     """The tokens of `seq_id`'s prompt a page-aligned match finds in the tree now (RadixKey.page_aligned)."""
     seq = ctx.tree.seqs[seq_id]
-    matched, _ = _tree_match(ctx, seq.token_ids[:seq.num_prompt_tokens])
-    return matched // ctx.tree.block_size * ctx.tree.block_size
+    return _tree_match(ctx, seq.token_ids[:seq.num_prompt_tokens]) // ctx.tree.block_size * ctx.tree.block_size
 
 
 def _radix_idea(e: ev.Event, ctx: _Context, seen: set[str]) -> str | None:
     """The radix idea an event of an SGLang run starts, before the event is applied (None: none):
     a split; a request's first hit past a page boundary it cannot cross ("page-floor") or else
     its path locked ("radix-lock"); a request scheduled before one that waited longer ("lpm-order")."""
-    if isinstance(e, ev.RadixNodeSplit):
-        return "radix-split"
     if ctx.tree is None:
         return None
+    if isinstance(e, ev.RadixNodeSplit):
+        return "radix-split"
     if isinstance(e, ev.PrefixCacheHit) and e.logical_index == 0 and e.seq_ids[0] in ctx.tree.seqs:
         seq_id = e.seq_ids[0]
         shared, _ = _shared(ctx, seq_id)
@@ -679,7 +682,7 @@ def _floor_words(e: ev.PrefixCacheHit, events, ctx):
     hits = [h.block for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
     hit = len(hits) * page_size
     shared, other = _shared(ctx, seq_id)
-    held, _ = _tree_match(ctx, ctx.tree.seqs[seq_id].token_ids[:shared])
+    held = _tree_match(ctx, ctx.tree.seqs[seq_id].token_ids[:shared])
     table = ctx.tree.tables.get(other, [])
     partial = table[hit // page_size][1] if held <= hit and hit // page_size < len(table) else None
     ctx.about[e.seq_no] = (seq_id, other)
@@ -823,6 +826,7 @@ class Guide:
             self._close()
             self._operations.skip_to(offset)
             self._lookups = None  # its cache is no longer known: no window-tail cards after a drop
+            self._ctx.tree = None  # nor the radix tree: no radix cards that read it
         for index in range(max(self._scanned, offset), offset + len(events)):
             e = events[index - offset]
             if self._operations.add(e):
