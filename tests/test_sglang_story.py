@@ -9,7 +9,6 @@ step) and, in a live run, against what SGLang's RadixCache.evict returned. The s
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -24,9 +23,9 @@ from blockviz.model.timeline import Timeline
 from blockviz.model.trace import load_trace
 from blockviz.session.scenario import SGLANG_SCENARIO, STORY_CARDS, is_story, story_cards
 from engine import events as ev
+from optional_parts import needs_sglang
 from story_fixtures import play_card_to_card, run_live
 
-needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
 RADIX_IDEAS = ("radix-split", "radix-lock", "page-floor", "lpm-order", "eviction")
 
 
@@ -281,6 +280,7 @@ def live_story():
 
 
 @needs_sglang
+@pytest.mark.slow
 def test_the_live_sglang_story_equals_the_shipped_trace_and_sglangs_evictions(live_story):
     header, events, calls = live_story
     shipped = load_trace("sglang-story")
