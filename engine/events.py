@@ -375,7 +375,7 @@ class RadixLockRef(Event):
 
 class RadixEvict(Event):
     """RadixCache.evict was asked to free `num_tokens` KV slots (EvictParams.num_tokens: the
-    allocator's shortfall, TokenToKVPoolAllocator.evict_to_free_tokens) and freed
+    allocator's shortfall, BaseTokenToKVPoolAllocator.evict_to_free_tokens) and freed
     `num_tokens_evicted` (EvictResult): whole unlocked leaves in the eviction policy's order, so
     often more than asked. The RadixNodeEvicted events after it are the leaves it took."""
 
