@@ -373,6 +373,18 @@ class RadixLockRef(Event):
     lock_ref: int
 
 
+class RadixEvict(Event):
+    """RadixCache.evict was asked to free `num_tokens` KV slots (EvictParams.num_tokens: the
+    allocator's shortfall, BaseTokenToKVPoolAllocator.evict_to_free_tokens) and freed
+    `num_tokens_evicted` (EvictResult): whole unlocked leaves in the eviction policy's order, so
+    often more than asked. The RadixNodeEvicted events after it are the leaves it took."""
+
+    type: ClassVar[str] = "radix_evict"
+
+    num_tokens: int
+    num_tokens_evicted: int
+
+
 class RadixNodeEvicted(Event):
     """A leaf left the tree and its slots went back to the allocator (RadixCache.evict, leaves
     with lock_ref 0 in the eviction policy's order, _delete_leaf)."""

@@ -5,7 +5,7 @@
     python scripts/make_traces.py --model DIR     # another checkpoint (for trying things out)
 
 "cpu-tier" plays `blockviz run --kv-manager vllm --kv-offloading-size`'s story (vLLM 0.33 installed:
-docs/vllm-core.md). "hybrid" plays `blockviz run --model tiny-hybrid`'s story on that model (blockviz/session/tiny_hybrid.py:
+docs/vllm-core.md); "sglang-story" `blockviz run --kv-manager sglang`'s (SGLang 0.5.23 installed: docs/sglang.md). "hybrid" plays `blockviz run --model tiny-hybrid`'s story on that model (blockviz/session/tiny_hybrid.py:
 random weights built on first use; the header names it "tiny-hybrid"), unless --model names another.
 
 Each scenario goes through the same code as `blockviz record` (blockviz.commands.record.record_trace)
@@ -92,6 +92,19 @@ def _cpu_tier_story(counts: Counter, events: list, header: dict) -> bool:
     return counts["offload_store"] > 0 and any(e.type == "offload_load" and e.seq_id in preempted for e in events)
 
 
+def _sglang_story(counts: Counter, events: list, header: dict) -> bool:
+    """SGLang's story: the guide finds each radix idea in it (a split, a lock along the path, the page
+    floor, lpm's order), and an eviction that freed more slots than RadixCache.evict was asked for."""
+    from blockviz.model.guide import Guide
+
+    guide = Guide(header["kv_manager"], header=header)
+    guide.scan(events)
+    guide.settle()
+    ideas = {idea for card in guide.cards for idea in card.ideas}
+    more = any(e.type == "radix_evict" and e.num_tokens_evicted > e.num_tokens for e in events)
+    return more and {"radix-split", "radix-lock", "page-floor", "lpm-order", "eviction"} <= ideas
+
+
 ROMEO = "ROMEO: But soft, what light through yonder window breaks?"
 
 SCENARIOS = [
@@ -157,6 +170,14 @@ SCENARIOS = [
                     "evicted from the GPU, is loaded back from the CPU tier as hits instead of computed again",
         {}, _cpu_tier_story, "stores to the CPU tier and a preempted request's prefix loaded back from it",
         story="story-cpu-tier"),
+    Scenario(
+        "sglang-story", "SGLang's radix cache (`blockviz run --kv-manager sglang`'s story, SGLang 0.5.23's own RadixCache "
+                        "and SchedulePolicy, page_size 4, lpm): ROMEO's line enters the tree chunk by chunk; his opening "
+                        "with another ending splits a node and locks its path; his whole line with more runs before "
+                        "HAMLET's (lpm) and its hit stops at a page boundary; an eviction frees whole leaves, more than "
+                        "asked",
+        {}, _sglang_story, "a split, a lock, the page floor, lpm's order and an eviction freeing more than asked",
+        story="story-sglang"),
 ]
 
 

@@ -20,7 +20,7 @@ from story_fixtures import story_trace_path  # noqa: F401 (fixture)
 
 # (name, the trace Visualizer.from_trace opens: a shipped trace's name, or "story" for the default
 # story recorded by the story_trace_path fixture)
-STORIES = [("v0", "story"), ("v1", "v1-story"), ("hybrid", "hybrid"), ("cpu-tier", "cpu-tier")]
+STORIES = [("v0", "story"), ("v1", "v1-story"), ("hybrid", "hybrid"), ("cpu-tier", "cpu-tier"), ("sglang", "sglang-story")]
 SIZES = [(1280, 720), (1920, 1080)]
 LOOKS = ["plain", "projector"]
 MIN_CONTRAST = 4.5  # WCAG AA for text

@@ -19,6 +19,8 @@ EXPECTED = {
     "v1-story": {"tokens_scheduled", "prefix_cache_hit", "preempted", "block_evicted"},  # tests/test_v1_story.py
     "hybrid": {"blocks_skipped", "block_freed", "prefix_cache_hit", "block_evicted"},  # tests/test_hybrid_story.py
     "cpu-tier": {"offload_store", "preempted", "block_evicted", "offload_load"},  # tests/test_cpu_tier_story.py
+    "sglang-story": {"radix_node_split", "radix_lock_ref", "radix_evict", "radix_node_evicted",
+                     "tokens_scheduled"},  # tests/test_sglang_story.py
 }
 MODELS = {"hybrid": "tiny-hybrid"}  # the story's own model (blockviz/session/tiny_hybrid.py); else the bundled one
 

@@ -2,7 +2,8 @@
 write a trace.
 
 `--scenario` records a story as `blockviz run` plays it (blockviz/session/scenario.py: "story", its
-v1 form under --kv-manager v1, "story-v1", "story-hybrid", "story-cpu-tier"): the story's arrivals on
+v1 form under --kv-manager v1, SGLang's under --kv-manager sglang, "story-v1", "story-hybrid",
+"story-cpu-tier", "story-sglang"): the story's arrivals on
 its settings, each engine option given overriding the story's (EngineSpec.for_scenario), so
 `record --scenario story --kv-manager v1` writes what `run --kv-manager v1` shows.
 
@@ -121,7 +122,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS),
                         help="record a story as `blockviz run` plays it, on the story's settings (an engine option "
                              "given overrides the story's): story (v0's; v1's under --kv-manager v1, the CPU tier's "
-                             "under --kv-manager vllm --kv-offloading-size), story-v1, story-hybrid, story-cpu-tier")
+                             "under --kv-manager vllm --kv-offloading-size, SGLang's under --kv-manager sglang), story-v1, "
+                             "story-hybrid, story-cpu-tier, story-sglang")
     # `blockviz run`'s pools, so a trace replays as a grid one can take in at a glance
     pools = {k: DEFAULT_SCENARIO_OPTIONS[k] for k in ("num_gpu_blocks", "num_cpu_blocks")}
     add_engine_options(parser, **pools)

@@ -84,6 +84,8 @@ def attribution(header: dict[str, Any]) -> str:
     who = upstream_of(header)
     if not who:
         return ""
+    if design_of(header).radix_tree:  # SGLang's objects: no Scheduler, KVCacheManager or BlockPool of vLLM's
+        return f"{who}'s RadixCache, KV allocator and scheduling policy drive this run; the model runner and the K/V tensors are blockviz's"
     tier = " (and its SimpleCPUOffloadScheduler the CPU tier)" if has_cpu_tier(header) else ""
     ours = "the model runner, the K/V tensors and their copies" if tier else "the model runner and the K/V tensors"
     return (f"{who}'s Scheduler, KVCacheManager and BlockPool drive this run{tier}; {ours} are blockviz's. "

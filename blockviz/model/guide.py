@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from blockviz.model.design import (
     DEFAULT, KV_DESIGNS, SLIDING_WINDOW, TINY_HYBRID, KVCacheGroup, KVDesign, attribution, has_cpu_tier,
@@ -44,13 +45,17 @@ from blockviz.model.narration import plural, were
 from blockviz.model.operation import Operations
 from engine import events as ev
 
+if TYPE_CHECKING:
+    from blockviz.model.reducer import ReducerState
+
 # The ideas, in the order a learner meets them in the default story.
 IDEAS = ("forking", "copy-on-write", "prefix-hit", "swap-out", "eviction", "swap-in", "recompute", "never-runs",
-         "chunked-prefill", "window-slides", "window-tail", "offload-store", "offload-load")
+         "chunked-prefill", "window-slides", "window-tail", "offload-store", "offload-load",
+         "radix-split", "radix-lock", "page-floor", "lpm-order")
 # The event records an idea starts at: the TUI's default breakpoints (`]` plays to the next one).
 GUIDE_KINDS: frozenset[type[ev.Event]] = frozenset({
     ev.Forked, ev.CopyOnWrite, ev.PrefixCacheHit, ev.Preempted, ev.SwappedOut, ev.SwappedIn, ev.BlockEvicted,
-    ev.BlocksSkipped, ev.OffloadStored, ev.OffloadLoaded})
+    ev.BlocksSkipped, ev.OffloadStored, ev.OffloadLoaded, ev.RadixNodeSplit})
 
 # The upstream function that does each idea (vLLM v0: vllm/core/block_manager_v1.py and
 # vllm/core/scheduler.py; v1: vllm/v1/core/kv_cache_manager.py, block_pool.py, sched/scheduler.py,
@@ -82,6 +87,22 @@ FUNCTIONS = {
         "offload-load": "SimpleCPUOffloadScheduler.get_num_new_matched_tokens → update_state_after_alloc "
                         "(vllm/v1/simple_kv_offload/manager.py); SimpleCPUOffloadWorker.start_load_kv copies before "
                         "the forward",
+    },
+    # SGLang 0.5.23 (kv_manager "sglang"): sglang/srt/mem_cache/radix_cache.py, allocator/base.py,
+    # managers/schedule_policy.py and schedule_batch.py
+    "sglang": {
+        "prefix-hit": "RadixCache.match_prefix (sglang/srt/mem_cache/radix_cache.py)",
+        "radix-split": "RadixCache.match_prefix → _match_prefix_helper → _split_node (sglang/srt/mem_cache/radix_cache.py)",
+        "radix-lock": "RadixCache.inc_lock_ref, from the request's last node up to the root "
+                      "(sglang/srt/mem_cache/radix_cache.py)",
+        "page-floor": "RadixCache.match_prefix / insert → RadixKey.page_aligned (sglang/srt/mem_cache/radix_cache.py)",
+        "lpm-order": "SchedulePolicy.calc_priority → _compute_prefix_matches → _sort_by_longest_prefix "
+                     "(sglang/srt/managers/schedule_policy.py)",
+        "eviction": "BaseTokenToKVPoolAllocator.evict_to_free_tokens (sglang/srt/mem_cache/allocator/base.py) → "
+                    "RadixCache.evict (sglang/srt/mem_cache/radix_cache.py)",
+        "chunked-prefill": "PrefillAdder.add_one_req (chunked_prefill_size; sglang/srt/managers/schedule_policy.py)",
+        "recompute": "ScheduleBatch.retract_decode (sglang/srt/managers/schedule_batch.py)",
+        "never-runs": "PrefillAdder.add_one_req (the request cannot fit the pool; sglang/srt/managers/schedule_policy.py)",
     },
 }
 
@@ -172,6 +193,18 @@ class _Context:
     # many leading prompt blocks every full-attention group held then)
     window_tails: dict[int, tuple[Explanation, int]] = field(default_factory=dict)
     request_of: dict[int, str] = field(default_factory=dict)  # seq_id -> its request's id (RequestAdded)
+    # a run on SGLang's radix tree (design.radix_tree): the run's state as the events rebuild it (its
+    # tree in radix_nodes), its waiting queue's order (schedule_policy), the sequences scheduled so
+    # far, the RadixCache.evict calls of the latest eviction and the leaves each took, and the
+    # sequences each radix card is about (by its first event's seq_no)
+    tree: ReducerState | None = None
+    schedule_policy: str = "fcfs"
+    scheduled: set[int] = field(default_factory=set)
+    evicts: list[tuple[ev.RadixEvict, list[ev.RadixNodeEvicted]]] = field(default_factory=list)
+    evicts_done: bool = False
+    about: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)  # token id -> its text, as the run's events give it
+    overtaken: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)  # lpm: seq_no -> (first, waited)
 
 
 def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: str, ctx: _Context) -> Card:
@@ -202,7 +235,9 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
 
 def _seqs_of(e: ev.Event, ctx: _Context) -> tuple[int, ...]:
     """The sequences an idea's first event is about (the one that hit, forked, wrote, moved; the
-    holders of the blocks a CPU-tier store copied)."""
+    holders of the blocks a CPU-tier store copied; those a radix card names)."""
+    if e.seq_no in ctx.about:
+        return ctx.about[e.seq_no]
     if isinstance(e, ev.OffloadStored):
         return tuple(dict.fromkeys(seq for gpu, _ in e.mapping for seq in ctx.holders.get(gpu, ())))
     if isinstance(e, ev.OffloadLoaded):
@@ -357,6 +392,8 @@ def _swap_in_words(e: ev.SwappedIn, events, ctx):
 
 
 def _eviction_words(e: ev.BlockEvicted, events, ctx):
+    if ctx.evicts:  # SGLang's RadixCache.evict said what it was asked and freed
+        return _radix_eviction_words(e, events, ctx)
     blocks = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
     if ctx.design.free_queue:  # v1: the free queue's head goes first
         taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in blocks]
@@ -489,11 +526,225 @@ def _never_words(e: ev.SequenceFinished, events, ctx):
             [])
 
 
+# ---------------------------------------------------------------- SGLang's radix tree (kv_manager "sglang")
+
+
+def _run_text(ctx: _Context, token_ids, limit: int = 24) -> str:
+    """A run of tokens as text, quoted, cut at `limit` characters ("…")."""
+    texts = ctx.texts
+    text = "".join(texts.get(t, f"<{t}>") for t in token_ids).replace("\n", " ")
+    return repr(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
+def _pages(slots, page_size: int) -> list[int]:
+    """The pages (our blocks) a run of KV slots lies in, in order."""
+    return list(dict.fromkeys(slot // page_size for slot in slots))
+
+
+def _page_list(pages) -> str:
+    return f"page {pages[0]}" if len(pages) == 1 else f"pages {_numbers(pages)}"
+
+
+def _path(ctx: _Context, node_id: int) -> list[int]:
+    """The node and its parents up to the root's child, deepest first."""
+    path, nodes = [], ctx.tree.radix_nodes
+    while node_id is not None:
+        path.append(node_id)
+        node_id = nodes[node_id].parent_id
+    return path
+
+
+def _tree_match(ctx: _Context, token_ids) -> int:
+    """How many leading tokens of `token_ids` the tree holds, token by token (the page floor not
+    applied)."""
+    nodes = ctx.tree.radix_nodes
+    children: dict[int | None, list[int]] = {}
+    for node_id, node in nodes.items():
+        children.setdefault(node.parent_id, []).append(node_id)
+    matched, parent = 0, None
+    while True:
+        child = next((c for c in children.get(parent, ()) if matched < len(token_ids)
+                      and nodes[c].token_ids[0] == token_ids[matched]), None)
+        if child is None:
+            return matched
+        run = nodes[child].token_ids
+        k = 0
+        while k < len(run) and matched + k < len(token_ids) and run[k] == token_ids[matched + k]:
+            k += 1
+        matched += k
+        if k < len(run):
+            return matched
+        parent = child
+
+
+def _shared(ctx: _Context, seq_id: int) -> tuple[int, int | None]:
+    """The most leading prompt tokens of `seq_id` another sequence's tokens start with, and that
+    sequence (the first such)."""
+    seqs = ctx.tree.seqs
+    prompt = seqs[seq_id].token_ids[:seqs[seq_id].num_prompt_tokens]
+    best, who = 0, None
+    for other, seq in seqs.items():
+        if other == seq_id:
+            continue
+        k = 0
+        while k < len(prompt) and k < len(seq.token_ids) and seq.token_ids[k] == prompt[k]:
+            k += 1
+        if k > best:
+            best, who = k, other
+    return best, who
+
+
+def _page_hit(ctx: _Context, seq_id: int) -> int:
+    """The tokens of `seq_id`'s prompt a page-aligned match finds in the tree now (RadixKey.page_aligned)."""
+    seq = ctx.tree.seqs[seq_id]
+    return _tree_match(ctx, seq.token_ids[:seq.num_prompt_tokens]) // ctx.tree.block_size * ctx.tree.block_size
+
+
+def _radix_idea(e: ev.Event, ctx: _Context, seen: set[str]) -> str | None:
+    """The radix idea an event of an SGLang run starts, before the event is applied (None: none):
+    a split; a request's first hit past a page boundary it cannot cross ("page-floor") or else
+    its path locked ("radix-lock"); a request scheduled before one that waited longer ("lpm-order")."""
+    if ctx.tree is None:
+        return None
+    if isinstance(e, ev.RadixNodeSplit):
+        return "radix-split"
+    if isinstance(e, ev.PrefixCacheHit) and e.logical_index == 0 and e.seq_ids[0] in ctx.tree.seqs:
+        seq_id = e.seq_ids[0]
+        shared, _ = _shared(ctx, seq_id)
+        hit = _page_hit(ctx, seq_id)
+        if "page-floor" not in seen and hit < shared < hit + ctx.tree.block_size:
+            return "page-floor"
+        return "radix-lock"
+    if isinstance(e, ev.TokensScheduled):
+        overtaken = _overtaken(e, ctx) if ctx.schedule_policy in ("lpm", "dfs-weight") else None
+        ctx.scheduled.update(e.seq_ids)
+        if overtaken is not None:
+            ctx.overtaken[e.seq_no] = overtaken
+            return "lpm-order"
+    return None
+
+
+def _overtaken(e: ev.TokensScheduled, ctx: _Context) -> tuple[int, tuple[int, ...]] | None:
+    """The first sequence this step schedules for the first time, and the sequences still waiting,
+    never scheduled, that arrived before it (None: none did)."""
+    first = next((seq for seq in e.seq_ids if seq not in ctx.scheduled), None)
+    if first is None or first not in ctx.request_of:
+        return None
+    order = list(ctx.request_of)
+    waited = tuple(seq for seq in order[:order.index(first)] if seq not in ctx.scheduled and seq not in e.seq_ids
+                   and ctx.tree.seqs.get(seq) is not None and ctx.tree.seqs[seq].status == "waiting")
+    return (first, waited) if waited else None
+
+
+def _split_words(e: ev.RadixNodeSplit, events, ctx):
+    """A node split where a new prompt left it (RadixCache._split_node)."""
+    page_size = ctx.tree.block_size if ctx.tree is not None else 1
+    head, tail = ctx.tree.radix_nodes[e.new_node_id], ctx.tree.radix_nodes[e.node_id]
+    prefix = [t for node_id in reversed(_path(ctx, e.new_node_id)) for t in ctx.tree.radix_nodes[node_id].token_ids]
+    who = next((seq for seq, s in ctx.tree.seqs.items() if seq not in ctx.scheduled and s.status == "waiting"
+                and s.token_ids[:len(prefix)] == prefix), None)
+    ctx.about[e.seq_no] = (who,) if who is not None else ()
+    whose = f"{_who(ctx, who)}'s prompt" if who is not None else "a new prompt"
+    head_pages, tail_pages = _pages(head.slots, page_size), _pages(tail.slots, page_size)
+    return ("A radix node splits",
+            f"{whose} matches the tree for {plural(len(prefix), 'token')} and leaves it inside node {e.node_id}: SGLang "
+            f"split that node at token {e.num_tokens}. Node {e.new_node_id} takes its first {e.num_tokens} "
+            f"{_run_text(ctx, head.token_ids)} ({_page_list(head_pages)}) in its place; node {e.node_id} keeps the "
+            f"other {len(tail.token_ids)} ({_page_list(tail_pages)}) under it. Nothing is copied",
+            "a radix tree shares a prefix of any length: where two prompts part, one node becomes two and each "
+            "keeps its own pages (vLLM keeps a flat map of block hashes, never split)",
+            [("gpu", b) for b in head_pages + tail_pages])
+
+
+def _lock_words(e: ev.PrefixCacheHit, events, ctx):
+    """A request's matched path locked up to the root (RadixCache.inc_lock_ref)."""
+    seq_id, page_size = e.seq_ids[0], ctx.tree.block_size
+    hits = [h.block for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
+    node_of = {slot // page_size: node_id for node_id, node in ctx.tree.radix_nodes.items() for slot in node.slots}
+    path = _path(ctx, node_of[hits[-1]]) if hits[-1] in node_of else []
+    nodes = ctx.tree.radix_nodes
+    steps = " → ".join(f"node {n} (lock_ref {nodes[n].lock_ref})" for n in path)
+    protected = sum(len(n.token_ids) for n in nodes.values() if n.lock_ref > 0)
+    evictable = sum(len(n.token_ids) for n in nodes.values() if n.lock_ref == 0)
+    ctx.about[e.seq_no] = (seq_id,)
+    return ("A lock along the path",
+            f"{_who(ctx, seq_id)} found {plural(len(hits) * page_size, 'token')} of its prompt in the tree (pages "
+            f"{_numbers(hits)}) and locked its path: {steps} → root, one more on each. Protected (lock_ref > 0): "
+            f"{plural(protected, 'token')}; evictable: {evictable}",
+            "SGLang counts holders per node along a path, not per block (vLLM's ref_count): evict never takes a node "
+            "whose lock_ref is above 0, so a running request's prefix stays",
+            [("gpu", b) for b in hits])
+
+
+def _floor_words(e: ev.PrefixCacheHit, events, ctx):
+    """A hit that stops at a page boundary (page_size > 1: RadixKey.page_aligned)."""
+    seq_id, page_size = e.seq_ids[0], ctx.tree.block_size
+    hits = [h.block for h in events if isinstance(h, ev.PrefixCacheHit) and h.seq_ids == e.seq_ids]
+    hit = len(hits) * page_size
+    shared, other = _shared(ctx, seq_id)
+    held = _tree_match(ctx, ctx.tree.seqs[seq_id].token_ids[:shared])
+    table = ctx.tree.tables.get(other, [])
+    partial = table[hit // page_size][1] if held <= hit and hit // page_size < len(table) else None
+    ctx.about[e.seq_no] = (seq_id, other)
+    what = (f"{_who(ctx, seq_id)}'s prompt starts with the same {shared} tokens as {_who(ctx, other)}'s, but its hit "
+            f"is {plural(hit, 'token')} ({plural(len(hits), 'page')} of {page_size}: {_numbers(hits)}): ")
+    if partial is not None:
+        what += (f"{_who(ctx, other)}'s tokens {hit + 1} to {shared} lie in its partial last page, block {partial}, "
+                 "which SGLang never puts in the tree")
+    else:
+        what += f"the tree holds {held} of them, and a match stops at a page boundary"
+    what += f"; {plural(shared - hit, 'token')} {'is' if shared - hit == 1 else 'are'} computed again"
+    return ("The page floor: a hit stops at a page boundary",
+            what,
+            f"with page_size {page_size} a match, an insert and an eviction are whole pages (vLLM's full-blocks-only "
+            "rule); at page_size 1 SGLang shares every token",
+            [("gpu", b) for b in hits] + ([("gpu", partial)] if partial is not None else []))
+
+
+def _lpm_words(e: ev.TokensScheduled, events, ctx):
+    """A request scheduled before one that arrived earlier: the waiting queue sorted by cached prefix."""
+    first, waited = ctx.overtaken[e.seq_no]
+    index = e.seq_ids.index(first)
+    cached = e.num_computed_tokens[index]
+    others = ", ".join(f"{_who(ctx, seq)} {_page_hit(ctx, seq)}" for seq in waited)
+    ctx.about[e.seq_no] = (first, *waited)
+    cached_pages = [number for _, number in ctx.tree.tables.get(first, [])][:cached // ctx.tree.block_size]
+    return (f"{ctx.schedule_policy}: the longest cached prefix runs first",
+            f"{_whose(ctx, waited)} arrived before {_who(ctx, first)}, yet {_who(ctx, first)} runs first (step "
+            f"{e.step}) and {_whose(ctx, waited)} waits: schedule_policy={ctx.schedule_policy} sorts the waiting queue by "
+            f"the tokens the tree holds of each prompt: {_who(ctx, first)} has {cached}"
+            + (f" ({_page_list(cached_pages)})" if cached_pages else "") + f", {others}",
+            "a request with its prefix in the tree costs only its new tokens, and runs while that prefix is cached; "
+            "vLLM's scheduler keeps arrival order (FCFS) with no prefix-aware order",
+            [("gpu", b) for b in cached_pages])
+
+
+def _radix_eviction_words(e: ev.BlockEvicted, events, ctx):
+    """SGLang's RadixCache.evict: whole unlocked leaves, least recently used first."""
+    evicted = [x.block for x in events if isinstance(x, ev.BlockEvicted)]
+    asked = sum(call.num_tokens for call, _ in ctx.evicts)
+    freed = sum(call.num_tokens_evicted for call, _ in ctx.evicts)
+    leaves = [leaf for _, taken in ctx.evicts for leaf in taken]
+    taken = [x for x in events if isinstance(x, ev.BlockAllocated) and x.block in evicted]
+    who = _whose(ctx, list(dict.fromkeys(s for x in taken for s in x.seq_ids))) if taken else "This step's allocation"
+    names = "; ".join(f"node {leaf.node_id} ({plural(len(leaf.token_ids), 'token')} {_run_text(ctx, leaf.token_ids)})"
+                      for leaf in leaves)
+    more = f"{freed - asked} more than asked" if freed > asked else "no more than asked"
+    return ("Eviction: whole leaves, more than asked" if freed > asked else "Eviction of a leaf",
+            f"{who} needed {plural(asked, 'slot')} more than were free: RadixCache.evict was asked for {asked} and freed "
+            f"{freed} ({more}), taking whole leaves with lock_ref 0, least recently used first: {names}; pages "
+            f"{_numbers(evicted)} went back to the pool",
+            "a leaf goes whole: its run of tokens is one node, so SGLang frees a node's pages together; vLLM evicts "
+            "one block at a time, as its free queue hands them out",
+            [(e.device, b) for b in evicted])
+
+
 _WORDS = {
     "forking": _fork_words, "copy-on-write": _cow_words, "prefix-hit": _hit_words, "swap-out": _preempt_words,
     "recompute": _recompute_words, "swap-in": _swap_in_words, "eviction": _eviction_words,
     "never-runs": _never_words, "chunked-prefill": _chunk_words, "window-slides": _window_words,
     "window-tail": _window_tail_words, "offload-store": _store_words, "offload-load": _load_words,
+    "radix-split": _split_words, "radix-lock": _lock_words, "page-floor": _floor_words, "lpm-order": _lpm_words,
 }
 
 
@@ -543,7 +794,8 @@ class Guide:
         the run's (a trace's or a session's); with KV-cache groups the guide also finds the lookups a
         window group cut short, with a reducer and an explainer of its own."""
         design = KV_DESIGNS.get(kv_manager, DEFAULT)
-        self.kv_manager = design.vllm_api  # whose vLLM functions the cards name (vLLM's own manager: v1's)
+        # whose functions the cards name: vLLM's (its own manager: v1's), or SGLang's for its radix tree
+        self.kv_manager = "sglang" if design.radix_tree else design.vllm_api
         self.cards: list[Card] = [opening_card(has_random_weights(header or {}), attribution(header or {}))
                                   ] if opening else []
         self._positions: list[int] = [0] if opening else []  # each card's position, for bisect
@@ -552,6 +804,11 @@ class Guide:
         groups = kv_cache_groups_of(header or {})
         self._ctx = _Context(design, {}, groups, has_cpu_tier(header or {}))
         self._lookups = _Lookups(header) if any(g.kind == SLIDING_WINDOW for g in groups) else None
+        if design.radix_tree and header:  # the radix cards read the tree and the requests' tokens
+            from blockviz.model.reducer import ReducerState
+
+            self._ctx.tree = ReducerState.from_header(header)
+            self._ctx.schedule_policy = (header.get("sglang_options") or {}).get("schedule_policy", "fcfs")
         self._pending: list[tuple[int, ev.Event, str | None]] = []  # the open operation's (index, event, idea)
         self._new_idea = False  # whether the open operation shows an idea first
         self._scanned = 0
@@ -569,6 +826,7 @@ class Guide:
             self._close()
             self._operations.skip_to(offset)
             self._lookups = None  # its cache is no longer known: no window-tail cards after a drop
+            self._ctx.tree = None  # nor the radix tree: no radix cards that read it
         for index in range(max(self._scanned, offset), offset + len(events)):
             e = events[index - offset]
             if self._operations.add(e):
@@ -582,6 +840,8 @@ class Guide:
                 self._ctx.request_of[e.child_seq_id] = self._ctx.request_of[e.parent_seq_id]
             self._note(e)
             idea = _starts(e)
+            if self._ctx.design.radix_tree:
+                idea = self._radix(e, idea)
             if self._lookups is not None and (tail := self._lookups.feed(e)) is not None:
                 self._ctx.window_tails[e.seq_no] = tail
                 idea = "window-tail" if "window-tail" not in self._seen else idea
@@ -589,6 +849,19 @@ class Guide:
             if idea is not None and idea not in self._seen:
                 self._new_idea = True
         self._scanned = max(self._scanned, offset + len(events))
+
+    def _radix(self, e: ev.Event, idea: str | None) -> str | None:
+        """An SGLang run's idea for `e` (its radix ideas before the generic ones they stand for: a
+        hit is a lock or the page floor, not vLLM's hash hit), then `e` applied to the guide's tree."""
+        ctx = self._ctx
+        radix = _radix_idea(e, ctx, self._seen)
+        if isinstance(e, ev.PrefixCacheHit):
+            idea = radix
+        elif radix is not None and radix not in self._seen:
+            idea = radix
+        if ctx.tree is not None:
+            ctx.tree.apply(e)
+        return idea
 
     def _note(self, e: ev.Event) -> None:
         """What the CPU tier's cards say besides their own events: whose blocks a store copies, who
@@ -599,6 +872,18 @@ class Guide:
             if isinstance(e, ev.PrefixCacheHit):
                 for seq in e.seq_ids:
                     ctx.gpu_hits[seq] = ctx.gpu_hits.get(seq, 0) + 1
+        elif isinstance(e, ev.RadixEvict):
+            if ctx.evicts_done:
+                ctx.evicts, ctx.evicts_done = [], False
+            ctx.evicts.append((e, []))
+        elif isinstance(e, ev.RadixNodeEvicted) and ctx.evicts:
+            ctx.evicts[-1][1].append(e)
+        elif isinstance(e, ev.BlockEvicted):
+            ctx.evicts_done = True
+        elif isinstance(e, ev.RequestAdded) and e.prompt_tokens_text:
+            ctx.texts.update(zip(e.prompt_token_ids, e.prompt_tokens_text))
+        elif isinstance(e, ev.TokenGenerated):
+            ctx.texts[e.token_id] = e.text
         elif isinstance(e, ev.Preempted):
             ctx.preempted.update(e.seq_ids)
             for seq in e.seq_ids:

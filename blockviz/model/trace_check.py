@@ -201,6 +201,11 @@ class TraceChecker:
         if isinstance(e, ev.RadixNodeSplit) and not 0 < e.num_tokens < len(nodes[e.node_id].token_ids):
             raise ValueError(f"radix node {e.node_id} of {len(nodes[e.node_id].token_ids)} tokens split at {e.num_tokens}")
 
+    def _radix_evict(self, e: ev.RadixEvict) -> None:
+        """A call of SGLang's RadixCache.evict: only in a run whose design keeps the tree."""
+        if not self.state.design.radix_tree:
+            raise ValueError(f"a {e.type} event in a run of kv_manager {self.state.kv_manager!r}, which has no radix tree")
+
     def _let_go(self, seq_id: int, entry: tuple[str, int]) -> bool:
         """Whether a radix-tree design's sequence let the block at this place of its table go just
         before: SGLang's RadixCache.insert points a request's row at the tree's copy of a prefix
@@ -453,4 +458,5 @@ _RULES = {
     ev.RadixNodeSplit: TraceChecker._radix,
     ev.RadixLockRef: TraceChecker._radix,
     ev.RadixNodeEvicted: TraceChecker._radix,
+    ev.RadixEvict: TraceChecker._radix_evict,
 }

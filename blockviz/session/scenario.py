@@ -41,6 +41,17 @@ engine/vllm_core/offload.py), a tier of `CPU_TIER_GIB` unless the flag gives a s
   blocks from the free queue's head evicts their hashes, his prompt's among them;
 - when he is admitted again, his prefix misses on the GPU but the CPU tier holds it: its blocks are
   loaded back (hits, not recomputed), and only the rest of his tokens are computed.
+`SGLANG_SCENARIO` ("story-sglang") is what `blockviz run --kv-manager sglang` plays: v1's pool, sampling
+and token budget on SGLang 0.5.23's own RadixCache and scheduling policy (engine/sglang_core/), pages
+of 4 slots, the waiting queue in longest-prefix-match order (sglang_options page_size, schedule_policy=lpm):
+- ROMEO's long line is prefilled in chunks; each chunk's pages enter the radix tree.
+- ROMEO's opening again with another ending: its match leaves the tree inside a node, which splits
+  there; the matched path is locked (lock_ref) up to the root.
+- HAMLET's line and then ROMEO's whole line with more arrive together: ROMEO's, with most of it in
+  the tree, runs first (lpm); its hit stops at a page boundary, the first line's partial last page
+  never being in the tree.
+- KING RICHARD's line arrives; once the first requests finish, its allocation asks the tree to evict,
+  and SGLang frees whole least-recently-used leaves: more slots than it asked.
 `blockviz run` plays it guided: it stops at each of these ideas the first time (blockviz/model/guide.py).
 No torch, no textual.
 """
@@ -117,18 +128,35 @@ CPU_TIER_SCENARIO_OPTIONS = {**DEFAULT_V1_SCENARIO_OPTIONS, "kv_manager": "vllm"
                              "vllm_options": {"kv_offloading_size": CPU_TIER_GIB}}
 
 
+SGLANG_SCENARIO: tuple[Arrival, ...] = (
+    DEFAULT_V1_SCENARIO[0],
+    Arrival(2, "ROMEO: But soft, what light through yonder window breaks? It is the east, and the moon is pale."),
+    Arrival(4, DEFAULT_V1_SCENARIO[2].prompt),
+    Arrival(4, DEFAULT_V1_SCENARIO[0].prompt + " Arise, fair sun, and kill the envious moon,"),
+    Arrival(12, DEFAULT_V1_SCENARIO[3].prompt),
+)
+# v1's story settings (the same pool, sampling and per-step token budget, which SGLang takes as its
+# chunked_prefill_size) on SGLang's RadixCache: pages of 4 slots (a hit stops at a page boundary)
+# and the waiting queue in longest-prefix-match order.
+SGLANG_SCENARIO_OPTIONS = {
+    **DEFAULT_V1_SCENARIO_OPTIONS, "kv_manager": "sglang",
+    "sglang_options": {"page_size": DEFAULT_SCENARIO_OPTIONS["block_size"], "schedule_policy": "lpm"},
+}
+
+
 # The scenarios a live view can play by name (`Visualizer.live(scenario="story")`): the arrivals and
 # the engine and sampling settings they were written for.
 SCENARIOS = {"story": (DEFAULT_SCENARIO, DEFAULT_SCENARIO_OPTIONS)}
 SCENARIOS["story-v1"] = (DEFAULT_V1_SCENARIO, DEFAULT_V1_SCENARIO_OPTIONS)
 SCENARIOS["story-hybrid"] = (HYBRID_SCENARIO, HYBRID_SCENARIO_OPTIONS)
 SCENARIOS["story-cpu-tier"] = (CPU_TIER_SCENARIO, CPU_TIER_SCENARIO_OPTIONS)
+SCENARIOS["story-sglang"] = (SGLANG_SCENARIO, SGLANG_SCENARIO_OPTIONS)
 
 
 # How many cards each story shows when played with its own settings (blockviz/model/guide.py's
 # Guide, the opening card included; tests/test_guided_story.py checks each against its recording):
 # a live run's card counter says "of N" before its stream has ended.
-STORY_CARDS = {"story": 7, "story-v1": 5, "story-hybrid": 6, "story-cpu-tier": 7}
+STORY_CARDS = {"story": 7, "story-v1": 5, "story-hybrid": 6, "story-cpu-tier": 7, "story-sglang": 7}
 
 
 def story_cards(header: dict) -> int | None:
@@ -146,8 +174,8 @@ def story_cards(header: dict) -> int | None:
 
 def is_story(header: dict) -> bool:
     """Whether a run's header records one of the stories (its arrivals are a scenario's: `blockviz
-    run`'s v0 story, v1's, the hybrid one or the CPU tier's): replays and notebooks of it are guided
-    by default."""
+    run`'s v0 story, v1's, the hybrid one, the CPU tier's or SGLang's): replays and notebooks of it
+    are guided by default."""
     arrivals = [a.get("prompt") for a in header.get("arrivals") or [] if isinstance(a, dict)]
     return any(arrivals == [a.prompt for a in story] for story, _ in SCENARIOS.values())
 

@@ -74,6 +74,9 @@ class EngineSpec:
             settings = {**settings, "preemption_mode": None}  # the story's swap is v0's; v1 recomputes
         if settings.get("vllm_options") and options.get("vllm_options") is not None:  # the story's size unless given
             options = {**options, "vllm_options": {**settings["vllm_options"], **options["vllm_options"]}}
+        if settings.get("sglang_options"):  # the story's SGLang options under those given, its page the block size
+            options = {**options, "sglang_options": _story_sglang_options(
+                settings, options.get("block_size", settings.get("block_size")), options.get("sglang_options"))}
         return cls.of(**{**settings, **options}, prompts=(), arrivals=arrivals)
 
     @classmethod
@@ -117,6 +120,12 @@ class EngineSpec:
         spec = cls.from_args(args, default_arrivals=arrivals)
         if spec.arrivals and "max_num_batched_tokens" in settings:
             spec.config = replace(spec.config, max_num_batched_tokens=settings["max_num_batched_tokens"])
+        if spec.arrivals and settings.get("sglang_options"):
+            try:
+                spec.config = replace(spec.config, sglang_options=_story_sglang_options(
+                    settings, spec.config.block_size, spec.config.sglang_options))
+            except ValueError as exc:
+                raise UsageError(one_line(exc)) from None
         return spec
 
     @property
@@ -208,13 +217,26 @@ class EngineSpec:
 
 def _story_of(name: str, kv_manager: str | None, vllm_options: dict[str, Any] | None = None) -> str:
     """The scenario to play for `name` under `kv_manager`: the story under vLLM v1's manager is
-    v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap), and with a CPU
+    v1's own ("story-v1": chunked prefill and recompute, never a fork or a swap), under SGLang's
+    radix cache SGLang's ("story-sglang": a split, locks, whole-leaf eviction, pages, lpm), and with a CPU
     tier (the vllm option kv_offloading_size, under a design that has one) the CPU tier's
     ("story-cpu-tier": v1's story, its prefix loaded back from the tier)."""
     design = get_design(kv_manager)
+    if name == "story" and design.radix_tree:
+        return "story-sglang"
     if name == "story" and design.cpu_tier and (vllm_options or {}).get("kv_offloading_size") is not None:
         return "story-cpu-tier"
     return "story-v1" if name == "story" and design.chunked_prefill else name
+
+
+def _story_sglang_options(settings: dict, block_size: int | None, given: dict | None) -> dict:
+    """A story's SGLang options (its settings' "sglang_options") with `given` on top; the story's
+    page_size follows the run's block size (SGLang's page is one block), so --block-size alone
+    changes both."""
+    story = dict(settings["sglang_options"])
+    if "page_size" in story and block_size is not None:
+        story["page_size"] = block_size
+    return {**story, **(given or {})}
 
 
 def _swaps(kv_manager: str | None) -> bool:

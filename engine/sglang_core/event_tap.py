@@ -6,7 +6,8 @@ The tree: every TreeNode under `RadixCache.root_node` as (parent id, token run, 
 compared with the last look. A new node that took the head of an old node's run (same parent, a
 prefix of its tokens) is a split (RadixCache._split_node); any other new node an insert; a node
 whose lock_ref moved a lock change (inc_lock_ref / dec_lock_ref); a node gone an eviction (leaves
-first). Node ids are SGLang's (TreeNode.id, never reused).
+first), after each call of RadixCache.evict since the last look (`note_evict`: what it was asked
+to free and what it freed). Node ids are SGLang's (TreeNode.id, never reused).
 
 The pages (our blocks): a page in a request's table is held by it (ref_count: the requests holding
 it); a page of the tree is cached, its hash a digest of the whole prefix up to the page's end
@@ -24,8 +25,8 @@ import struct
 from typing import Any, NamedTuple
 
 from engine.events import (BlockAllocated, BlockEvicted, BlockFreed, BlockHashed, EventBus, PrefixCacheHit,
-                           RadixLockRef, RadixNodeEvicted, RadixNodeInserted, RadixNodeSplit, SequenceFreed,
-                           SlotAppended)
+                           RadixEvict, RadixLockRef, RadixNodeEvicted, RadixNodeInserted, RadixNodeSplit,
+                           SequenceFreed, SlotAppended)
 
 GPU = "gpu"
 
@@ -99,22 +100,29 @@ class SglangEventTap:
         self.nodes: dict[int, Node] = {}
         self.pages: dict[int, CachedPage] = {}
         self.tables: dict[int, tuple[int, ...]] = {}  # seq id -> its pages, as last emitted
+        self.evictions: list[tuple[int, int]] = []  # RadixCache.evict calls since the last sync: (asked, freed)
+
+    def note_evict(self, num_tokens: int, num_tokens_evicted: int) -> None:
+        """RadixCache.evict was called (EvictParams.num_tokens) and freed `num_tokens_evicted`
+        slots (EvictResult): emitted as RadixEvict by the next sync, before the leaves it took."""
+        self.evictions.append((num_tokens, num_tokens_evicted))
 
     def sync(self, tables: dict[int, tuple[int, ...]], tokens: dict[int, tuple[list[int], int, int]]) -> None:
         """Emit what changed: the tree's nodes, then the pages. `tables`: seq id -> its pages now
         (a sequence left out holds none); `tokens`: seq id -> (its token ids, the first token the
         step writes, the tokens written after it), for the sequences a step runs."""
         nodes = tree_nodes(self.cache)
+        evictions, self.evictions = self.evictions, []
         if not self.events.active:
             self.nodes, self.tables = nodes, dict(tables)
             self.pages = cached_pages(nodes, self.page_size)
             return
-        self._emit_tree(nodes)
+        self._emit_tree(nodes, evictions)
         self._emit_pages(cached_pages(nodes, self.page_size), tables, tokens)
 
     # ------------------------------------------------------------------ the tree
 
-    def _emit_tree(self, nodes: dict[int, Node]) -> None:
+    def _emit_tree(self, nodes: dict[int, Node], evictions: list[tuple[int, int]]) -> None:
         emit, work = self.events.emit, dict(self.nodes)
         new_ids = sorted(node_id for node_id in nodes if node_id not in work)
         inserted = []
@@ -139,6 +147,8 @@ class SglangEventTap:
         for node_id, node in nodes.items():
             if work[node_id].lock_ref != node.lock_ref:
                 emit(RadixLockRef, node_id=node_id, lock_ref=node.lock_ref)
+        for num_tokens, num_tokens_evicted in evictions:
+            emit(RadixEvict, num_tokens=num_tokens, num_tokens_evicted=num_tokens_evicted)
         gone = [node_id for node_id in work if node_id not in nodes]
         for node_id in sorted(gone, key=lambda node_id: -_depth(work, node_id)):
             emit(RadixNodeEvicted, node_id=node_id, token_ids=work[node_id].token_ids, slots=work[node_id].slots)

@@ -87,6 +87,14 @@ class SglangScheduler:
         self.kv_cache_manager = self  # what the engine holds as the design's manager
         self.tables: dict[int, tuple[int, ...]] = {}  # seq id -> the pages (our blocks) its row holds
         self.tap = SglangEventTap(self.tree_cache, events, self.page_size)
+        self.tree_cache.evict = self._evict  # this cache's own calls, told to the tap (RadixEvict)
+
+    def _evict(self, params: Any) -> Any:
+        """SGLang's RadixCache.evict on this engine's tree (its allocator's shortfall in
+        `params.num_tokens`, whole leaves freed), what it was asked and freed noted for the tap."""
+        result = type(self.tree_cache).evict(self.tree_cache, params)
+        self.tap.note_evict(params.num_tokens, result.num_tokens_evicted)
+        return result
 
     # ------------------------------------------------------------------ queues
 
