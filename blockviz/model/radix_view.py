@@ -401,3 +401,19 @@ def _matches(state: ReducerState, history: RadixHistory, position: int, names: R
         nodes = list(dict.fromkeys(n for n in (page_node.get(page) for _, page in hits) if n is not None))
         out.append(RadixMatch(seq_id, names((seq_id,)), len(slots), slots[:MAX_NODE_TOKENS * 2], nodes))
     return out
+
+
+def number_ranges(numbers: list[int]) -> str:
+    """Numbers as runs: [2, 3, 4, 7] -> "2-4,7" (slots and pages of a node)."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "—"
+
+
+def eviction_policy(header: dict[str, Any]) -> str:
+    """SGLang's radix_eviction_policy a run used (its trace header's sglang_options; lru by default)."""
+    return str((header.get("sglang_options") or {}).get("radix_eviction_policy", "lru"))
