@@ -417,3 +417,13 @@ def number_ranges(numbers: list[int]) -> str:
 def eviction_policy(header: dict[str, Any]) -> str:
     """SGLang's radix_eviction_policy a run used (its trace header's sglang_options; lru by default)."""
     return str((header.get("sglang_options") or {}).get("radix_eviction_policy", "lru"))
+
+
+def radix_history(header: dict[str, Any], events: list) -> RadixHistory:
+    """A RadixHistory fed every one of `events` (a trace's, from its header's empty pools): for a
+    picture of any cursor of a trace without an Insights."""
+    state, history = ReducerState.from_header(header), RadixHistory()
+    for position, event in enumerate(events, start=1):
+        history.feed(event, state, position)
+        state.apply(event)
+    return history
