@@ -115,3 +115,30 @@ def test_a_capped_record_keeps_the_nodes_the_card_is_about(sglang_trace):
     shown = [row.id for row in record.nodes]
     assert sorted(shown) == sorted(path) and record.num_more == len(nodes) - len(path)
     assert [row.about for row in record.nodes] == [row.id == last for row in record.nodes]
+
+
+def test_the_notebook_frame_holds_the_record_only_in_a_radix_tree_run(sglang_trace):
+    from blockviz.jupyter.visualizer import Visualizer
+
+    viz = Visualizer.from_trace(sglang_trace)
+    viz.timeline.seek(len(viz.timeline) // 3)
+    frame = viz.frame()
+    record = radix_record(viz.timeline.state, viz.insight.insights.radix, viz.timeline.position,
+                          event=viz.timeline.current_event, vocab=viz.timeline.token_texts)
+    assert viz.insight.accordion.selected_index == 3 and frame["radix"] == record.to_json()
+    other = Visualizer.from_trace("prefix-hit")
+    assert len(other.insight.accordion.children) == 3 and "radix" not in other.frame()
+
+
+def test_a_dropped_front_keeps_the_history_at_the_positions_kept(sglang_trace):
+    events = sglang_trace.events
+    insights = Insights.for_header(sglang_trace.header)
+    insights.sync(events)
+    split = insights.radix.last_split(len(events))
+    evicted = insights.radix.last_eviction(len(events))
+    shift = 20
+    insights.radix.rebase(shift, insights.state)
+    assert insights.radix.last_split(len(events) - shift).node_id == split.node_id
+    assert insights.radix.last_eviction(len(events) - shift).node_id == evicted.node_id
+    for node_id in insights.state.radix_nodes:
+        assert insights.radix.last_access(node_id, len(events) - shift) is not None
