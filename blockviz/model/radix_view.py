@@ -57,6 +57,7 @@ class EvictionEntry:
     slots: tuple[int, ...]
     last_access: int | None
     others: list[tuple[int, int | None]]  # the other unlocked leaves then: (node id, last access), oldest first
+    parent_id: int | None = None
 
 
 class RadixHistory:
@@ -69,6 +70,8 @@ class RadixHistory:
         self.touches: dict[int, list[tuple[int, int]]] = {}  # node id -> (position, step) of each access
         self.splits: list[SplitEntry] = []
         self.evictions: list[EvictionEntry] = []
+        self._split_ends: list[int] = []  # each split's position, for bisect
+        self._eviction_ends: list[int] = []
         self.hits: dict[int, list[tuple[int, int, int]]] = {}  # seq id -> (position, logical index, page); -1: freed
         self.node_of_page: dict[int, int] = {}
 
@@ -82,6 +85,7 @@ class RadixHistory:
             node = state.radix_nodes[event.node_id]
             self.splits.append(SplitEntry(position, self.step, event.node_id, event.new_node_id, event.num_tokens,
                                           node.token_ids))
+            self._split_ends.append(position)
             self._map_pages(event.new_node_id, node.slots[:event.num_tokens], state.block_size)
             self._touch(event.node_id, None, state, position)
             self._touch(event.new_node_id, node.parent_id, state, position)
@@ -119,8 +123,11 @@ class RadixHistory:
                          for node_id, node in state.radix_nodes.items()
                          if node_id != event.node_id and node.lock_ref == 0 and node_id not in parents),
                         key=lambda pair: (pair[1] if pair[1] is not None else -1, pair[0]))
+        leaf = state.radix_nodes.get(event.node_id)
         self.evictions.append(EvictionEntry(position, self.step, event.node_id, event.token_ids, event.slots,
-                                            self.last_access(event.node_id, position), others))
+                                            self.last_access(event.node_id, position), others,
+                                            leaf.parent_id if leaf is not None else None))
+        self._eviction_ends.append(position)
         for slot in event.slots[::state.block_size]:
             if self.node_of_page.get(slot // state.block_size) == event.node_id:
                 del self.node_of_page[slot // state.block_size]
@@ -132,11 +139,11 @@ class RadixHistory:
         return touches[index - 1][1] if index else None
 
     def last_split(self, position: int) -> SplitEntry | None:
-        index = bisect.bisect_right([s.position for s in self.splits], position)
+        index = bisect.bisect_right(self._split_ends, position)
         return self.splits[index - 1] if index else None
 
     def last_eviction(self, position: int) -> EvictionEntry | None:
-        index = bisect.bisect_right([e.position for e in self.evictions], position)
+        index = bisect.bisect_right(self._eviction_ends, position)
         return self.evictions[index - 1] if index else None
 
     def hits_of(self, seq_id: int, position: int) -> list[tuple[int, int]]:
@@ -155,15 +162,21 @@ class RadixHistory:
     def rebase(self, shift: int, state: ReducerState) -> None:
         """The followed timeline dropped its oldest `shift` events: positions count from its new front;
         only the newest access of each node and the newest split and eviction before it are kept."""
-        def moved(entries: list, keep_one: bool = True) -> list:
+        def moved(entries: list) -> list:
             for entry in entries:
                 entry.position -= shift
             before = [e for e in entries if e.position <= 0]
-            return before[-1:] + [e for e in entries if e.position > 0] if keep_one else entries
+            return before[-1:] + [e for e in entries if e.position > 0]
+
+        def kept(touches: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            before = [(0, step) for at, step in touches if at <= shift]
+            return before[-1:] + [(at - shift, step) for at, step in touches if at > shift]
 
         self.splits, self.evictions = moved(self.splits), moved(self.evictions)
-        self.touches = {node_id: [(at - shift, step) for at, step in touches if at > shift] or [(0, touches[-1][1])]
-                        for node_id, touches in self.touches.items() if node_id in state.radix_nodes}
+        self._split_ends = [e.position for e in self.splits]
+        self._eviction_ends = [e.position for e in self.evictions]
+        self.touches = {node_id: kept(touches) for node_id, touches in self.touches.items()
+                        if node_id in state.radix_nodes}
         self.hits = {seq_id: [(at - shift, index, page) for at, index, page in hits]
                      for seq_id, hits in self.hits.items() if seq_id in state.seqs}
 
@@ -269,7 +282,7 @@ def radix_record(state: ReducerState, history: RadixHistory, position: int, *, e
     for node_id in sorted(nodes):
         children.setdefault(nodes[node_id].parent_id, []).append(node_id)
     holders = _holders(state)
-    about = _about(state, nodes, event, about_seqs, holders)
+    about = _about(state, history, position, event, about_seqs, holders)
     order = _preorder(children)
     shown = _shown(order, nodes, about, limit)
     names = RequestNames(state)
@@ -294,10 +307,16 @@ def _holders(state: ReducerState) -> dict[int, list[int]]:
     return out
 
 
-def _about(state: ReducerState, nodes: dict[int, RadixNode], event: ev.Event | None, about_seqs: tuple[int, ...],
-           holders: dict[int, list[int]]) -> set[int]:
-    about: set[int] = set()
-    if isinstance(event, ev.RadixNodeSplit):
+def _about(state: ReducerState, history: RadixHistory, position: int, event: ev.Event | None,
+           about_seqs: tuple[int, ...], holders: dict[int, list[int]]) -> set[int]:
+    """The nodes `event` (the cursor's) is about (an evicted leaf's parent, the leaf gone) and those
+    holding pages of `about_seqs` (a card's sequences)."""
+    nodes, about = state.radix_nodes, set()
+    if isinstance(event, ev.RadixNodeEvicted):
+        evicted = history.last_eviction(position)
+        if evicted is not None and evicted.node_id == event.node_id and evicted.parent_id is not None:
+            about.add(evicted.parent_id)
+    elif isinstance(event, ev.RadixNodeSplit):
         about |= {event.node_id, event.new_node_id}
     elif isinstance(event, (ev.RadixNodeInserted, ev.RadixLockRef)):
         about.add(event.node_id)
