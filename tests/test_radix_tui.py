@@ -79,3 +79,29 @@ async def _event_node_visible(trace, size, projector) -> None:
             assert drawn.get(event.node_id) == (len(node.token_ids), node.lock_ref), (position, drawn)
             seen += 1
         assert seen >= 5
+
+
+def test_a_tree_taller_than_the_panel_scrolls_to_the_node_of_the_event(sglang_trace):
+    """Forty one-token leaves under the root (events alone, no engine): at 80x24 and in projector mode
+    the panel holds a few of them, and at each insert the node just inserted is on screen."""
+    from blockviz.model.trace import Trace
+
+    header = {**sglang_trace.header, "block_size": 1, "num_gpu_blocks": 64, "sglang_options": {"page_size": 1}}
+    events = [ev.RadixNodeInserted(seq_no=i, node_id=i + 1, parent_id=None, token_ids=(5 + i,), slots=(i + 1,),
+                                   lock_ref=0) for i in range(40)]
+    asyncio.run(_scrolls(Trace(header, events), (80, 24), False))
+    asyncio.run(_scrolls(Trace(header, events), (100, 30), True))
+
+
+async def _scrolls(trace, size, projector) -> None:
+    from blockviz.tui.app import BlockvizApp
+
+    app = BlockvizApp(trace=trace, deterministic=True, source_name="tall", projector=projector, play=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        for position in (40, 5, 25):
+            app.player.timeline.seek(position)
+            app.render_views()
+            await pilot.pause()
+            drawn = drawn_tree(app)
+            assert position in drawn and len(drawn) < 40, (position, drawn)

@@ -30,8 +30,8 @@ class RadixPanel(StatePanel):
                               policy=self.policy)
         lines, first_about = radix_lines(record)
         self.set_rows(lines, "")
-        if first_about is not None:
-            self.scroll_to(y=max(0, first_about - 1), animate=False, immediate=True)
+        if first_about is not None:  # once the new lines are laid out (before, the old height bounds the scroll)
+            self.call_after_refresh(self.scroll_to, y=max(0, first_about - 1), animate=False)
 
 
 def radix_lines(record: RadixRecord) -> tuple[list[Text], int | None]:
