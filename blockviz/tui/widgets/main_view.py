@@ -1,5 +1,6 @@
 """The main view: the pools on the left; on the right the selected block's inspector over one of
-seven views (eight in a radix-tree run) (the app's `right_view`, v cycles). Draws the reducer state at a timeline's cursor."""
+seven views, eight in a radix-tree run (the app's `right_view`, v cycles). Draws the reducer state at a
+timeline's cursor."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedTe
 from blockviz.tui.widgets.pool_grid import FreeQueueRow, PoolGrid
 from blockviz.tui.widgets.radix_panel import RadixPanel
 
-RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory", "radix")  # radix: a radix-tree run's
+RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory", "radix")  # radix: a radix-tree run's only
 
 
 class MainView(Horizontal):
