@@ -1,7 +1,8 @@
-"""The radix tree's record (blockviz.model.radix_view) on real `kv_manager="sglang"` runs: after every
-step its nodes are SGLang's root_node (ids, parents, token runs, slots, lock_ref), its evictable and
-protected sizes are RadixCache.evictable_size() / protected_size(), each running request's match lies
-in its own table and in the nodes named; every eviction names a leaf that was unlocked, and under lru
+"""The radix tree's record (blockviz.model.radix_view) on real `kv_manager="sglang"` runs at page_size
+1 and 4: after every step its nodes are SGLang's root_node (ids, parents, token runs, slots, lock_ref),
+each node's lock_ref is the number of requests it names as holding it, its evictable and protected
+sizes are RadixCache.evictable_size() / protected_size(), each running request's match lies in its
+own table and in the nodes named; every eviction names a leaf that was unlocked, and under lru
 the leaf with the oldest last access the events show. On a recorded trace, at every cursor, the record
 is the reducer's tree there, the nodes the cursor's event is about are marked, and a cap on the nodes
 drawn keeps those and counts the rest."""
@@ -27,15 +28,16 @@ def _needs_sglang():
         pytest.skip("SGLang is not installed")
 
 
-def test_record_is_sglangs_tree_after_every_step(loaded, tiny_gpt2_dir):
+@pytest.mark.parametrize("page_size, num_gpu_blocks", [(1, 49), (4, 13)])
+def test_record_is_sglangs_tree_after_every_step(loaded, tiny_gpt2_dir, page_size, num_gpu_blocks):
     from engine.sglang_core.event_tap import tree_nodes
     from tests.test_sglang_core import GREEDY, make_engine, workload
 
-    engine = make_engine(loaded, tiny_gpt2_dir, num_gpu_blocks=49,
-                         sglang_options={"page_size": 1, "chunked_prefill_size": 8})
+    engine = make_engine(loaded, tiny_gpt2_dir, num_gpu_blocks=num_gpu_blocks,
+                         sglang_options={"page_size": page_size, "chunked_prefill_size": 8})
     events: list[ev.Event] = []
     engine.events.subscribe(events.append)
-    insights = Insights(1, engine.budget.num_gpu_blocks, 0, kv_manager="sglang")
+    insights = Insights(page_size, engine.budget.num_gpu_blocks, 0, kv_manager="sglang")
     for index, prompt in enumerate(workload(7)):
         engine.add_request(prompt, GREEDY, request_id=f"r{index}")
     seen_matches = 0
@@ -50,9 +52,11 @@ def test_record_is_sglangs_tree_after_every_step(loaded, tiny_gpt2_dir):
             for node_id, node in sglang.items()}
         assert (record.evictable_size, record.protected_size) == (cache.evictable_size(), cache.protected_size())
         assert record.num_more == 0 and record.num_nodes == len(sglang)
+        for row in record.nodes:  # a running request holds its path locked: one lock per request holding it
+            assert len(row.holders) == row.lock_ref, (row.id, row.holders, row.lock_ref)
         for match in record.matches:
             table = engine.scheduler.tables[match.seq]
-            assert set(match.slots) <= set(table)  # page_size 1: a page is a slot
+            assert {slot // page_size for slot in match.slots} <= set(table)
             assert all(any(slot in sglang[n].slots for n in match.nodes) for slot in match.slots)
             seen_matches += match.num_tokens
     assert seen_matches, "some request was served from the tree"
