@@ -102,6 +102,9 @@ async def _scrolls(trace, size, projector) -> None:
         for position in (40, 5, 25):
             app.player.timeline.seek(position)
             app.render_views()
-            await pilot.pause()
-            drawn = drawn_tree(app)
+            for _ in range(40):  # the panel scrolls once its new lines are laid out (a refresh or two)
+                await pilot.pause(0.05)
+                drawn = drawn_tree(app)
+                if position in drawn:
+                    break
             assert position in drawn and len(drawn) < 40, (position, drawn)
