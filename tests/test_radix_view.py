@@ -146,3 +146,16 @@ def test_a_dropped_front_keeps_the_history_at_the_positions_kept(sglang_trace):
     assert insights.radix.last_eviction(len(events) - shift).node_id == evicted.node_id
     for node_id in insights.state.radix_nodes:
         assert insights.radix.last_access(node_id, len(events) - shift) is not None
+
+
+def test_the_eviction_reason_compares_the_leaf_with_the_next():
+    from blockviz.model.radix_view import EvictionEntry, eviction_reason
+
+    def entry(last_access, others):
+        return EvictionEntry(9, 4, 7, (1, 2), (3, 4), last_access, others)
+
+    assert eviction_reason(entry(2, []), "lru") == "the only unlocked leaf (last accessed at step 2)"
+    assert "the next, #5, at step 3" in eviction_reason(entry(2, [(5, 3), (6, 4)]), "lru")
+    assert "as was #5" in eviction_reason(entry(3, [(5, 3)]), "lru")
+    assert "by SGLang's clock" in eviction_reason(entry(4, [(5, 3)]), "lru")
+    assert eviction_reason(entry(4, [(5, 3)]), "lfu").startswith("an unlocked leaf first in lfu order")

@@ -403,9 +403,15 @@ def eviction_reason(entry: EvictionEntry, policy: str) -> str:
         return f"the only unlocked leaf ({seen})"
     if policy != "lru":
         return f"an unlocked leaf first in {policy} order ({seen})"
-    newest_other = min((a for _, a in entry.others if a is not None), default=None)
-    if newest_other is not None and entry.last_access is not None and entry.last_access <= newest_other:
-        return f"the least recently used unlocked leaf ({seen}; the next is at step {newest_other})"
+    following = next(((node_id, at) for node_id, at in entry.others if at is not None), None)
+    if following is None or entry.last_access is None:
+        return f"the least recently used unlocked leaf by SGLang's clock ({seen})"
+    node_id, at = following
+    if entry.last_access < at:
+        return f"the least recently used unlocked leaf ({seen}; the next, #{node_id}, at step {at})"
+    if entry.last_access == at:
+        return (f"the least recently used unlocked leaf ({seen}, as was #{node_id}: SGLang's clock orders "
+                "the accesses within a step)")
     return f"the least recently used unlocked leaf by SGLang's clock ({seen})"
 
 
