@@ -112,6 +112,7 @@ def execute(args) -> int:
         raise UsageError("give --out FILE (a picture) or --html FILE (a page that plays the trace)")
     from blockviz.commands.replay import check
     from blockviz.model.export import ExportError, check_out_path, png_bytes, save_frame, trace_frame, trace_title
+    from blockviz.model.radix_view import radix_history
     from blockviz.model.timeline import Timeline
 
     out = Path(args.out)
@@ -133,11 +134,12 @@ def execute(args) -> int:
     chosen = positions(args, len(timeline), trace.num_gpu_blocks + trace.num_cpu_blocks)
     paths = out_paths(out, chosen, numbered=args.frames is not None)
     title = trace_title(trace)
+    radix = radix_history(trace.header, trace.events) if timeline.state.design.radix_tree else None
 
     def frames():
         for position in chosen:
             timeline.seek(timeline.landing(position))  # a picture of a state the engine can be in
-            yield trace_frame(timeline, trace.header, title, ranges)
+            yield trace_frame(timeline, trace.header, title, ranges, radix)
 
     try:
         for path in paths:

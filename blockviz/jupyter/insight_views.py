@@ -3,7 +3,7 @@
 `InsightPanel` keeps a blockviz.model.insights.Insights fed from the Visualizer's timeline (lazily: only
 the events it has not seen) and adds to each frame the parts of the views being looked at: the
 prefix-lookup explainer, the preemption ledger and memory truth sit in an accordion, collapsed at
-first, and a part is computed only for the open section or a view displayed on its own
+first (a radix-tree run adds SGLang's tree, blockviz.model.radix_view, open at first), and a part is computed only for the open section or a view displayed on its own
 (`viz.ledger_view` as a cell's last expression). The breakpoints bar (tick kinds, "◂ previous",
 "next ▸") is always there: it sets the Player's break_on, so playback stops at those kinds as the
 TUI's does, and its buttons call `Visualizer.back_to` / `Visualizer.run_until`.
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import ipywidgets
 
 from blockviz.model.insight_view import chosen_lookup, explain_record, ledger_record, memory_record
-from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView
+from blockviz.jupyter.widgets import BreakpointsView, ExplainView, LedgerView, MemoryView, RadixView
+from blockviz.model.radix_view import eviction_policy, radix_record
 from engine import events as ev
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 TITLES = ("Prefix lookup (why it hit or missed)", "Preemption ledger", "Memory: blocks vs tokens")
 INSIGHT_PARTS = ("explain", "ledger", "memory")
+RADIX_TITLE = "Radix tree (SGLang RadixCache)"  # a fourth section in a radix-tree run, open at first
 
 
 def event_kinds(kinds: str | Iterable[str] | Iterable[type[ev.Event]]) -> frozenset[type[ev.Event]]:
@@ -45,14 +47,18 @@ class InsightPanel:
         self.insights = viz.viewer.insights
         self.explain_view, self.ledger_view, self.memory_view = ExplainView(), LedgerView(), MemoryView()
         self.breakpoints_view = BreakpointsView()
+        self.radix_view = RadixView()
+        self.has_tree = viz.timeline.state.design.radix_tree  # SGLang's radix tree to draw
         self.picked: str | None = None  # the request the explainer shows, when picked (not a block's)
         self.break_message = ""
-        self.accordion = ipywidgets.Accordion(children=[self.explain_view, self.ledger_view, self.memory_view],
-                                              titles=TITLES, selected_index=None,
+        tree = [self.radix_view] if self.has_tree else []
+        self.accordion = ipywidgets.Accordion(children=[self.explain_view, self.ledger_view, self.memory_view, *tree],
+                                              titles=TITLES + ((RADIX_TITLE,) if tree else ()),
+                                              selected_index=len(TITLES) if tree else None,
                                               layout=ipywidgets.Layout(width="100%"))
         self.accordion.observe(lambda change: viz._changed(), names="selected_index")
         self.breakpoints_view.observe(self._on_break_on, names="break_on")
-        for view in self.sections:
+        for view in (*self.sections, self.radix_view):
             view.on_display = lambda: viz.frames.flush()
 
     @property
@@ -61,16 +67,19 @@ class InsightPanel:
 
     @property
     def views(self) -> tuple:
-        return (*self.sections, self.breakpoints_view)
+        return (*self.sections, self.radix_view, self.breakpoints_view)
 
     def shown(self) -> tuple[str, ...]:
-        """The insight parts someone can see: the open section's, and those of views displayed alone."""
+        """The insight parts someone can see: the open section's, and those of views displayed alone
+        ("radix" too in a radix-tree run)."""
         open_index = self.accordion.selected_index
-        return tuple(name for index, (name, view) in enumerate(zip(INSIGHT_PARTS, self.sections))
+        names, views = INSIGHT_PARTS + ("radix",), (*self.sections, self.radix_view)
+        return tuple(name for index, (name, view) in enumerate(zip(names, views))
                      if index == open_index or view.displayed_alone)
 
     def parts(self, names: tuple[str, ...] = INSIGHT_PARTS) -> dict[str, Any]:
-        """The frame parts `names` (of INSIGHT_PARTS) at the cursor, and the breakpoints bar's."""
+        """The frame parts `names` (of INSIGHT_PARTS, and "radix" in a radix-tree run) at the cursor,
+        and the breakpoints bar's."""
         viz = self.viz
         timeline = viz.timeline
         position = timeline.position
@@ -84,6 +93,11 @@ class InsightPanel:
             out["ledger"] = ledger_record(self.insights, position, timeline.state).to_json()
         if "memory" in names:
             out["memory"] = memory_record(self.insights, timeline.state, position).to_json()
+        if "radix" in names and self.has_tree:
+            card = viz.viewer.card
+            out["radix"] = radix_record(timeline.state, self.insights.radix, position, event=timeline.current_event,
+                                        about_seqs=card.seqs if card is not None else (), vocab=timeline.token_texts,
+                                        policy=eviction_policy(viz.header)).to_json()
         return out
 
     def asked(self) -> dict[str, Any]:

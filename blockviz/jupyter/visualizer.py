@@ -95,6 +95,7 @@ class Visualizer(LiveCommands):
         self.log = EventLogView()
         self.insight = InsightPanel(self)
         self.explain_view, self.ledger_view, self.memory_view = self.insight.sections
+        self.radix_view = self.insight.radix_view  # a radix-tree run's tree (kv_manager "sglang")
         self.breakpoints_view = self.insight.breakpoints_view
         # The controls go last in each frame: once they show a position, every view has its frame.
         self.views = (self.pools, self.inspector, self.tables, self.hashes, self.log, *self.insight.views,

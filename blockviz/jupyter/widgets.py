@@ -23,8 +23,8 @@ from blockviz.model.palette import BLOCK_COLOURS, CPU_TINTS, GROUP_COLOURS, SEQ_
 from engine import events as ev
 
 STATIC = Path(__file__).resolve().parent / "static"
-# One ES module: insights.js, pool_canvas.js and display.js use blockviz.js's helpers, blockviz.js their renderers.
-ESM_FILES = ("blockviz.js", "insights.js", "pool_canvas.js", "display.js")
+# One ES module: insights.js, radix.js, pool_canvas.js and display.js use blockviz.js's helpers, blockviz.js their renderers.
+ESM_FILES = ("blockviz.js", "insights.js", "radix.js", "pool_canvas.js", "display.js")
 ESM = "\n".join((STATIC / name).read_text(encoding="utf-8") for name in ESM_FILES)
 CSS = STATIC / "blockviz.css"
 
@@ -198,6 +198,15 @@ class MemoryView(_InsightView):
 
     _kind = traitlets.Unicode("memory").tag(sync=True)
     parts = ("memory",)
+
+
+class RadixView(_InsightView):
+    """SGLang's radix tree (kv_manager "sglang"; blockviz.model.radix_view): nodes as runs of tokens
+    with their slots and blocks, lock_ref and the requests holding each path, evictable and protected
+    sizes, the last split, the last eviction and why, each running request's match."""
+
+    _kind = traitlets.Unicode("radix").tag(sync=True)
+    parts = ("radix",)
 
 
 BREAK_KINDS = tuple(cls.type for cls in (ev.CopyOnWrite, ev.PrefixCacheHit, ev.Forked, ev.SwappedOut, ev.SwappedIn,

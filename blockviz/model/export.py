@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blockviz.model.player import Player
+from blockviz.model.radix_view import RadixHistory, eviction_policy, radix_history, radix_record
 from blockviz.model.svg import frame_svg
 from blockviz.model.timeline import Timeline
 from blockviz.model.trace import Trace, TraceError, check_new_trace_path, engine_title, kv_geometry
@@ -38,12 +39,17 @@ def picture_format(path: str | Path) -> str:
 
 
 def trace_frame(timeline: Timeline, header: dict[str, Any], title: str,
-                ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+                ranges: dict[str, tuple[int, int]] | None = None, radix: RadixHistory | None = None) -> dict[str, Any]:
     """The frame the notebook draws at `timeline`'s cursor (Visualizer.frame without the log and
     the insights): the view records and the controls' cursor line; `ranges` the blocks a pool is
-    zoomed into (view.snapshot)."""
+    zoomed into (view.snapshot). A radix-tree run's frame holds the tree ("radix": radix_view's
+    record), from `radix` (the trace's RadixHistory, made here when not given)."""
     frame = snapshot(timeline.state, current=timeline.current_event, vocab=timeline.token_texts,
                      geometry=kv_geometry(header), ranges=ranges)
+    if timeline.state.design.radix_tree:
+        history = radix if radix is not None else radix_history(header, timeline.events)
+        frame["radix"] = radix_record(timeline.state, history, timeline.position, event=timeline.current_event,
+                                      vocab=timeline.token_texts, policy=eviction_policy(header)).to_json()
     frame["cursor"] = cursor_line(timeline, Player(timeline), title=title, finished=timeline.at_end)
     return frame
 

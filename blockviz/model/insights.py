@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from blockviz.model.design import KVCacheGroup, kv_cache_groups_of, kv_manager_of
 from blockviz.model.narration import plural
 from blockviz.model.reducer import NULL, NULL_CODE, USED_CODE, ReducerState
+from blockviz.model.radix_view import RadixHistory
 from engine import events as ev
 
 
@@ -311,6 +312,7 @@ class Insights:
                                                 "num_cpu_blocks": num_cpu_blocks, "kv_manager": kv_manager,
                                                 "kv_cache_groups": kv_cache_groups})
         self.explainer = Explainer(enable_prefix_caching, kv_manager, hash_algo, kv_cache_groups)
+        self.radix = RadixHistory()  # SGLang's tree over time (kv_manager "sglang"): blockviz.model.radix_view
         self._ledger = Ledger()
         self.max_tokens: dict[int, int] = {}
         self.series: list[MemoryPoint] = []
@@ -332,9 +334,10 @@ class Insights:
         dropped = getattr(source, "dropped_events", 0)
         if dropped > self.dropped:
             self._follow_drop(source, dropped - self.dropped)
-        state, explainer, ledger = self.state, self.explainer, self._ledger
+        state, explainer, ledger, radix = self.state, self.explainer, self._ledger, self.radix
         for event in events[self.fed:]:
             explainer.feed(event, state)
+            radix.feed(event, state, self.fed + 1)
             state.apply(event)
             ledger.feed(event)
             self.fed += 1
@@ -361,6 +364,7 @@ class Insights:
         self.max_tokens = {seq_id: n for seq_id, n in self.max_tokens.items() if seq_id in kept}
         self.explainer.rebase(shift)
         self._ledger.rebase(shift)
+        self.radix.rebase(shift, self.state)
         points = [replace(p, position=p.position - shift) for p in self.series if p.position > shift]
         self.series, self._series_ends = points, [p.position for p in points]
 

@@ -20,6 +20,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from blockviz.model.palette import BLOCK_COLOURS, SEQ_COLOURS, SEQ_COLOURS_BOLD, group_colour, ref_mark
+from blockviz.model.radix_view import number_ranges
 from blockviz.model.pool_zoom import LEGEND as ZOOM_LEGEND, ZoomCells, cell_counts, cell_label, zoom_level
 from blockviz.model.view import STATE_CODES, STATE_LABELS
 
@@ -105,13 +106,23 @@ class _Canvas:
 
 def frame_svg(frame: dict[str, Any], *, title: str = "", projector: bool = False, width: int = WIDTH) -> str:
     """The SVG picture of `frame` (view.snapshot()'s records, maybe with a "cursor" line): its
-    title and cursor, the pools, the block tables and the hash chains, top to bottom."""
+    title and cursor, the pools (and beside them a radix-tree run's tree, the frame's "radix":
+    blockviz.model.radix_view's record), the block tables and the hash chains, top to bottom."""
     canvas = _Canvas(width, PROJECTOR_SCALE if projector else 1.0, projector)
     _draw_title(canvas, frame, title)
+    radix = frame.get("radix")
+    top = canvas.y
+    if radix is not None:  # a radix-tree run: the pools in the left half, the tree beside them
+        canvas.width = width // 2
     for device in ("gpu", "cpu"):
         pool = (frame.get("pools") or {}).get(device)
         if pool and pool["n"]:
             _draw_pool(canvas, device, pool, frame)
+    if radix is not None:
+        canvas.width, left = width, canvas.y
+        canvas.y = top
+        _draw_radix(canvas, radix, width // 2 + PAD)
+        canvas.y = max(canvas.y, left)
     _draw_legend(canvas, frame)
     _draw_tables(canvas, frame)
     _draw_hashes(canvas, frame)
@@ -476,3 +487,58 @@ def _draw_hashes(canvas: _Canvas, frame: dict[str, Any]) -> None:
     if len(rows) > MAX_HASH_ROWS:
         canvas.text(PAD, canvas.y, f"… {len(rows) - MAX_HASH_ROWS} more hashed blocks", fill=canvas.dim)
         canvas.y += canvas.line
+
+
+# ------------------------------------------------------------------------------------ radix tree
+
+
+def _draw_radix(canvas: _Canvas, radix: dict[str, Any], x0: float) -> None:
+    """SGLang's radix tree (blockviz.model.radix_view.RadixRecord as JSON) from `x0` to the right
+    edge: the sizes, one line per node indented by depth (a `<g class="radix-node">` carrying
+    data-node / data-parent / data-tokens / data-lock / data-slots / data-evictable), the nodes not
+    drawn counted, the last split and eviction, each running request's match."""
+    width = canvas.width - PAD - x0
+    canvas.parts.append(f'<g class="radix" data-nodes="{radix["num_nodes"]}" data-more="{radix["num_more"]}" '
+                        f'data-evictable="{radix["evictable_size"]}" data-protected="{radix["protected_size"]}">')
+    canvas.text(x0, canvas.y, canvas.fit("Radix tree (SGLang RadixCache)", width), bold=True)
+    canvas.y += canvas.line
+    canvas.text(x0, canvas.y, canvas.fit(f"evictable {radix['evictable_size']} · protected {radix['protected_size']} "
+                                         f"tokens · {radix['num_nodes']} nodes · page_size {radix['page_size']} · "
+                                         "@ last access step", width), fill=canvas.dim)
+    canvas.y += canvas.line
+    for node in radix["nodes"]:
+        x = x0 + (node["depth"] + 1) * 2 * canvas.char
+        canvas.parts.append(f'<g class="radix-node" data-node="{node["id"]}" data-parent="{node["parent"] if node["parent"] is not None else ""}" '
+                            f'data-tokens="{node["num_tokens"]}" data-lock="{node["lock_ref"]}" '
+                            f'data-slots="{",".join(map(str, node["slots"]))}" data-evictable="{str(node["evictable"]).lower()}">')
+        if node["about"]:
+            canvas.parts.append(f'<rect x="{x - 2:.1f}" y="{canvas.y - 1:.1f}" width="{(canvas.width - PAD) - x + 2:.1f}" '
+                                f'height="{canvas.line - 2}" fill="none" stroke="{LOOK["touched"][0]}" stroke-width="2"/>')
+        lock = (f"lock {node['lock_ref']}" + (f" ({', '.join(node['holders'])})" if node["holders"] else "")
+                if node["lock_ref"] else "evictable" if node["evictable"] else "unlocked")
+        words = (f"#{node['id']} {node['num_tokens']}t {lock}"
+                 + (f" @{node['last_access']}" if node["last_access"] is not None else "")
+                 + f" b{number_ranges(node['blocks'])}  " + "".join(node["tokens"]))
+        canvas.text(x, canvas.y, canvas.fit(words, (canvas.width - PAD) - x),
+                    fill="#b00020" if node["lock_ref"] else canvas.ink)
+        canvas.parts.append("</g>")
+        canvas.y += canvas.line
+    if radix["num_more"]:
+        canvas.text(x0, canvas.y, f"… {radix['num_more']} more nodes", fill=canvas.dim)
+        canvas.y += canvas.line
+    split, evicted = radix.get("last_split"), radix.get("last_evicted")
+    lines = []
+    if split:
+        lines.append(("split", f"split (step {split['step']}): #{split['new_node']} took {split['at']} tokens "
+                               f"{''.join(split['head'])} | #{split['node']} kept {''.join(split['tail'])}"))
+    if evicted:
+        lines.append(("evicted", f"evicted (step {evicted['step']}): #{evicted['node']}, {evicted['num_tokens']} tokens, "
+                                 f"slots {number_ranges(evicted['slots'])}: {evicted['why']}"))
+    for match in radix.get("matches") or []:
+        lines.append(("match", f"{match['name']} matched {match['num_tokens']} tokens"
+                               + (f": slots {number_ranges(match['slots'])}" if match["num_tokens"] else "")))
+    for cls, words in lines:
+        for line in canvas.wrap(words, width):
+            canvas.text(x0, canvas.y, line, fill=canvas.dim, cls=f"radix-{cls}")
+            canvas.y += canvas.line
+    canvas.parts.append("</g>")

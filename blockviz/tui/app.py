@@ -35,9 +35,11 @@ from blockviz.tui.messages import (BlockSelected, EngineDied, EngineEvents, Engi
                                    EngineLoading, EngineNotice, EngineReady, posting_listener)
 from blockviz.tui.widgets.guide_card import GuideCard
 from blockviz.model.insight_view import memory_fields
+from blockviz.model.radix_view import eviction_policy
 from blockviz.tui.widgets.main_view import RIGHT_VIEWS, MainView
 from blockviz.tui.widgets.panels import StatusBar, TitleBar
 from blockviz.tui.widgets.pool_grid import PoolGrid
+from blockviz.tui.widgets.radix_panel import RadixPanel
 from blockviz.tui.keys import KEYS, LIVE_ACTIONS, PAUSING_MOVES, PLAYBACK_ACTIONS, V0_ONLY_ACTIONS, key_rows
 from blockviz.tui.live_actions import BreakpointActions, LiveActions
 from blockviz.tui.widgets.screens import HelpScreen
@@ -151,6 +153,10 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         named = self.source_name and self.source_name != model  # a trace file; live runs name the model
         source = f"{'live' if live else 'replay'}{': ' + self.source_name if named else ''}"
         self.query_one("#title", TitleBar).update(f"blockviz · {source} · {engine_title(self.header)}")
+        if design_of(self.header).radix_tree:  # SGLang's tree: its panel shown first (v cycles on)
+            self.screen.add_class("-radix")
+            self.query_one(RadixPanel).policy = eviction_policy(self.header)
+            self.right_view = "radix"
         if live and viewer.player.guide is not None:  # a live story counts its cards as a replay does
             viewer.player.guide.expected = story_cards(self.header)
         if self.autoplay and not (live and self.guided):  # guided, a live run opens on card 1: space plays on
@@ -320,7 +326,8 @@ class BlockvizApp(LiveActions, BreakpointActions, App[None]):
         self._moved()
 
     def action_next_view(self) -> None:
-        self.right_view = RIGHT_VIEWS[(RIGHT_VIEWS.index(self.right_view) + 1) % len(RIGHT_VIEWS)]
+        views = RIGHT_VIEWS if self.screen.has_class("-radix") else tuple(v for v in RIGHT_VIEWS if v != "radix")
+        self.right_view = views[(views.index(self.right_view) + 1) % len(views)]
 
     def watch_right_view(self, view: str) -> None:
         self.query_one(MainView).show_view(view)

@@ -121,7 +121,7 @@ def page_data(viz: Visualizer) -> PageData:
         timeline.seek(position)
         frame = viz.frame()
         frame.pop("log", None)
-        frame.update(viz.insight.parts(("ledger", "memory")))
+        frame.update(viz.insight.parts(("ledger", "memory", "radix")))  # radix: a radix-tree run's only
         frame["touched playing"] = {device: sorted(blocks)  # while playing no card is up (Player.card)
                                     for device, blocks in touched_blocks(timeline.current_event).items()}
         state = timeline.state
@@ -225,5 +225,6 @@ def _meta(viz: Visualizer) -> dict[str, Any]:
         "stops": stops,
         "spans": spans,
         "insight_parts": list(INSIGHT_PARTS),
+        "radix": viz.insight.has_tree,  # the page adds the radix tree's section
         "inspected": all(len(pool) <= MAX_INSPECTED_BLOCKS for pool in timeline.state.pools.values()),
     }

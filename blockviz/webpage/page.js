@@ -49,10 +49,10 @@ const PARTS = {
   pool: ["block_size", "pools", "touched", "selected", "free_queue", "notes", "kv_cache_groups", "card"],
   inspector: ["inspector"], tables: ["tables", "block_size", "card"], hashes: ["hashes", "hash_summary"],
   log: ["log"], explain: ["explain"], ledger: ["ledger"], memory: ["memory"], breaks: ["breaks"],
-  controls: ["cursor", "card"],
+  controls: ["cursor", "card"], radix: ["radix"],
 };
 const SECTION_TITLES = { explain: "Prefix lookup (why it hit or missed)", ledger: "Preemption ledger",
-  memory: "Memory: blocks vs tokens" };
+  memory: "Memory: blocks vs tokens", radix: "Radix tree (SGLang RadixCache)" };
 
 function bisectRight(list, x) {
   let lo = 0, hi = list.length;
@@ -115,10 +115,11 @@ class Controller {
     };
     const palette = { palette: this.palette() };
     const row = (...children) => { const r = document.createElement("div"); r.className = "bv-page-row"; r.append(...children); return r; };
-    const sections = ["explain", "ledger", "memory"].map((kind) => {
+    const sections = ["explain", "ledger", "memory", ...(meta.radix ? ["radix"] : [])].map((kind) => {
       const details = document.createElement("details");
       details.className = "bv-page-section";
       details.dataset.section = kind;
+      details.open = kind === "radix";  // a radix-tree run's tree, open as in the notebook
       const summary = document.createElement("summary");
       summary.textContent = SECTION_TITLES[kind];
       details.append(summary, make(kind));
@@ -183,8 +184,10 @@ class Controller {
   show() {
     const frame = this.frame();
     // the controls last: once they show a position, every view has its frame (Visualizer.views)
-    for (const kind of ["pool", "inspector", "tables", "hashes", "log", "explain", "ledger", "memory", "breaks", "controls"]) {
+    for (const kind of ["pool", "inspector", "tables", "hashes", "log", "explain", "ledger", "memory", "radix", "breaks",
+                        "controls"]) {
       const view = this.views[kind];
+      if (!view) continue;  // radix: only a radix-tree run's page has it
       const part = {};
       for (const key of PARTS[kind]) if (key in frame) part[key] = frame[key];
       const text = JSON.stringify(part);

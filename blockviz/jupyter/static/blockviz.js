@@ -526,7 +526,7 @@ function renderControls(model, el) {
 const RENDERERS = {
   pool: renderPool, tables: renderTables, hashes: renderHashes, log: renderLog, inspector: renderInspector,
   controls: renderControls, explain: renderExplain, ledger: renderLedger, memory: renderMemory,
-  breaks: renderBreaks,
+  breaks: renderBreaks, radix: renderRadix,
 };
 
 function render({ model, el }) {

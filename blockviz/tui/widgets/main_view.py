@@ -1,5 +1,6 @@
 """The main view: the pools on the left; on the right the selected block's inspector over one of
-seven views (the app's `right_view`, v cycles). Draws the reducer state at a timeline's cursor."""
+seven views, eight in a radix-tree run (the app's `right_view`, v cycles). Draws the reducer state at a
+timeline's cursor."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from blockviz.tui.widgets.event_log import EventLogPanel
 from blockviz.tui.widgets.insight_panels import ExplainPanel, LedgerPanel, MemoryPanel
 from blockviz.tui.widgets.panels import BlockInspector, BlockTables, GeneratedText, HashChains
 from blockviz.tui.widgets.pool_grid import FreeQueueRow, PoolGrid
+from blockviz.tui.widgets.radix_panel import RadixPanel
 
-RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory")
+RIGHT_VIEWS = ("tables", "text", "hashes", "log", "explain", "ledger", "memory", "radix")  # radix: a radix-tree run's only
 
 
 class MainView(Horizontal):
@@ -37,6 +39,7 @@ class MainView(Horizontal):
             yield ExplainPanel(id="explain", classes="view")
             yield LedgerPanel(id="ledger", classes="view")
             yield MemoryPanel(id="memory", classes="view")
+            yield RadixPanel(id="radix", classes="view")
 
     @property
     def grids(self) -> list[PoolGrid]:
@@ -94,3 +97,5 @@ class MainView(Horizontal):
         self.query_one(ExplainPanel).show(insights, state, position, seq_id, timeline.events, vocab)
         self.query_one(LedgerPanel).show(insights, position, state)
         self.query_one(MemoryPanel).show(insights, state, truth, position)
+        if state.design.radix_tree:
+            self.query_one(RadixPanel).show(insights, state, position, timeline.current_event, about, vocab)
