@@ -183,9 +183,12 @@ def prompts_of(args) -> list[str]:
 
 def _print_hits(runs: list[dict], prompts: list[str]) -> None:
     """Per request, the prompt tokens each run found in its prefix cache; when a radix-tree run
-    (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so."""
+    (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so.
+    Under it, per run, the GPU's free space as that design counts it when the request was admitted
+    and what was evicted for it (session.compare.RequestMoments)."""
     names = [f"{run['kv_manager']}/{run['block_size']}" for run in runs]
-    print("prefix hit per request, in tokens (" + " | ".join(names) + "):")
+    print("prefix hit per request, in tokens (" + " | ".join(names) + "), then per run: free space when it was "
+          "admitted, as that design counts it, and what was evicted for it:")
     for index, prompt in enumerate(prompts):
         hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
         shown = prompt if len(prompt) <= 40 else prompt[:39] + "…"
@@ -195,6 +198,24 @@ def _print_hits(runs: list[dict], prompts: list[str]) -> None:
             note = (f"  {names[best]} hits {max(hits) - min(hits)} more: tokens of a partial block "
                     f"{names[worst]} cannot share" if runs[best]["block_size"] < runs[worst]["block_size"] else "")
         print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + note)
+        for name, run in zip(names, runs):
+            if "free_at_admission" in run and index < len(run["free_at_admission"]):
+                print(f"      {name}: {_moments_text(run, index)}")
+
+
+def _moments_text(run: dict, index: int) -> str:
+    """A request's free space at admission and evictions in one run, in words."""
+    from blockviz.model.free_space import FreeSpace
+
+    free = run["free_at_admission"][index]
+    admitted = ("never admitted" if free is None
+                else f"at its admission step {FreeSpace.from_json(free, run['block_size']).line()}")
+    from engine.designs import get_design
+
+    unit = "page" if get_design(run["kv_manager"]).radix_tree else "block"
+    evicted = "; ".join(f"evicted {blocks} {unit}{'s' if blocks != 1 else ''} ({tokens} tokens) at step {step}"
+                        for step, blocks, tokens in run["evicted"][index]) or "evicted nothing"
+    return f"{admitted}; {evicted}"
 
 
 def _print_differences(differ: list[tuple[str, list]], num_runs: int) -> None:
