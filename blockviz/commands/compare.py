@@ -17,7 +17,7 @@ from pathlib import Path
 
 from blockviz.commands.options import _sglang_option, add_engine_options, int_at_least
 from blockviz.errors import UsageError
-from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text
+from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text, partial_hit_note, run_name
 
 
 def _ints(name: str):
@@ -186,18 +186,14 @@ def _print_hits(runs: list[dict], prompts: list[str]) -> None:
     (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so.
     Under it, per run, the GPU's free space as that design counts it when the request was admitted
     and what was evicted for it (session.compare.RequestMoments)."""
-    names = [f"{run['kv_manager']}/{run['block_size']}" for run in runs]
+    names = [run_name(run) for run in runs]
     print("prefix hit per request, in tokens (" + " | ".join(names) + "), then per run: free space when it was "
           "admitted, as that design counts it, and what was evicted for it:")
     for index, prompt in enumerate(prompts):
         hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
         shown = prompt if len(prompt) <= 40 else prompt[:39] + "…"
-        note = ""
-        if len(runs) > 1 and max(hits) > min(hits):
-            best, worst = hits.index(max(hits)), hits.index(min(hits))
-            note = (f"  {names[best]} hits {max(hits) - min(hits)} more: tokens of a partial block "
-                    f"{names[worst]} cannot share" if runs[best]["block_size"] < runs[worst]["block_size"] else "")
-        print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + note)
+        note = partial_hit_note(runs, index)
+        print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + (f"  {note}" if note else ""))
         for name, run in zip(names, runs):
             if "free_at_admission" in run and index < len(run["free_at_admission"]):
                 print(f"      {name}: {_moments_text(run, index)}")

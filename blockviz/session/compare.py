@@ -188,6 +188,46 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
     return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))
 
 
+def run_name(figures: dict[str, Any]) -> str:
+    """A run's short name in per-request lines: its design and block (page) size, "sglang/1"."""
+    return f"{figures['kv_manager']}/{figures['block_size']}"
+
+
+def partial_hit_note(runs: list[dict[str, Any]], index: int) -> str:
+    """Request `index`'s note when the runs' prefix hits differ and the run that hit more shares
+    smaller units (SGLang's tree at page_size 1 beside vLLM's blocks of 4): the extra tokens are
+    those of a partial block the other cannot share, since vLLM caches full blocks only. "" when
+    there is nothing to say. `runs` are the runs' figures."""
+    hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
+    if len(runs) < 2 or max(hits) == min(hits):
+        return ""
+    best, worst = runs[hits.index(max(hits))], runs[hits.index(min(hits))]
+    if best["block_size"] >= worst["block_size"]:
+        return ""
+    return (f"{run_name(best)} hits {max(hits) - min(hits)} more: tokens of a partial block "
+            f"{run_name(worst)} cannot share")
+
+
+def hit_notes(runs: list[CompareRun]) -> list[str]:
+    """Every request's partial_hit_note, named as the compare table names it ("r1: ...")."""
+    figures = [run.figures for run in runs]
+    count = max(len(f["hit_tokens"]) for f in figures)
+    notes = ((index, partial_hit_note(figures, index)) for index in range(count))
+    return [f"r{index}: {note}" for index, note in notes if note]
+
+
+def hits_at(state) -> str:
+    """The prefix hit of each request a reducer state knows, in tokens, as of that state ("r0 0 ·
+    r1 46 · r2 –": – for a request still waiting for its first step)."""
+    parts = []
+    for request_id, seq_ids in state.requests.items():
+        seqs = [state.seqs[seq_id] for seq_id in seq_ids if seq_id in state.seqs]
+        waiting = all(seq.status == "waiting" and seq.seq_id not in state.tables for seq in seqs)
+        hit = max((seq.num_cached_tokens for seq in seqs), default=0)
+        parts.append(f"r{request_id} {'–' if waiting and not hit else hit}")
+    return " · ".join(parts)
+
+
 def figure_text(value: Any) -> str:
     """A figure as the tables show it: yes / no, a rate as a percentage, a count as it is."""
     if isinstance(value, bool):
