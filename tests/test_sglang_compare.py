@@ -220,3 +220,25 @@ def test_the_notebook_compare_grid_runs_vllm_beside_sglang(tiny_gpt2_factory):
     assert "SGLang counts cached pages not free" in grid.cell_figures[1].value
     assert "vLLM counts cached blocks free" in grid.cell_figures[0].value
     grid.close()
+
+
+@pytest.mark.anyio
+async def test_an_sglang_replay_says_it_has_no_cpu_tier_in_its_own_words(chat_runs):
+    """The CPU pool's place in an sglang replay at 80x24 speaks of SGLang (no CPU tier, retraction,
+    pages shared whole), not of vLLM v1's swap or copy-on-write."""
+    from blockviz.model import view
+    from blockviz.model.trace import Trace
+    from blockviz.tui.app import BlockvizApp
+    from tests.test_tui_app import screen_text
+
+    run = chat_runs[1]
+    trace = Trace(run.header, run.events)
+    app = BlockvizApp(trace=trace, deterministic=True, play=False, source_name="sglang")
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.player.timeline.seek(len(trace.events) // 2)
+        app.render_views()
+        await pilot.pause()
+        state, text = app.player.timeline.state, screen_text(app)
+    assert view.v1_notes(state) == view.RADIX_NOTES
+    assert " ".join(view.RADIX_NOTES["swap"].split()[:4]) in text
+    assert "vLLM v1" not in text and "swap" not in text.lower()
