@@ -11,7 +11,7 @@ import pytest
 
 from blockviz.model.free_space import free_space
 from blockviz.model.reducer import ReducerState
-from engine.designs import SGLANG, VLLM
+from engine.designs import VLLM
 from tests.test_sglang_core import GREEDY, make_engine, workload
 from tests.test_engine_v1 import loaded  # noqa: F401 (the tiny GPT-2, a module fixture)
 from tests.test_tui_app import anyio_backend  # noqa: F401  (the anyio backend for these tests)
@@ -194,9 +194,8 @@ async def test_the_split_view_draws_vllm_and_sglang_at_the_same_step(chat_runs):
 def test_the_notebook_compare_grid_runs_vllm_beside_sglang(tiny_gpt2_factory):
     from blockviz.jupyter import compare
     from blockviz.model.reducer import NULL
-    from blockviz.model.timeline import Timeline
-    from blockviz.model.view import snapshot
     from blockviz.session.compare import hits_at
+    from tests.test_compare_views import grid_cells
 
     with pytest.raises(ValueError, match="sglang_options apply to kv_manager 'sglang' only"):
         compare(CHAT[:1], kv_manager=["v1", "vllm"], sglang_options={"page_size": 1})
@@ -206,17 +205,11 @@ def test_the_notebook_compare_grid_runs_vllm_beside_sglang(tiny_gpt2_factory):
     assert (vllm.header["block_size"], sglang.header["block_size"]) == (4, 1)
     assert sglang.header["sglang_options"]["page_size"] == 1 and vllm.texts == sglang.texts
     assert "tokens of a partial block vllm/4 cannot share" in grid.differences.value
-    for step in range(1, grid.num_steps + 1):
-        grid.seek_step(step)
-        for run, extent, pool, cell in zip(grid.runs, grid.extents, grid.pools, grid.cell_figures):
-            reference = Timeline.for_header(run.header)
-            reference.extend(run.events)
-            reference.seek(reference.step_end(step))
-            assert reference.state.pools["gpu"][0].state == NULL
-            assert pool.frame == pool.part(snapshot(reference.state, ranges={"gpu": (0, extent)}))
-            space = free_space(reference.state)
-            assert f"data-free='{space.counted_free}' data-budget='{space.budget}'" in cell.value
-            assert f"hit tokens: {hits_at(reference.state)}" in cell.value
+    for reference, _, cell in grid_cells(grid):
+        assert reference.state.pools["gpu"][0].state == NULL
+        space = free_space(reference.state)
+        assert f"data-free='{space.counted_free}' data-budget='{space.budget}'" in cell.value
+        assert f"hit tokens: {hits_at(reference.state)}" in cell.value
     assert "SGLang counts cached pages not free" in grid.cell_figures[1].value
     assert "vLLM counts cached blocks free" in grid.cell_figures[0].value
     grid.close()

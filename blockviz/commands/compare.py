@@ -4,7 +4,10 @@ once per configuration (every combination of the values given, and only of those
 once), and the runs are shown side by side: steps, peak blocks in use, token utilization at the
 peak, prefix-cache hits, forks and copies on write, preemptions and the tokens they made the engine
 compute again, the device pool at the same step, and whether the text matches the first
-configuration's; then which of those figures differ. No tokens/s: see blockviz/session/compare.py.
+configuration's; per request, the prefix hit in tokens under each run (and when a radix tree's
+smaller pages served tokens of a block the other could not share, that it did), the free space when
+it was admitted as each design counts it (blockviz/model/free_space.py) and what was evicted for it
+and when; then which of those figures differ. No tokens/s: see blockviz/session/compare.py.
 """
 
 from __future__ import annotations
