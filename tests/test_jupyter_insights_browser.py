@@ -92,8 +92,8 @@ COMPARE_CELLS = [
 # vLLM's blocks of 4 beside SGLang's tree at page_size 1 (needs SGLang and vLLM installed)
 SGLANG_COMPARE_CELLS = [
     "from blockviz.jupyter import compare\n"
-    "grid = compare(['ROMEO: But soft, what light', 'ROMEO: But soft, what light through'], kv_manager=['vllm', 'sglang'],"
-    " block_size=4, num_gpu_blocks=64, max_tokens=6, sglang_options={'page_size': 1})",
+    "grid = compare(['ROMEO: But soft, what light', 'ROMEO: But soft, what light through'],"
+    " kv_manager=['vllm', 'sglang'], block_size=4, num_gpu_blocks=64, max_tokens=6, sglang_options={'page_size': 1})",
     "grid",
 ]
 # each cell's free space as its design counts it (blockviz/model/free_space.py), in the kernel and on the page

@@ -26,7 +26,8 @@ def _needs_sglang_and_vllm():
 
 def _stepped(engine, prompts, check) -> list:
     """Every prompt at once, `check(reducer)` after every step; returns the events."""
-    reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0, kv_manager=engine.config.kv_manager)
+    reducer = ReducerState(engine.config.block_size, engine.budget.num_gpu_blocks, 0,
+                           kv_manager=engine.config.kv_manager)
     events: list = []
     for subscriber in (reducer.apply, events.append):
         engine.events.subscribe(subscriber)
@@ -148,7 +149,8 @@ def test_the_table_names_each_requests_hit_free_space_and_evictions(chat_runs, t
         vllm_line, sglang_line = out[at + 1].strip(), out[at + 2].strip()
         shown = [FreeSpace.from_json(row["free_at_admission"][index], row["block_size"]).line()
                  for row in (lines["vllm"], sglang)]
-        assert vllm_line.startswith(f"vllm/4: at its admission step {shown[0]}") and "vLLM counts cached blocks free" in shown[0]
+        assert vllm_line.startswith(f"vllm/4: at its admission step {shown[0]}")
+        assert "vLLM counts cached blocks free" in shown[0]
         assert sglang_line.startswith(f"sglang/1: at its admission step {shown[1]}")
         assert "SGLang counts cached pages not free" in shown[1]
     step, blocks, tokens = next(e for per_request in sglang["evicted"] for e in per_request)

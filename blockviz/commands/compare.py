@@ -205,12 +205,11 @@ def _print_hits(runs: list[dict], prompts: list[str]) -> None:
 def _moments_text(run: dict, index: int) -> str:
     """A request's free space at admission and evictions in one run, in words."""
     from blockviz.model.free_space import FreeSpace
+    from engine.designs import get_design
 
     free = run["free_at_admission"][index]
     admitted = ("never admitted" if free is None
                 else f"at its admission step {FreeSpace.from_json(free, run['block_size']).line()}")
-    from engine.designs import get_design
-
     unit = "page" if get_design(run["kv_manager"]).radix_tree else "block"
     evicted = "; ".join(f"evicted {blocks} {unit}{'s' if blocks != 1 else ''} ({tokens} tokens) at step {step}"
                         for step, blocks, tokens in run["evicted"][index]) or "evicted nothing"

@@ -3,8 +3,9 @@ runs one workload through the real engine once per configuration (blockviz.sessi
 the model loaded once, a fresh engine per configuration, in turn), varying only the settings given,
 and returns a `CompareGrid`: one cell per configuration (its GPU and CPU pools at the same engine
 step, and its figures at that step: each request's prefix hit in tokens and the free space as its
-design counts it, blockviz/model/free_space.py), one step slider with ◂ / ▸ that moves every run together, the
-figures table of `blockviz compare` and the line naming the figures that differ.
+design counts it, blockviz/model/free_space.py), one step slider with ◂ / ▸ that moves every run
+together, the figures table of `blockviz compare`, the line naming the figures that differ and the
+requests one run hit more tokens of (a radix tree's pages beside whole blocks).
 
 Each run's events go into a Timeline (blockviz/model/timeline.py), so moving the step is a seek (to
 the run's end of that step, Timeline.step_ends) and the pools are snapshot()'s frame of the state
@@ -53,17 +54,17 @@ def compare(prompts: str | Iterable[str] | None = None, *, kv_manager: Any = Non
     `sglang_options` (SGLang server arguments, docs/sglang.md: {"page_size": 1}) go to the runs of
     kv_manager "sglang" only, as `blockviz compare --sglang-option` does."""
     from blockviz.session.spec import EngineSpec, quiet_model_loading
+    from engine.designs import get_design
 
     quiet_model_loading()
     prompts = [prompts] if isinstance(prompts, str) else list(DEFAULT_PROMPTS if prompts is None else prompts)
     options = dict(engine_options, **({"model": model} if model is not None else {}))
     spec = EngineSpec.of(max_tokens=max_tokens, temperature=temperature, n=n, **options)
-    from engine.designs import get_design
-
     if sglang_options and not any(get_design(name).radix_tree for name in _listed(kv_manager) or ()):
         raise ValueError("sglang_options apply to kv_manager 'sglang' only")
-    configs = configurations(spec.config, sglang_options, kv_manager=_listed(kv_manager), block_size=_listed(block_size),
-                             num_gpu_blocks=_listed(num_gpu_blocks), enable_prefix_caching=_listed(prefix_caching))
+    configs = configurations(spec.config, sglang_options, kv_manager=_listed(kv_manager),
+                             block_size=_listed(block_size), num_gpu_blocks=_listed(num_gpu_blocks),
+                             enable_prefix_caching=_listed(prefix_caching))
     return CompareGrid(run_all(prompts, configs, spec.sampling_params(), loaded=loaded))
 
 

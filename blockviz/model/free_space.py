@@ -49,6 +49,7 @@ class FreeSpace:
 
     @property
     def unit(self) -> str:
+        """What the design calls a block: SGLang (the design that counts cached ones not free) a page."""
         return "page" if not self.cached_is_free else "block"
 
     def line(self) -> str:

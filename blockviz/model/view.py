@@ -212,8 +212,8 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> Fre
 
 def v1_notes(state: ReducerState, ideas: tuple[str, ...] = ()) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
-    copy-on-write; RADIX_NOTES in an SGLang run); empty for a v0 run. The note a guide card's `ideas` are about comes first, so a
-    screen with room for one line shows that one."""
+    copy-on-write; RADIX_NOTES in an SGLang run); empty for a v0 run. The note a guide card's
+    `ideas` are about comes first, so a screen with room for one line shows that one."""
     lacks = {"swap": not state.design.swap and not state.pools["cpu"],  # vLLM's CPU tier is a CPU pool
              "cow": not state.design.copy_on_write}
     about = {NOTE_OF_IDEA[idea] for idea in ideas if idea in NOTE_OF_IDEA}
