@@ -104,10 +104,25 @@ async def test_compare_kv_manager_v0_v1_steps_both_managers_together(v0_v1_runs)
         assert "tok/s" not in figures[0] + figures[1]
 
 
+def grid_cells(grid):
+    """Every step of a notebook compare grid, every run's cell: (its state there, rebuilt from the
+    run's events; its extent; its figures widget), the grid moved to the step and its pool's frame
+    checked to be snapshot()'s of that state."""
+    from blockviz.model.view import snapshot
+
+    for step in range(1, grid.num_steps + 1):
+        grid.seek_step(step)
+        for run, extent, pool, cell in zip(grid.runs, grid.extents, grid.pools, grid.cell_figures):
+            reference = Timeline.for_header(run.header)
+            reference.extend(run.events)
+            reference.seek(reference.step_end(step))
+            assert pool.frame == pool.part(snapshot(reference.state, ranges={"gpu": (0, extent)}))
+            yield reference, extent, cell
+
+
 def test_the_notebook_compare_of_v0_and_v1_draws_each_managers_frame(tiny_gpt2_factory):
     from blockviz.jupyter import compare
     from blockviz.model.reducer import USED
-    from blockviz.model.view import snapshot
 
     grid = compare(["To be, or not to be, that is the question"], kv_manager=["v0", "v1"], n=2, block_size=4,
                    num_gpu_blocks=64, max_tokens=6, model=str(tiny_gpt2_factory()))
@@ -117,15 +132,8 @@ def test_the_notebook_compare_of_v0_and_v1_draws_each_managers_frame(tiny_gpt2_f
     assert "forks 1 | 0" in grid.differences.value and "prefix hits 0 |" in grid.differences.value
     # each pool is drawn as far as its run ever reaches: a few rows of the 64 blocks, none beyond held
     assert all(extent % 8 == 0 and 8 <= extent < 64 for extent in grid.extents)
-    for step in range(1, grid.num_steps + 1):
-        grid.seek_step(step)
-        for run, extent, pool, cell in zip(grid.runs, grid.extents, grid.pools, grid.cell_figures):
-            reference = Timeline.for_header(run.header)
-            reference.extend(run.events)
-            reference.seek(reference.step_end(step))
-            assert pool.frame == pool.part(snapshot(reference.state, ranges={"gpu": (0, extent)}))
-            assert all(block.state != USED and block.block_hash is None
-                       for block in reference.state.pools["gpu"][extent:])
-            assert f"hits {reference.state.num_prefix_hits} ·" in cell.value
+    for reference, extent, cell in grid_cells(grid):
+        assert all(block.state != USED and block.block_hash is None for block in reference.state.pools["gpu"][extent:])
+        assert f"hits {reference.state.num_prefix_hits} ·" in cell.value
     assert "<th style='padding:0 8px'>forks</th>" in grid.figures_html() and "tok/s" not in grid.figures_html()
     grid.close()

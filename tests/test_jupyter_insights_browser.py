@@ -5,6 +5,9 @@ follows. Fixtures: tests/jupyter_fixtures.py (one server per session, a fresh pa
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 from jupyter_fixtures import kernel_json, open_notebook, run_all_cells, wait_for_position, wait_for_visualizer
 
 CELLS = [
@@ -86,6 +89,17 @@ COMPARE_CELLS = [
     " max_tokens=8)",
     "grid",
 ]
+# vLLM's blocks of 4 beside SGLang's tree at page_size 1 (needs SGLang and vLLM installed)
+SGLANG_COMPARE_CELLS = [
+    "from blockviz.jupyter import compare\n"
+    "grid = compare(['ROMEO: But soft, what light', 'ROMEO: But soft, what light through'],"
+    " kv_manager=['vllm', 'sglang'], block_size=4, num_gpu_blocks=64, max_tokens=6, sglang_options={'page_size': 1})",
+    "grid",
+]
+# each cell's free space as its design counts it (blockviz/model/free_space.py), in the kernel and on the page
+KERNEL_FREE = ("[__import__('blockviz.model.free_space', fromlist=['x']).free_space(t.state).line() "
+               "for t in grid.timelines]")
+PAGE_FREE = "() => Array.from(document.querySelectorAll('.bv-compare-free')).map((e) => e.textContent)"
 # Per pool view on the page: its GPU canvas's drawn states, and the step its figures say.
 PAGE_COMPARE = """() => Array.from(document.querySelectorAll('.bv-view-pool')).map((view) => {
     const canvas = view.querySelector("canvas.bv-pool-canvas[data-device='gpu'][data-states]");
@@ -95,9 +109,12 @@ KERNEL_COMPARE = ("[''.join(__import__('blockviz.model.view', fromlist=['x']).bl
                   "for b in t.state.pools['gpu'][:extent]) for t, extent in zip(grid.timelines, grid.extents)]")
 
 
-def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_together(jupyter_server, lab_page):
+@pytest.mark.parametrize("cells", [COMPARE_CELLS, SGLANG_COMPARE_CELLS], ids=["block-sizes", "vllm-sglang"])
+def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_together(jupyter_server, lab_page, cells):
+    if cells is SGLANG_COMPARE_CELLS and not all(importlib.util.find_spec(p) for p in ("sglang", "vllm")):
+        pytest.skip("SGLang and vLLM are not installed")
     page = lab_page
-    path = jupyter_server.add_notebook("compare.ipynb", COMPARE_CELLS)
+    path = jupyter_server.add_notebook("compare.ipynb", cells)
     open_notebook(page, jupyter_server, path)
     run_all_cells(page)
     page.wait_for_selector(".bv-compare-cell[data-step]")
@@ -106,6 +123,7 @@ def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_togeth
         expected = kernel_json(page, KERNEL_COMPARE)
         assert len(expected) == 2 and expected[0] != expected[1]  # block size 4 holds the tokens in more blocks
         wait_until_equal(page, f"() => [({PAGE_COMPARE})()]", expected)
+        wait_until_equal(page, f"() => [({PAGE_FREE})()]", kernel_json(page, KERNEL_FREE))
         assert page.locator(f".bv-compare-cell[data-step='{step}']").count() == 2
         page.get_by_role("button", name="▸").click()
         page.wait_for_function("(s) => document.querySelectorAll(`.bv-compare-cell[data-step='${s}']`).length === 2",

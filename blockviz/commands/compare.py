@@ -4,7 +4,10 @@ once per configuration (every combination of the values given, and only of those
 once), and the runs are shown side by side: steps, peak blocks in use, token utilization at the
 peak, prefix-cache hits, forks and copies on write, preemptions and the tokens they made the engine
 compute again, the device pool at the same step, and whether the text matches the first
-configuration's; then which of those figures differ. No tokens/s: see blockviz/session/compare.py.
+configuration's; per request, the prefix hit in tokens under each run (and when a radix tree's
+smaller pages served tokens of a block the other could not share, that it did), the free space when
+it was admitted as each design counts it (blockviz/model/free_space.py) and what was evicted for it
+and when; then which of those figures differ. No tokens/s: see blockviz/session/compare.py.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from blockviz.commands.options import _sglang_option, add_engine_options, int_at_least
 from blockviz.errors import UsageError
-from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text
+from blockviz.session.compare import DEFAULT_PROMPTS, SWEPT, figure_text, partial_hit_note, run_name
 
 
 def _ints(name: str):
@@ -183,18 +186,34 @@ def prompts_of(args) -> list[str]:
 
 def _print_hits(runs: list[dict], prompts: list[str]) -> None:
     """Per request, the prompt tokens each run found in its prefix cache; when a radix-tree run
-    (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so."""
-    names = [f"{run['kv_manager']}/{run['block_size']}" for run in runs]
-    print("prefix hit per request, in tokens (" + " | ".join(names) + "):")
+    (SGLang's, shared per page_size tokens) found more than a run of whole blocks, the line says so.
+    Under it, per run, the GPU's free space as that design counts it when the request was admitted
+    and what was evicted for it (session.compare.RequestMoments)."""
+    names = [run_name(run) for run in runs]
+    print("prefix hit per request, in tokens (" + " | ".join(names) + "), then per run: free space when it was "
+          "admitted, as that design counts it, and what was evicted for it:")
     for index, prompt in enumerate(prompts):
         hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
         shown = prompt if len(prompt) <= 40 else prompt[:39] + "…"
-        note = ""
-        if len(runs) > 1 and max(hits) > min(hits):
-            best, worst = hits.index(max(hits)), hits.index(min(hits))
-            note = (f"  {names[best]} hits {max(hits) - min(hits)} more: tokens of a partial block "
-                    f"{names[worst]} cannot share" if runs[best]["block_size"] < runs[worst]["block_size"] else "")
-        print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + note)
+        note = partial_hit_note(runs, index)
+        print(f"  r{index} {shown!r}: " + " | ".join(map(str, hits)) + (f"  {note}" if note else ""))
+        for name, run in zip(names, runs):
+            if "free_at_admission" in run and index < len(run["free_at_admission"]):
+                print(f"      {name}: {_moments_text(run, index)}")
+
+
+def _moments_text(run: dict, index: int) -> str:
+    """A request's free space at admission and evictions in one run, in words."""
+    from blockviz.model.free_space import FreeSpace
+    from engine.designs import get_design
+
+    free = run["free_at_admission"][index]
+    admitted = ("never admitted" if free is None
+                else f"at its admission step {FreeSpace.from_json(free, run['block_size']).line()}")
+    unit = "page" if get_design(run["kv_manager"]).radix_tree else "block"
+    evicted = "; ".join(f"evicted {blocks} {unit}{'s' if blocks != 1 else ''} ({tokens} tokens) at step {step}"
+                        for step, blocks, tokens in run["evicted"][index]) or "evicted nothing"
+    return f"{admitted}; {evicted}"
 
 
 def _print_differences(differ: list[tuple[str, list]], num_runs: int) -> None:

@@ -2,8 +2,10 @@
 runs one workload through the real engine once per configuration (blockviz.session.compare.run_all:
 the model loaded once, a fresh engine per configuration, in turn), varying only the settings given,
 and returns a `CompareGrid`: one cell per configuration (its GPU and CPU pools at the same engine
-step, and its figures at that step), one step slider with ◂ / ▸ that moves every run together, the
-figures table of `blockviz compare` and the line naming the figures that differ.
+step, and its figures at that step: each request's prefix hit in tokens and the free space as its
+design counts it, blockviz/model/free_space.py), one step slider with ◂ / ▸ that moves every run
+together, the figures table of `blockviz compare`, the line naming the figures that differ and the
+requests one run hit more tokens of (a radix tree's pages beside whole blocks).
 
 Each run's events go into a Timeline (blockviz/model/timeline.py), so moving the step is a seek (to
 the run's end of that step, Timeline.step_ends) and the pools are snapshot()'s frame of the state
@@ -17,8 +19,9 @@ from typing import Any, Iterable
 
 import ipywidgets
 
-from blockviz.session.compare import (DEFAULT_PROMPTS, CompareRun, configurations, differences_line, figure_text, run_all,
-                                      same_step)
+from blockviz.model.free_space import free_space
+from blockviz.session.compare import (DEFAULT_PROMPTS, CompareRun, configurations, differences_line, figure_text,
+                                      hit_notes, hits_at, run_all, same_step)
 from blockviz.model.pool_zoom import used_extent
 from blockviz.model.timeline import Timeline
 from blockviz.model.view import snapshot
@@ -38,23 +41,30 @@ def _listed(value: Any) -> list | None:
 
 def compare(prompts: str | Iterable[str] | None = None, *, kv_manager: Any = None, block_size: Any = None,
             num_gpu_blocks: Any = None, prefix_caching: Any = None, max_tokens: int = 16, temperature: float = 0.0,
-            model: str | None = None, n: int = 1, loaded: Any = None, **engine_options: Any) -> "CompareGrid":
+            model: str | None = None, n: int = 1, loaded: Any = None, sglang_options: dict | None = None,
+            **engine_options: Any) -> "CompareGrid":
     """Run `prompts` (default: `blockviz compare`'s two lines with one opening) once per combination
-    of the settings given, each a value or a list: `kv_manager` ("v0" / "v1"), `block_size`,
+    of the settings given, each a value or a list: `kv_manager` ("v0", "v1", "vllm", "sglang"), `block_size`,
     `num_gpu_blocks`, `prefix_caching`. A setting left None is the engine's default, one value,
     so `compare(p, block_size=[4, 16])` is two runs (prefix caching left None is each manager's
     own: off in v0, on in v1). Returns the grid of the runs. `engine_options` are EngineConfig's
     others (num_cpu_blocks, preemption_mode, seed, ...); `loaded` a model already loaded
     (engine.model_loader.load_model) to skip loading it again. Greedy by default, so the texts
-    of configurations that only move memory around are the same (figures["same_text_as_first"])."""
+    of configurations that only move memory around are the same (figures["same_text_as_first"]).
+    `sglang_options` (SGLang server arguments, docs/sglang.md: {"page_size": 1}) go to the runs of
+    kv_manager "sglang" only, as `blockviz compare --sglang-option` does."""
     from blockviz.session.spec import EngineSpec, quiet_model_loading
+    from engine.designs import get_design
 
     quiet_model_loading()
     prompts = [prompts] if isinstance(prompts, str) else list(DEFAULT_PROMPTS if prompts is None else prompts)
     options = dict(engine_options, **({"model": model} if model is not None else {}))
     spec = EngineSpec.of(max_tokens=max_tokens, temperature=temperature, n=n, **options)
-    configs = configurations(spec.config, kv_manager=_listed(kv_manager), block_size=_listed(block_size),
-                             num_gpu_blocks=_listed(num_gpu_blocks), enable_prefix_caching=_listed(prefix_caching))
+    if sglang_options and not any(get_design(name).radix_tree for name in _listed(kv_manager) or ()):
+        raise ValueError("sglang_options apply to kv_manager 'sglang' only")
+    configs = configurations(spec.config, sglang_options, kv_manager=_listed(kv_manager),
+                             block_size=_listed(block_size), num_gpu_blocks=_listed(num_gpu_blocks),
+                             enable_prefix_caching=_listed(prefix_caching))
     return CompareGrid(run_all(prompts, configs, spec.sampling_params(), loaded=loaded))
 
 
@@ -89,8 +99,10 @@ class CompareGrid:
         grid = ipywidgets.GridBox(cells, layout=ipywidgets.Layout(
             grid_template_columns=f"repeat({columns}, minmax(0, 1fr))", grid_gap="6px", width="100%"))
         self.table = ipywidgets.HTML(self.figures_html())
+        notes = "".join(f"<div>{html.escape(note)}</div>" for note in hit_notes(runs))
         self.differences = ipywidgets.HTML(f"<div class='bv-compare-differences'>"
-                                           f"{html.escape(differences_line(runs))}</div>")
+                                           f"{html.escape(differences_line(runs))}</div>"
+                                           f"<div class='bv-compare-hit-notes'>{notes}</div>")
         self.widget = ipywidgets.VBox([ipywidgets.HBox([back, self.slider, on]), grid, self.table, self.differences],
                                       layout=ipywidgets.Layout(width="100%"))
         self.widget.add_class("blockviz")
@@ -120,11 +132,15 @@ class CompareGrid:
     def _cell_html(self, index: int, step: int) -> str:
         state, run = self.timelines[index].state, self.runs[index]
         done = self.timelines[index].num_steps_done()
+        space = free_space(state)
         at = f"step {min(step, done)} of {run.figures['steps']}" + (" (finished)" if done < step else "")
         return (f"<span class='bv-compare-cell' data-step='{step}' data-used='{state.num_used('gpu')}'>"
                 f"{html.escape(at)} · GPU blocks in use {state.num_used('gpu')}/{run.header['num_gpu_blocks']} · "
                 f"token utilization {state.kv_utilization():.0%} · peak {run.figures['peak_blocks']} · "
-                f"hits {state.num_prefix_hits} · preemptions {state.num_preemptions}</span>")
+                f"hits {state.num_prefix_hits} · preemptions {state.num_preemptions}</span>"
+                f"<div class='bv-compare-hits'>hit tokens: {html.escape(hits_at(state))}</div>"
+                f"<div class='bv-compare-free' data-free='{space.counted_free}' data-budget='{space.budget}'>"
+                f"{html.escape(space.line())}</div>")
 
     def figures(self) -> list[dict[str, Any]]:
         """Each run's figures (blockviz compare's), with its label."""

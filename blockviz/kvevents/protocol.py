@@ -164,6 +164,9 @@ WIRE_FORMATS = (
     WireFormat((0, 26), NEWEST_RELEASE, event_arrays=False, replay_topic=True),
 )
 NEWEST_FORMAT = WIRE_FORMATS[-1]
+# SGLang's publisher (sglang/srt/disaggregation/kv_events.py ZmqEventPublisher, KVEventBatch) sends
+# the newest shape: an array batch, map events, the topic in replay answers
+SGLANG_TOO = " (SGLang's shape too)"
 
 
 def release_text(version: tuple[int, int]) -> str:
@@ -200,7 +203,7 @@ class WireShape:
             return "an array batch, no events yet"
         if self.event_arrays:
             return f"{WIRE_FORMATS[0].releases}: array batch, tagged-array events"
-        return f"vLLM {release_text(WIRE_FORMATS[1].first)} or later: array batch, map events"
+        return f"vLLM {release_text(WIRE_FORMATS[1].first)} or later: array batch, map events{SGLANG_TOO}"
 
 
 # --------------------------------------------------------------------------- decoding

@@ -34,6 +34,7 @@ from blockviz.kvevents.protocol import (
     BlockHash,
     BlockRemoved,
     BlockStored,
+    SGLANG_TOO,
     WIRE_FORMATS,
     UnknownEvent,
     WireShape,
@@ -222,8 +223,8 @@ class KVEventState:
         stats = self.ranks.setdefault(rank, RankStats(rank))
         if received.restarted:
             self.reset_rank(rank)
-        if received.shape is not None:
-            stats.shape = received.shape
+        if received.shape is not None and (received.shape.event_arrays is not None or stats.shape is None):
+            stats.shape = received.shape  # a batch with no events does not say how events come
         stored = removed = 0
         for event in received.batch.events:
             if isinstance(event, BlockStored):
@@ -461,5 +462,6 @@ class KVEventState:
         if self.replay_topic is None or not shape.batch_array or shape.event_arrays is not False:
             return shape.describe()
         if self.replay_topic:
-            return f"vLLM {release_text(WIRE_FORMATS[2].first)} or later: array batch, map events, topic in replay"
+            return (f"vLLM {release_text(WIRE_FORMATS[2].first)} or later: array batch, map events, topic in replay"
+                    f"{SGLANG_TOO}")
         return f"{WIRE_FORMATS[1].releases}: array batch, map events, no topic in replay"

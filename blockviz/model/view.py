@@ -48,6 +48,12 @@ V1_NOTES = {
     # SingleTypeKVCacheManager._apply_cow), which this engine's v1 never makes
     "cow": "vLLM v1 copies a block only on a partial-block hit",
 }
+# The same lines for a radix-tree run (SGLang's RadixCache): no CPU tier here, and pages are shared
+# whole (RadixCache.match_prefix stops at a page boundary), never copied.
+RADIX_NOTES = {
+    "swap": "SGLang has no CPU tier here: it retracts",  # ScheduleBatch.retract_decode, then recompute
+    "cow": "SGLang shares whole pages, never copies",
+}
 # The note (V1_NOTES) a guide card's idea (blockviz/model/guide.py IDEAS) is about in a v1 run.
 NOTE_OF_IDEA = {"recompute": "swap", "swap-out": "swap", "swap-in": "swap", "prefix-hit": "cow", "forking": "cow",
                 "copy-on-write": "cow"}
@@ -206,12 +212,13 @@ def free_queue(state: ReducerState, limit: int | None = FREE_QUEUE_SHOWN) -> Fre
 
 def v1_notes(state: ReducerState, ideas: tuple[str, ...] = ()) -> dict[str, str]:
     """One line for each view a v1 run has nothing to show in (V1_NOTES: the CPU pool and swap,
-    copy-on-write); empty for a v0 run. The note a guide card's `ideas` are about comes first, so a
-    screen with room for one line shows that one."""
+    copy-on-write; RADIX_NOTES in an SGLang run); empty for a v0 run. The note a guide card's
+    `ideas` are about comes first, so a screen with room for one line shows that one."""
     lacks = {"swap": not state.design.swap and not state.pools["cpu"],  # vLLM's CPU tier is a CPU pool
              "cow": not state.design.copy_on_write}
     about = {NOTE_OF_IDEA[idea] for idea in ideas if idea in NOTE_OF_IDEA}
-    return {view: V1_NOTES[view] for view in sorted(V1_NOTES, key=lambda view: view not in about) if lacks[view]}
+    notes = RADIX_NOTES if state.design.radix_tree else V1_NOTES
+    return {view: notes[view] for view in sorted(notes, key=lambda view: view not in about) if lacks[view]}
 
 
 def empty_pool_line(state: ReducerState, device: str, counts: tuple[int, int, int]) -> str:

@@ -20,6 +20,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from blockviz.model.free_space import free_space
 from blockviz.session.engine_session import EngineSession
 from blockviz.session.recorder import Recorder
 from blockviz.session.spec import EngineSpec
@@ -162,8 +163,10 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
     session.close()
     state, config = recorder.state, engine.config
     work = Work(config.block_size)
+    moments = RequestMoments(header)
     for event in events:
         work.feed(event)
+        moments.feed(event)
     figures = {
         "kv_manager": config.kv_manager, "block_size": config.block_size, "num_gpu_blocks": header["num_gpu_blocks"],
         "prefix_caching": config.enable_prefix_caching, "steps": session.num_steps,
@@ -175,9 +178,54 @@ def run_one(engine, prompts: list[str], params) -> CompareRun:
         "tokens_computed": work.tokens_computed, "tokens": state.num_tokens_generated,
         # per request (in the workload's order), the prompt tokens the cache served at its admission
         "hit_tokens": [session.finished[request_id].num_cached_tokens for request_id in request_ids],
+        # per request: the GPU's free space as the design counts it when the request first got blocks
+        # (free_space.FreeSpace.to_json, None if it never did), and each eviction made for it
+        "free_at_admission": [moments.free_at_admission.get(request_id) for request_id in request_ids],
+        "evicted": [moments.evicted.get(request_id, []) for request_id in request_ids],
+        "evicted_leaves": moments.evicted_leaves,
     }
     texts = [[c.text for c in session.finished[request_id].outputs] for request_id in request_ids]
     return CompareRun(config, header, events, texts, figures, dict(recorder.used_by_step))
+
+
+def run_name(figures: dict[str, Any]) -> str:
+    """A run's short name in per-request lines: its design and block (page) size, "sglang/1"."""
+    return f"{figures['kv_manager']}/{figures['block_size']}"
+
+
+def partial_hit_note(runs: list[dict[str, Any]], index: int) -> str:
+    """Request `index`'s note when the runs' prefix hits differ and the run that hit more shares
+    smaller units (SGLang's tree at page_size 1 beside vLLM's blocks of 4): the extra tokens are
+    those of a partial block the other cannot share, since vLLM caches full blocks only. "" when
+    there is nothing to say. `runs` are the runs' figures."""
+    hits = [run["hit_tokens"][index] if index < len(run["hit_tokens"]) else 0 for run in runs]
+    if len(runs) < 2 or max(hits) == min(hits):
+        return ""
+    best, worst = runs[hits.index(max(hits))], runs[hits.index(min(hits))]
+    if best["block_size"] >= worst["block_size"]:
+        return ""
+    return (f"{run_name(best)} hits {max(hits) - min(hits)} more: tokens of a partial block "
+            f"{run_name(worst)} cannot share")
+
+
+def hit_notes(runs: list[CompareRun]) -> list[str]:
+    """Every request's partial_hit_note, named as the compare table names it ("r1: ...")."""
+    figures = [run.figures for run in runs]
+    count = max(len(f["hit_tokens"]) for f in figures)
+    notes = ((index, partial_hit_note(figures, index)) for index in range(count))
+    return [f"r{index}: {note}" for index, note in notes if note]
+
+
+def hits_at(state) -> str:
+    """The prefix hit of each request a reducer state knows, in tokens, as of that state ("r0 0 ·
+    r1 46 · r2 –": – for a request still waiting for its first step)."""
+    parts = []
+    for request_id, seq_ids in state.requests.items():
+        seqs = [state.seqs[seq_id] for seq_id in seq_ids if seq_id in state.seqs]
+        waiting = all(seq.status == "waiting" and seq.seq_id not in state.tables for seq in seqs)
+        hit = max((seq.num_cached_tokens for seq in seqs), default=0)
+        parts.append(f"r{request_id} {'–' if waiting and not hit else hit}")
+    return " · ".join(parts)
 
 
 def figure_text(value: Any) -> str:
@@ -237,6 +285,54 @@ class Work:
         it was preempted again before sampling a token)."""
         lost, hit = self._resuming.pop(request_id, (0, 0))
         self.tokens_recomputed += max(0, min(lost, lost if upto is None else upto) - hit)
+
+
+class RequestMoments:
+    """Per request, from a run's events: the GPU's free space (free_space.free_space) at the start
+    of the step that gave the request its first block (allocated or hit), and what was evicted for it: the evictions of
+    a step (BlockEvicted on the GPU: vLLM popping a cached block from its free queue, SGLang's
+    RadixCache.evict deleting leaves) go to the request whose allocation comes next in that step,
+    as [step, blocks, tokens] (a cached block holds block_size tokens in both designs: vLLM caches
+    full blocks only, SGLang's tree whole pages). `evicted_leaves` counts SGLang's deleted tree
+    nodes (RadixNodeEvicted)."""
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        from blockviz.model.reducer import ReducerState
+
+        self.state = ReducerState.from_header(header)
+        self.block_size = self.state.block_size
+        self.step = 1
+        self.free_at_admission: dict[str, dict[str, Any]] = {}
+        self.evicted: dict[str, list[list[int]]] = {}
+        self.evicted_leaves = 0
+        self._pending = 0  # blocks evicted this step, not yet given to a request
+        self._request_of: dict[int, str] = {}
+        self._at_step_start = free_space(self.state).to_json()
+
+    def feed(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RequestAdded):
+            self._request_of.update(dict.fromkeys(event.seq_ids, event.request_id))
+        elif isinstance(event, ev.Forked):
+            self._request_of[event.child_seq_id] = self._request_of.get(event.parent_seq_id, "")
+        elif isinstance(event, ev.BlockEvicted) and event.device == "gpu":
+            self._pending += 1
+        elif isinstance(event, ev.RadixNodeEvicted):
+            self.evicted_leaves += 1
+        elif isinstance(event, (ev.BlockAllocated, ev.PrefixCacheHit)) and event.device == "gpu":
+            request_id = self._request_of.get(event.seq_ids[0], "")
+            self.free_at_admission.setdefault(request_id, self._at_step_start)
+            if self._pending and isinstance(event, ev.BlockAllocated):
+                self.evicted.setdefault(request_id, []).append(
+                    [self.step, self._pending, self._pending * self.block_size])
+                self._pending = 0
+        elif isinstance(event, ev.StepFinished):
+            if self._pending:  # no allocation followed in the step: evicted for no request
+                self.evicted.setdefault("", []).append([self.step, self._pending, self._pending * self.block_size])
+            self.step += 1
+            self._pending = 0
+        self.state.apply(event)
+        if isinstance(event, ev.StepFinished):
+            self._at_step_start = free_space(self.state).to_json()
 
 
 def same_step(runs: list[CompareRun]) -> int:

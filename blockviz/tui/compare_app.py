@@ -1,8 +1,11 @@
 """`blockviz compare --tui`: the runs of one workload side by side, their GPU pools at the same
 engine step. One column per configuration (blockviz/session/compare.py's CompareRun): its settings, its
 figures for the whole run, what it had done by the step (hits, forks, copies on write, preemptions),
-the memory line at the step, and its pool as the step left it; above them, the figures that differ
-between the runs (`--kv-manager v0,v1`: v0 forks and copies on write where v1 hits the cache). The
+the memory line, each request's prefix hit in tokens and the free space as its design counts it
+(blockviz/model/free_space.py: vLLM counts cached blocks free, SGLang counts free + evictable) at
+the step, and its pool as the step left it; above them, the figures that differ
+between the runs (`--kv-manager v0,v1`: v0 forks and copies on write where v1 hits the cache) and
+the requests whose hits differ by a partial block's tokens (`--kv-manager vllm,sglang`). The
 keys move every run together, so a manager, a block size or a pool size is compared at the same
 moment of the same workload; columns that do not fit the terminal scroll sideways."""
 
@@ -16,7 +19,8 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll, Vertical
 from textual.widgets import Footer, Static
 
-from blockviz.session.compare import CompareRun, differences_line, same_step
+from blockviz.model.free_space import free_space
+from blockviz.session.compare import CompareRun, differences_line, hit_notes, hits_at, same_step
 from blockviz.model.pool_zoom import used_extent
 from blockviz.model.timeline import Timeline
 from blockviz.model.insights import max_tokens_of, memory_truth
@@ -26,6 +30,13 @@ from blockviz.tui.widgets.pool_grid import PoolGrid
 
 PLAY_INTERVAL_S = 0.5  # one engine step per tick while playing
 MIN_COLUMN = 30  # columns: enough for the figures' lines
+
+
+def _null_note(state) -> str:
+    """The pool's first block when no request ever gets it: vLLM v1's null block, SGLang's padding page."""
+    if not state.design.null_block:
+        return ""
+    return " · page 0: SGLang's padding page" if state.design.radix_tree else " · block 0: the null block"
 
 
 class CompareApp(App[None]):
@@ -38,6 +49,7 @@ class CompareApp(App[None]):
     .figures { height: auto; padding: 0 1; }
     #compare-status { height: 1; background: $boost; padding: 0 1; }
     #differences { height: auto; max-height: 4; padding: 0 1; color: $warning; }
+    #hit-notes { height: auto; max-height: 3; padding: 0 1; }
     Screen.-projector PoolGrid { border: heavy $accent; background: #000000; }
     """
     CSS_PATH = Path(__file__).with_name("app.tcss")  # the main app's look for shared widgets
@@ -70,6 +82,7 @@ class CompareApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(self._title(), id="title")
         yield Static(differences_line(self.runs), id="differences")
+        yield Static("\n".join(hit_notes(self.runs)), id="hit-notes")
         with HorizontalScroll(id="runs"):
             for index, run in enumerate(self.runs):
                 with Vertical(classes="run"):
@@ -102,11 +115,11 @@ class CompareApp(App[None]):
     def show_step(self) -> None:
         """Every run's pool, figures and memory line as engine step `self.step` left it."""
         for index, (run, timeline, max_tokens) in enumerate(zip(self.runs, self.timelines, self.max_tokens)):
-            timeline.seek(timeline.step_end(self.step))
+            timeline.seek(timeline.step_end(self.step) if self.step else 0)  # step 0: before the first
             state = timeline.state
             used, cached, free = pool_counts(state)["gpu"]
             grid = self.query_one(f"#gpu-{index}", PoolGrid)
-            grid.show(state, frozenset(), title=f"GPU · {used}/{used + cached + free} used")
+            grid.show(state, frozenset(), title=f"GPU · {used}/{used + cached + free} used{_null_note(state)}")
             f = run.figures
             text = Text(f"{f['steps']} steps · peak {f['peak_blocks']} blocks\n"
                         f"util at peak {f['token_utilization_at_peak']:.0%} · hits {f['prefix_hits']} "
@@ -117,6 +130,8 @@ class CompareApp(App[None]):
             done = " (finished)" if self.step >= f["steps"] else ""
             text.append(f"at step {min(self.step, f['steps'])}{done}:\n", "bold")
             text.append(f"hits {state.num_prefix_hits} · preemptions {state.num_preemptions}\n")
+            text.append(f"hit tokens: {hits_at(state)}\n")
+            text.append(free_space(state).line() + "\n")
             text.append("\n".join(field for _, field in memory_fields(memory_truth(state, max_tokens))))
             self.query_one(f"#figures-{index}", Static).update(text)
         playing = "▶ playing" if self._timer is not None else "‖ paused"
