@@ -111,7 +111,11 @@ def test_the_notes_for_what_v1_has_not_appear_in_v1_only(name):
         frame = viz.frame()
         v1 = design_of(trace.header).free_queue  # v1's designs (vLLM's own too)
         tier = has_cpu_tier(trace.header)  # vLLM's CPU tier is a CPU pool: no "no swap" note then
-        notes = {k: text for k, text in view.V1_NOTES.items() if k != "swap" or not tier} if v1 else {}
+        design = design_of(trace.header)
+        expected = view.RADIX_NOTES if design.radix_tree else view.V1_NOTES  # SGLang's words in its runs
+        lacks = not design.swap and not design.copy_on_write  # v1's designs and SGLang's; v0 has both
+        notes = {k: text for k, text in expected.items() if k != "swap" or not tier} if lacks else {}
+        assert lacks == (v1 or design.radix_tree)
         assert frame["notes"] == notes
         assert (frame["free_queue"] is not None) == v1 and frame["kv_manager"] == kv_manager_of(trace.header)
         assert viz.pools.frame["notes"] == frame["notes"] and viz.pools.frame["free_queue"] == frame["free_queue"]
