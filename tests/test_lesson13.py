@@ -65,6 +65,16 @@ def test_the_key_is_each_runs_figure():
     assert len(vllm.evicted_runs) == -(-lesson.NEWCOMER // lesson.BLOCK_SIZE) - never_hashed
     # the system prompt outlives C in both designs
     assert vllm.system_hits_after == vllm.hits[1] and sglang.system_hits_after == lesson.SYSTEM
+    # the figures the text states are the runs'
+    text = notebook_text()
+    assert f"the same {POOL_SLOTS} slots" in text and f"{POOL_SLOTS} token slots" in text
+    assert f"SGLang was asked for {sglang.asked} slots" in text
+    assert (f"the same system prompt ({lesson.SYSTEM} tokens). User A sends a message ({lesson.USER_A} tokens) after it, "
+            f"user B another ({lesson.USER_B} tokens); each turn samples {lesson.SAMPLED} tokens") in text
+    assert f"a follow-up message of {lesson.FOLLOW_UP} tokens" in text and f"C arrives: {lesson.NEWCOMER} tokens" in text
+    assert f"vLLM needs {-(-lesson.NEWCOMER // lesson.BLOCK_SIZE)} blocks for C" in text
+    assert f"give C its {-(-lesson.NEWCOMER // lesson.BLOCK_SIZE)} blocks" in text
+    assert f"up to {lesson.BLOCK_SIZE - 1} tokens with blocks of {lesson.BLOCK_SIZE}" in text
 
 
 # ---------------------------------------------------------------- SGLang's own objects
