@@ -36,6 +36,7 @@ def notebook_text() -> str:
 # ---------------------------------------------------------------- the key and the runs
 
 
+@pytest.mark.slow  # runs the lesson's engines
 @needs_sglang
 def test_the_key_is_each_runs_figure():
     """The key's answers are the figures the runs give (what the checks compare with), no stored
@@ -138,6 +139,7 @@ def turn1(user: str) -> list[int]:
     return lesson.first_turns()[user] + list(range(2000, 2000 + lesson.SAMPLED - 1))
 
 
+@pytest.mark.slow  # runs the lesson's engines
 @needs_sglang
 @pytest.mark.parametrize("page_size", [1, lesson.BLOCK_SIZE])
 def test_sglang_matches_whole_pages_and_splits_a_node(page_size):
@@ -155,6 +157,7 @@ def test_sglang_matches_whole_pages_and_splits_a_node(page_size):
         assert found.device_prefix_len == lesson.run_chat().hits[1], "whole pages of 16 hit as vLLM's blocks"
 
 
+@pytest.mark.slow  # runs the lesson's engines
 @needs_sglang
 def test_sglang_keeps_a_partial_page_only_at_page_size_1():
     """A's turn 1 (57 computed tokens) published: at page_size 1 the tree holds every token, at 16 its
@@ -188,6 +191,7 @@ def test_sglang_counts_cached_slots_out_of_free_and_evicts_whole_leaves():
     assert match(cache, lesson.first_turns()["A"]).device_prefix_len == lesson.SYSTEM
 
 
+@pytest.mark.slow  # runs the lesson's engines
 @needs_sglang
 def test_the_lessons_eviction_is_sglangs_evict(monkeypatch):
     """In the lesson's SGLang run, C's allocation asks RadixCache.evict first (D's, after it, asks
@@ -253,6 +257,7 @@ def test_the_sglang_names_the_lesson_cites_exist():
 # ---------------------------------------------------------------- vLLM's own objects
 
 
+@pytest.mark.slow  # runs the lesson's engines
 @needs_vllm
 def test_the_chat_on_vllms_own_core_gives_the_same_figures():
     """vLLM's own KVCacheManager and BlockPool (`kv_manager="vllm"`) serve, count free and evict as
