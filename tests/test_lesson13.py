@@ -176,9 +176,9 @@ def test_sglang_counts_cached_slots_out_of_free_and_evicts_whole_leaves():
     evictable_size holds them, and the two add up to the pool (the PrefillAdder's budget). Asked for
     fewer slots than a leaf holds, RadixCache.evict deletes a whole leaf, the least recently used,
     and frees more than asked; the system prompt's inner node stays."""
+    cache = sglang_cache(1)  # imports SGLang's modules (engine/sglang_core/imports.py) before the line below
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    cache = sglang_cache(1)
     publish(cache, turn1("A"))
     publish(cache, turn1("B"))
     allocator = cache.token_to_kv_pool_allocator
