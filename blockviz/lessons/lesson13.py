@@ -43,9 +43,9 @@ USER_D = 8  # tokens of D's first message, the conversation that opens after C
 
 
 def options(kv_manager: str = "v1", page_size: int | None = None, **more) -> dict:
-    """The lesson's engine: the bundled model on the CPU, no CPU pool. "v1": blocks of BLOCK_SIZE
-    in a pool of VLLM_BLOCKS; "sglang": pages of `page_size` (PAGE_SIZE unless given) in a pool of
-    SGLANG_PAGES pages of one token (or VLLM_BLOCKS of more), the same 112 token slots."""
+    """The lesson's engine: the bundled model on the CPU, no CPU pool. "v1" (or "vllm"): blocks of
+    BLOCK_SIZE in a pool of VLLM_BLOCKS; "sglang": pages of `page_size` (PAGE_SIZE unless given), as
+    many as hold the same 112 token slots to lend (SGLANG_PAGES pages of one token)."""
     base = {"kv_manager": kv_manager, "num_cpu_blocks": 0, "device": "cpu"}
     if kv_manager == "sglang":
         page_size = page_size or PAGE_SIZE
