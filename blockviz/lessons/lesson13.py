@@ -169,7 +169,7 @@ def check_vllm_hits():
 @exercise("13", "my_sglang_hits", "a radix tree matches token by token at page_size 1; where do A's and B's "
                                   "prompts part? (answer in tokens)",
           slips=[Slip(lambda: run_chat().hits[1], "that is the block-aligned hit; SGLang's page here is one token."),
-                 Slip(0, "A's prompt entered the tree when A finished: look at what B shares with it.")],
+                 Slip(0, "A's prompt entered the tree after its prefill: what does B share with it?")],
           praise="SGLang splits A's node where B's prompt leaves it and serves every shared token.",
           unit="tokens")
 def check_sglang_hits():
