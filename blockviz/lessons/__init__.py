@@ -12,7 +12,7 @@ from blockviz.lessons.checks import EXERCISES, Exercise, Slip, Verdict, exercise
 
 __all__ = ["EXERCISES", "Exercise", "Slip", "Verdict", "exercise", "load_all"]
 
-LESSONS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12")
+LESSONS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13")
 
 
 def load_all() -> dict[str, Exercise]:

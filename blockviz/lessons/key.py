@@ -76,6 +76,13 @@ KEY: dict[str, str] = {
     "12.different": "my_different = 0  # the cache returns the numbers it computed; here the kernels agree too",
     "12.hybrid_hits": "my_hybrid_hits = 12  # num_tokens - 1 = 15 tokens, in whole blocks of 4, in every group",
     "12.kv_option": "my_kv_option = \"kv_offloading_size\"  # cpu_offload_gb moves weights",
+    "13.vllm_hits": "my_vllm_hits = 32  # 2 full blocks of the 40-token system prompt; the third mixes in A's message",
+    "13.sglang_hits": "my_sglang_hits = 40  # the whole system prompt: pages of one token",
+    "13.partial_cost": "my_partial_cost = 9  # SGLang 57 (50 + 8 - 1 computed) - vLLM 48 (3 full blocks)",
+    "13.sglang_free": "my_sglang_free = 8  # 112 slots - 104 the tree holds",
+    "13.sglang_evicted": "my_sglang_evicted = 38  # whole leaves, oldest first, until at least 40 - 8 = 32",
+    "13.vllm_evicted": "my_vllm_evicted = 2  # C takes 3 blocks: the one never hashed, then 2 cached ones",
+    "13.page16_hits": "my_page16_hits = 32  # the key is cut to whole pages of 16",
 }
 
 
