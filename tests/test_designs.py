@@ -186,3 +186,15 @@ def test_a_step_is_schedule_run_then_one_update(design, tiny_gpt2_dir):
     assert steps >= 3 and outputs[-1].finished and len(outputs[-1].outputs) == 2
     for name in ("free_seq", "free_finished_seq_groups", "_pending", "_samples"):
         assert not hasattr(scheduler, name), name
+
+
+def test_an_sglang_runs_title_names_sglangs_parts_not_vllms():
+    """The title line of an SGLang run names what drives it (SGLang's RadixCache and scheduling
+    policy) and its page 0 as SGLang's padding page, never vLLM's KVCacheManager or null block."""
+    from blockviz.model.trace import engine_title as title_of, load_trace
+
+    sglang, v1 = load_trace("sglang-story").header, load_trace("v1-story").header
+    assert "SGLang 0.5.23's own RadixCache and scheduling policy" in title_of(sglang)
+    assert "KVCacheManager" not in title_of(sglang) and "null block" not in title_of(sglang)
+    assert "+ SGLang's padding page" in title_of(sglang)
+    assert "+ the null block" in title_of(v1) and "RadixCache" not in title_of(v1)

@@ -5,9 +5,9 @@ follows. Fixtures: tests/jupyter_fixtures.py (one server per session, a fresh pa
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
+from optional_parts import needs_sglang, needs_vllm
 from jupyter_fixtures import kernel_json, open_notebook, run_all_cells, wait_for_position, wait_for_visualizer
 
 CELLS = [
@@ -109,10 +109,9 @@ KERNEL_COMPARE = ("[''.join(__import__('blockviz.model.view', fromlist=['x']).bl
                   "for b in t.state.pools['gpu'][:extent]) for t, extent in zip(grid.timelines, grid.extents)]")
 
 
-@pytest.mark.parametrize("cells", [COMPARE_CELLS, SGLANG_COMPARE_CELLS], ids=["block-sizes", "vllm-sglang"])
+@pytest.mark.parametrize("cells", [pytest.param(COMPARE_CELLS, id="block-sizes"),
+                                   pytest.param(SGLANG_COMPARE_CELLS, id="vllm-sglang", marks=[needs_sglang, needs_vllm])])
 def test_the_compare_grid_draws_each_runs_pool_at_the_step_and_moves_them_together(jupyter_server, lab_page, cells):
-    if cells is SGLANG_COMPARE_CELLS and not all(importlib.util.find_spec(p) for p in ("sglang", "vllm")):
-        pytest.skip("SGLang and vLLM are not installed")
     page = lab_page
     path = jupyter_server.add_notebook("compare.ipynb", cells)
     open_notebook(page, jupyter_server, path)

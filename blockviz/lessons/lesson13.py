@@ -28,6 +28,7 @@ from functools import cache
 from blockviz.lessons.checks import Slip, exercise
 from blockviz.lessons.engines import events_of, fresh
 from blockviz.lessons.lesson12 import params, prompt, tokens_of
+from blockviz.model.design import get_design
 
 BLOCK_SIZE = 16  # vLLM's default block size on GPUs
 PAGE_SIZE = 1  # SGLang's default page size
@@ -47,7 +48,7 @@ def options(kv_manager: str = "v1", page_size: int | None = None, **more) -> dic
     BLOCK_SIZE in a pool of VLLM_BLOCKS; "sglang": pages of `page_size` (PAGE_SIZE unless given), as
     many as hold the same 112 token slots to lend (SGLANG_PAGES pages of one token)."""
     base = {"kv_manager": kv_manager, "num_cpu_blocks": 0, "device": "cpu"}
-    if kv_manager == "sglang":
+    if get_design(kv_manager).radix_tree:
         page_size = page_size or PAGE_SIZE
         base.update(sglang_options={"page_size": page_size},
                     num_gpu_blocks=SGLANG_PAGES if page_size == 1 else VLLM_BLOCKS * BLOCK_SIZE // page_size)
@@ -110,7 +111,7 @@ def free_space(scheduler, kv_manager: str) -> tuple[int, int, int]:
     """(slots lent, slots counted free, cached slots no request holds) as the design counts them:
     SGLang's allocator (available_size) and tree (evictable_size); vLLM's BlockPool
     (get_num_free_blocks, the blocks in the free queue that still have a hash)."""
-    if kv_manager == "sglang":
+    if get_design(kv_manager).radix_tree:
         return scheduler.allocator.size, scheduler.allocator.available_size(), scheduler.tree_cache.evictable_size()
     pool = scheduler.kv_cache_manager.block_pool
     cached = sum(1 for block in pool.blocks if block.block_hash is not None and block.ref_cnt == 0)
@@ -139,7 +140,7 @@ def run_chat(kv_manager: str = "v1", page_size: int | None = None) -> Chat:
         d = viz.add_request({"prompt_token_ids": system + prompt(USER_D, 1200)["prompt_token_ids"]}, params(2))
         viz.run_to_completion()
         d_hits = next(o for o in viz.outputs if o.request_id == d).num_cached_tokens
-        if kv_manager == "sglang":
+        if get_design(kv_manager).radix_tree:
             runs = tuple(len(e.slots) for e in after if isinstance(e, ev.RadixNodeEvicted))
         else:
             runs = tuple(block_size for e in after if isinstance(e, ev.BlockEvicted))

@@ -108,7 +108,8 @@ def attribution_title(header: dict[str, Any]) -> str:
     """`attribution` in a few words for a title line ("on vLLM 0.33.0's own Scheduler and
     KVCacheManager; model runner: blockviz"), "" for blockviz's own designs."""
     who = upstream_of(header)
-    return f"on {who}'s own Scheduler and KVCacheManager; model runner: blockviz" if who else ""
+    parts = "RadixCache and scheduling policy" if design_of(header).radix_tree else "Scheduler and KVCacheManager"
+    return f"on {who}'s own {parts}; model runner: blockviz" if who else ""
 
 
 FULL_ATTENTION, SLIDING_WINDOW = "full_attention", "sliding_window"  # vLLM's KVCacheSpecKind values

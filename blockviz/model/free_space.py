@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from blockviz.model.design import get_design
 from blockviz.model.reducer import CACHED_CODE, FREE_CODE, ReducerState
 
 _FREE, _CACHED = FREE_CODE.encode("ascii"), CACHED_CODE.encode("ascii")
@@ -90,4 +91,4 @@ def _count(n: int, unit: str) -> str:
 
 
 def _who(design: str) -> str:
-    return "vLLM v0" if design == "v0" else "vLLM"
+    return "vLLM" if get_design(design).free_queue else "vLLM v0"  # v1's free queue, v0's evictor

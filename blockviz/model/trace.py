@@ -101,7 +101,8 @@ def engine_title(header: dict[str, Any]) -> str:
     geometry, origin = kv_geometry(header), pool_origin(header)
     drivers = attribution_title(header)
     # v1's block 0 is the null block, never handed out: the pool's count (/N) is one less
-    usable = (f" · {header['num_gpu_blocks'] - 1} GPU blocks usable + the null block"
+    null = "SGLang's padding page" if design_of(header).radix_tree else "the null block"
+    usable = (f" · {header['num_gpu_blocks'] - 1} GPU blocks usable + {null}"
               if design_of(header).null_block and header['num_gpu_blocks'] > 1 else "")
     return (f"{model_name(header)}{f' · {drivers}' if drivers else ''} · block size {header['block_size']} · "
             f"{header['num_gpu_blocks']} GPU / {header['num_cpu_blocks']} CPU blocks"
