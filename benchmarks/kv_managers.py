@@ -7,8 +7,12 @@ random weights built locally). A benchmark, not a test: it prints figures, it ne
 The scheduler's time per step is the wall time inside the calls the engine makes to its scheduler
 (`schedule`, `update_from_output` with the token appends behind it; under `"vllm"` that is the adapter of
 engine/vllm_core/ with vLLM inside it), divided by the steps; under `"vllm"` the time inside vLLM's own
-`Scheduler.schedule` and `Scheduler.update_from_output` is given apart. Without vLLM installed the
-`"vllm"` mode is left out (an `unavailable:` line).
+`Scheduler.schedule` and `Scheduler.update_from_output` is given apart. The time inside the output
+processor's token appends (`OutputProcessor.append_token`: append, stop check, detokenize, the
+token's events, a stopped sequence's frees) is given apart too, and the scheduler's time without it:
+the calls the engine made to its scheduler before the step had one `update_from_output`, when the
+engine appended the tokens itself. Without vLLM installed the `"vllm"` mode is left out (an
+`unavailable:` line).
 
 After one untimed run of the whole workload (torch's first calls at new shapes are slow), the modes
 take turns, v0 v1 vllm, then vllm v1 v0, ..., on one loaded model, so a machine that speeds up or
@@ -39,15 +43,18 @@ from throughput import build_model, make_workload  # noqa: E402
 
 class SchedulerClock:
     """Wall time inside one engine's scheduler calls (`schedule`, `update_from_output`, wrapped on
-    the instance; the update includes appending and stop-checking the sampled tokens), the steps (calls to `schedule`), and under
+    the instance; the update includes appending and stop-checking the sampled tokens), the steps
+    (calls to `schedule`), the time inside those appends (`OutputProcessor.append_token`), and under
     kv_manager="vllm" the time inside vLLM's own `Scheduler.schedule` / `update_from_output`."""
 
     def __init__(self, engine) -> None:
-        self.seconds = self.vllm_seconds = 0.0
+        self.seconds = self.vllm_seconds = self.append_seconds = 0.0
         self.steps = 0
         scheduler = engine.scheduler
         for name in ("schedule", "update_from_output"):
             setattr(scheduler, name, self._timed(getattr(scheduler, name), "seconds", name == "schedule"))
+        processor = engine.output_processor
+        processor.append_token = self._timed(processor.append_token, "append_seconds", False)
         inner = getattr(scheduler, "vllm", None)  # engine/vllm_core's VllmScheduler wraps vLLM's Scheduler
         if inner is not None:
             for name in ("schedule", "update_from_output"):
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         run(loaded, path, workload, "v0")  # warm-up: torch's first calls at these shapes are slow
         rates: dict[str, list[float]] = {mode: [] for mode in modes}
         step_us: dict[str, list[float]] = {mode: [] for mode in modes}
+        no_append_us: dict[str, list[float]] = {mode: [] for mode in modes}
         vllm_step_us: list[float] = []
         for pair in range(args.pairs):
             texts = {}
@@ -120,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed, texts[mode], clock = run(loaded, path, workload, mode)
                 rates[mode].append(num_tokens / elapsed)
                 step_us[mode].append(1e6 * clock.seconds / clock.steps)
+                no_append_us[mode].append(1e6 * (clock.seconds - clock.append_seconds) / clock.steps)
                 if get_design(mode) is VLLM:
                     vllm_step_us.append(1e6 * clock.vllm_seconds / clock.steps)
                 print(f"  round {pair + 1} {mode:4}: {rates[mode][-1]:7.1f} tok/s, scheduler "
-                      f"{step_us[mode][-1]:7.1f} us/step over {clock.steps} steps")
+                      f"{step_us[mode][-1]:7.1f} us/step ({no_append_us[mode][-1]:7.1f} without the token appends) "
+                      f"over {clock.steps} steps")
             assert all(texts[mode] == texts["v0"] for mode in modes), "the modes generated different tokens"
 
     def ratio(a: str, b: str) -> float:
@@ -134,17 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     names = {"v0": "v0 (BlockSpaceManager)", "v1": "v1 (KVCacheManager)", "vllm": "vllm (vLLM 0.33's own)"}
     for mode in modes:
         print(f"{names[mode]:24} {statistics.median(rates[mode]):7.1f} tok/s   scheduler "
-              f"{statistics.median(step_us[mode]):8.1f} us/step")
+              f"{statistics.median(step_us[mode]):8.1f} us/step, {statistics.median(no_append_us[mode]):8.1f} "
+              f"without the token appends")
     print(f"v1 / v0:                 {ratio('v0', 'v1'):7.3f}x tok/s")
     figures = {"v0 tokens/s": statistics.median(rates["v0"]), "v1 tokens/s": statistics.median(rates["v1"]),
                "v1 / v0": ratio("v0", "v1"), "v0 scheduler us/step": statistics.median(step_us["v0"]),
-               "v1 scheduler us/step": statistics.median(step_us["v1"])}
+               "v1 scheduler us/step": statistics.median(step_us["v1"]),
+               "v0 scheduler us/step without appends": statistics.median(no_append_us["v0"]),
+               "v1 scheduler us/step without appends": statistics.median(no_append_us["v1"])}
     if VLLM.name in modes:
         print(f"vllm / v1:               {ratio('v1', 'vllm'):7.3f}x tok/s")
         print(f"  of vllm's scheduler time per step, inside vLLM's own schedule + update_from_output: "
               f"{statistics.median(vllm_step_us):.1f} us")
         figures.update({"vllm tokens/s": statistics.median(rates["vllm"]), "vllm / v1": ratio("v1", "vllm"),
                         "vllm scheduler us/step": statistics.median(step_us["vllm"]),
+                        "vllm scheduler us/step without appends": statistics.median(no_append_us["vllm"]),
                         "vllm own schedule+update us/step": statistics.median(vllm_step_us)})
     print("figures: " + json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0
