@@ -21,6 +21,13 @@ per-round ratios. Every mode generates the same tokens (checked).
 
     python benchmarks/kv_managers.py [--requests 32] [--pairs 3] [--layers 12 --width 768 --heads 12]
     python benchmarks/kv_managers.py --smoke    # a tiny model, short requests, one round: a check that it runs
+    python benchmarks/kv_managers.py --requests 16 --pairs 3 --stand-in-model --cpu-clock   # the scheduler alone
+
+`--stand-in-model` replaces the model runner's forward and sampler with a stand-in (zero logits, and
+a token that depends only on the sequence's id and length), so a step is the engine's own work and
+the scheduler's share of it is measured over many short runs; every mode still generates the same
+tokens. `--cpu-clock` times the scheduler's calls in this thread's CPU time (`time.thread_time`)
+rather than wall time: a shared machine's other processes then weigh less on the figures.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ class SchedulerClock:
     (calls to `schedule`), the time inside those appends (`OutputProcessor.append_token`), and under
     kv_manager="vllm" the time inside vLLM's own `Scheduler.schedule` / `update_from_output`."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, clock=time.perf_counter) -> None:
+        self.clock = clock
         self.seconds = self.vllm_seconds = self.append_seconds = 0.0
         self.steps = 0
         scheduler = engine.scheduler
@@ -61,29 +69,44 @@ class SchedulerClock:
                 setattr(inner, name, self._timed(getattr(inner, name), "vllm_seconds", False))
 
     def _timed(self, call, total: str, counts_step: bool):
+        clock = self.clock
+
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return call(*args, **kwargs)
             finally:
-                setattr(self, total, getattr(self, total) + time.perf_counter() - start)
+                setattr(self, total, getattr(self, total) + clock() - start)
                 self.steps += counts_step
 
         return timed
 
 
-def run(loaded, path: Path, workload, kv_manager: str) -> tuple[float, list[list[int]], SchedulerClock]:
+def stand_in_model(engine) -> None:
+    """The engine's forward and sampler replaced on its model runner: zero logits, and for each
+    sequence a token from its id and length alone (the same in every mode)."""
+    import torch
+
+    runner = engine.model_runner
+    runner.execute_model = lambda plan: torch.zeros((len(plan.scheduled), 1))
+    runner.sample = lambda logits, seqs, params: [1000 + (seq.seq_id * 7 + seq.get_len()) % 5000 for seq in seqs]
+
+
+def run(loaded, path: Path, workload, kv_manager: str, stand_in: bool = False,
+        clock=time.perf_counter) -> tuple[float, list[list[int]], SchedulerClock]:
     from engine import EngineConfig, LLM, LLMEngine, SamplingParams
 
     config = EngineConfig(model=str(path), block_size=16, kv_manager=kv_manager, num_cpu_blocks=0,
                           num_gpu_blocks=sum((len(p) + m) // 16 + 2 for p, m in workload) + 1,
                           max_num_seqs=len(workload), max_num_batched_tokens=4096)
     engine = LLMEngine(config, loaded=loaded)
+    if stand_in:
+        stand_in_model(engine)
     llm = LLM.from_engine(engine)
     prompts = [{"prompt_token_ids": p} for p, _ in workload]
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for _, m in workload]
     llm.generate(prompts[:2], params[:2])  # warm-up
-    clock = SchedulerClock(engine)
+    clock = SchedulerClock(engine, clock)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     return time.perf_counter() - start, [o.outputs[0].token_ids for o in outputs], clock
@@ -97,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--smoke", action="store_true", help="4 short requests, a 2-layer 64-wide model, one round")
+    parser.add_argument("--stand-in-model", action="store_true",
+                        help="a stand-in forward and sampler (zero logits, a token from the sequence's id and length)")
+    parser.add_argument("--cpu-clock", action="store_true", help="time the scheduler in this thread's CPU time")
     args = parser.parse_args(argv)
     from engine.model_loader import load_model
 
@@ -117,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(Path(tmp) / "model", args.layers, args.width, args.heads)
         loaded = load_model(str(path), None, None)
-        run(loaded, path, workload, "v0")  # warm-up: torch's first calls at these shapes are slow
+        options = {"stand_in": args.stand_in_model, "clock": time.thread_time if args.cpu_clock else time.perf_counter}
+        run(loaded, path, workload, "v0", **options)  # warm-up: torch's first calls at these shapes are slow
         rates: dict[str, list[float]] = {mode: [] for mode in modes}
         step_us: dict[str, list[float]] = {mode: [] for mode in modes}
         no_append_us: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -125,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         for pair in range(args.pairs):
             texts = {}
             for mode in (modes if pair % 2 == 0 else modes[::-1]):
-                elapsed, texts[mode], clock = run(loaded, path, workload, mode)
+                elapsed, texts[mode], clock = run(loaded, path, workload, mode, **options)
                 rates[mode].append(num_tokens / elapsed)
                 step_us[mode].append(1e6 * clock.seconds / clock.steps)
                 no_append_us[mode].append(1e6 * (clock.seconds - clock.append_seconds) / clock.steps)
