@@ -91,16 +91,22 @@ class OutputProcessor:
         is appended and its sequence stop-checked; a stopped sequence's blocks are freed (`free`)
         before its SequenceFinished. Returns the requests that finished, in row order."""
         finished: list[SequenceGroup] = []
+        append_token = self.append_token
         for s, token_ids in zip(plan.scheduled, sampled_token_ids):
             if not token_ids:
                 continue
             group, seq = s.group, s.seq
-            if len(token_ids) > 1 and fork_seq is None:
-                raise ValueError("this design runs n > 1 as n requests: it has no fork")
-            children = [self.fork(group, seq, fork_seq) for _ in token_ids[1:]]
-            self.append_token(group, seq, token_ids[0], free)
-            for child, token_id in zip(children, token_ids[1:]):
-                self.append_token(group, child, token_id, free)
+            if len(token_ids) == 1:
+                append_token(group, seq, token_ids[0], free)
+                if not seq.status.is_finished:  # the request goes on while this sequence does
+                    continue
+            else:
+                if fork_seq is None:
+                    raise ValueError("this design runs n > 1 as n requests: it has no fork")
+                children = [self.fork(group, seq, fork_seq) for _ in token_ids[1:]]
+                append_token(group, seq, token_ids[0], free)
+                for child, token_id in zip(children, token_ids[1:]):
+                    append_token(group, child, token_id, free)
             if group.is_finished() and group not in finished:
                 finished.append(group)
         return finished

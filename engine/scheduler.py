@@ -94,7 +94,8 @@ class Scheduler:
             s.seq.num_computed_tokens = s.num_tokens
         finished = self.output_processor.process_outputs(plan, sampled_token_ids, self.block_manager.free,
                                                          self.fork_seq)
-        self.running = deque(group for group in self.running if not group.is_finished())
+        if finished:  # a running request finishes only here (an abort takes it out of the queues)
+            self.running = deque(group for group in self.running if not group.is_finished())
         return finished
 
     # ------------------------------------------------------------------ scheduling

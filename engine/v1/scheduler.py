@@ -110,26 +110,29 @@ class Scheduler:
         sequence finished since the plan was made (aborted, or stopped by the last update) is
         discarded; a preempted sequence's token is stale output: appended, its counts left as the
         preemption reset them. Returns the requests that finished."""
-        rows = [(s, token_ids) for s, token_ids in zip(plan.scheduled, sampled_token_ids) if not s.seq.is_finished()]
-        stale: set[int] = set()
-        for s, _ in rows:
-            seq = s.seq
-            seq.num_in_flight_tokens -= s.num_new_tokens
-            if seq.num_stale_output_tokens > 0:  # drained in lockstep, as vLLM does
-                stale.add(seq.seq_id)
-                seq.num_stale_output_tokens -= s.num_new_tokens
         manager = self.kv_cache_manager
-        for s, token_ids in rows:
-            if token_ids:
-                manager.fill_slots(s.seq, s.seq.get_len(), token_ids[0])
-        to_cache = [s.seq for s, token_ids in rows if token_ids and s.seq.seq_id not in stale
-                    and s.seq.status is SequenceStatus.RUNNING and s.seq.num_output_placeholders > 0]
-        for s, token_ids in rows:
-            if token_ids and s.seq.seq_id not in stale and s.seq.num_output_placeholders > 0:
-                s.seq.num_output_placeholders -= len(token_ids)
-        live = plan if len(rows) == len(plan.scheduled) else SchedulerOutput([s for s, _ in rows], plan.kind)
-        finished = self.output_processor.process_outputs(live, [token_ids for _, token_ids in rows],
-                                                         self._finish_stopped)
+        live_rows: list[ScheduledSequence] = []
+        live_token_ids: list[list[int]] = []
+        to_cache: list[Sequence] = []
+        for s, token_ids in zip(plan.scheduled, sampled_token_ids):
+            seq = s.seq
+            if seq.is_finished():
+                continue
+            live_rows.append(s)
+            live_token_ids.append(token_ids)
+            seq.num_in_flight_tokens -= s.num_new_tokens
+            stale = seq.num_stale_output_tokens > 0
+            if stale:  # drained in lockstep, as vLLM does
+                seq.num_stale_output_tokens -= s.num_new_tokens
+            if not token_ids:
+                continue
+            manager.fill_slots(seq, seq.get_len(), token_ids[0])
+            if not stale and seq.num_output_placeholders > 0:
+                if seq.status is SequenceStatus.RUNNING:
+                    to_cache.append(seq)
+                seq.num_output_placeholders -= len(token_ids)
+        live = plan if len(live_rows) == len(plan.scheduled) else SchedulerOutput(live_rows, plan.kind)
+        finished = self.output_processor.process_outputs(live, live_token_ids, self._finish_stopped)
         for seq in to_cache:
             if not seq.is_finished():
                 manager.cache_blocks(seq, seq.num_computed_tokens - seq.num_in_flight_tokens)

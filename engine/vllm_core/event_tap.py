@@ -59,9 +59,8 @@ Features of vLLM 0.33's manager that ours lacks, and why none reaches an event h
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from engine.events import (
     BlockAllocated,
@@ -81,8 +80,10 @@ PIN_RELEASE = -1  # the seq id of a BlockFreed that releases a pin vLLM's CPU ti
 
 @dataclass(slots=True)
 class TapCall:
-    """One wrapped vLLM call in progress, and what the wrapped calls made inside it need to know."""
+    """One wrapped vLLM call in progress, and what the wrapped calls made inside it need to know;
+    as a context manager it is on `calls` (the tap's calls in progress) for the time it runs."""
 
+    calls: list[TapCall] = field(repr=False)
     method: str
     request: Any = None  # allocate_slots: the vLLM Request it allocates for
     start: int = 0  # allocate_slots: its first new slot (computed tokens plus new hits)
@@ -90,6 +91,13 @@ class TapCall:
     seq_id: int | None = None  # whose blocks a free inside this call lets go (PIN_RELEASE: the CPU tier's pins)
     group: int | None = None  # the KV-cache group whose manager frees inside this call
     pins: bool = False  # vLLM's CPU tier pinning GPU blocks for a copy (touch outside an allocation)
+
+    def __enter__(self) -> TapCall:
+        self.calls.append(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.calls.pop()
 
 
 class TapError(RuntimeError):
@@ -141,15 +149,10 @@ class VllmEventTap:
 
     # ------------------------------------------------------------------ the calls in progress
 
-    @contextmanager
-    def calling(self, method: str, **context: Any) -> Iterator[TapCall]:
-        """A wrapped call of `method` in progress, with its context, for the calls made inside it."""
-        call = TapCall(method, **context)
-        self._calls.append(call)
-        try:
-            yield call
-        finally:
-            self._calls.pop()
+    def calling(self, method: str, **context: Any) -> TapCall:
+        """A wrapped call of `method` in progress, with its context, for the calls made inside it
+        (`with tap.calling(...)`: open while vLLM's method runs)."""
+        return TapCall(self._calls, method, **context)
 
     def _innermost(self, name: str) -> Any:
         """The innermost call in progress that sets `name` (its value), or None."""
@@ -161,7 +164,10 @@ class VllmEventTap:
 
     def _allocation(self) -> TapCall | None:
         """The allocate_slots call in progress, if any."""
-        return next((c for c in reversed(self._calls) if c.method == "allocate_slots"), None)
+        for call in reversed(self._calls):
+            if call.method == "allocate_slots":
+                return call
+        return None
 
     def _refuse(self, what: str) -> TapError:
         inside = " > ".join(c.method for c in self._calls) or "no wrapped call"

@@ -213,16 +213,21 @@ class VllmScheduler:
         a row whose sequence ended since (aborted) takes no token, and a sequence that plan preempted
         keeps its reset count of computed tokens while it takes its token (vLLM delivers a preempted
         request's in-flight output as stale, `num_stale_output_tokens`)."""
-        rows = [(s, token_ids) for s, token_ids in zip(plan.scheduled, sampled_token_ids) if not s.seq.is_finished()]
-        for s, _ in rows:
-            if s.seq.status is SequenceStatus.RUNNING:
-                s.seq.num_computed_tokens = max(s.seq.num_computed_tokens, s.num_tokens)
-        for s, token_ids in rows:  # the slots allocated for these tokens while they were in flight
-            if token_ids:
-                self.tap.fill_slots(s.seq.seq_id, s.seq.get_len(), token_ids[0])
-        live = SchedulerOutput([s for s, _ in rows], plan.kind) if len(rows) < len(plan.scheduled) else plan
-        finished = self.output_processor.process_outputs(live, [token_ids for _, token_ids in rows],
-                                                         self._finish_stopped)
+        live_rows: list[ScheduledSequence] = []
+        live_token_ids: list[list[int]] = []
+        fill_slots = self.tap.fill_slots
+        for s, token_ids in zip(plan.scheduled, sampled_token_ids):
+            seq = s.seq
+            if seq.is_finished():
+                continue
+            live_rows.append(s)
+            live_token_ids.append(token_ids)
+            if seq.status is SequenceStatus.RUNNING:
+                seq.num_computed_tokens = max(seq.num_computed_tokens, s.num_tokens)
+            if token_ids:  # the slots allocated for this token while it was in flight
+                fill_slots(seq.seq_id, seq.get_len(), token_ids[0])
+        live = plan if len(live_rows) == len(plan.scheduled) else SchedulerOutput(live_rows, plan.kind)
+        finished = self.output_processor.process_outputs(live, live_token_ids, self._finish_stopped)
         if plan.design_output is None:  # a plan that runs nothing: vLLM took its output in schedule()
             return finished
         self._update_vllm(plan.design_output, {str(s.seq.seq_id): token_ids[:1]
