@@ -450,7 +450,7 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
                 await pilot.pause()
                 assert app.player.card == card
                 text = card_text(app)
-                for words in (card.title, card.what, card.function, " · ".join(card.terms)):
+                for words in (card.title, card.what, f"{card.upstream}: {card.function}", " · ".join(card.terms)):
                     assert " ".join(words.split()) in text, (name, size, projector, card.idea, words, text)
                 seen = blocks_on_screen(app, card)
                 assert sorted(seen) == sorted(card.blocks), (name, size, projector, card.idea, sorted(card.blocks), seen)
