@@ -164,9 +164,12 @@ def test_the_eviction_reason_compares_the_leaf_with_the_next():
 def test_the_last_eviction_says_what_its_evict_call_was_asked_and_freed():
     """Issue 49: each RadixCache.evict call of the shipped story (a RadixEvict, then the leaves it
     took): the record's last eviction, just after the call's last leaf, names the call's leaves,
-    the tokens asked and freed, and is this step's; the panel's line and the log's say the same."""
+    the tokens asked and freed, and is this step's; the panel's line, the SVG's and the log's say
+    the same."""
+    from blockviz.model.export import trace_frame
     from blockviz.model.narration import describe
     from blockviz.model.radix_view import radix_history
+    from blockviz.model.svg import frame_svg
     from blockviz.model.reducer import ReducerState
     from blockviz.model.trace import load_trace
     from blockviz.tui.widgets.radix_panel import eviction_line
@@ -192,6 +195,10 @@ def test_the_last_eviction_says_what_its_evict_call_was_asked_and_freed():
         line = eviction_line(evicted).plain
         assert f"asked {call.num_tokens}, freed {call.num_tokens_evicted}" in line
         assert all(f"#{leaf}" in line for leaf in leaves)
+        timeline = Timeline.for_trace(trace)
+        timeline.seek(position)
+        svg = frame_svg(trace_frame(timeline, trace.header, "sglang-story", radix=history))
+        assert f"#{leaves[-1]} (evict asked {call.num_tokens}, freed {call.num_tokens_evicted})" in svg
         words = describe(call)
         assert f"asked for {call.num_tokens} token" in words and f"freed {call.num_tokens_evicted}" in words
         assert ("more than asked" in words) == (call.num_tokens_evicted > call.num_tokens)

@@ -47,8 +47,11 @@ function renderRadix(model, el) {
     const s = r.last_split, e = r.last_evicted;
     if (s) rows.push(h("div", { class: "bv-radix-split", "data-node": s.node, "data-new-node": s.new_node, "data-at": s.at,
       text: `split (step ${s.step}): #${s.new_node} took ${s.at} tokens ${s.head.join("")} | #${s.node} kept ${s.tail.join("")}` }));
+    // the evict call that took it: how many tokens it was asked for and freed (a RadixEvict event)
     if (e) rows.push(h("div", { class: "bv-radix-evicted", "data-node": e.node, "data-slots": e.slots.join(","),
-      text: `evicted (step ${e.step}): #${e.node}, ${e.num_tokens} tokens, slots ${radixRanges(e.slots)} ` +
+      "data-asked": e.asked ?? "", "data-freed": e.freed ?? "",
+      text: `evicted (step ${e.step}): #${e.node}` + (e.asked != null ? ` (evict asked ${e.asked}, freed ${e.freed})` : "") +
+        `, ${e.num_tokens} tokens, slots ${radixRanges(e.slots)} ` +
         `(blocks ${radixRanges(e.blocks)}): ${e.why}` }));
     for (const m of r.matches) rows.push(h("div", { class: "bv-radix-match", "data-seq": m.seq, "data-tokens": m.num_tokens,
       text: `${m.name} matched ${m.num_tokens} tokens` + (m.num_tokens ? `: slots ${radixRanges(m.slots)} in ` +
