@@ -63,9 +63,11 @@ ON_SCREEN_JS = """([k, blocks, seqs]) => {
         const b = body.getBoundingClientRect(), r = row ? row.getBoundingClientRect() : null;
         tables = !!r && r.top >= b.top - 1 && r.top < b.bottom - 8;
     }
+    const tree = box.querySelector('.bv-view-radix .bv-radix');  // a radix-tree run: the card's request's row above it
+    const radixRow = tree && seqs.length ? !!tree.querySelector(`.bv-radix-request[data-seq='${seqs[0]}']`) : null;
     const queue = box.querySelector('.bv-free-queue');
     const label = [...card.querySelectorAll('.bv-dim')].map((line) => line.textContent).find((t) => t.startsWith('in ')) || '';
-    return { card: within(card.getBoundingClientRect(), view) && !card.hidden, missing, tables, label,
+    return { card: within(card.getBoundingClientRect(), view) && !card.hidden, missing, tables, label, radixRow,
              fit: Number(box.dataset.fit), queue: queue && !queue.hidden ? queue.textContent : null,
              queueFits: queue && !queue.hidden ? queue.dataset.blocks.split(',').length === Number(queue.dataset.numFree) : false,
              touched: Object.fromEntries([...box.querySelectorAll('.bv-view-pool canvas.bv-pool-canvas')].map((c) =>
@@ -157,6 +159,8 @@ def test_every_card_and_all_its_blocks_are_on_one_screen(story, size, look, stor
         go_to(page, k, "start" if number == 0 else "next_card", position)
         drawn = page.evaluate(ON_SCREEN_JS, [k, blocks, seqs])
         problems = ([] if drawn["card"] else ["the card's text is out of view"]) + drawn["missing"]
+        if drawn["radixRow"] is False or (story == "sglang" and seqs and drawn["radixRow"] is None):
+            problems.append(f"the radix tree has no row for seq {seqs[0]}")
         if drawn["label"] != f"in {upstream}: {function}":  # whose function: SGLang's in an sglang story
             problems.append(f"the card's function reads {drawn['label']!r}")
         if drawn["tables"] is False:
