@@ -438,7 +438,7 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
     guided, stopped at the card) is drawn whole (its title, what happened, the vLLM function) and
     every block it names is in a visible pool cell beside it; the table of the card's sequence is
     on screen too."""
-    checked = named = shown = 0
+    checked = named = shown = nodes_named = 0
     for name, trace in story_traces(story_trace_path).items():
         app = BlockvizApp(trace=trace, deterministic=True, play=False, guided=True, projector=projector)
         async with app.run_test(size=size) as pilot:
@@ -450,20 +450,31 @@ async def test_every_card_of_every_story_is_on_screen_whole_with_every_block_it_
                 await pilot.pause()
                 assert app.player.card == card
                 text = card_text(app)
-                for words in (card.title, card.what, card.function, " · ".join(card.terms)):
+                for words in (card.title, card.what, f"{card.upstream}: {card.function}", " · ".join(card.terms)):
                     assert " ".join(words.split()) in text, (name, size, projector, card.idea, words, text)
                 seen = blocks_on_screen(app, card)
                 assert sorted(seen) == sorted(card.blocks), (name, size, projector, card.idea, sorted(card.blocks), seen)
                 checked, named, shown = checked + 1, named + len(card.blocks), shown + len(seen)
+                radix = app.screen.has_class("-radix")  # SGLang's tree: the card's request's row heads its panel
                 if card.seqs:
                     from blockviz.tui.widgets.panels import BlockTables
+                    from blockviz.tui.widgets.radix_panel import RadixPanel
 
-                    region = app.query_one(BlockTables).region
+                    region = app.query_one(RadixPanel if radix else BlockTables).region
                     lines = screen_text(app).splitlines()[region.y:region.bottom]
                     head = f" {RequestNames(timeline.state)(card.seqs[:1])} · "  # its table's head, as the card names it
                     assert any(head in line[region.x:region.right] for line in lines), (name, card.idea, head)
-    print(f"{size[0]}x{size[1]} {'projector' if projector else 'plain'}: {checked} cards, {shown}/{named} blocks")
-    assert checked >= 17 and shown == named
+                if radix:  # every radix node the card names is a line of the tree on screen
+                    from blockviz.tui.widgets.radix_panel import RadixPanel
+
+                    region = app.query_one(RadixPanel).region
+                    lines = [line[region.x:region.right] for line in screen_text(app).splitlines()[region.y:region.bottom]]
+                    for node in sorted({int(n) for n in re.findall(r"\b[Nn]ode (\d+)", card.what)}):
+                        assert any(re.search(rf"#{node}\b", line) for line in lines), (name, size, projector, card.idea, node, lines)
+                        nodes_named += 1
+    print(f"{size[0]}x{size[1]} {'projector' if projector else 'plain'}: {checked} cards, {shown}/{named} blocks, "
+          f"{nodes_named} radix nodes")
+    assert checked >= 17 and shown == named and nodes_named > 0
 
 
 @pytest.mark.anyio

@@ -63,8 +63,11 @@ ON_SCREEN_JS = """([k, blocks, seqs]) => {
         const b = body.getBoundingClientRect(), r = row ? row.getBoundingClientRect() : null;
         tables = !!r && r.top >= b.top - 1 && r.top < b.bottom - 8;
     }
+    const tree = box.querySelector('.bv-view-radix .bv-radix');  // a radix-tree run: the card's request's row above it
+    const radixRow = tree && seqs.length ? !!tree.querySelector(`.bv-radix-request[data-seq='${seqs[0]}']`) : null;
     const queue = box.querySelector('.bv-free-queue');
-    return { card: within(card.getBoundingClientRect(), view) && !card.hidden, missing, tables,
+    const label = [...card.querySelectorAll('.bv-dim')].map((line) => line.textContent).find((t) => t.startsWith('in ')) || '';
+    return { card: within(card.getBoundingClientRect(), view) && !card.hidden, missing, tables, label, radixRow,
              fit: Number(box.dataset.fit), queue: queue && !queue.hidden ? queue.textContent : null,
              queueFits: queue && !queue.hidden ? queue.dataset.blocks.split(',').length === Number(queue.dataset.numFree) : false,
              touched: Object.fromEntries([...box.querySelectorAll('.bv-view-pool canvas.bv-pool-canvas')].map((c) =>
@@ -147,15 +150,19 @@ def test_every_card_and_all_its_blocks_are_on_one_screen(story, size, look, stor
     page.set_viewport_size({"width": size[0], "height": size[1]})
     kernel_json(page, f"vizs[{story!r}].set_projector({look == 'projector'}) or "
                       f"vizs[{story!r}].set_zoom({2.0 if look == 'projector' else 1.0})")
-    cards = kernel_json(page, f"[[c.position, c.title, [list(b) for b in c.blocks], list(c.seqs)] "
+    cards = kernel_json(page, f"[[c.position, c.title, [list(b) for b in c.blocks], list(c.seqs), c.upstream, c.function] "
                               f"for c in vizs[{story!r}].player.scan_guide().cards]")
     assert len(cards) >= 5 and cards[0][0] == 0
     kernel_json(page, f"vizs[{story!r}].seek(1) and None")  # off card 1, so that |◀ moves
     results, shown, queue_fits = [], 0, False
-    for number, (position, title, blocks, seqs) in enumerate(cards):
+    for number, (position, title, blocks, seqs, upstream, function) in enumerate(cards):
         go_to(page, k, "start" if number == 0 else "next_card", position)
         drawn = page.evaluate(ON_SCREEN_JS, [k, blocks, seqs])
         problems = ([] if drawn["card"] else ["the card's text is out of view"]) + drawn["missing"]
+        if drawn["radixRow"] is False or (story == "sglang" and seqs and drawn["radixRow"] is None):
+            problems.append(f"the radix tree has no row for seq {seqs[0]}")
+        if drawn["label"] != f"in {upstream}: {function}":  # whose function: SGLang's in an sglang story
+            problems.append(f"the card's function reads {drawn['label']!r}")
         if drawn["tables"] is False:
             problems.append(f"the tables are not scrolled to seq {seqs[0]}")
         if drawn["queue"] is not None and "null" in drawn["queue"]:  # issue 45 item 4: a stray "null"
@@ -169,6 +176,8 @@ def test_every_card_and_all_its_blocks_are_on_one_screen(story, size, look, stor
     print(f"\n{story} {size[0]}x{size[1]} {look}: {shown} of {len(cards)} cards with all their blocks on screen; "
           f"fit {', '.join(str(fit) for _, _, fit, _ in results)}")
     assert shown == len(cards), [r for r in results if r[3]]
+    if story == "sglang":
+        assert {upstream for *_, upstream, _ in cards[1:]} == {"SGLang"}
     if story == "v1":  # a card whose free queue fits without "… +N": where the stray "null" was
         assert queue_fits
     if story == "v0":  # the swap-in card names blocks of a CPU pool that is empty again: it is opened

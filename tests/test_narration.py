@@ -49,3 +49,30 @@ def test_a_scheduled_line_names_each_sequences_part_as_the_step_kind_counts_it()
     line = describe(ev.TokensScheduled(seq_no=0, step=3, seq_ids=(0, 1, 2), num_computed_tokens=(0, 4, 8),
                                        num_new_tokens=(4, 5, 1), num_tokens=(10, 9, 9)))
     assert line == "step 3 schedules seq 0 0+4/10 chunk, seq 1 4+5/9 prefill, seq 2 8+1/9 decode"
+
+
+def test_radix_events_say_what_sglangs_tree_did():
+    """Issue 49: the log's line for each radix event of the SGLang story: the node and its tokens
+    inserted, the split's two nodes, the lock_ref and what it protects, an evict call's asked and
+    freed, the leaf it took."""
+    from engine import events as ev
+
+    timeline = Timeline.for_trace(load_trace("sglang-story"))
+    said: dict[type, list[str]] = {}
+    while timeline.forward():
+        event = timeline.current_event
+        if type(event).__name__.startswith("Radix"):
+            line = narrate(event, timeline.state, timeline.token_texts)
+            said.setdefault(type(event), []).append(line)
+            if isinstance(event, ev.RadixNodeInserted):
+                assert line.startswith(f"radix insert node {event.node_id} under ") and f"lock_ref {event.lock_ref}" in line
+            elif isinstance(event, ev.RadixNodeSplit):
+                assert f"new node {event.new_node_id} takes its first {event.num_tokens} token" in line
+            elif isinstance(event, ev.RadixLockRef):
+                assert line.startswith(f"radix node {event.node_id} lock_ref {event.lock_ref}: ")
+                assert ("protected" in line) == (event.lock_ref > 0)
+            elif isinstance(event, ev.RadixEvict):
+                assert f"asked for {event.num_tokens} token" in line and f"freed {event.num_tokens_evicted}" in line
+            elif isinstance(event, ev.RadixNodeEvicted):
+                assert line.startswith(f"radix evict node {event.node_id}: {len(event.token_ids)} token")
+    assert len(said) == 5, sorted(kind.__name__ for kind in said)

@@ -159,3 +159,46 @@ def test_the_eviction_reason_compares_the_leaf_with_the_next():
     assert "as was #5" in eviction_reason(entry(3, [(5, 3)]), "lru")
     assert "by SGLang's clock" in eviction_reason(entry(4, [(5, 3)]), "lru")
     assert eviction_reason(entry(4, [(5, 3)]), "lfu").startswith("an unlocked leaf first in lfu order")
+
+
+def test_the_last_eviction_says_what_its_evict_call_was_asked_and_freed():
+    """Issue 49: each RadixCache.evict call of the shipped story (a RadixEvict, then the leaves it
+    took): the record's last eviction, just after the call's last leaf, names the call's leaves,
+    the tokens asked and freed, and is this step's; the panel's line, the SVG's and the log's say
+    the same."""
+    from blockviz.model.export import trace_frame
+    from blockviz.model.narration import describe
+    from blockviz.model.radix_view import radix_history
+    from blockviz.model.svg import frame_svg
+    from blockviz.model.reducer import ReducerState
+    from blockviz.model.trace import load_trace
+    from blockviz.tui.widgets.radix_panel import eviction_line
+
+    trace = load_trace("sglang-story")
+    history, state = radix_history(trace.header, trace.events), ReducerState.from_header(trace.header)
+    calls = []  # (the RadixEvict, its leaves, the position after its last leaf, the step then)
+    for position, event in enumerate(trace.events, start=1):
+        state.apply(event)
+        if isinstance(event, ev.RadixEvict):
+            calls.append([event, [], position, state.step])
+        elif isinstance(event, ev.RadixNodeEvicted) and calls and calls[-1][2] >= position - 1:
+            calls[-1][1].append(event.node_id)
+            calls[-1][2] = position
+    assert len(calls) >= 2 and any(call.num_tokens_evicted > call.num_tokens for call, *_ in calls)
+    for call, leaves, position, step in calls:
+        state = ReducerState.from_header(trace.header)
+        for event in trace.events[:position]:
+            state.apply(event)
+        evicted = radix_record(state, history, position).last_evicted
+        assert (evicted.asked, evicted.freed) == (call.num_tokens, call.num_tokens_evicted)
+        assert evicted.taken == leaves and evicted.node == leaves[-1] and evicted.recent == (state.step == step)
+        line = eviction_line(evicted).plain
+        assert f"asked {call.num_tokens}, freed {call.num_tokens_evicted}" in line
+        assert all(f"#{leaf}" in line for leaf in leaves)
+        timeline = Timeline.for_trace(trace)
+        timeline.seek(position)
+        svg = frame_svg(trace_frame(timeline, trace.header, "sglang-story", radix=history))
+        assert f"#{leaves[-1]} (evict asked {call.num_tokens}, freed {call.num_tokens_evicted})" in svg
+        words = describe(call)
+        assert f"asked for {call.num_tokens} token" in words and f"freed {call.num_tokens_evicted}" in words
+        assert ("more than asked" in words) == (call.num_tokens_evicted > call.num_tokens)

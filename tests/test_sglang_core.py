@@ -227,3 +227,25 @@ def test_other_policies_keep_the_reducer_equal_to_sglang(loaded, tiny_gpt2_dir, 
                          sglang_options={"page_size": 4, "radix_eviction_policy": eviction, "schedule_policy": policy})
     tokens, events = run_checked(engine, workload(3))
     assert any(isinstance(e, RadixNodeEvicted) for e in events) and all(len(t) == GREEDY.max_tokens for t in tokens)
+
+
+def test_a_retraction_card_speaks_of_sglangs_retract_decode(loaded, tiny_gpt2_dir):
+    """Issue 49: the preemption card of an sglang run that retracts names SGLang's retract_decode,
+    is labelled SGLang's, and says SGLang retracts (never vLLM's words about its v1 design)."""
+    from blockviz.model.guide import Guide
+    from blockviz.model.view import card_record
+    from blockviz.session.engine_session import trace_header
+
+    prompts = [[7 + i] * 3 + list(range(40 + 9 * i, 48 + 9 * i)) for i in range(4)]
+    engine = make_engine(loaded, tiny_gpt2_dir, num_gpu_blocks=26, sglang_options={"page_size": 4})
+    _, events = run_checked(engine, prompts, SamplingParams(max_tokens=40))
+    guide = Guide(SGLANG.name, header=trace_header(engine))
+    guide.scan(events)
+    guide.settle()
+    card = next(c for c in guide.cards if c.idea == "recompute")
+    preempted = next(e for e in events if isinstance(e, Preempted))
+    assert card.title == "Retraction (preemption)" and f"request {preempted.request_id} was retracted" in card.what
+    assert "SGLang retracts" in card.why and "vLLM" not in card.why
+    assert card.upstream == "SGLang" and "retract_decode" in card.function
+    assert card_record(card)["upstream"] == "SGLang"
+    assert {c.upstream for c in guide.cards if c.idea in ("prefix-hit", "eviction", "chunked-prefill")} <= {"SGLang"}

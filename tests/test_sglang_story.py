@@ -126,6 +126,27 @@ def test_the_shipped_story_is_a_guided_story_with_every_radix_card(story):
     assert "SGLang 0.5.23's RadixCache" in ordered[0].what and "Scheduler, KVCacheManager" not in ordered[0].what
 
 
+def test_each_front_end_labels_an_sglang_card_by_sglang(story):
+    """Issue 49: a card naming SGLang's function says "SGLang:" (the TUI's card, the notebook's
+    card record the JS draws as "in SGLang:", the trace page's moments), the opening card, naming
+    the PagedAttention paper and vLLM's managers, "vLLM:"."""
+    from blockviz.jupyter.visualizer import Visualizer
+    from blockviz.model.view import card_record
+    from blockviz.webpage.page import moments
+
+    trace, cards, ordered = story
+    assert ordered[0].upstream == "vLLM"
+    for card in ordered[1:]:
+        assert card.upstream == ("SGLang" if "sglang/srt/" in card.function else "vLLM"), card.idea
+        assert card_record(card)["upstream"] == card.upstream
+    assert all(card.upstream == "SGLang" for card in ordered[1:])
+    shots = moments(Visualizer.from_trace("sglang-story"))
+    assert len(shots) == len(ordered)
+    for shot, card in zip(shots, ordered):
+        assert f"{card.upstream}: {card.function}" in shot.lines, card.idea
+        assert card.upstream == "vLLM" or not any(line.startswith("vLLM: ") for line in shot.lines), card.idea
+
+
 def test_the_split_card_says_where_the_node_split(story):
     trace, cards, _ = story
     card = cards["radix-split"]

@@ -105,6 +105,7 @@ FUNCTIONS = {
         "never-runs": "PrefillAdder.add_one_req (the request cannot fit the pool; sglang/srt/managers/schedule_policy.py)",
     },
 }
+UPSTREAM = {"sglang": "SGLang"}  # whose functions a design's FUNCTIONS name (the others: vLLM's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,7 @@ class Card:
     ideas: tuple[str, ...] = ()  # every idea the stop shows first, `idea` first (an eviction, then the swap-in it served)
     terms: tuple[str, ...] = ()  # the glossary's words it uses (blockviz/model/glossary.py), which `?` defines
     seqs: tuple[int, ...] = ()  # the sequences it is about: the block tables show theirs first
+    upstream: str = "vLLM"  # whose code `function` names: "vLLM", "SGLang" (kv_manager "sglang"), or both
 
     def blocks_on(self, device: str) -> frozenset[int]:
         return frozenset(number for d, number in self.blocks if d == device)
@@ -211,11 +213,12 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
     """The card of the ideas one operation (blockviz/model/operation.py) showed first: each as
     (idea, index of its first event, the operation's events from there). Two in one operation (an
     eviction and the swap-in it made room for) make one card telling both, in the order they ran."""
-    said = []
+    said, upstreams = [], []
     for idea, _, events in ideas:
         title, what, why, blocks = _WORDS[idea](events[0], events, ctx)
         function = FUNCTIONS.get(kv_manager, {}).get(idea) or FUNCTIONS["v0"].get(idea) or FUNCTIONS["v1"][idea]
         said.append((title, what, why, function, blocks))
+        upstreams.append(UPSTREAM.get(kv_manager, "vLLM") if idea in FUNCTIONS.get(kv_manager, {}) else "vLLM")
     idea, start, events = ideas[0]
     if len(said) == 1:
         title, what, why, function, blocks = said[0]
@@ -230,7 +233,7 @@ def _card(ideas: list[tuple[str, int, list[ev.Event]]], end: int, kv_manager: st
         blocks = list(dict.fromkeys(b for part in said for b in part[4]))
     seqs = tuple(dict.fromkeys(seq for _, _, events in ideas for seq in _seqs_of(events[0], ctx)))
     return Card(idea, title, what, why, function, tuple(blocks), events[0].seq_no, start, end,
-                tuple(i for i, _, _ in ideas), terms_in(what, why), seqs)
+                tuple(i for i, _, _ in ideas), terms_in(what, why), seqs, " / ".join(dict.fromkeys(upstreams)))
 
 
 def _seqs_of(e: ev.Event, ctx: _Context) -> tuple[int, ...]:
@@ -355,6 +358,8 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
                 f"request {request} was preempted by swap: GPU blocks {_numbers(g for g, _ in mapping)} copied "
                 f"to CPU blocks {_numbers(c for _, c in mapping)}, and the GPU blocks freed",
                 why, [("gpu", g) for g, _ in mapping] + [("cpu", c) for _, c in mapping])
+    if ctx.design.radix_tree:
+        return _retract_words(e, freed, returned)
     return ("Recompute (preemption)",
             f"request {e.request_id} was preempted by recompute: its "
             f"{plural(len(freed), 'GPU block')} ({_numbers(freed)}) "
@@ -367,6 +372,21 @@ def _preempt_words(e: ev.Preempted | ev.SwappedOut, events, ctx):
                                "meanwhile; the rest is computed again"
                                if not ctx.design.swap else
                                "a lone sequence costs less to compute again than to copy out and back"),
+            [("gpu", b) for b in freed])
+
+
+def _retract_words(e: ev.Preempted, freed: list[int], returned: list[int]):
+    """SGLang's preemption (ScheduleBatch.retract_decode → release_req → release_kv_cache with
+    checkpoint=False): the request's own slots go back to the allocator without entering the tree,
+    its lock on the prefix it matched is dropped, and it waits to be prefilled again."""
+    kept = len(freed) - len(returned)
+    return ("Retraction (preemption)",
+            f"request {e.request_id} was retracted: its {plural(len(freed), 'page')} ({_numbers(freed)}) let go"
+            + (f" ({len(returned)} freed to the pool, {kept} kept in the radix tree)" if kept else ", freed to the pool")
+            + f" and {plural(e.num_tokens_lost, 'computed token')} thrown away; it waits to be prefilled again",
+            f"{e.reason}: SGLang retracts, it never swaps: retract_decode takes requests back to the waiting queue "
+            "(the fewest output tokens first), frees their own slots without putting them in the tree and unlocks "
+            "the prefix they matched there, which stays cached (evictable) for their next prefill",
             [("gpu", b) for b in freed])
 
 
@@ -513,7 +533,7 @@ def _load_words(e: ev.OffloadLoaded, events, ctx):
 def _recompute_words(e: ev.Preempted, events, ctx):
     """A recompute preemption; in a run with vLLM's CPU tier, what the tier keeps of it."""
     title, what, why, blocks = _preempt_words(e, events, ctx)
-    if ctx.cpu_tier:
+    if ctx.cpu_tier and not ctx.design.radix_tree:
         why = (f"{e.reason}: vLLM v1 never swaps, but its CPU tier keeps copies of the full blocks it stored, so "
                "what the GPU evicts meanwhile can be copied back when the request is admitted again")
     return title, what, why, blocks

@@ -16,6 +16,7 @@ from typing import Callable
 
 from blockviz.model.names import RequestNames
 from blockviz.model.palette import short_hash, show_token
+from blockviz.model.radix_view import number_ranges
 from blockviz.model.reducer import ReducerState
 from engine import events as ev
 from engine.scheduler_output import is_decode
@@ -134,6 +135,34 @@ def _scheduled(e: ev.TokensScheduled, vocab, names) -> str:
     return f"step {e.step} schedules " + ", ".join(parts)
 
 
+def _run(token_ids, vocab: dict[int, str], limit: int = 12) -> str:
+    """A radix node's run of tokens as text (its first `limit`), '' where `vocab` lacks them."""
+    if not all(t in vocab for t in token_ids[:limit]):
+        return ""
+    text = show_token("".join(vocab[t] for t in token_ids[:limit]))
+    return f" '{text}{'…' if len(token_ids) > limit else ''}'"
+
+
+def _slots(slots) -> str:
+    return f"slots {number_ranges(list(slots))}"
+
+
+def _radix_inserted(e: ev.RadixNodeInserted, vocab, names) -> str:
+    parent = "the root" if e.parent_id is None else f"node {e.parent_id}"
+    return (f"radix insert node {e.node_id} under {parent}: {plural(len(e.token_ids), 'token')}{_run(e.token_ids, vocab)}, "
+            f"{_slots(e.slots)}, lock_ref {e.lock_ref}")
+
+
+def _radix_evict(e: ev.RadixEvict, vocab, names) -> str:
+    more = e.num_tokens_evicted - e.num_tokens
+    return (f"RadixCache.evict asked for {plural(e.num_tokens, 'token')}, freed {e.num_tokens_evicted}"
+            + (f" ({more} more than asked)" if more > 0 else ""))
+
+
+def _radix_node_evicted(e: ev.RadixNodeEvicted, vocab, names) -> str:
+    return f"radix evict node {e.node_id}: {plural(len(e.token_ids), 'token')}{_run(e.token_ids, vocab)}, {_slots(e.slots)} freed"
+
+
 _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.BlockAllocated: _allocated,
     ev.PrefixCacheHit: _hit,
@@ -157,6 +186,12 @@ _TEXTS: dict[type[ev.Event], Callable[..., str]] = {
     ev.SequenceFinished: lambda e, vocab, names: f"{names((e.seq_id,))} finished: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
     ev.KVDigest: lambda e, vocab, names: f"K/V digest {e.device} {e.block} = {e.digest}",
     ev.StepFinished: lambda e, vocab, names: f"step {e.step} {e.kind} done ({plural(e.num_tokens, 'token')})",
+    ev.RadixNodeInserted: _radix_inserted,
+    ev.RadixNodeSplit: lambda e, vocab, names: (f"radix split node {e.node_id}: new node {e.new_node_id} takes its first "
+                                                f"{plural(e.num_tokens, 'token')}, node {e.node_id} keeps the rest under it"),
+    ev.RadixLockRef: lambda e, vocab, names: f"radix node {e.node_id} lock_ref {e.lock_ref}",
+    ev.RadixEvict: _radix_evict,
+    ev.RadixNodeEvicted: _radix_node_evicted,
 }
 
 
@@ -229,6 +264,8 @@ def _preempted_means(e: ev.Preempted, state: ReducerState) -> str:
     """Said at the preempted event, before its moves: the scheduler's decision, not its effects."""
     if e.mode == "swap":
         return "it gives way, its K/V kept for later (swap)"
+    if state.design.radix_tree:
+        return f"SGLang retracts it: {plural(e.num_tokens_lost, 'computed token')} to compute again"
     return f"it gives way, {plural(e.num_tokens_lost, 'computed token')} to compute again (recompute)"
 
 
@@ -254,6 +291,10 @@ _MEANINGS: dict[type[ev.Event], Callable[[ev.Event, ReducerState], str]] = {
     ev.TokensScheduled: _scheduled_means,
     ev.KVDigest: lambda e, state: "a fingerprint of the real tensors",
     ev.StepFinished: lambda e, state: (f"{state.num_used('gpu')}/{len(state.pools['gpu'])} GPU blocks used"),
+    ev.RadixEvict: lambda e, state: ("it takes whole unlocked leaves in its eviction policy's order (lru: least "
+                                     "recently used first), so it can free more than asked"),
+    ev.RadixLockRef: lambda e, state: ("held by a running request: protected from eviction" if e.lock_ref
+                                       else "no request holds it: evictable once it is a leaf"),
 }
 
 

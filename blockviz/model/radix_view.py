@@ -58,6 +58,9 @@ class EvictionEntry:
     last_access: int | None
     others: list[tuple[int, int | None]]  # the other unlocked leaves then: (node id, last access), oldest first
     parent_id: int | None = None
+    asked: int | None = None  # the RadixCache.evict call that took it: tokens asked for (RadixEvict), and freed
+    freed: int | None = None
+    taken: tuple[int, ...] = ()  # the leaves that call took, this one last
 
 
 class RadixHistory:
@@ -74,6 +77,7 @@ class RadixHistory:
         self._eviction_ends: list[int] = []
         self.hits: dict[int, list[tuple[int, int, int]]] = {}  # seq id -> (position, logical index, page); -1: freed
         self.node_of_page: dict[int, int] = {}
+        self._call: tuple[ev.RadixEvict, list[int]] | None = None  # the latest RadixCache.evict call, its leaves
 
     def feed(self, event: ev.Event, state: ReducerState, position: int) -> None:
         if isinstance(event, ev.StepStarted):
@@ -91,6 +95,8 @@ class RadixHistory:
             self._touch(event.new_node_id, node.parent_id, state, position)
         elif isinstance(event, ev.RadixLockRef):
             self._touch(event.node_id, None, state, position)
+        elif isinstance(event, ev.RadixEvict):
+            self._call = (event, [])
         elif isinstance(event, ev.RadixNodeEvicted):
             self._evicted(event, state, position)
         elif isinstance(event, ev.PrefixCacheHit) and state.radix_nodes:
@@ -124,9 +130,13 @@ class RadixHistory:
                          if node_id != event.node_id and node.lock_ref == 0 and node_id not in parents),
                         key=lambda pair: (pair[1] if pair[1] is not None else -1, pair[0]))
         leaf = state.radix_nodes.get(event.node_id)
+        call, taken = self._call if self._call is not None else (None, [])
+        taken.append(event.node_id)
         self.evictions.append(EvictionEntry(position, self.step, event.node_id, event.token_ids, event.slots,
                                             self.last_access(event.node_id, position), others,
-                                            leaf.parent_id if leaf is not None else None))
+                                            leaf.parent_id if leaf is not None else None,
+                                            call.num_tokens if call is not None else None,
+                                            call.num_tokens_evicted if call is not None else None, tuple(taken)))
         self._eviction_ends.append(position)
         for slot in event.slots[::state.block_size]:
             if self.node_of_page.get(slot // state.block_size) == event.node_id:
@@ -224,7 +234,9 @@ class RadixSplit(Record):
 class RadixEviction(Record):
     """The last leaf evicted by the cursor (RadixCache.evict): its tokens, slots and pages, its last
     access, and why it went first (`why`, in words; `others`: the unlocked leaves left then, [node id,
-    last access], oldest first)."""
+    last access], oldest first); the evict call that took it: `asked` tokens, `freed` tokens (None:
+    the trace has no RadixEvict), and `taken`, the leaves it took, this one last; `recent`: it ran in
+    the cursor's step."""
 
     step: int
     node: int
@@ -236,18 +248,25 @@ class RadixEviction(Record):
     policy: str
     why: str
     others: list[list]
+    asked: int | None = None
+    freed: int | None = None
+    taken: list[int] = field(default_factory=list)
+    recent: bool = False
 
 
 @dataclass(slots=True)
 class RadixMatch(Record):
-    """A running request's prefix served by the tree (RadixCache.match_prefix): its tokens, their
-    slots, and the nodes holding them."""
+    """A request's row: the pages its table holds (its row of SGLang's ReqToTokenPool, slots by the
+    page), its status, and its prefix served by the tree (RadixCache.match_prefix): its tokens,
+    their slots, and the nodes holding them."""
 
     seq: int
     name: str
     num_tokens: int
     slots: list[int]
     nodes: list[int]
+    pages: list[int] = field(default_factory=list)
+    status: str = ""
 
 
 @dataclass(slots=True)
@@ -255,7 +274,9 @@ class RadixRecord(Record):
     """SGLang's radix tree at a cursor: the nodes drawn in depth-first order (at most
     MAX_RADIX_NODES; `num_more` not drawn), the tokens cached in all, SGLang's evictable_size_ and
     protected_size_ (tokens of unlocked and of locked nodes), the last split and eviction, each
-    running request's match, and `about`: the nodes the cursor's event or card is about."""
+    running request's match, `about`: the nodes the cursor's event or card is about, and `requests`:
+    the rows of the requests a card is about (drawn above the tree, so a card's request and its
+    pages stay on screen while the tree scrolls)."""
 
     page_size: int
     nodes: list[RadixNodeRow]
@@ -268,6 +289,7 @@ class RadixRecord(Record):
     last_evicted: RadixEviction | None = None
     matches: list[RadixMatch] = field(default_factory=list)
     about: list[int] = field(default_factory=list)
+    requests: list[RadixMatch] = field(default_factory=list)
 
 
 def radix_record(state: ReducerState, history: RadixHistory, position: int, *, event: ev.Event | None = None,
@@ -293,8 +315,10 @@ def radix_record(state: ReducerState, history: RadixHistory, position: int, *, e
     total = sum(len(n.token_ids) for n in nodes.values())
     return RadixRecord(page_size, rows, len(nodes), len(nodes) - len(rows), total, total - locked, locked,
                        _split(history.last_split(position), vocab),
-                       _eviction(history.last_eviction(position), page_size, vocab, policy),
-                       _matches(state, history, position, names, page_node), sorted(about))
+                       _eviction(history.last_eviction(position), page_size, vocab, policy, state.step),
+                       _matches(state, history, position, names, page_node), sorted(about),
+                       [_match(seq_id, state, history, position, names, page_node)
+                        for seq_id in dict.fromkeys(about_seqs) if seq_id in state.seqs])
 
 
 def _holders(state: ReducerState) -> dict[int, list[int]]:
@@ -386,13 +410,15 @@ def _split(entry: SplitEntry | None, vocab: dict[int, str]) -> RadixSplit | None
                       _texts(head[-MAX_NODE_TOKENS:], vocab), _texts(tail[:MAX_NODE_TOKENS], vocab))
 
 
-def _eviction(entry: EvictionEntry | None, page_size: int, vocab: dict[int, str], policy: str) -> RadixEviction | None:
+def _eviction(entry: EvictionEntry | None, page_size: int, vocab: dict[int, str], policy: str,
+              step: int) -> RadixEviction | None:
     if entry is None:
         return None
     return RadixEviction(entry.step, entry.node_id, len(entry.token_ids), _texts(entry.token_ids[:MAX_NODE_TOKENS], vocab),
                          list(entry.slots[:MAX_NODE_TOKENS]), _pages(entry.slots, page_size)[:MAX_NODE_TOKENS],
                          entry.last_access, policy, eviction_reason(entry, policy),
-                         [list(pair) for pair in entry.others[:MAX_EVICTABLE_LISTED]])
+                         [list(pair) for pair in entry.others[:MAX_EVICTABLE_LISTED]], entry.asked, entry.freed,
+                         list(entry.taken or (entry.node_id,)), entry.step == step)
 
 
 def eviction_reason(entry: EvictionEntry, policy: str) -> str:
@@ -417,15 +443,22 @@ def eviction_reason(entry: EvictionEntry, policy: str) -> str:
 
 def _matches(state: ReducerState, history: RadixHistory, position: int, names: RequestNames,
              page_node: dict[int, int]) -> list[RadixMatch]:
-    """Each running sequence's pages served by the tree (its prefix_cache_hit events since it last held
-    none), at token granularity: every slot of a hit page."""
-    page_size, out = state.block_size, []
-    for seq_id in sorted(seq_id for seq_id, table in state.tables.items() if table):
-        hits = sorted(history.hits_of(seq_id, position))
-        slots = [page * page_size + i for _, page in hits for i in range(page_size)]
-        nodes = list(dict.fromkeys(n for n in (page_node.get(page) for _, page in hits) if n is not None))
-        out.append(RadixMatch(seq_id, names((seq_id,)), len(slots), slots[:MAX_NODE_TOKENS * 2], nodes))
-    return out
+    """Each running sequence's row (_match)."""
+    return [_match(seq_id, state, history, position, names, page_node)
+            for seq_id in sorted(seq_id for seq_id, table in state.tables.items() if table)]
+
+
+def _match(seq_id: int, state: ReducerState, history: RadixHistory, position: int, names: RequestNames,
+           page_node: dict[int, int]) -> RadixMatch:
+    """`seq_id`'s row: the pages its table holds, and the pages served by the tree (its
+    prefix_cache_hit events since it last held none), at token granularity: every slot of a hit page."""
+    page_size = state.block_size
+    hits = sorted(history.hits_of(seq_id, position))
+    slots = [page * page_size + i for _, page in hits for i in range(page_size)]
+    nodes = list(dict.fromkeys(n for n in (page_node.get(page) for _, page in hits) if n is not None))
+    pages = [page for device, page in state.tables.get(seq_id, ()) if device == "gpu"]
+    return RadixMatch(seq_id, names((seq_id,)), len(slots), slots[:MAX_NODE_TOKENS * 2], nodes,
+                      pages[:MAX_NODE_TOKENS], state.seqs[seq_id].status if seq_id in state.seqs else "")
 
 
 def number_ranges(numbers: list[int]) -> str:

@@ -532,7 +532,8 @@ def _draw_radix(canvas: _Canvas, radix: dict[str, Any], x0: float) -> None:
         lines.append(("split", f"split (step {split['step']}): #{split['new_node']} took {split['at']} tokens "
                                f"{''.join(split['head'])} | #{split['node']} kept {''.join(split['tail'])}"))
     if evicted:
-        lines.append(("evicted", f"evicted (step {evicted['step']}): #{evicted['node']}, {evicted['num_tokens']} tokens, "
+        call = f" (evict asked {evicted['asked']}, freed {evicted['freed']})" if evicted.get("asked") is not None else ""
+        lines.append(("evicted", f"evicted (step {evicted['step']}): #{evicted['node']}{call}, {evicted['num_tokens']} tokens, "
                                  f"slots {number_ranges(evicted['slots'])}: {evicted['why']}"))
     for match in radix.get("matches") or []:
         lines.append(("match", f"{match['name']} matched {match['num_tokens']} tokens"

@@ -697,13 +697,15 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
 
 def card_record(card, counter: str = "") -> dict[str, Any] | None:
     """A guided stop's card (blockviz.model.guide.Card) as the notebook draws it under its controls:
-    the idea, what happened with which blocks, one line of why, the vLLM function, and which card
+    the idea, what happened with which blocks, one line of why, the upstream function (`upstream`:
+    whose, "vLLM" or "SGLang"), and which card
     it is (`counter`: Guide.counter, "card 2 of 6"), the sequences it is about (`seqs`: the block
     tables scroll to the first); None for none."""
     if card is None:
         return None
     return {"idea": card.idea, "ideas": list(card.ideas), "title": card.title, "what": card.what, "why": card.why,
-            "function": card.function, "blocks": [list(block) for block in card.blocks], "counter": counter,
+            "function": card.function, "upstream": card.upstream,
+            "blocks": [list(block) for block in card.blocks], "counter": counter,
             "position": card.position, "terms": [[term, DEFINITIONS[term]] for term in card.terms],
             "seqs": list(card.seqs)}
 

@@ -49,7 +49,7 @@ class Moment:
 
 def moments(viz: Any, limit: int | None = None) -> list[Moment]:
     """Pictures of a replay Visualizer's run (model/svg.py frame_svg of `viz.frame()`): one at each
-    card stop (Guide.stop_of, where guided play stops) with the card's title, what, why and vLLM
+    card stop (Guide.stop_of, where guided play stops) with the card's title, what, why and upstream
     function, the first `limit` of them; a run with no card, its end. The cursor is put back."""
     from blockviz.model.svg import frame_svg
 
@@ -64,7 +64,7 @@ def moments(viz: Any, limit: int | None = None) -> list[Moment]:
             card = frame.get("card") or {}
             lines = [text for text in (card.get("what"), card.get("why")) if text]
             if card.get("function"):
-                lines.append(f"vLLM: {card['function']}")
+                lines.append(f"{card.get('upstream') or 'vLLM'}: {card['function']}")
             if not card:
                 lines.append(f"the run's end, event {stop} of {len(timeline)}")
             shots.append(Moment(stop, frame_svg(frame, title=viz.title or ""), card.get("title") or viz.title or "", lines))

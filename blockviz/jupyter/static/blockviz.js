@@ -513,7 +513,7 @@ function renderControls(model, el) {
     if (k) {
       card.replaceChildren(h("div", { class: "bv-card-title", text: k.counter ? `${k.counter}: ${k.title}` : k.title }),
         h("div", { text: k.what }), h("div", { class: "bv-card-why", text: `why: ${k.why}` }),
-        h("div", { class: "bv-dim", text: `in vLLM: ${k.function}` }),
+        h("div", { class: "bv-dim", text: `in ${k.upstream || "vLLM"}: ${k.function}` }),
         // the words it uses, each defined on hover (blockviz/model/glossary.py, the TUI's ? help)
         h("div", { class: "bv-card-terms" }, (k.terms || []).length ? "words: " : "",
           ...(k.terms || []).map(([term, meaning]) => h("abbr", { class: "bv-term", title: meaning, text: term + " " }))));

@@ -1,7 +1,8 @@
 // blockviz radix tree view (kv_manager "sglang"): SGLang's RadixCache as blockviz.model.radix_view's
 // record draws it (frame.radix): the sizes, one row per node indented by depth (data-node / data-parent
 // / data-tokens / data-lock / data-slots / data-evictable, what a browser test reads back), the nodes
-// not drawn counted, the last split, the last eviction and why, each running request's match. Not a
+// not drawn counted, the last split, the last eviction and why, each running request's match; the card's
+// requests' rows (their pages and match) first. Not a
 // module of its own: widgets.py appends it to blockviz.js (its helper h; RENDERERS picks it by `_kind`).
 // ------------------------------------------------------------------ radix tree
 
@@ -41,14 +42,22 @@ function renderRadix(model, el) {
       protected: r.protected_size });
     head.textContent = `evictable ${r.evictable_size} · protected ${r.protected_size} tokens · ${r.num_nodes} nodes · ` +
       `${r.num_tokens} tokens · page_size ${r.page_size} · @ last access step`;
-    const rows = [h("div", { class: "bv-dim", text: r.nodes.length ? "root" : "root (empty: a prompt enters the tree after its prefill)" }),
+    // the rows of the requests the card is about (their pages: their ReqToTokenPool rows), above the tree
+    const rows = [...(r.requests || []).map((m) => h("div", { class: "bv-radix-request", "data-seq": m.seq,
+      "data-pages": m.pages.join(","), text: `▶ ${m.name} · ${m.status || "gone"} · pages ${radixRanges(m.pages)} · ` +
+        `matched ${m.num_tokens} tokens` + (m.num_tokens ? `: slots ${radixRanges(m.slots)} in ` +
+        m.nodes.map((id) => `#${id}`).join(", ") : "") })),
+      h("div", { class: "bv-dim", text: r.nodes.length ? "root" : "root (empty: a prompt enters the tree after its prefill)" }),
       ...r.nodes.map(radixNodeRow)];
     if (r.num_more) rows.push(h("div", { class: "bv-dim", text: `… ${r.num_more} more nodes` }));
     const s = r.last_split, e = r.last_evicted;
     if (s) rows.push(h("div", { class: "bv-radix-split", "data-node": s.node, "data-new-node": s.new_node, "data-at": s.at,
       text: `split (step ${s.step}): #${s.new_node} took ${s.at} tokens ${s.head.join("")} | #${s.node} kept ${s.tail.join("")}` }));
+    // the evict call that took it: how many tokens it was asked for and freed (a RadixEvict event)
     if (e) rows.push(h("div", { class: "bv-radix-evicted", "data-node": e.node, "data-slots": e.slots.join(","),
-      text: `evicted (step ${e.step}): #${e.node}, ${e.num_tokens} tokens, slots ${radixRanges(e.slots)} ` +
+      "data-asked": e.asked ?? "", "data-freed": e.freed ?? "",
+      text: `evicted (step ${e.step}): #${e.node}` + (e.asked != null ? ` (evict asked ${e.asked}, freed ${e.freed})` : "") +
+        `, ${e.num_tokens} tokens, slots ${radixRanges(e.slots)} ` +
         `(blocks ${radixRanges(e.blocks)}): ${e.why}` }));
     for (const m of r.matches) rows.push(h("div", { class: "bv-radix-match", "data-seq": m.seq, "data-tokens": m.num_tokens,
       text: `${m.name} matched ${m.num_tokens} tokens` + (m.num_tokens ? `: slots ${radixRanges(m.slots)} in ` +

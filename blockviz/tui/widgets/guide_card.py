@@ -1,5 +1,6 @@
-"""The guide's card: what just happened, the blocks involved, why, and the vLLM function that did it
-(blockviz/model/guide.py computes the Card; this only draws it). Shown while guided playback rests
+"""The guide's card: what just happened, the blocks involved, why, and the upstream function that did
+it, labelled by whose it is ("vLLM: ", "SGLang: "; blockviz/model/guide.py computes the Card; this
+only draws it). Shown while guided playback rests
 on a card; the app's CSS makes it large in projector mode."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class GuideCard(Static):
         self.update(Group(  # the blocks are named in `what` and highlighted in the pools
             Text(card.what),
             Text.assemble(("why: ", "bold"), card.why),
-            Text.assemble(("vLLM: ", "bold"), (card.function, "italic")),
+            Text.assemble((f"{card.upstream}: ", "bold"), (card.function, "italic")),
             *([Text.assemble(("words (? defines them): ", "bold"), " · ".join(card.terms))]
               if card.terms else []),
         ))

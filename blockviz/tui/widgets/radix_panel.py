@@ -1,34 +1,63 @@
 """SGLang's radix tree (kv_manager "sglang"): the record blockviz.model.radix_view computes at the
 cursor, drawn as an indented tree, one node a line (its id, length, lock_ref and holders or
 "evictable", last access, pages, then its tokens, so a narrow panel cuts the tokens), then the
-last split, the last eviction and why, and each running request's match. The panel scrolls to the
-first node the cursor's event or card is about."""
+last split, the last eviction and why, and each running request's match. The rows of the requests a
+card is about (their pages: their block tables) and an eviction in the cursor's step (the leaves its
+evict call took, tokens asked and freed) stay above the tree; the tree scrolls to the first
+node the cursor's event or card is about."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import Static
 
 from blockviz.model.insights import Insights
 from blockviz.model.narration import plural
-from blockviz.model.radix_view import RadixNodeRow, RadixRecord, number_ranges, radix_record
+from blockviz.model.radix_view import RadixEviction, RadixMatch, RadixNodeRow, RadixRecord, number_ranges, radix_record
 from blockviz.model.reducer import ReducerState
 from blockviz.tui.widgets.panels import StatePanel
 
-__all__ = ["RadixPanel", "radix_lines"]
+__all__ = ["RadixPanel", "eviction_line", "radix_lines", "request_line"]
 
 
 class RadixPanel(StatePanel):
     """The radix tree at the cursor (SGLang RadixCache: match_prefix, _split_node, inc_lock_ref /
     dec_lock_ref, evict), from blockviz.model.radix_view.radix_record, drawn."""
 
+    DEFAULT_CSS = """
+    RadixPanel > .radix-requests {
+        dock: top;
+        height: auto;
+        display: none;
+    }
+    RadixPanel > .radix-requests.-shown {
+        display: block;
+    }
+    """
+
     TITLE = "Radix tree (SGLang RadixCache)"
     policy = "lru"  # SGLang's radix_eviction_policy (the app sets it from the trace header)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.requests = Static("", classes="radix-requests")
+
+    def compose(self) -> ComposeResult:
+        yield self.requests  # docked: it stays while the tree scrolls
+        yield from super().compose()
 
     def draw(self, insights: Insights, state: ReducerState, position: int, event, about_seqs: tuple[int, ...],
              vocab: dict[int, str]) -> None:
         record = radix_record(state, insights.radix, position, event=event, about_seqs=about_seqs, vocab=vocab,
                               policy=self.policy)
         lines, first_about = radix_lines(record)
+        head = [request_line(row, mark=True) for row in record.requests]
+        if record.last_evicted is not None and record.last_evicted.recent:  # this step's eviction, kept in view
+            head.append(eviction_line(record.last_evicted, wrap=False))
+        self.requests.set_class(bool(head), "-shown")
+        self.requests.update(Group(*head))
         self.set_rows(lines, "")
         if first_about is not None:  # once the new lines are laid out (before, the old height bounds the scroll)
             self.call_after_refresh(self.scroll_to, y=max(0, first_about - 1), animate=False)
@@ -60,19 +89,38 @@ def radix_lines(record: RadixRecord) -> tuple[list[Text], int | None]:
         line.append(f" | #{split.node} kept ", "magenta")
         line.append("".join(split.tail), "italic")
         lines.append(line)
-    evicted = record.last_evicted
-    if evicted is not None:
-        line = Text(f"evicted (step {evicted.step}): #{evicted.node}, {plural(evicted.num_tokens, 'token')}, "
-                    f"slots {number_ranges(evicted.slots)} (blocks {number_ranges(evicted.blocks)}): ", "red")
-        line.append(evicted.why)
-        lines.append(line)
-    for match in record.matches:
-        line = Text(f"{match.name} matched {plural(match.num_tokens, 'token')}", "cyan", no_wrap=True,
-                    overflow="ellipsis")
-        if match.num_tokens:
-            line.append(f": slots {number_ranges(match.slots)} in " + ", ".join(f"#{n}" for n in match.nodes))
-        lines.append(line)
+    if record.last_evicted is not None and not record.last_evicted.recent:
+        lines.append(eviction_line(record.last_evicted))
+    lines.extend(request_line(match) for match in record.matches)
     return lines, first_about
+
+
+def eviction_line(evicted: RadixEviction, wrap: bool = True) -> Text:
+    """The last leaf evicted: its evict call (the leaves it took, tokens asked and freed), then the
+    leaf's tokens, slots and pages, and why it went first; `wrap` False: one line, cut at the edge."""
+    line = Text("evicted " + ", ".join(f"#{n}" for n in evicted.taken), "red",
+                no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
+    if evicted.asked is not None:
+        line.append(f" · asked {evicted.asked}, freed {evicted.freed}", "bold red")
+    line.append(f" · step {evicted.step} · #{evicted.node}: {plural(evicted.num_tokens, 'token')}, slots {number_ranges(evicted.slots)} "
+                f"(blocks {number_ranges(evicted.blocks)}): ", "red")
+    line.append(evicted.why)
+    return line
+
+
+def request_line(match: RadixMatch, mark: bool = False) -> Text:
+    """A request's row: its name, then (`mark`: a card is about it, pointed at with ▶) its status and
+    the pages its table holds, then what it matched in the tree."""
+    line = Text(no_wrap=True, overflow="ellipsis")
+    if mark:
+        line.append("▶ ", "bold yellow")
+        line.append(f"{match.name} · {match.status or 'gone'} · pages {number_ranges(match.pages)} · ", "bold cyan")
+    else:
+        line.append(f"{match.name} ", "cyan")
+    line.append(f"matched {plural(match.num_tokens, 'token')}", "cyan")
+    if match.num_tokens:
+        line.append(f": slots {number_ranges(match.slots)} in " + ", ".join(f"#{n}" for n in match.nodes))
+    return line
 
 
 def _node_line(row: RadixNodeRow, last_of_depth: dict[int, bool]) -> Text:
