@@ -162,7 +162,8 @@ def test_another_sglang_release_is_refused_in_one_line(monkeypatch):
 
     import engine.sglang_core as core
 
-    monkeypatch.setattr(metadata, "version", lambda name: {"sglang": "0.5.9"}.get(name, "0"))
+    real = metadata.version  # every other package keeps its version: a library caching one read here stays right
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.9" if name == SGLANG.requires else real(name))
     with pytest.raises(ValueError, match=r"^kv_manager 'sglang' supports SGLang 0\.5\.23, found SGLang 0\.5\.9"):
         core.check_sglang_version()
 
