@@ -334,7 +334,7 @@ class SequenceFinished(Event):
 #
 # SGLang's RadixCache (sglang/srt/mem_cache/radix_cache.py) keeps cached prefixes as a tree of
 # TreeNodes: each holds a run of tokens (its `key`) and their KV slots (its `value`), children keyed
-# by their first page. These events rebuild that tree exactly (node ids are SGLang's TreeNode.id; a
+# by their first page. These events rebuild that tree exactly (node ids are SGLang's TreeNode.id counted from its cache's root; a
 # parent_id of None is the root, which holds no tokens): a view draws the tree from them alone.
 
 

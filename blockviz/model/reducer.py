@@ -164,7 +164,7 @@ class ReducerState:
         self.num_tokens_generated = 0
         self.step_time_s = 0.0
         self.num_scheduled_tokens: dict[int, int] = {}  # v1: seq_id -> tokens the last step computed
-        self.radix_nodes: dict[int, RadixNode] = {}  # sglang: SGLang's radix tree, by TreeNode.id
+        self.radix_nodes: dict[int, RadixNode] = {}  # sglang: SGLang's radix tree, by node id (TreeNode.id from the root)
 
     @classmethod
     def from_header(cls, header: dict) -> "ReducerState":

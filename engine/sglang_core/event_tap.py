@@ -7,7 +7,8 @@ compared with the last look. A new node that took the head of an old node's run 
 prefix of its tokens) is a split (RadixCache._split_node); any other new node an insert; a node
 whose lock_ref moved a lock change (inc_lock_ref / dec_lock_ref); a node gone an eviction (leaves
 first), after each call of RadixCache.evict since the last look (`note_evict`: what it was asked
-to free and what it freed). Node ids are SGLang's (TreeNode.id, never reused).
+to free and what it freed). Node ids are SGLang's TreeNode.id counted from the cache's root
+(never reused within a run).
 
 The pages (our blocks): a page in a request's table is held by it (ref_count: the requests holding
 it); a page of the tree is cached, its hash a digest of the whole prefix up to the page's end
@@ -48,16 +49,21 @@ class CachedPage(NamedTuple):
     token_ids: tuple[int, ...]
 
 
-def tree_nodes(cache: Any) -> dict[int, Node]:
-    """Every node of SGLang's RadixCache but the root, by TreeNode.id."""
+def tree_nodes(cache: Any, base: int | None = None) -> dict[int, Node]:
+    """Every node of SGLang's RadixCache but the root, by its TreeNode.id less `base` (the root's
+    id when the cache was built, the default): SGLang numbers nodes from one counter for the whole
+    process (TreeNode.counter), so ids counted from the cache's own root are the same for the same
+    run whatever ran before it in the process."""
     root = cache.root_node
+    base = root.id if base is None else base
     nodes: dict[int, Node] = {}
     stack = [root]
     while stack:
         node = stack.pop()
-        parent_id = None if node is root else node.id
+        parent_id = None if node is root else node.id - base
         for child in node.children.values():
-            nodes[child.id] = Node(parent_id, tuple(child.key.token_ids), tuple(child.value.tolist()), child.lock_ref)
+            nodes[child.id - base] = Node(parent_id, tuple(child.key.token_ids), tuple(child.value.tolist()),
+                                          child.lock_ref)
             stack.append(child)
     return nodes
 
@@ -95,6 +101,7 @@ class SglangEventTap:
 
     def __init__(self, cache: Any, events: EventBus, page_size: int) -> None:
         self.cache = cache
+        self.base = cache.root_node.id  # node ids are counted from it (tree_nodes)
         self.events = events
         self.page_size = page_size
         self.nodes: dict[int, Node] = {}
@@ -111,7 +118,7 @@ class SglangEventTap:
         """Emit what changed: the tree's nodes, then the pages. `tables`: seq id -> its pages now
         (a sequence left out holds none); `tokens`: seq id -> (its token ids, the first token the
         step writes, the tokens written after it), for the sequences a step runs."""
-        nodes = tree_nodes(self.cache)
+        nodes = tree_nodes(self.cache, self.base)
         evictions, self.evictions = self.evictions, []
         if not self.events.active:
             self.nodes, self.tables = nodes, dict(tables)
