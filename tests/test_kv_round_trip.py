@@ -220,7 +220,7 @@ def test_publish_live_serves_the_engines_own_cache_life(tmp_path):
 
 
 @pytest.mark.parametrize(("version", "summary"), [
-    ("0.33", "vLLM 0.26 or later: array batch, map events, topic in replay"),
+    ("0.33", "vLLM 0.26 or later: array batch, map events, topic in replay (SGLang's shape too)"),
     ("0.25", "vLLM 0.24 - 0.25: array batch, map events, no topic in replay"),
     ("0.23", "vLLM 0.9 - 0.23: array batch, tagged-array events"),
 ])
