@@ -113,6 +113,8 @@ SHOTS = [
     Shot("vllm-v1", "v1-story", after_revived_chunk, select=_first_block_of_chunked),
     Shot("hybrid", "hybrid", after_first("blocks_skipped", ("block_freed",)),
          select=_event_block("block_freed", "block", "gpu")),
+    Shot("sglang-radix", "sglang-story", after_first("radix_node_split", ("radix_lock_ref", "prefix_cache_hit")),
+         view="radix"),
 ]
 
 

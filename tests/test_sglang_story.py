@@ -309,3 +309,30 @@ def test_the_live_sglang_story_equals_the_shipped_trace_and_sglangs_evictions(li
     assert {k: header[k] for k in header} == {k: shipped.header[k] for k in header}
     told = [(e.num_tokens, e.num_tokens_evicted) for e in events if isinstance(e, ev.RadixEvict)]
     assert told == calls and any(freed > asked for asked, freed in calls)
+
+
+def test_the_explainer_of_an_sglang_run_finds_the_pages_its_tree_served():
+    """"Why hit or miss" on an SGLang trace: each request's lookup hits exactly the pages the run's
+    prefix_cache_hit events placed in its table at admission (the adapter names pages by a digest of
+    their prefix; the explainer chains the same names), and misses after them."""
+    from blockviz.model.design import kv_manager_of
+    from blockviz.model.explain import HIT, explain_requests
+
+    trace = load_trace("sglang-story")
+    header = trace.header
+    explained = explain_requests(trace.events, header["block_size"], header["num_gpu_blocks"],
+                                 header["num_cpu_blocks"], True, kv_manager_of(header))
+    first_hits: dict[int, int] = {}  # seq id -> pages hit before its first fresh page
+    fresh: set[int] = set()
+    for e in trace.events:
+        if e.type == "block_allocated":
+            fresh.update(e.seq_ids)
+        elif e.type == "prefix_cache_hit":
+            for seq_id in e.seq_ids:
+                if seq_id not in fresh:
+                    first_hits[seq_id] = first_hits.get(seq_id, 0) + 1
+    assert sum(first_hits.values()) >= 13  # the split, lock and page-floor cards' requests hit
+    for explanation in explained:
+        verdicts = [block.verdict for block in explanation.blocks]
+        hits = first_hits.get(explanation.seq_id, 0)
+        assert verdicts[:hits] == [HIT] * hits and HIT not in verdicts[hits:], (explanation.request_id, verdicts)

@@ -36,6 +36,7 @@ from blockviz.model.palette import event_number, short_hash  # as every view sho
 from engine import events as ev
 from engine.block_allocator import compute_block_hash
 from engine.v1.kv_cache_utils import external_block_hash, get_hash_fn_by_name, hash_block_tokens
+from engine.sglang_core.event_tap import page_name, prefix_hash
 from blockviz.model.reducer import ReducerState
 
 MAX_EVICTIONS_KEPT = 4096  # evictions remembered for "why missed" once a capped timeline drops its front
@@ -147,7 +148,8 @@ class Explainer:
         self.caching = enable_prefix_caching
         self.design = KV_DESIGNS[kv_manager]
         self.kv_cache_groups = tuple(kv_cache_groups)
-        self.hashes = _v1_hashes(hash_algo) if self.design.run_hash_algo else _v0_hashes
+        self.hashes = (_radix_hashes if self.design.radix_tree
+                       else _v1_hashes(hash_algo) if self.design.run_hash_algo else _v0_hashes)
         self.explained: list[Explanation] = []
         # seq_id -> (request id, the tokens it will look up, recomputed), until its first block is placed
         self._pending: dict[int, tuple[str, tuple[int, ...], bool]] = {}
@@ -263,6 +265,19 @@ def _v1_hashes(hash_algo: str):
         return out
 
     return hashes
+
+
+def _radix_hashes(chunks: list[tuple[int, ...]], size: int) -> list[int | None]:
+    """Each full page's hash as the SGLang adapter names it (engine/sglang_core/event_tap.py:
+    SGLang keys pages by their tokens; the events name each page by a digest of its whole prefix)."""
+    out, digest = [], b""
+    for chunk in chunks:
+        if len(chunk) < size:
+            out.append(None)
+            continue
+        digest = prefix_hash(digest, chunk)
+        out.append(page_name(digest))
+    return out
 
 
 def _explain(request_id: str, tokens: tuple[int, ...], seq_id: int, state: ReducerState,

@@ -73,6 +73,11 @@ def prefix_hash(prior: bytes, token_ids: tuple[int, ...]) -> bytes:
     return hashlib.sha256(prior + struct.pack(f"<{len(token_ids)}q", *token_ids)).digest()
 
 
+def page_name(digest: bytes) -> int:
+    """A page's hash as the events carry it: the first 8 bytes of its prefix's digest, made positive."""
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def cached_pages(nodes: dict[int, Node], page_size: int) -> dict[int, CachedPage]:
     """page -> its CachedPage, for every page of the tree's nodes (SGLang keeps node runs page
     aligned: a run holds whole pages)."""
@@ -89,7 +94,7 @@ def cached_pages(nodes: dict[int, Node], page_size: int) -> dict[int, CachedPage
             for start in range(0, len(node.slots), page_size):
                 token_ids = node.token_ids[start:start + page_size]
                 node_digest = prefix_hash(node_digest, token_ids)
-                block_hash = int.from_bytes(node_digest[:8], "little") >> 1
+                block_hash = page_name(node_digest)
                 pages[node.slots[start] // page_size] = CachedPage(block_hash, node_parent, token_ids)
                 node_parent = block_hash
             stack.append((node_id, node_digest, node_parent))
