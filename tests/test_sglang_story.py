@@ -338,3 +338,18 @@ def test_the_explainer_of_an_sglang_run_finds_the_pages_its_tree_served():
         verdicts = [block.verdict for block in explanation.blocks]
         hits = first_hits.get(explanation.seq_id, 0)
         assert verdicts[:hits] == [HIT] * hits and HIT not in verdicts[hits:], (explanation.request_id, verdicts)
+
+
+def test_the_text_summary_of_an_sglang_run_counts_pages_not_hashes(story):
+    """The text summary (`blockviz replay --text`, the notebook's text view) of a radix run names what
+    SGLang's tree holds: cached pages and prompt pages looked up, not vLLM's block hashes."""
+    from blockviz.model.view import summary_text
+
+    trace, _, _ = story
+    timeline = Timeline.for_trace(trace)
+    timeline.seek(len(trace.events))
+    state = timeline.state
+    line = next(line for line in summary_text(state).splitlines() if line.startswith("prefix cache:"))
+    assert line == (f"prefix cache: {len(state.hash_map)} cached pages · hits {state.num_prefix_hits}"
+                    f"/{state.num_prompt_blocks_looked_up} prompt pages"), line
+    assert state.num_prefix_hits > 0

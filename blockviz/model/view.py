@@ -688,8 +688,9 @@ def summary_text(state: ReducerState, *, title: str = "", position: int = 0, len
     if len(state.tables) > max_tables:
         lines.append(f"  … {len(state.tables) - max_tables} more block tables")
     if state.hash_map:
-        lines.append(f"prefix cache: {len(state.hash_map)} hashes · hits {state.num_prefix_hits}"
-                     f"/{state.num_prompt_blocks_looked_up} prompt blocks")
+        unit = "pages" if state.design.radix_tree else "blocks"  # SGLang's tree holds pages, keyed by tokens
+        lines.append(f"prefix cache: {len(state.hash_map)} {'cached pages' if state.design.radix_tree else 'hashes'}"
+                     f" · hits {state.num_prefix_hits}/{state.num_prompt_blocks_looked_up} prompt {unit}")
     if current is not None:
         lines.append(f"last event: {describe(current, names=names)}")
     return "\n".join(lines)
