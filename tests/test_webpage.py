@@ -86,6 +86,91 @@ def test_the_log_rows_are_the_event_logs(fork_cow):
     assert [list(r) for r in rows] == data["meta"]["log"][-len(rows):]
 
 
+def test_a_frame_without_its_log_is_the_frame_less_its_log(fork_cow):
+    """Visualizer.frame(log=False), what page_data draws each position from, leaves out the log and nothing else."""
+    viz, _ = fork_cow
+    for at in (0, len(viz.timeline) // 2, len(viz.timeline)):
+        viz.timeline.seek(at)
+        whole, without = viz.frame(), viz.frame(log=False)
+        assert "log" in whole and "log" not in without
+        whole.pop("log")
+        assert json.dumps(without, sort_keys=True) == json.dumps(whole, sort_keys=True), at
+
+
+def fields_json(value):
+    """A record as JSON read field by field from dataclasses.fields at each call (Record.to_json's contract)."""
+    from dataclasses import fields
+
+    from blockviz.model.record import Record
+
+    if isinstance(value, Record):
+        return {f.name: fields_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, list) and value and isinstance(value[0], Record):
+        return [fields_json(item) for item in value]
+    if isinstance(value, dict) and value and isinstance(next(iter(value.values())), Record):
+        return {key: fields_json(item) for key, item in value.items()}
+    return value
+
+
+def test_a_records_json_is_its_fields_in_order_with_the_records_inside_it_as_dicts(fork_cow):
+    """Record.to_json keeps each class's field names after its first record: records of several
+    classes (a block's inspector, the explainer's rows and first miss, a subclass with fields of
+    its own) come out as their fields say, in order, the same on a second call."""
+    from dataclasses import dataclass
+
+    from blockviz.model.insight_view import explain_record
+    from blockviz.model.record import Record
+    from blockviz.model.view import inspect_block
+
+    @dataclass
+    class Inner(Record):
+        a: int
+        b: tuple
+
+    @dataclass
+    class Outer(Inner):
+        inner: Inner
+        rows: list
+        by_name: dict
+        plain: list
+
+    viz, _ = fork_cow
+    viz.timeline.seek(len(viz.timeline))
+    state = viz.state
+    records = [inspect_block(state, device, number, vocab=viz.timeline.token_texts)
+               for device, pool in state.pools.items() for number in range(len(pool))]
+    records.append(explain_record(viz.insight.insights, viz.position, state=state, events=viz.timeline.events))
+    records.append(Outer(1, (2, 3), Inner(4, ()), [Inner(5, (6,))], {"x": Inner(7, (8,))}, [1, "two"]))
+    assert any(r.__class__.__name__ == "ExplainRecord" and r.blocks and r.first_miss for r in records)
+    for record in records:
+        first = record.to_json()
+        assert list(first) == [name for name in fields_json(record)]
+        assert first == fields_json(record) == record.to_json()
+    assert records[-1].to_json() == {"a": 1, "b": (2, 3), "inner": {"a": 4, "b": ()}, "rows": [{"a": 5, "b": (6,)}],
+                                     "by_name": {"x": {"a": 7, "b": (8,)}}, "plain": [1, "two"]}
+    assert Inner(9, ()).to_json() == {"a": 9, "b": ()}
+
+
+def test_a_part_equal_to_its_value_before_adds_no_delta_and_each_value_is_kept_once():
+    """PageData.add_position: a part equal to its value at the position before (a new object) keeps
+    its value's index and is not in the delta; a changed part is, and a value seen before (under any
+    key) gets its first index back."""
+    from blockviz.webpage.frames import PageData
+
+    data = PageData(meta={})
+    first = data.add_position({"pools": {"gpu": [1, 2]}, "card": None}, {})
+    assert data.deltas[-1] == [0, 0, 1, 1] and data.values == [{"gpu": [1, 2]}, None]
+    same = data.add_position({"pools": {"gpu": [1, 2]}, "card": None}, first)
+    assert data.deltas[-1] == [] and same == first and len(data.values) == 2
+    changed = data.add_position({"pools": {"gpu": [1, 3]}, "card": None}, same)
+    assert data.deltas[-1] == [0, 2] and data.values[2] == {"gpu": [1, 3]}
+    back = data.add_position({"pools": {"gpu": [1, 2]}, "card": {"gpu": [1, 2]}}, changed)
+    assert data.deltas[-1] == [0, 0, 1, 0] and len(data.values) == 3
+    gone = data.add_position({"pools": {"gpu": [1, 2]}}, back)
+    assert data.deltas[-1] == [1, ABSENT]
+    assert data.add_position({"pools": {"gpu": [1, 2]}, "card": None}, gone) == first
+
+
 def test_the_page_holds_the_notebooks_own_front_end_and_nothing_from_a_network(tmp_path):
     text = page_html({"meta": {}, "keys": [], "values": [], "deltas": []}, "a <title>")
     esm = re.search(r'<script type="text/plain" id="bv-esm">(.*?)</script>', text, re.S).group(1)

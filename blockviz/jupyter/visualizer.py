@@ -456,15 +456,17 @@ class Visualizer(LiveCommands):
     def _changed(self) -> None:
         self.frames.request()
 
-    def frame(self) -> dict[str, Any]:
-        """The whole frame at the cursor: snapshot() plus the event log and the cursor line."""
+    def frame(self, *, log: bool = True) -> dict[str, Any]:
+        """The whole frame at the cursor: snapshot() plus the event log (left out with log=False:
+        an exported page builds its log from its own table of rows) and the cursor line."""
         with self._lock:
             timeline = self.timeline
             snap = snapshot(timeline.state, current=timeline.current_event, selected=self.selected,
                             vocab=timeline.token_texts, geometry=kv_geometry(self.header), ranges=self.pool_ranges)
-            snap["log"] = {"filter": self.log.filter,
-                           "rows": event_log(timeline.events, timeline.position, self.log.filter,
-                                             timeline.token_texts, names=RequestNames(timeline.state))}
+            if log:
+                snap["log"] = {"filter": self.log.filter,
+                               "rows": event_log(timeline.events, timeline.position, self.log.filter,
+                                                 timeline.token_texts, names=RequestNames(timeline.state))}
             snap.update(self.insight.parts(self.insight.shown()))
             snap["cursor"] = cursor_line(timeline, self.player, title=self.title, error=self.error,
                                          finished=self.finished)

@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+# Each record class's field names, in order, read from dataclasses.fields the first time one of its
+# records is turned into JSON (a page's export turns hundreds of thousands of records into JSON).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+# Values `_plain` passes as they are without looking inside them.
+_LEAVES = frozenset({int, float, str, bool, type(None), tuple})
+
 
 class Record:
     """A view record: a dataclass Python reads by attribute, sent to the page as `to_json()`: a dict
@@ -15,10 +21,16 @@ class Record:
     __slots__ = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+        return {name: _plain(getattr(self, name)) for name in names}
 
 
 def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
     if isinstance(value, Record):
         return value.to_json()
     if isinstance(value, list) and value and isinstance(value[0], Record):

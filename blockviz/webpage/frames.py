@@ -79,7 +79,11 @@ class PageData:
                      indexed: dict[int, int] | None = None) -> dict[int, int]:
         """Record the parts of the next position (and `indexed`: parts already as key index ->
         value index); returns them by key index (the next `previous`)."""
-        now = {self.key(name): self.value(value, name.split(":")[0]) for name, value in parts.items()}
+        now = {}
+        for name, value in parts.items():
+            key = self.key(name)
+            same = previous.get(key, ABSENT)  # a part most often equals its value at the position before
+            now[key] = same if same != ABSENT and self.values[same] == value else self.value(value, name.split(":")[0])
         now.update(indexed or {})
         delta = []
         for key, value in now.items():
@@ -119,8 +123,7 @@ def page_data(viz: Visualizer) -> PageData:
     viz.insight.picked = None
     for position in range(length + 1):
         timeline.seek(position)
-        frame = viz.frame()
-        frame.pop("log", None)
+        frame = viz.frame(log=False)
         frame.update(viz.insight.parts(("ledger", "memory", "radix")))  # radix: a radix-tree run's only
         frame["touched playing"] = {device: sorted(blocks)  # while playing no card is up (Player.card)
                                     for device, blocks in touched_blocks(timeline.current_event).items()}
