@@ -73,13 +73,19 @@ async def test_the_breakpoint_line_names_the_event_the_cursor_is_on():
     line names that event (its number and kind) as well as the swap-out the breakpoint was for."""
     trace = load_trace("swap")
     app = BlockvizApp(trace=trace, deterministic=True, play=False, break_on=frozenset({ev.SwappedOut}))
+    swap_out = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.SwappedOut)) + 1
+    # the end of the last engine step before the swap-out: `]` plays (at the default pace) from there
+    step_end = max(i for i, e in enumerate(trace.events[:swap_out]) if isinstance(e, ev.StepFinished)) + 1
     async with app.run_test(size=(160, 40)) as pilot:
+        app.player.timeline.seek(step_end)
+        app.render_views()
+        await pilot.pause()
         await pilot.press("right_square_bracket")
         await _until(pilot, lambda: app.player.stopped_at is not None, timeout=60)
         await pilot.pause()
         timeline = app.player.timeline
         position = timeline.position
-        swap_out = next(i for i, e in enumerate(trace.events) if isinstance(e, ev.SwappedOut)) + 1
+        assert step_end < swap_out
         assert position > swap_out  # the operation runs past the breakpoint's event
         text = " ".join(screen_text(app).split())
         assert f"breakpoint: event {position} {timeline.current_event.type}" in text

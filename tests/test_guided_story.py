@@ -123,6 +123,7 @@ async def test_the_bracket_key_from_the_start_lands_on_the_first_fork_without_se
         async with app.run_test(size=(80, 24)) as pilot:
             notes = []
             app.notify = lambda message, **kwargs: notes.append(message)
+            app.player.speed_index = len(SPEEDS) - 1  # where it stops, not the pace, is under test
             await pilot.press("right_square_bracket")
             await _until(pilot, lambda: not app.player.playing, timeout=30)
             await pilot.pause()

@@ -170,6 +170,41 @@ async def test_the_app_collects_young_garbage_less_often_while_it_runs_and_resto
     assert gc.get_threshold() == before
 
 
+def test_the_app_frees_young_garbage_before_freezing_and_never_walks_the_oldest_generation():
+    """GcPolicy.apply collects generations 0 and 1 only (an app started in a process that ran
+    apps before does not walk every object the process holds) and frees a young cycle before the
+    freeze would keep it."""
+    import gc
+    import weakref
+
+    from blockviz.tui.controller import GcPolicy
+
+    class Node:
+        pass
+
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    node = Node()
+    node.self = node  # a cycle: only a collection frees it
+    gone = weakref.ref(node)
+    del node
+    policy = GcPolicy()
+    gc.disable()  # no automatic collection between: only the policy's
+    gc.callbacks.append(seen)
+    try:
+        policy.apply()
+        assert gone() is None and generations and max(generations) < 2, generations
+    finally:
+        gc.callbacks.remove(seen)
+        policy.restore()
+        gc.enable()
+    assert gc.get_freeze_count() == 0
+
+
 async def test_time_travel_back_restores_the_earlier_screen():
     app = replay_app()
     async with app.run_test(size=(100, 30)) as pilot:

@@ -156,13 +156,18 @@ class GcPolicy:
     Textual, Rich, a trace's events) is frozen out of collections, and the youngest generation is
     collected every YOUNG_GC_OBJECTS new objects instead of 700, since a live run hands the app
     events that are kept for time travel and would survive collections anyway. `restore` undoes
-    both (a process that runs apps in turn). Why, measured: benchmarks/README.md (the TUI's CPU)."""
+    both (a process that runs apps in turn). Why, measured: benchmarks/README.md (the TUI's CPU).
+
+    Before freezing, the young generations are collected, so their garbage is not frozen; the oldest
+    is not walked: a full collection visits every object the process holds (in a process that ran
+    an app before, all that its `restore` unfroze), and what garbage the oldest generation holds is
+    unfrozen by `restore` and freed by the next full collection (CPython's gc.freeze)."""
 
     def __init__(self) -> None:
         self._saved: tuple[int, ...] | None = None
 
     def apply(self) -> None:
-        gc.collect()
+        gc.collect(1)
         gc.freeze()
         if self._saved is None:
             self._saved = gc.get_threshold()
