@@ -10,12 +10,21 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def story_trace_path(tmp_path_factory) -> Path:
+def story_trace_path(tmp_path_factory, worker_id) -> Path:
+    """The default story recorded live on the bundled model, once for the whole run: under
+    pytest-xdist the first worker to need it records it (under a file lock) into the run's temp
+    folder that every worker shares, and the others read that file."""
+    from filelock import FileLock
+
     from blockviz.commands.record import record_trace
     from blockviz.session.spec import EngineSpec
 
-    out = tmp_path_factory.mktemp("story") / "story.jsonl"
-    record_trace(EngineSpec.for_scenario("story", device="cpu"), out)
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    out = shared / "live-story" / "story.jsonl"
+    out.parent.mkdir(exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not out.is_file():  # record_trace renames the file into place only once it is whole
+            record_trace(EngineSpec.for_scenario("story", device="cpu"), out)
     return out
 
 
