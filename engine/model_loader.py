@@ -10,7 +10,8 @@ directory, a Hugging Face hub name (cached, else downloaded), or a GGUF file ("s
 `.gguf` path). A checkpoint's config.json `model_type` picks the model (engine.models.MODEL_REGISTRY:
 gpt2, and llama, mistral, ministral, qwen2, qwen3 on the Llama path); transformers loads its weights and we copy them. A GGUF file is read
 with the `gguf` package (engine/models/gguf_checkpoint.py), its tokenizer and chat template by
-transformers from the same file.
+transformers from the same file; what that produces is kept in the GGUF cache
+(engine/models/gguf_cache.py, docs/model-cache.md) for the next load of the unchanged file.
 """
 
 from __future__ import annotations
