@@ -129,11 +129,14 @@ def _load_gguf(name: str, path: Path, device: torch.device, dtype: torch.dtype) 
     cached = read_entry(path, dtype, _saved_tokenizer)
     if cached is None:
         config, state_dict, facts = load_gguf(path, dtype)
-        cached = CachedGGUF(config, state_dict, facts, _gguf_tokenizer(path))
-        write_entry(path, dtype, cached)
-    config, facts, tokenizer = cached.config, cached.facts, cached.tokenizer
-    model = Llama.from_config(config, cached.state_dict, device, dtype)
-    del cached
+        model = Llama.from_config(config, state_dict, device, dtype)  # a file lacking weights stops here, uncached
+        tokenizer = _gguf_tokenizer(path)
+        write_entry(path, dtype, CachedGGUF(config, state_dict, facts, tokenizer))
+        del state_dict
+    else:
+        config, facts, tokenizer = cached.config, cached.facts, cached.tokenizer
+        model = Llama.from_config(config, cached.state_dict, device, dtype)
+        del cached
     if facts["chat_template"] and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = facts["chat_template"]
     hf_config = SimpleNamespace(model_type=config.model_type, eos_token_id=facts["eos_token_id"],

@@ -173,3 +173,15 @@ def test_smollm2s_cached_tokenizer_tokenizes_as_the_gguf_files(gguf_cache_dir):
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     assert cached.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
            fresh.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_file_the_model_cannot_be_built_from_is_not_cached(file_reads, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    broken = write_tiny_gguf(tmp_path / "broken.gguf", LlamaForCausalLM(config).eval(), drop=("layers.1.mlp.up_proj",))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="lacks 1 llama weights"):
+            model_loader.load_model(broken, device="cpu")
+    assert file_reads == [broken, broken] and not entry_of(broken).exists()
