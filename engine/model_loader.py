@@ -10,7 +10,8 @@ directory, a Hugging Face hub name (cached, else downloaded), or a GGUF file ("s
 `.gguf` path). A checkpoint's config.json `model_type` picks the model (engine.models.MODEL_REGISTRY:
 gpt2, and llama, mistral, ministral, qwen2, qwen3 on the Llama path); transformers loads its weights and we copy them. A GGUF file is read
 with the `gguf` package (engine/models/gguf_checkpoint.py), its tokenizer and chat template by
-transformers from the same file.
+transformers from the same file; what that produces is kept in the GGUF cache
+(engine/models/gguf_cache.py, docs/model-cache.md) for the next load of the unchanged file.
 """
 
 from __future__ import annotations
@@ -118,23 +119,44 @@ def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype:
 
 def _load_gguf(name: str, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """A GGUF file: weights and config read with `gguf` (dequantized to `dtype`), the tokenizer and
-    chat template by transformers from the same file."""
+    chat template by transformers from the same file; what those produce is kept in the GGUF cache
+    (engine/models/gguf_cache.py) and read back from it while the file is unchanged."""
     from types import SimpleNamespace
 
-    from transformers import AutoTokenizer
-
+    from engine.models.gguf_cache import CachedGGUF, read_entry, write_entry
     from engine.models.gguf_checkpoint import load_gguf
 
-    config, state_dict, facts = load_gguf(path, dtype)
-    model = Llama.from_config(config, state_dict, device, dtype)
-    del state_dict
-    with _no_progress_bars():
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    cached = read_entry(path, dtype, _saved_tokenizer)
+    if cached is None:
+        config, state_dict, facts = load_gguf(path, dtype)
+        model = Llama.from_config(config, state_dict, device, dtype)  # a file lacking weights stops here, uncached
+        tokenizer = _gguf_tokenizer(path)
+        write_entry(path, dtype, CachedGGUF(config, state_dict, facts, tokenizer))
+        del state_dict
+    else:
+        config, facts, tokenizer = cached.config, cached.facts, cached.tokenizer
+        model = Llama.from_config(config, cached.state_dict, device, dtype)
+        del cached
     if facts["chat_template"] and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = facts["chat_template"]
     hf_config = SimpleNamespace(model_type=config.model_type, eos_token_id=facts["eos_token_id"],
                                 bos_token_id=facts["bos_token_id"])
     return LoadedModel(model, tokenizer, config, device, dtype, name, path, hf_config)
+
+
+def _gguf_tokenizer(path: Path):
+    """transformers' tokenizer of a GGUF file (it parses the file's vocabulary and merges)."""
+    from transformers import AutoTokenizer
+
+    with _no_progress_bars():
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _saved_tokenizer(directory: str):
+    """A tokenizer saved with save_pretrained (the GGUF cache's copy)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
 
 
 @contextlib.contextmanager

@@ -194,3 +194,15 @@ def tiny_gpt2_factory(tmp_path_factory):
 def tiny_gpt2_dir(tiny_gpt2_factory) -> Path:
     """The default tiny GPT-2 checkpoint directory (2 layers, 64 wide, 4 heads, 128 positions)."""
     return tiny_gpt2_factory()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def gguf_cache_dir(tmp_path_factory) -> Path:
+    """One GGUF cache (engine/models/gguf_cache.py) for the whole run, every xdist worker and every
+    process a test starts: the first SmolLM2 load reads the GGUF file and fills it, later loads read
+    it back. A temporary directory, never the user's ~/.cache/blockviz."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "blockviz-cache"
+    root.mkdir(exist_ok=True)
+    os.environ["BLOCKVIZ_CACHE_DIR"] = str(root)
+    return root
