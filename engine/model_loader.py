@@ -96,7 +96,8 @@ def load_model(
 
 
 def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """A save_pretrained directory or hub name: transformers loads it, our model copies its weights."""
+    """A save_pretrained directory or hub name: transformers reads its config and tokenizer; our model
+    reads a local directory's model.safetensors itself, else copies the weights of transformers' model."""
     kwargs = _hub_kwargs(name) if isinstance(source, str) else {}
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # slow import: after the checks
 
@@ -110,11 +111,31 @@ def _load_pretrained(name: str, source: str | Path, device: torch.device, dtype:
     model_cls, config_cls = MODEL_REGISTRY[hf_config.model_type]
     config = config_cls.from_hf(hf_config)  # ValueError for a variant we do not run
     tokenizer = _from_pretrained(AutoTokenizer, source, kwargs)
-    with _no_progress_bars():  # transformers' weight-loading bar: not for a library to print
-        hf_model = _from_pretrained(AutoModelForCausalLM, source, {**kwargs, "dtype": dtype})
-    model = model_cls.from_hf(hf_model, device=device)
-    del hf_model
+    model = _from_own_safetensors(model_cls, config, source, device, dtype) if isinstance(source, Path) else None
+    if model is None:
+        with _no_progress_bars():  # transformers' weight-loading bar: not for a library to print
+            hf_model = _from_pretrained(AutoModelForCausalLM, source, {**kwargs, "dtype": dtype})
+        model = model_cls.from_hf(hf_model, device=device)
+        del hf_model
     return LoadedModel(model, tokenizer, config, device, dtype, name, source, hf_config)
+
+
+def _from_own_safetensors(model_cls, config, source: Path, device: torch.device, dtype: torch.dtype):
+    """Our model read straight from a local checkpoint's one `model.safetensors` (as save_pretrained
+    writes it), without building transformers' model first, when its weights are exactly the ones the
+    model copies (names, shapes; copy_hf_weights); None for any other checkpoint (shards, .bin, other
+    names or shapes), which transformers loads as `_load_pretrained` does for a hub name."""
+    path = source / "model.safetensors"
+    if not path.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state_dict = load_file(str(path))
+        return model_cls.from_config(config, state_dict, device, dtype)
+    except (ValueError, SafetensorError, OSError):
+        return None  # transformers reads it, or says in its words why it cannot
 
 
 def _load_gguf(name: str, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:

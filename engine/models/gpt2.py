@@ -223,11 +223,18 @@ class GPT2(nn.Module):
                         ignored=lambda name: name.endswith(_IGNORED_SUFFIXES))
 
     @classmethod
+    def from_config(cls, config: GPT2Config, state_dict: Mapping[str, torch.Tensor],
+                    device: torch.device | str, dtype: torch.dtype) -> GPT2:
+        """A model built straight on `device` in `dtype` with the weights of `state_dict` (a
+        GPT2LMHeadModel's names and layout)."""
+        model = build_empty(cls, config, device, dtype)
+        model.load_hf_state_dict(state_dict)
+        return model.eval()
+
+    @classmethod
     def from_hf(cls, hf_model, device: torch.device | str | None = None) -> GPT2:
         """A GPT2 with the config, weights and dtype of a transformers GPT2LMHeadModel, on
         `device` (default: the HF model's device); weights are copied straight there."""
         weight = hf_model.transformer.wte.weight
-        model = build_empty(cls, GPT2Config.from_hf(hf_model.config), device if device is not None else weight.device,
-                            weight.dtype)
-        model.load_hf_state_dict(hf_model.state_dict())
-        return model.eval()
+        return cls.from_config(GPT2Config.from_hf(hf_model.config), hf_model.state_dict(),
+                               device if device is not None else weight.device, weight.dtype)
