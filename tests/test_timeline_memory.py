@@ -172,3 +172,28 @@ def test_a_cap_below_the_least_is_refused():
 
     with pytest.raises(ValueError, match="max_events must be at least"):
         Timeline(4, 8, 8, max_events=10)
+
+
+def test_operations_read_alike_when_the_classes_that_open_none_are_passed_by_a_set_lookup(monkeypatch):
+    """Operations.add skips _begin for an event class _begin opened nothing for before: every
+    shipped trace reads to the same boundaries and operations as with _begin asked every time."""
+    from blockviz.model import operation
+    from blockviz.model.trace import shipped_traces
+
+    class Forgetful(set):
+        def add(self, item) -> None:
+            pass
+
+    def read(trace) -> tuple:
+        operations = operation.Operations()
+        begins = [operations.add(e) for e in trace.events]
+        operations.close()
+        return begins, list(operations._spans), list(operations._starts)
+
+    traces = [load_trace(name) for name in shipped_traces()]
+    monkeypatch.setattr(operation, "_OPENS_NOTHING", set())
+    skipping = [read(trace) for trace in traces]
+    assert {ev.TokenGenerated, ev.StepFinished} <= operation._OPENS_NOTHING
+    monkeypatch.setattr(operation, "_OPENS_NOTHING", Forgetful())
+    assert [read(trace) for trace in traces] == skipping
+    assert any(spans for _, spans, _ in skipping)
