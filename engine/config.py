@@ -152,6 +152,13 @@ class EngineConfig:
 
         SglangOptions.parse(self.sglang_options, self.block_size, 1)  # an unknown option or a refused value: one line
 
+    def check_n(self, n: int) -> None:
+        """A ValueError (one line) when a request's `n` sequences could never run at once: more than
+        max_num_seqs (LLMEngine.check_request refuses such a request; vLLM's scheduler would leave
+        it waiting forever)."""
+        if n > self.max_num_seqs:
+            raise ValueError(f"n={n} sequences can never run at once: max_num_seqs is {self.max_num_seqs}")
+
     @property
     def design(self) -> Design:
         """The registry's entry for `kv_manager` (engine/designs.py)."""

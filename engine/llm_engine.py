@@ -169,9 +169,7 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens but the model's context is {self.max_model_len}: "
                 f"shorten it to at most {self.max_model_len - 1}"
             )
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} sequences can never run at once: max_num_seqs is "
-                             f"{self.config.max_num_seqs}")
+        self.config.check_n(params.n)
         return token_ids, text, params
 
     def add_request(

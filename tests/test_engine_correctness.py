@@ -136,6 +136,21 @@ def test_n_above_max_num_seqs_is_refused_in_one_line():
     assert len(lines) == 1 and "--max-num-seqs" in lines[0] and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["generate", "record"])
+def test_n_above_max_num_seqs_is_refused_before_torch_is_imported(tmp_path, command):
+    extra = ["--out", str(tmp_path / "t.jsonl")] if command == "record" else []
+    code = ("import sys; from blockviz.cli import main; code = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, command, *extra, "--prompt", "ROMEO:", "--n", "65",
+                             "--max-tokens", "2"], capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "n=65" in lines[0] and "--max-num-seqs is 64" in lines[0], \
+        result.stderr
+    assert result.stdout.strip() == "[]"  # the model never started loading
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 def test_record_refuses_an_unfinished_run_and_leaves_no_file(tiny_gpt2_dir, tmp_path):
     from blockviz.commands.record import record_trace
     from blockviz.session.spec import EngineSpec

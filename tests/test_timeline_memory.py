@@ -4,6 +4,7 @@ square, and still travels back exactly."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import tracemalloc
 
@@ -21,21 +22,37 @@ BYTES_PER_EVENT = 400
 def renumbered(trace, k: int) -> list[ev.Event]:
     """The trace's events as the k-th repetition of its requests: new request and sequence ids,
     steps and event numbers after those of the repetitions before."""
-    seqs_per_run = 1 + max(s for e in trace.events if isinstance(e, ev.RequestAdded) for s in e.seq_ids)
-    steps_per_run = max(e.step for e in trace.events if isinstance(e, ev.StepFinished))
+    num_events, seqs_per_run, steps_per_run = _run_sizes(trace)
+    shift = {"seq_no": k * num_events, "seq_id": k * seqs_per_run, "step": k * steps_per_run}
     out = []
     for e in trace.events:
-        changes = {"seq_no": e.seq_no + k * len(trace.events)}
-        if hasattr(e, "seq_id"):
-            changes["seq_id"] = e.seq_id + k * seqs_per_run
-        if hasattr(e, "seq_ids"):
-            changes["seq_ids"] = tuple(s + k * seqs_per_run for s in e.seq_ids)
-        if hasattr(e, "request_id"):
+        changes = {name: getattr(e, name) + shift[name] for name in _shifted(type(e))}
+        if "seq_ids" in e.__struct_fields__:
+            changes["seq_ids"] = tuple(s + shift["seq_id"] for s in e.seq_ids)
+        if "request_id" in e.__struct_fields__:
             changes["request_id"] = f"{k}-{e.request_id}"
-        if isinstance(e, (ev.StepStarted, ev.StepFinished)):
-            changes["step"] = e.step + k * steps_per_run
         out.append(msgspec.structs.replace(e, **changes))
     return out
+
+
+_SIZES: dict[int, tuple[int, int, int]] = {}
+
+
+def _run_sizes(trace) -> tuple[int, int, int]:
+    """(events, sequences, steps) of one repetition of the trace's run, worked out once per trace."""
+    if id(trace) not in _SIZES:
+        _SIZES[id(trace)] = (len(trace.events),
+                             1 + max(s for e in trace.events if isinstance(e, ev.RequestAdded) for s in e.seq_ids),
+                             max(e.step for e in trace.events if isinstance(e, ev.StepFinished)))
+    return _SIZES[id(trace)]
+
+
+@functools.cache
+def _shifted(cls) -> tuple[str, ...]:
+    """The fields of an event class that a repetition shifts by a number: its event number, its
+    sequence id, and the step of a step's start or end."""
+    steps = ("step",) if issubclass(cls, (ev.StepStarted, ev.StepFinished)) else ()
+    return ("seq_no", *(name for name in ("seq_id",) if name in cls.__struct_fields__), *steps)
 
 
 def test_a_live_timeline_of_6000_requests_keeps_memory_linear_in_its_events():
@@ -155,3 +172,28 @@ def test_a_cap_below_the_least_is_refused():
 
     with pytest.raises(ValueError, match="max_events must be at least"):
         Timeline(4, 8, 8, max_events=10)
+
+
+def test_operations_read_alike_when_the_classes_that_open_none_are_passed_by_a_set_lookup(monkeypatch):
+    """Operations.add skips _begin for an event class _begin opened nothing for before: every
+    shipped trace reads to the same boundaries and operations as with _begin asked every time."""
+    from blockviz.model import operation
+    from blockviz.model.trace import shipped_traces
+
+    class Forgetful(set):
+        def add(self, item) -> None:
+            pass
+
+    def read(trace) -> tuple:
+        operations = operation.Operations()
+        begins = [operations.add(e) for e in trace.events]
+        operations.close()
+        return begins, list(operations._spans), list(operations._starts)
+
+    traces = [load_trace(name) for name in shipped_traces()]
+    monkeypatch.setattr(operation, "_OPENS_NOTHING", set())
+    skipping = [read(trace) for trace in traces]
+    assert {ev.TokenGenerated, ev.StepFinished} <= operation._OPENS_NOTHING
+    monkeypatch.setattr(operation, "_OPENS_NOTHING", Forgetful())
+    assert [read(trace) for trace in traces] == skipping
+    assert any(spans for _, spans, _ in skipping)

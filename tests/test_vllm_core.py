@@ -435,6 +435,33 @@ def test_a_bad_vllm_option_on_the_command_line_is_one_line_exit_2(tmp_path, args
     assert not (tmp_path / "t.jsonl").exists()
 
 
+def test_vllms_config_fields_read_from_its_source_are_its_classes_fields():
+    from vllm.config import CacheConfig, SchedulerConfig
+
+    from engine.vllm_core.config import _fields, source_fields
+
+    assert source_fields() == (_fields(SchedulerConfig), _fields(CacheConfig))
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--vllm-option", "no_such_option=1"], "unknown vllm option 'no_such_option'"),
+    (["--vllm-option", "kv_offloading_size=-2"], "must be a positive number of GiB, got -2"),
+    (["--vllm-option", "block_size=8"], "is set by the engine"),
+], ids=["unknown", "option-negative", "owned"])
+def test_a_bad_vllm_option_name_or_size_is_refused_without_importing_vllm_or_torch(tmp_path, args, expected):
+    import subprocess
+    import sys
+
+    code = ("import sys; from blockviz.cli import main; code = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules)); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", code, "record", "--out", str(tmp_path / "t.jsonl"),
+                             "--kv-manager", "vllm", *args], capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr
+    assert result.stdout.strip() == "[]"  # none of them imported
+
+
 def test_without_vllm_the_command_line_names_the_install_command(tmp_path):
     result = _blockviz("generate", "--kv-manager", "vllm", "--prompt", "A", hide_vllm=True)
     lines = result.stderr.strip().splitlines()

@@ -99,6 +99,11 @@ def _begin(e: ev.Event, index: int) -> _Open | None:
     return None
 
 
+# The event classes _begin opens no operation for (a token, a step's start or end, a digest, ...),
+# noted as events are read, so each such event is passed by one set lookup.
+_OPENS_NOTHING: set[type] = set()
+
+
 def _swap_in_follower(op: _Open, e: ev.Event) -> bool:
     """A swap-in's re-hash of a GPU block it filled, or its free of a CPU block."""
     return ((isinstance(e, ev.BlockHashed) and ("gpu", e.block) in op.blocks)
@@ -185,7 +190,12 @@ class Operations:
                 op.length += 1
                 return False
             self.close()
-        self._open = _begin(e, index)
+        if type(e) in _OPENS_NOTHING:
+            self._open = None
+        else:
+            self._open = _begin(e, index)
+            if self._open is None:  # _begin asks only what class `e` is: no event of this class opens one
+                _OPENS_NOTHING.add(type(e))
         return True
 
     def skip_to(self, index: int) -> None:

@@ -144,8 +144,9 @@ class EngineSpec:
 
     def check_all(self, *, device: bool = True):
         """Every check made before an engine starts, as one line each (UsageError): `check()`, the
-        model (check_model), the sampling parameters, the prompts' lengths. Returns check_model's
-        result. Imports no torch unless a CUDA device was asked for (and `device` is True)."""
+        model (check_model), the sampling parameters, the prompts' lengths, each request's n
+        against max_num_seqs. Returns check_model's result. Imports no torch unless a CUDA device
+        was asked for (and `device` is True)."""
         self.check(device=device)
         try:
             if self.config.vllm_options:  # names and values vLLM refuses, before the engine starts
@@ -159,6 +160,11 @@ class EngineSpec:
         except (OSError, ValueError) as exc:  # ModelNotFoundError is a ValueError
             raise UsageError(one_line(exc)) from None
         self.check_prompt_lengths(source)
+        try:  # the engine's own check of n (LLMEngine.check_request), before the model loads
+            for n in ([self.n] if self.prompts else []) + [a.n for a in self.arrivals]:
+                self.config.check_n(n)
+        except ValueError as exc:
+            raise UsageError(one_line(exc)) from None
         return source
 
     def check_prompt_lengths(self, source) -> None:

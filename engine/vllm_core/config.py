@@ -31,13 +31,14 @@ threads side by side.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import importlib.util
 import logging
 import os
 from pathlib import Path
 from typing import Any
-
-import torch
 
 # Fields the engine sets itself (its pool, its block size, its model), or that need what no CPU
 # run here has (a worker, an offloading backend other than vLLM's native CPU tier, a hash unit finer
@@ -76,7 +77,12 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     option that is neither, or one the adapter owns."""
     from vllm.config import CacheConfig, SchedulerConfig
 
-    scheduler_fields, cache_fields = _fields(SchedulerConfig), _fields(CacheConfig)
+    return _split(options, _fields(SchedulerConfig), _fields(CacheConfig))
+
+
+def _split(options: dict[str, Any] | None, scheduler_fields: set[str],
+           cache_fields: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """split_options over the given field names."""
     sched: dict[str, Any] = {}
     cache: dict[str, Any] = {}
     for name, value in (options or {}).items():
@@ -91,6 +97,55 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
         else:
             raise ValueError(f"unknown vllm option {_cut(name)!r}: not a field of vLLM's SchedulerConfig or CacheConfig")
     return sched, cache
+
+
+# Where the installed vLLM defines the two configs whose fields the options set.
+CONFIG_SOURCES = (("config/scheduler.py", "SchedulerConfig"), ("config/cache.py", "CacheConfig"))
+
+
+@functools.cache
+def source_fields() -> tuple[set[str], set[str]] | None:
+    """The init fields of vLLM's SchedulerConfig and CacheConfig (what `_fields` reads from the
+    classes) read from the installed vLLM's source with `ast`, without importing vLLM (whose
+    `vllm.config` imports torch and transformers): each annotated name of the class body, less
+    ClassVar and InitVar annotations and dataclasses' `field(init=False)` (pydantic's
+    `Field(init=False)` stays an init field of the dataclass, as `dataclasses.fields` says). None when
+    vLLM is not installed, is not the supported release, or its source has another shape (a base
+    class, another decorator than vLLM's `config`): then the names are checked on the classes."""
+    from engine.vllm_core import check_vllm_version
+
+    try:
+        check_vllm_version()
+        spec = importlib.util.find_spec("vllm")
+    except (ValueError, ImportError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    found = []
+    for path, name in CONFIG_SOURCES:
+        try:
+            tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            return None
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+        if len(classes) != 1 or classes[0].bases or [ast.unparse(d) for d in classes[0].decorator_list] != ["config"]:
+            return None
+        found.append({statement.target.id for statement in classes[0].body
+                      if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                      and not _not_init(statement)})
+    return found[0], found[1]
+
+
+def _not_init(statement: ast.AnnAssign) -> bool:
+    """A class-body annotation that is no init field of a dataclass: ClassVar, InitVar, field(init=False)."""
+    annotation = ast.unparse(statement.annotation)
+    if annotation.split("[")[0].split(".")[-1] in ("ClassVar", "InitVar"):
+        return True
+    value = statement.value
+    return (isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] == "field"
+            and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
+                    for k in value.keywords))
 
 
 def _cut(text: str, limit: int = 60) -> str:
@@ -126,7 +181,13 @@ def _is_cross_field(error: Exception) -> bool:
 def check_options(options: dict[str, Any] | None) -> None:
     """What can be checked without a model: each name (split_options) and each value vLLM's
     configs refuse field by field (pydantic); checks across fields wait for build_vllm_config,
-    which knows the values in force (the engine's max_num_seqs, the model's context)."""
+    which knows the values in force (the engine's max_num_seqs, the model's context). The names
+    and the CPU tier's size are checked first on vLLM's source (source_fields), so those
+    mistakes are answered without importing vLLM."""
+    names = source_fields()
+    if names is not None:  # a name or size vLLM would refuse, said before vLLM (and torch) is imported
+        _split(options, *names)
+        offloading_bytes(options)
     from vllm.config import CacheConfig, SchedulerConfig
 
     sched_options, cache_options = split_options(options)
