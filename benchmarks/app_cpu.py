@@ -194,7 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         cpu, tracked = asyncio.run(session(Path(args.session), args.runs))
         print(json.dumps({"cpu": cpu, "tracked": tracked}))
         return 0
-    stream = Path(tempfile.mkdtemp(prefix="blockviz-bench-")) / "events.pickle"
+    with tempfile.TemporaryDirectory(prefix="blockviz-bench-") as folder:  # removed at the end, as on an error
+        return _measure(args, Path(folder) / "events.pickle")
+
+
+def _measure(args, stream: Path) -> int:
+    """Record the workload's events into `stream` (in a process of its own), then time the app
+    playing them in `args.sessions` fresh processes; print the figures."""
     print(f"recording the workload's events on {args.model}...", flush=True)
     count = int(_in_child("--record", str(stream), "--model", args.model, "--max-tokens", str(args.max_tokens)))
     print(f"{count} events in {len(pickle.loads(stream.read_bytes())['steps'])} steps; "

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import random
@@ -280,20 +281,27 @@ def bench_frames(seconds: float, num_events: int = 60_000, big_pool: int = 200_0
 # ---------------------------------------------------------------------------- 2. engine tokens/s
 
 
+def _scratch_dir() -> Path:
+    """A temporary folder for a checkpoint the benchmark builds, removed when the benchmark exits."""
+    folder = Path(tempfile.mkdtemp(prefix="blockviz-bench-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 def _gpt2_shape_dir() -> str:
     """A random checkpoint shaped like GPT-2 small (12 layers, 768 wide, 50,257 tokens): what
     `--model gpt2` runs, built here since nothing can be downloaded (benchmarks/throughput.py)."""
     from throughput import build_model
 
     print("building a random GPT-2-small-shaped checkpoint (~500 MB)...", flush=True)
-    return str(build_model(Path(tempfile.mkdtemp(prefix="blockviz-bench-")) / "gpt2-shape", 12, 768, 12))
+    return str(build_model(_scratch_dir() / "gpt2-shape", 12, 768, 12))
 
 
 def _tiny_model_dir() -> str:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_tiny_gpt2
 
-    path = Path(tempfile.mkdtemp(prefix="blockviz-bench-")) / "tiny-gpt2"
+    path = _scratch_dir() / "tiny-gpt2"
     make_tiny_gpt2(path, n_layer=4, n_embd=128, n_positions=512)
     return str(path)
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,19 @@ def test_the_benchmarks_are_found():
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
 def test_benchmark_runs_on_its_smallest_setting(script: Path):
+    """It runs, prints one line of finite figures, and leaves no folder of its own behind in TMPDIR."""
+    scratch = Path(tempfile.mkdtemp(prefix="bvb-"))  # short: sockets made under TMPDIR have a length limit
+    try:
+        _run_smallest_setting(script, scratch)
+        left = sorted(p.name for p in scratch.glob("blockviz-bench-*"))
+        assert not left, f"{script.name} left {left} in TMPDIR"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_smallest_setting(script: Path, scratch: Path) -> None:
     # one torch thread: on 2 shared cores a tiny model's ops otherwise wait on a second thread's core
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
     done = subprocess.run([sys.executable, str(script), "--smoke"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=RUN_LIMIT_S)
     output = (done.stdout + done.stderr).strip()

@@ -69,7 +69,9 @@ def offloading_bytes(options: dict[str, Any] | None) -> int | None:
 
 
 def _fields(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if f.init}
+    """A vLLM config class's init fields: less those its source declares `Field(init=False)`, which
+    pydantic before 2.14 still lists as init fields of the dataclass (vLLM sets them itself)."""
+    return {f.name for f in dataclasses.fields(cls) if f.init and getattr(f.default, "init", None) is not False}
 
 
 def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -108,8 +110,8 @@ def source_fields() -> tuple[set[str], set[str]] | None:
     """The init fields of vLLM's SchedulerConfig and CacheConfig (what `_fields` reads from the
     classes) read from the installed vLLM's source with `ast`, without importing vLLM (whose
     `vllm.config` imports torch and transformers): each annotated name of the class body, less
-    ClassVar and InitVar annotations and dataclasses' `field(init=False)` (pydantic's
-    `Field(init=False)` stays an init field of the dataclass, as `dataclasses.fields` says). None when
+    ClassVar and InitVar annotations, dataclasses' `field(init=False)` and pydantic's
+    `Field(init=False)`. None when
     vLLM is not installed, is not the supported release, or its source has another shape (a base
     class, another decorator than vLLM's `config`): then the names are checked on the classes."""
     from engine.vllm_core import check_vllm_version
@@ -138,12 +140,13 @@ def source_fields() -> tuple[set[str], set[str]] | None:
 
 
 def _not_init(statement: ast.AnnAssign) -> bool:
-    """A class-body annotation that is no init field of a dataclass: ClassVar, InitVar, field(init=False)."""
+    """A class-body annotation that is no init field of a dataclass: ClassVar, InitVar, field(init=False)
+    or pydantic's Field(init=False)."""
     annotation = ast.unparse(statement.annotation)
     if annotation.split("[")[0].split(".")[-1] in ("ClassVar", "InitVar"):
         return True
     value = statement.value
-    return (isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] == "field"
+    return (isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in ("field", "Field")
             and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False
                     for k in value.keywords))
 
