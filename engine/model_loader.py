@@ -8,7 +8,9 @@ A name resolves (engine/model_source.py, torch-free, re-exported here: resolve_m
 check_model, ModelNotFoundError) to the bundled "tiny-shakespeare", a local save_pretrained
 directory, a Hugging Face hub name (cached, else downloaded), or a GGUF file ("smollm2", a
 `.gguf` path). A checkpoint's config.json `model_type` picks the model (engine.models.MODEL_REGISTRY:
-gpt2, and llama, mistral, ministral, qwen2, qwen3 on the Llama path); transformers loads its weights and we copy them. A GGUF file is read
+gpt2, and llama, mistral, ministral, qwen2, qwen3 on the Llama path); our model reads a local
+checkpoint's one model.safetensors itself when its weights are the model's, else transformers loads
+the weights and we copy them. A GGUF file is read
 with the `gguf` package (engine/models/gguf_checkpoint.py), its tokenizer and chat template by
 transformers from the same file; what that produces is kept in the GGUF cache
 (engine/models/gguf_cache.py, docs/model-cache.md) for the next load of the unchanged file.
